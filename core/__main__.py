@@ -1,0 +1,6 @@
+"""Allow ``python -m llmserve``."""
+
+from llmserve.cli import main
+
+if __name__ == "__main__":
+    main()

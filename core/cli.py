@@ -1,0 +1,165 @@
+"""The ``llmserve`` command line (typer): serve, plugins, config show, and plugin commands.
+
+Options of ``serve`` and ``config show`` are generated from ``ServerConfig`` so the flags,
+YAML keys and environment variables can never drift apart.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable, Literal, Optional, get_args, get_type_hints
+
+import typer
+
+from llmserve import __version__
+from llmserve.config import FIELDS, ServerConfig, _kind, flag_name, load_config
+from llmserve.errors import ConfigError
+from llmserve.plugin_manager import PluginManager
+
+cli = typer.Typer(no_args_is_help=True, add_completion=False, help="llmserve: serve LLMs in every major dialect.")
+config_cli = typer.Typer(no_args_is_help=True, help="Inspect the effective configuration.")
+cli.add_typer(config_cli, name="config")
+
+_plugins: PluginManager | None = None
+
+
+def plugin_manager() -> PluginManager:
+    """The process-wide plugin manager with built-ins and auto-discovered plugins loaded."""
+    global _plugins
+    if _plugins is None:
+        _plugins = PluginManager().load()
+    return _plugins
+
+
+def fail(message: str, code: int = 2) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _option(field: str) -> inspect.Parameter:
+    info = ServerConfig.model_fields[field]
+    kind = _kind(field)
+    help_text = info.description or ""
+    literal = [a for a in get_args(info.annotation) if a is not type(None)]
+    choices = get_args(info.annotation) if getattr(info.annotation, "__origin__", None) is Literal else ()
+    if choices:
+        help_text += f" [{'|'.join(choices)}]"
+    flag = flag_name(field)
+    if kind == "bool":
+        default = typer.Option(None, f"{flag}/--no-{flag[2:]}", help=help_text, show_default=False)
+        annotation: Any = Optional[bool]
+    elif kind in ("list", "dict"):
+        default = typer.Option(None, flag, help=help_text, show_default=False)
+        annotation = Optional[list[str]]
+    else:
+        base = literal[0] if literal else info.annotation
+        annotation = Optional[base] if base in (int, float) else Optional[str]
+        default = typer.Option(None, flag, help=help_text, show_default=False)
+    return inspect.Parameter(field, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+
+
+def with_config_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Give ``fn`` one option per config field; it receives them as a dict in ``flags``."""
+    hints = get_type_hints(fn)  # annotations are strings here (postponed evaluation)
+    own = [p.replace(annotation=hints.get(p.name, p.annotation))
+           for p in inspect.signature(fn).parameters.values() if p.name != "flags"]
+    own_names = {p.name for p in own}
+    extra = [_option(f) for f in FIELDS if f not in own_names]
+
+    def wrapper(**kwargs: Any) -> Any:
+        flags = {f: kwargs.pop(f) for f in FIELDS if f in kwargs and f not in own_names}
+        return fn(flags=flags, **kwargs)
+
+    wrapper.__signature__ = inspect.Signature(own + extra)  # type: ignore[attr-defined]
+    wrapper.__name__ = fn.__name__
+    wrapper.__doc__ = fn.__doc__
+    return wrapper
+
+
+def resolve_config(flags: dict[str, Any], config_file: Optional[Path]) -> tuple[ServerConfig, dict[str, str]]:
+    try:
+        return load_config(flags, str(config_file) if config_file else None)
+    except ConfigError as exc:
+        fail(str(exc))
+        raise  # unreachable
+
+
+CONFIG_OPTION = typer.Option(None, "--config", "-c", help="YAML file whose keys are the long flag names.")
+
+
+@cli.command()
+@with_config_options
+def serve(model: Optional[str] = typer.Argument(None, help="Model directory or .gguf file (default: embedded SmolLM2-135M-Instruct)."),
+          config: Optional[Path] = CONFIG_OPTION, *, flags: dict[str, Any]) -> None:
+    """Load a model and serve it in every enabled dialect."""
+    if model is not None:
+        flags["model"] = model
+    cfg, _ = resolve_config(flags, config)
+    from llmserve.server.serve import run_server
+
+    try:
+        code = run_server(cfg, plugin_manager())
+    except ConfigError as exc:
+        fail(str(exc))
+    raise typer.Exit(code)
+
+
+@cli.command("plugins")
+def plugins_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+                plugin: Optional[list[str]] = typer.Option(None, "--plugin", help="Extra plugin spec; repeatable.")) -> None:
+    """List every plugin, its distribution and version, and what it contributes."""
+    from llmserve.registry import Registry
+
+    pm = plugin_manager()
+    try:
+        for spec in plugin or []:
+            pm.load_spec(spec, "cli")
+        Registry.collect(pm)
+    except ConfigError as exc:
+        fail(str(exc))
+    rows = [vars(info) for info in pm.infos.values()]
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    for row in rows:
+        dist = f"{row['distribution']} {row['version']}" if row["distribution"] else "(no distribution)"
+        typer.echo(f"{row['name']}  [{row['source']}]  {dist}")
+        if row["error"]:
+            typer.echo(f"    failed to load: {row['error']}")
+        for kind, names in sorted(row["contributes"].items()):
+            typer.echo(f"    {kind}: {', '.join(names)}")
+
+
+@config_cli.command("show")
+@with_config_options
+def config_show(config: Optional[Path] = CONFIG_OPTION,
+                as_json: bool = typer.Option(False, "--json", help="Print JSON."), *, flags: dict[str, Any]) -> None:
+    """Print the effective configuration and where each value came from."""
+    cfg, sources = resolve_config(flags, config)
+    values = cfg.model_dump(mode="json")
+    if as_json:
+        typer.echo(json.dumps({k: {"value": values[k], "source": sources[k]} for k in FIELDS}, indent=2))
+        return
+    width = max(len(k) for k in FIELDS) + 2
+    for key in FIELDS:
+        typer.echo(f"{key.replace('_', '-'):<{width}}{json.dumps(values[key]):<40} {sources[key]}")
+
+
+@cli.command("version")
+def version_cmd() -> None:
+    """Print the llmserve version."""
+    typer.echo(__version__)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point."""
+    try:
+        pm = plugin_manager()
+        pm.hook.register_commands(cli=cli)
+    except ConfigError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    cli(args=argv, prog_name="llmserve")

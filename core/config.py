@@ -1,0 +1,197 @@
+"""The server configuration: one pydantic model, filled from CLI > environment > YAML > defaults.
+
+Every field is a long CLI flag (``max_model_len`` <-> ``--max-model-len``), a YAML key (either
+spelling), and an environment variable (``LLMSERVE_MAX_MODEL_LEN``). ``load_config`` records
+where each value came from so ``llmserve config show`` can say it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+from pathlib import Path
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from llmserve.errors import ConfigError
+
+ENV_PREFIX = "LLMSERVE_"
+
+
+class ServerConfig(BaseModel):
+    """Everything ``llmserve serve`` can be told. Field descriptions double as CLI help."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    # model
+    model: str | None = Field(None, description="Hugging Face model directory or .gguf file (default: the embedded SmolLM2-135M-Instruct).")
+    served_model_name: list[str] = Field(default_factory=list, description="Names clients may use for the model (the first is reported); repeatable.")
+    backend: str = Field("torch", description="Backend plugin that runs the model.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="Weight and activation dtype.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Device to run on.")
+    max_model_len: int | None = Field(None, ge=16, description="Context length (prompt + output) in tokens; default: the model's.")
+    trust_remote_code: bool = Field(False, description="Allow model code from the model directory to run.")
+    cache_dir: str | None = Field(None, description="Where converted GGUF weights are cached (default ~/.cache/llmserve).")
+    # engine
+    block_size: int = Field(16, ge=1, le=1024, description="Tokens per KV-cache block.")
+    num_kv_blocks: int | None = Field(None, ge=1, description="KV pool size in blocks (overrides --kv-cache-memory-fraction).")
+    kv_cache_memory_fraction: float = Field(0.25, gt=0.0, le=0.95, description="Fraction of free memory given to the KV pool.")
+    max_num_seqs: int = Field(64, ge=1, description="Most sequences in one engine step.")
+    max_num_batched_tokens: int = Field(2048, ge=16, description="Token budget of one engine step (prefill chunks + decodes).")
+    enable_prefix_caching: bool = Field(True, description="Reuse KV blocks of shared prompt prefixes.")
+    enable_chunked_prefill: bool = Field(True, description="Split long prompts across engine steps.")
+    enforce_eager: bool = Field(False, description="Disable CUDA graphs.")
+    # server
+    host: str = Field("127.0.0.1", description="Address to bind.")
+    port: int = Field(8000, ge=0, le=65535, description="Port to bind.")
+    protocols: list[str] | None = Field(None, description="Dialects to serve (default: every dialect enabled by default); comma-separated or repeated.")
+    protocol_prefix: dict[str, str] = Field(default_factory=dict, description="Mount a dialect under a path prefix, e.g. tgi=/tgi; repeatable.")
+    api_key: list[str] = Field(default_factory=list, description="API keys clients must send; repeatable.")
+    tool_call_parser: str | None = Field(None, description="Tool-call parser plugin.")
+    reasoning_parser: str | None = Field(None, description="Reasoning parser plugin.")
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
+    plugins: list[str] = Field(default_factory=list, description="Extra plugins: pkg.mod, pkg.mod:attr, file.py, entry-point name, or no:NAME; repeatable (CLI flag --plugin).")
+
+    # Options of plugins, keyed by contribution name; validated once plugins are loaded.
+    plugin_sections: dict[str, dict[str, Any]] = Field(default_factory=dict, exclude=True)
+
+
+FIELDS = [name for name in ServerConfig.model_fields if name != "plugin_sections"]
+# YAML keys that are spelled differently from the field.
+ALIASES = {"plugin": "plugins"}
+
+
+def flag_name(field: str) -> str:
+    return "--plugin" if field == "plugins" else "--" + field.replace("_", "-")
+
+
+def _kind(field: str) -> str:
+    ann = ServerConfig.model_fields[field].annotation
+    base = ann
+    if get_origin(ann) in (Union, UnionType):  # Optional[X] -> X
+        base = next(a for a in get_args(ann) if a is not type(None))
+    origin = get_origin(base)
+    if origin is list:
+        return "list"
+    if origin is dict:
+        return "dict"
+    if base is bool:
+        return "bool"
+    return "scalar"
+
+
+def parse_text(field: str, value: Any) -> Any:
+    """Turn a string from the CLI or the environment into what the field expects."""
+    kind = _kind(field)
+    if kind == "list":
+        items = value if isinstance(value, (list, tuple)) else [value]
+        out: list[str] = []
+        for item in items:
+            text = str(item).strip()
+            if text.startswith("["):
+                out.extend(str(x) for x in json.loads(text))
+            else:
+                out.extend(part.strip() for part in text.split(",") if part.strip())
+        return out
+    if kind == "dict":
+        items = value if isinstance(value, (list, tuple)) else str(value).split(",")
+        out_d: dict[str, str] = {}
+        for item in items:
+            key, sep, val = str(item).partition("=")
+            if not sep:
+                raise ConfigError(f"{field}: expected NAME=VALUE, got {item!r}")
+            out_d[key.strip()] = val.strip()
+        return out_d
+    return value
+
+
+def _normalize_key(key: str) -> str:
+    name = str(key).replace("-", "_")
+    return ALIASES.get(name, name)
+
+
+def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} not found")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {str(p)!r} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(p)!r} must be a mapping of option names to values")
+    return data
+
+
+def load_config(cli: dict[str, Any] | None = None, config_file: str | None = None,
+                environ: dict[str, str] | None = None) -> tuple[ServerConfig, dict[str, str]]:
+    """Merge the sources and validate. Returns the config and ``field -> source``.
+
+    ``cli`` holds only the flags the user gave (already parsed by the CLI, None = not given).
+    YAML keys that are not fields are kept in ``plugin_sections`` for plugins to validate.
+    """
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {name: "default" for name in FIELDS}
+    sections: dict[str, dict[str, Any]] = {}
+
+    if config_file:
+        for key, value in read_yaml(config_file).items():
+            name = _normalize_key(key)
+            if name in FIELDS:
+                values[name] = parse_text(name, value) if isinstance(value, str) else value
+                sources[name] = f"yaml:{config_file}"
+            elif isinstance(value, dict):
+                sections[str(key)] = value  # maybe a plugin's section; checked later
+            else:
+                raise ConfigError(unknown_key_message(str(key), config_file))
+    for name in FIELDS:
+        env_name = ENV_PREFIX + name.upper()
+        if env_name in environ and environ[env_name] != "":
+            values[name] = parse_text(name, environ[env_name])
+            sources[name] = f"env:{env_name}"
+    for name, value in (cli or {}).items():
+        if value is None or (isinstance(value, (list, tuple)) and not value):
+            continue
+        parsed = parse_text(name, value) if isinstance(value, (str, list, tuple)) else value
+        if name == "plugins" and sources[name] != "default":
+            # Plugins accumulate (YAML/env first, then --plugin) instead of replacing.
+            parsed = list(values.get(name) or []) + parsed
+            sources[name] = f"{sources[name]}+cli"
+        else:
+            sources[name] = "cli"
+        values[name] = parsed
+    try:
+        config = ServerConfig(**values)
+    except ValidationError as exc:
+        raise ConfigError(validation_message(exc, sources)) from None
+    config.plugin_sections = sections
+    return config, sources
+
+
+def unknown_key_message(key: str, where: str, extra: list[str] = ()) -> str:
+    valid = sorted([f.replace("_", "-") for f in FIELDS] + list(extra))
+    close = difflib.get_close_matches(key.replace("_", "-"), valid, n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return f"unknown config key '{key}' in {where}{hint}; valid keys: {', '.join(valid)}"
+
+
+def validation_message(exc: ValidationError, sources: dict[str, str] | None = None) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = [str(p) for p in err["loc"]]
+        name = loc[0] if loc else "?"
+        where = f" (from {sources[name]})" if sources and name in sources else ""
+        msg = err["msg"]
+        ctx = err.get("ctx") or {}
+        if err["type"] == "literal_error" and "expected" in ctx:
+            msg = f"must be one of {ctx['expected']}"
+        got = err.get("input")
+        shown = f", got {got!r}" if not isinstance(got, dict) else ""
+        parts.append(f"{name.replace('_', '-')}: {msg}{shown}{where}")
+    return "invalid configuration: " + "; ".join(parts)

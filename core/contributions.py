@@ -1,0 +1,84 @@
+"""Named contribution records that plugins hand to the kernel.
+
+A record names a thing (a protocol, a backend, a parser) and points at the code that
+implements it with a lazy ``"module:attr"`` target. Listing plugins reads records only, so
+``llmserve plugins`` never imports torch, transformers or a dialect's FastAPI code.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Kind = Literal["protocol", "backend", "tool_parser", "reasoning_parser"]
+
+
+def resolve(target: str) -> Any:
+    """Import ``"package.module:attr"`` (attr may be dotted) and return the attribute."""
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"target {target!r} is not of the form 'module:attr'")
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+@dataclass(frozen=True)
+class Contribution:
+    """Base of every record.
+
+    ``name`` is what users type (``--backend torch``, ``--tool-call-parser hermes``).
+    ``target`` is the lazy ``"module:attr"`` of the implementation. ``overrides=True`` lets
+    this record replace another plugin's record of the same kind and name (otherwise two
+    records with one name are an error). ``options`` optionally points at a pydantic model
+    (``"module:Model"``) validated from the YAML section named like the contribution.
+    """
+
+    name: str
+    target: str
+    description: str = ""
+    overrides: bool = False
+    options: str | None = None
+    kind: Kind = field(default="protocol", init=False)
+
+    def load(self) -> Any:
+        """Import and return the implementation."""
+        return resolve(self.target)
+
+
+@dataclass(frozen=True)
+class ProtocolSpec(Contribution):
+    """A serving dialect. ``target`` is a ``Protocol`` subclass (see ``llmserve.protocol``).
+
+    ``default_enabled`` says whether the dialect is served when ``--protocols`` is not given.
+    ``aliases`` are extra names accepted by ``--protocols``.
+    """
+
+    default_enabled: bool = True
+    aliases: tuple[str, ...] = ()
+    kind: Kind = field(default="protocol", init=False)
+
+
+@dataclass(frozen=True)
+class BackendSpec(Contribution):
+    """A model runner. ``target`` is a ``llmserve.engine.backend.Backend`` subclass."""
+
+    kind: Kind = field(default="backend", init=False)
+
+
+@dataclass(frozen=True)
+class ToolParserSpec(Contribution):
+    """A tool-call parser. ``aliases`` are extra names for ``--tool-call-parser``."""
+
+    aliases: tuple[str, ...] = ()
+    kind: Kind = field(default="tool_parser", init=False)
+
+
+@dataclass(frozen=True)
+class ReasoningParserSpec(Contribution):
+    """A reasoning parser. ``aliases`` are extra names for ``--reasoning-parser``."""
+
+    aliases: tuple[str, ...] = ()
+    kind: Kind = field(default="reasoning_parser", init=False)

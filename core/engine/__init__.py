@@ -1,0 +1,1 @@
+"""The continuous-batching engine: sequences, block manager, scheduler, loop and async client."""

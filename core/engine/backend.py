@@ -1,0 +1,141 @@
+"""The backend contract: what a model runner plugin implements for the engine.
+
+The kernel owns scheduling and KV *bookkeeping* (which block belongs to which sequence);
+the backend owns the model, the KV *tensors* and sampling. The engine calls, in order:
+``load()`` once, ``init_kv_cache()`` once, then ``step()`` per engine iteration, ``release()``
+when sequences leave, and ``close()`` at shutdown. All calls come from the engine thread.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+from llmserve.request import LogitsMask
+from llmserve.sampling import SamplingParams
+
+
+@dataclass(slots=True)
+class ModelInfo:
+    """What the engine and the dialects need to know about the loaded model."""
+
+    name: str                       # what to show as the model id by default
+    path: str                       # where the weights came from
+    max_model_len: int              # context length the server will enforce
+    vocab_size: int                 # rows of the logits (may exceed len(tokenizer))
+    eos_token_ids: list[int]
+    tokenizer: Any                  # a transformers PreTrainedTokenizerBase
+    chat_template: str | None = None
+    dtype: str = "float32"
+    device: str = "cpu"
+    task: str = "generate"          # "generate" or "embed"
+
+
+@dataclass(slots=True)
+class KVCacheSpec:
+    """How the engine wants the KV pool sized.
+
+    Exactly one of ``num_blocks`` or ``memory_fraction`` decides the size; the backend reports
+    how many blocks it actually allocated. ``min_blocks`` is what one max-length request
+    needs; a backend that cannot fit that many must raise ``ConfigError``.
+    """
+
+    block_size: int
+    num_blocks: int | None = None
+    memory_fraction: float | None = None
+    min_blocks: int = 1
+
+
+@dataclass(slots=True)
+class StepItem:
+    """One sequence's work in a step.
+
+    ``token_ids`` are fed at positions ``start_pos .. start_pos + len(token_ids) - 1``: a chunk
+    of the prompt (prefill, possibly one of several chunks) or the single newest token
+    (decode). Their KV goes into ``block_table`` (physical block ids; slot of position p is
+    ``block_table[p // block_size] * block_size + p % block_size``). Positions before
+    ``start_pos`` are already in the cache.
+
+    When ``sample`` is True the backend samples one new token from the logits of the last
+    fed position, using ``sampling``, ``prompt_ids``/``output_ids`` (penalties, min_tokens),
+    ``seed_offset`` (a per-sequence seed is ``sampling.seed + seed_offset``) and ``mask``.
+    ``prompt_logprob_targets`` (when not None) are the tokens at positions
+    ``start_pos + 1 ...``: the backend returns their log-probabilities from the logits of
+    the fed positions (one fewer than fed on the last prompt chunk).
+    """
+
+    seq_id: int
+    token_ids: list[int]
+    start_pos: int
+    block_table: list[int]
+    sample: bool = True
+    sampling: SamplingParams | None = None
+    prompt_ids: list[int] = field(default_factory=list)
+    output_ids: list[int] = field(default_factory=list)
+    seed_offset: int = 0
+    mask: LogitsMask | None = None
+    prompt_logprob_targets: list[int] | None = None
+
+
+@dataclass(slots=True)
+class StepResult:
+    """What the backend returns for one StepItem (same order as the batch).
+
+    ``token_id`` is None when the item did not sample. ``logprob`` is the sampled token's
+    log-probability (raw log-softmax unless ``sampling.logprobs_mode == "processed"``) and
+    ``top`` its ``sampling.logprobs`` best alternatives. ``prompt_logprobs`` holds, per
+    target, ``(logprob, top alternatives)``.
+    """
+
+    seq_id: int
+    token_id: int | None = None
+    logprob: float = 0.0
+    top: list[tuple[int, float]] | None = None
+    prompt_logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
+
+
+class Backend(ABC):
+    """A model runner. Contributed by plugins through ``register_backends``.
+
+    Example::
+
+        class EchoBackend(Backend):
+            def __init__(self, config):
+                self.config = config
+            def load(self):
+                return ModelInfo(name="echo", path="", max_model_len=512, vocab_size=256,
+                                 eos_token_ids=[0], tokenizer=ByteTokenizer())
+            def init_kv_cache(self, spec):
+                return spec.num_blocks or 64
+            def step(self, batch):
+                return [StepResult(i.seq_id, token_id=i.token_ids[-1]) if i.sample
+                        else StepResult(i.seq_id) for i in batch]
+    """
+
+    def __init__(self, config: Any) -> None:
+        self.config = config
+
+    @abstractmethod
+    def load(self) -> ModelInfo:
+        """Load weights and tokenizer; log progress for anything slow."""
+
+    @abstractmethod
+    def init_kv_cache(self, spec: KVCacheSpec) -> int:
+        """Allocate the KV pool as ``spec`` asks and return the number of blocks allocated."""
+
+    @abstractmethod
+    def step(self, batch: list[StepItem]) -> list[StepResult]:
+        """Run one batched forward over every item and sample where asked. Blocking."""
+
+    def release(self, seq_ids: list[int]) -> None:
+        """Forget per-sequence state (random generators, caches) of finished sequences."""
+
+    def embed(self, token_ids: list[list[int]]) -> list[list[float]]:
+        """Pooled embeddings for an embedding model (task "embed"); one vector per input."""
+        from llmserve.errors import InvalidRequestError
+
+        raise InvalidRequestError(f"the {type(self).__name__} backend does not compute embeddings")
+
+    def close(self) -> None:
+        """Free device memory; called once at shutdown."""

@@ -1,0 +1,184 @@
+"""The engine thread and the asyncio client that protocols call.
+
+The blocking ``backend.step`` runs only on the engine thread; the event loop only queues
+commands and awaits events. ``generate()`` is an async iterator of ``RequestOutput``;
+leaving it early (client gone, task cancelled) aborts the request on the engine thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections import deque
+from typing import AsyncIterator, Callable
+
+from llmserve.engine.engine import LLMEngine
+from llmserve.errors import EngineDeadError, InvalidRequestError
+from llmserve.outputs import RequestOutput
+from llmserve.request import GenerateRequest
+
+log = logging.getLogger("llmserve.engine")
+
+
+class EngineLoop(threading.Thread):
+    """Runs queued commands and engine steps until stopped or dead."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        super().__init__(name="llmserve-engine", daemon=True)
+        self.engine = engine
+        self._cv = threading.Condition()
+        self._inbox: deque[Callable[[], None]] = deque()
+        self._stopping = False
+        self.error: BaseException | None = None
+
+    def submit(self, command: Callable[[], None]) -> None:
+        with self._cv:
+            self._inbox.append(command)
+            self._cv.notify()
+
+    def stop(self) -> None:
+        with self._cv:
+            self._stopping = True
+            self._cv.notify()
+
+    def run(self) -> None:
+        engine = self.engine
+        try:
+            while True:
+                with self._cv:
+                    while not self._inbox and not engine.has_work and not self._stopping:
+                        self._cv.wait()
+                    if self._stopping:
+                        return
+                    commands = list(self._inbox)
+                    self._inbox.clear()
+                for command in commands:
+                    command()
+                if engine.has_work:
+                    engine.step()
+        except BaseException as exc:  # noqa: BLE001 - the loop must report, not vanish
+            self.error = exc
+            log.exception("engine loop died")
+            dead = EngineDeadError("the engine failed and is restarting; retry the request")
+            for rid in list(engine.requests):
+                try:
+                    engine.abort(rid, error=dead)
+                except Exception:  # noqa: BLE001
+                    pass
+
+
+class EngineClient:
+    """What protocols use: ``generate()``, ``abort()``, ``encode()`` and model facts."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self.info = engine.info
+        self.tokenizer = engine.info.tokenizer
+        self.max_model_len = engine.max_model_len
+        self.loop = EngineLoop(engine)
+        self.loop.start()
+
+    @property
+    def is_dead(self) -> bool:
+        return self.loop.error is not None or not self.loop.is_alive()
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+    def validate(self, prompt_ids: list[int], request: GenerateRequest, param: str = "prompt") -> None:
+        """Raise InvalidRequestError (vLLM's wording) for inputs the engine cannot run."""
+        vocab = self.info.vocab_size
+        if not prompt_ids:
+            raise InvalidRequestError("the prompt must not be empty", param=param)
+        bad = next((t for t in prompt_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise InvalidRequestError(f"token id {bad} is out of vocabulary (vocab size {vocab})", param=param)
+        sp = request.sampling
+        for name, ids in (("logit_bias", sp.logit_bias.keys()), ("stop_token_ids", sp.stop_token_ids),
+                          ("bad_words_token_ids", [t for seq in sp.bad_words_token_ids for t in seq])):
+            bad = next((t for t in ids if not 0 <= t < vocab), None)
+            if bad is not None:
+                raise InvalidRequestError(f"{name}: token id {bad} is out of vocabulary (vocab size {vocab})",
+                                          param=name)
+        m, k = self.max_model_len, len(prompt_ids)
+        if k >= m:
+            raise InvalidRequestError(
+                f"This model's maximum context length is {m} tokens. However, your request has {k} input "
+                f"tokens. Please reduce the length of the input.", param=param)
+        if sp.max_tokens is not None and sp.max_tokens > m - k:
+            raise InvalidRequestError(
+                f"'max_tokens' is too large: {sp.max_tokens}. This model's maximum context length is {m} tokens "
+                f"and your request has {k} input tokens ({sp.max_tokens} > {m} - {k}).", param="max_tokens")
+
+    def _bad_words_ids(self, words: list[str]) -> list[list[int]]:
+        out = []
+        for word in words:
+            for variant in (word, " " + word.lstrip()):
+                ids = self.encode(variant, add_special_tokens=False)
+                if ids and ids not in out:
+                    out.append(ids)
+        return out
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
+        """Run ``request``; yield its events until the finished one. Raises kernel errors."""
+        if self.is_dead:
+            raise EngineDeadError("the engine is not running")
+        if request.prompt_token_ids is not None:
+            prompt_ids = list(request.prompt_token_ids)
+        else:
+            prompt_ids = self.encode(request.prompt or "", request.add_special_tokens)
+        if request.sampling.bad_words:
+            ids = request.sampling.bad_words_token_ids + self._bad_words_ids(request.sampling.bad_words)
+            request.sampling = request.sampling.model_copy(update={"bad_words_token_ids": ids})
+        self.validate(prompt_ids, request)
+        aio = asyncio.get_running_loop()
+        queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+
+        def sink(out: RequestOutput) -> None:
+            try:
+                aio.call_soon_threadsafe(queue.put_nowait, out)
+            except RuntimeError:  # the event loop is closed: nobody is listening any more
+                pass
+
+        self.loop.submit(lambda: self.engine.add_request(request, prompt_ids, sink))
+        done = False
+        try:
+            while True:
+                out = await queue.get()
+                if out.error is not None:
+                    done = True
+                    raise out.error
+                done = out.finished
+                yield out
+                if done:
+                    return
+        finally:
+            if not done:
+                self.abort(request.request_id)
+
+    def abort(self, request_id: str) -> None:
+        self.loop.submit(lambda: self.engine.abort(request_id))
+
+    async def check_idle(self) -> bool:
+        """Run the engine's idle invariant check on the engine thread (for tests)."""
+        aio = asyncio.get_running_loop()
+        fut: asyncio.Future[bool] = aio.create_future()
+
+        def check() -> None:
+            try:
+                result = self.engine.check_idle()
+                aio.call_soon_threadsafe(fut.set_result, result)
+            except BaseException as exc:  # noqa: BLE001
+                aio.call_soon_threadsafe(fut.set_exception, exc)
+
+        self.loop.submit(check)
+        return await fut
+
+    def shutdown(self) -> None:
+        self.loop.stop()
+        self.loop.join(timeout=10)
+        self.engine.backend.close()

@@ -1,0 +1,129 @@
+"""Every hook a plugin can implement, in one place.
+
+A plugin is any module (or object) with functions decorated by ``llmserve.hookimpl`` whose
+names match the specs below. Plugins are found through the ``llmserve`` entry-point group,
+the YAML ``plugins:`` list and ``--plugin``. Keep hook arguments plain positional names:
+pluggy passes arguments by name and silently ignores keyword-only or defaulted ones.
+
+Contribution hooks (``register_*``) return records (see ``llmserve.contributions``) whose
+``target`` is imported only when used, so keep plugin modules import-light.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+if TYPE_CHECKING:
+    import typer
+
+    from llmserve.contributions import BackendSpec, ProtocolSpec, ReasoningParserSpec, ToolParserSpec
+
+hookspec = pluggy.HookspecMarker("llmserve")
+
+
+@hookspec
+def register_protocols() -> "list[ProtocolSpec]":
+    """Contribute serving dialects.
+
+    Return a list of ``ProtocolSpec`` records. Each ``target`` names a ``llmserve.protocol.Protocol``
+    subclass whose ``router()`` holds the dialect's routes and whose ``error_response()``
+    renders errors in the dialect's own format. Enabled dialects are chosen with
+    ``--protocols``; two enabled dialects may not claim the same method and path.
+
+    Example::
+
+        @hookimpl
+        def register_protocols():
+            return [ProtocolSpec(name="acme", target="llmserve_acme.proto:AcmeProtocol",
+                                 description="Acme's /acme/generate route")]
+    """
+
+
+@hookspec
+def register_backends() -> "list[BackendSpec]":
+    """Contribute model runners.
+
+    Return a list of ``BackendSpec`` records whose ``target`` is a
+    ``llmserve.engine.backend.Backend`` subclass. The server instantiates the one named by
+    ``--backend`` (default ``torch``) with the effective configuration.
+
+    Example::
+
+        @hookimpl
+        def register_backends():
+            return [BackendSpec(name="echo", target="my_pkg.echo:EchoBackend")]
+    """
+
+
+@hookspec
+def register_tool_parsers() -> "list[ToolParserSpec]":
+    """Contribute tool-call parsers, selected with ``--tool-call-parser NAME``.
+
+    ``target`` names a parser class; the server makes a fresh instance per request.
+
+    Example::
+
+        @hookimpl
+        def register_tool_parsers():
+            return [ToolParserSpec(name="acme", target="my_pkg.parser:AcmeToolParser")]
+    """
+
+
+@hookspec
+def register_reasoning_parsers() -> "list[ReasoningParserSpec]":
+    """Contribute reasoning parsers, selected with ``--reasoning-parser NAME``.
+
+    ``target`` names a parser class; the server makes a fresh instance per request.
+
+    Example::
+
+        @hookimpl
+        def register_reasoning_parsers():
+            return [ReasoningParserSpec(name="think", target="my_pkg.think:ThinkParser")]
+    """
+
+
+@hookspec
+def register_commands(cli: "typer.Typer") -> None:
+    """Add sub-commands to the ``llmserve`` CLI.
+
+    Called once while the CLI is built, before arguments are parsed; only auto-discovered
+    plugins (entry points) can add commands, since ``--plugin`` is parsed later.
+
+    Example::
+
+        @hookimpl
+        def register_commands(cli):
+            @cli.command()
+            def hello():
+                print("hello")
+    """
+
+
+@hookspec
+def startup(context: Any) -> None:
+    """Called once when the server has loaded the model and is about to accept requests.
+
+    ``context`` is the ``llmserve.server.context.ServerContext`` (config, engine client,
+    model info, registry). Raising here stops startup with the error's message.
+
+    Example::
+
+        @hookimpl
+        def startup(context):
+            context.state["acme_started"] = True
+    """
+
+
+@hookspec
+def shutdown(context: Any) -> None:
+    """Called once while the server shuts down, after requests have drained.
+
+    Example::
+
+        @hookimpl
+        def shutdown(context):
+            context.state.pop("acme_started", None)
+    """

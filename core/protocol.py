@@ -1,0 +1,56 @@
+"""The base class of serving dialects (protocol plugins)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fastapi import APIRouter, Request
+    from starlette.responses import Response
+
+    from llmserve.errors import LLMServeError
+    from llmserve.server.context import ServerContext
+
+
+class Protocol(ABC):
+    """A serving dialect: a FastAPI router plus the dialect's error format.
+
+    Subclasses are contributed through ``register_protocols`` and built once per server with
+    the shared ``ServerContext`` (config, engine client, model info) and the validated
+    options of the dialect's YAML section (``None`` when the record declares no options).
+    Routes translate the dialect's wire models to kernel requests (``GenerateRequest``),
+    call ``context.engine.generate(...)`` and translate events back. Wire models live in the
+    plugin, never in the kernel.
+
+    Any exception raised while serving one of this protocol's routes reaches
+    ``error_response``: kernel errors (``LLMServeError`` subclasses) as they are, request
+    validation failures as ``InvalidRequestError`` naming the parameter, anything else as a
+    ``GenerationError`` with a generic message (the traceback goes to the log only).
+
+    Example::
+
+        class AcmeProtocol(Protocol):
+            def router(self):
+                r = APIRouter()
+                @r.post("/acme/generate")
+                async def generate(body: AcmeRequest): ...
+                return r
+
+            def error_response(self, error, request):
+                return JSONResponse({"acme_error": error.message}, status_code=error.status)
+    """
+
+    def __init__(self, context: "ServerContext", options: Any = None) -> None:
+        self.context = context
+        self.options = options
+
+    @abstractmethod
+    def router(self) -> "APIRouter":
+        """Return the router with every route of this dialect."""
+
+    def error_response(self, error: "LLMServeError", request: "Request | None") -> "Response":
+        """Render ``error`` in this dialect's format. Default: the OpenAI error envelope."""
+        from llmserve.server.errors import openai_error_response
+
+        return openai_error_response(error)

@@ -1,0 +1,99 @@
+"""Dialect-neutral sampling parameters, validated once at the edge of the kernel."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from llmserve.errors import InvalidRequestError
+
+# Hard caps that protect the server; dialects may lower them with their own limits.
+MAX_N = 128
+MAX_LOGPROBS = 20
+
+
+class SamplingParams(BaseModel):
+    """How to pick tokens for one request.
+
+    Neutral defaults mean "off": temperature 1.0 with every filter disabled samples the model's
+    distribution; ``temperature == 0`` is greedy decoding. Dialects translate their own fields
+    to these (OpenAI ``max_completion_tokens`` -> ``max_tokens``, TGI ``do_sample=false`` ->
+    ``temperature=0`` and so on) and never see the engine's internal state.
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=False)
+
+    n: int = Field(1, ge=1, le=MAX_N, description="Sequences returned.")
+    best_of: int | None = Field(None, ge=1, description="Sequences generated; the n best are returned.")
+    temperature: float = Field(1.0, ge=0.0, description="0 means greedy.")
+    top_k: int = Field(0, ge=-1, description="0 or -1 disables.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    typical_p: float = Field(1.0, gt=0.0, le=1.0)
+    repetition_penalty: float = Field(1.0, gt=0.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    logit_bias: dict[int, float] = Field(default_factory=dict, description="token id -> bias in [-100, 100].")
+    bad_words: list[str] = Field(default_factory=list, description="Words never generated.")
+    bad_words_token_ids: list[list[int]] = Field(default_factory=list, description="Token sequences never generated.")
+    min_tokens: int = Field(0, ge=0)
+    max_tokens: int | None = Field(None, ge=1, description="None: up to the context length.")
+    ignore_eos: bool = False
+    stop: list[str] = Field(default_factory=list)
+    stop_token_ids: list[int] = Field(default_factory=list)
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    seed: int | None = Field(None, ge=0, le=2**64 - 1)
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="Top alternatives per sampled token.")
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="Top alternatives per prompt token.")
+    logprobs_mode: Literal["raw", "processed"] = Field(
+        "raw", description="raw: log-softmax of the model's logits; processed: after temperature and top-p."
+    )
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_range(cls, value: dict[int, float]) -> dict[int, float]:
+        for token, bias in value.items():
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"bias for token {token} must be in [-100, 100], got {bias}")
+        return value
+
+    @field_validator("stop")
+    @classmethod
+    def _non_empty_stops(cls, value: list[str]) -> list[str]:
+        if any(s == "" for s in value):
+            raise ValueError("stop strings must not be empty")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "SamplingParams":
+        if self.best_of is not None and self.best_of < self.n:
+            raise ValueError(f"best_of ({self.best_of}) must be >= n ({self.n})")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
+        return self
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def num_sequences(self) -> int:
+        """How many sequences the engine runs for this request (best_of, else n)."""
+        return self.best_of or self.n
+
+    @classmethod
+    def build(cls, **fields: object) -> "SamplingParams":
+        """Validate ``fields`` (None means default) and raise InvalidRequestError naming the field."""
+        from pydantic import ValidationError
+
+        clean = {k: v for k, v in fields.items() if v is not None}
+        try:
+            return cls(**clean)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            param = ".".join(str(p) for p in err["loc"]) or None
+            msg = err["msg"].removeprefix("Value error, ")
+            raise InvalidRequestError(f"{param}: {msg}" if param else msg, param=param) from None

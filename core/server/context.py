@@ -1,0 +1,43 @@
+"""What every protocol receives: configuration, model info, the engine client and shared state."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from llmserve.config import ServerConfig
+from llmserve.errors import NotFoundError
+
+
+@dataclass
+class ServerContext:
+    """Shared by all protocols of one server.
+
+    ``engine`` is the asyncio engine client (``generate()``, ``abort()``); ``model`` is the
+    backend's ``ModelInfo``; ``state`` is free for plugins (key it by plugin name).
+    """
+
+    config: ServerConfig
+    model: Any = None
+    engine: Any = None
+    registry: Any = None
+    plugins: Any = None
+    state: dict[str, Any] = field(default_factory=dict)
+    ready: bool = False
+
+    @property
+    def served_model_names(self) -> list[str]:
+        if self.config.served_model_name:
+            return list(self.config.served_model_name)
+        return [self.model.name] if self.model is not None else ["llmserve"]
+
+    @property
+    def model_name(self) -> str:
+        """The name reported back to clients."""
+        return self.served_model_names[0]
+
+    def check_model(self, name: str | None, param: str = "model") -> str:
+        """Accept ``name`` if it is served (or empty); else raise a 404 naming it."""
+        if not name or name in self.served_model_names or (self.model and name == self.model.path):
+            return self.model_name
+        raise NotFoundError(f"The model `{name}` does not exist.", param=param)

@@ -1,0 +1,76 @@
+"""Turning any exception into a kernel error, and the default (OpenAI-style) error body."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+from starlette.responses import JSONResponse
+
+from llmserve.errors import (
+    GenerationError,
+    InvalidRequestError,
+    LLMServeError,
+    NotFoundError,
+    OverloadedError,
+    PayloadTooLargeError,
+    UnauthorizedError,
+)
+
+log = logging.getLogger("llmserve.server")
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def _clean(text: str) -> str:
+    """Never show memory addresses to clients."""
+    return _ADDRESS.sub("", text)
+
+
+def validation_to_error(exc: RequestValidationError) -> InvalidRequestError:
+    errors = exc.errors()
+    if not errors:
+        return InvalidRequestError("invalid request")
+    err = errors[0]
+    loc = [str(p) for p in err.get("loc", ()) if p not in ("body",)]
+    if err.get("type") == "json_invalid":
+        return InvalidRequestError("request body is not valid JSON")
+    if not loc and err.get("type") in ("model_attributes_type", "dict_type", "model_type"):
+        return InvalidRequestError("request body must be a JSON object")
+    param = ".".join(loc) or None
+    msg = _clean(str(err.get("msg", "invalid value"))).removeprefix("Value error, ")
+    if err.get("type") == "missing":
+        msg = "field required"
+    return InvalidRequestError(f"{param}: {msg}" if param else msg, param=param)
+
+
+def to_error(exc: BaseException) -> LLMServeError:
+    """Map any exception raised under a route to a kernel error a dialect can render."""
+    if isinstance(exc, LLMServeError):
+        return exc
+    if isinstance(exc, RequestValidationError):
+        return validation_to_error(exc)
+    if isinstance(exc, HTTPException):
+        by_status = {401: UnauthorizedError, 404: NotFoundError, 413: PayloadTooLargeError,
+                     503: OverloadedError}
+        cls = by_status.get(exc.status_code, InvalidRequestError if exc.status_code < 500 else GenerationError)
+        detail = exc.detail if isinstance(exc.detail, str) else "request failed"
+        return cls(_clean(detail), status=exc.status_code)
+    log.exception("unhandled error while serving a request")
+    return GenerationError("internal server error")
+
+
+def openai_error_response(error: LLMServeError, headers: dict[str, str] | None = None) -> JSONResponse:
+    """``{"error": {"message", "type", "param", "code"}}`` with the error's status."""
+    body = {"error": {"message": error.message, "type": error.type, "param": error.param,
+                      "code": error.status}}
+    return JSONResponse(body, status_code=error.status, headers=error_headers(error, headers))
+
+
+def error_headers(error: LLMServeError, headers: dict[str, str] | None = None) -> dict[str, str]:
+    out = dict(headers or {})
+    if isinstance(error, OverloadedError):
+        out.setdefault("Retry-After", "1")
+    return out

@@ -1,0 +1,103 @@
+"""Assemble a server from configuration: plugins -> backend -> engine -> protocols -> app."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any, AsyncIterator
+
+from pydantic import ValidationError
+
+from llmserve.config import ServerConfig, unknown_key_message, validation_message
+from llmserve.contributions import resolve
+from llmserve.errors import ConfigError
+from llmserve.plugin_manager import PluginManager
+from llmserve.registry import Registry
+from llmserve.server.context import ServerContext
+
+log = logging.getLogger("llmserve.server")
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("llmserve").setLevel(level.upper())
+
+
+def plugin_options(config: ServerConfig, registry: Registry) -> dict[str, Any]:
+    """Validate each YAML section named after a contribution against its options model."""
+    by_name = {entry.record.name: entry for _, entry in registry.records() if entry.record.options}
+    out: dict[str, Any] = {}
+    for section, raw in config.plugin_sections.items():
+        entry = by_name.get(section)
+        if entry is None:
+            raise ConfigError(unknown_key_message(section, "the config file", list(by_name)))
+        model = resolve(entry.record.options)
+        try:
+            out[section] = model(**raw)
+        except ValidationError as exc:
+            raise ConfigError(validation_message(exc).replace("invalid configuration:", f"invalid options for '{section}':")) from None
+    return out
+
+
+def enabled_protocols(config: ServerConfig, registry: Registry) -> list[str]:
+    if config.protocols is None:
+        return [n for n in registry.names("protocol") if registry.get("protocol", n).record.default_enabled]
+    names = []
+    for name in config.protocols:
+        primary = registry.get("protocol", name).record.name
+        if primary not in names:
+            names.append(primary)
+    return names
+
+
+def build_server(config: ServerConfig, plugins: PluginManager) -> tuple[Any, ServerContext]:
+    """Load plugins named by the config, the backend and the engine; return (app, context)."""
+    from llmserve.server.app import build_app
+
+    for spec in config.plugins:
+        plugins.load_spec(spec, "config")
+    registry = Registry.collect(plugins)
+    options = plugin_options(config, registry)
+    protocol_names = enabled_protocols(config, registry)
+    for kind, name in (("tool_parser", config.tool_call_parser), ("reasoning_parser", config.reasoning_parser)):
+        if name:
+            registry.get(kind, name)  # fail fast on a typo
+    context = ServerContext(config=config, registry=registry, plugins=plugins)
+    protocols = {}
+    for name in protocol_names:
+        cls = registry.load("protocol", name)
+        protocols[name] = cls(context, options.get(name))
+    backend_cls = registry.load("backend", config.backend)
+    backend = backend_cls(config)
+    log.info("loading model with backend '%s'", config.backend)
+    info = backend.load()
+    context.model = info
+    from llmserve.engine.client import EngineClient
+    from llmserve.engine.engine import LLMEngine
+
+    context.engine = EngineClient(LLMEngine(backend, info, config))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        plugins.hook.startup(context=context)
+        context.ready = True
+        log.info("serving %s (%s) with protocols: %s", context.model_name, info.path, ", ".join(protocols))
+        try:
+            yield
+        finally:
+            context.ready = False
+            plugins.hook.shutdown(context=context)
+            context.engine.shutdown()
+
+    app = build_app(context, protocols, lifespan=lifespan)
+    return app, context
+
+
+def run_server(config: ServerConfig, plugins: PluginManager) -> int:
+    """Build and run the server until it is stopped; return the process exit code."""
+    import uvicorn
+
+    setup_logging(config.log_level)
+    app, context = build_server(config, plugins)
+    uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level)
+    return 0

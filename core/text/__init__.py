@@ -1,0 +1,1 @@
+"""Text post-processing on the engine thread: incremental detokenization and stop strings."""

@@ -1,0 +1,1 @@
+"""Built-in backend (model runner) plugins."""

@@ -1,0 +1,1 @@
+"""Built-in protocol (dialect) plugins, one package per dialect."""

@@ -1,0 +1,1 @@
+"""Built-in tool-call and reasoning parser plugins."""

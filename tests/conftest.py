@@ -1,0 +1,110 @@
+"""Shared fixtures: offline mode, the echo-backend server, a uvicorn runner on loopback."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+ROOT = Path(__file__).resolve().parent.parent
+ECHO_PLUGIN = str(ROOT / "tests" / "plugins" / "echo_backend.py")
+EXAMPLE_PLUGIN = ROOT / "examples" / "llmserve-acme"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run ``python -m llmserve ARGS`` in a subprocess."""
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run([sys.executable, "-m", "llmserve", *args], capture_output=True, text=True,
+                          env=full_env, timeout=timeout, cwd=ROOT)
+
+
+class ServerProcess:
+    """``llmserve serve`` in a subprocess on a free loopback port."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        full_env = {**os.environ, **(env or {})}
+        self.proc = subprocess.Popen([sys.executable, "-m", "llmserve", "serve", "--port", str(self.port), *args],
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env, cwd=ROOT)
+
+    def wait_ready(self, timeout: float = 120) -> "ServerProcess":
+        import httpx
+
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.proc.stdout.read()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        self.stop()
+        raise TimeoutError("server did not become ready")
+
+    def stop(self) -> str:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        return self.proc.stdout.read() if self.proc.stdout else ""
+
+
+@pytest.fixture
+def server_process():
+    started: list[ServerProcess] = []
+
+    def start(*args: str, env: dict[str, str] | None = None) -> ServerProcess:
+        server = ServerProcess(*args, env=env)
+        started.append(server)
+        return server.wait_ready()
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture
+def echo_app():
+    """An in-process app on the echo backend (no model load), with every built-in protocol."""
+    from fastapi.testclient import TestClient
+
+    from llmserve.config import load_config
+    from llmserve.plugin_manager import PluginManager
+    from llmserve.server.serve import build_server
+
+    def make(**flags):
+        flags.setdefault("backend", "echo")
+        flags.setdefault("plugins", [ECHO_PLUGIN])
+        config, _ = load_config(flags, environ={})
+        app, context = build_server(config, PluginManager().load(autoload=False))
+        return TestClient(app, raise_server_exceptions=False), context
+
+    clients = []
+
+    def factory(**flags):
+        client, context = make(**flags)
+        client.__enter__()
+        clients.append(client)
+        return client, context
+
+    yield factory
+    for client in clients:
+        client.__exit__(None, None, None)

@@ -1,0 +1,76 @@
+"""A test plugin contributing the ``echo`` backend: it generates the prompt back, then EOS.
+
+Used by serve tests that must not load a real model, and as a proof that a backend can come
+from a plugin file given with ``--plugin tests/plugins/echo_backend.py``.
+"""
+
+from __future__ import annotations
+
+from llmserve import hookimpl
+from llmserve.contributions import BackendSpec
+from llmserve.engine.backend import Backend, KVCacheSpec, ModelInfo, StepItem, StepResult
+
+EOS = 256
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as token ids; 256 is end-of-sequence."""
+
+    eos_token_id = EOS
+    bos_token_id = None
+    chat_template = None
+
+    def __len__(self) -> int:
+        return 257
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True, **_: object) -> str:
+        data = bytes(i for i in ids if i < 256)
+        text = data.decode("utf-8", errors="replace")
+        if not skip_special_tokens and EOS in ids:
+            text += "</s>"
+        return text
+
+    def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
+        return [chr(i) if i < 256 else "</s>" for i in ids]
+
+
+class EchoBackend(Backend):
+    """Keeps a token-level "KV cache" in block slots, so prefix hits and block tables are exercised."""
+
+    def load(self) -> ModelInfo:
+        return ModelInfo(name="echo", path="echo://", max_model_len=int(getattr(self.config, "max_model_len", None) or 512),
+                         vocab_size=257, eos_token_ids=[EOS], tokenizer=ByteTokenizer())
+
+    def init_kv_cache(self, spec: KVCacheSpec) -> int:
+        blocks = spec.num_blocks or max(spec.min_blocks * 4, 64)
+        self.block_size = spec.block_size
+        self.slots: list[int | None] = [None] * (blocks * spec.block_size)
+        return blocks
+
+    def _slot(self, table: list[int], pos: int) -> int:
+        return table[pos // self.block_size] * self.block_size + pos % self.block_size
+
+    def step(self, batch: list[StepItem]) -> list[StepResult]:
+        out = []
+        for item in batch:
+            for i, tok in enumerate(item.token_ids):
+                self.slots[self._slot(item.block_table, item.start_pos + i)] = tok
+            if not item.sample:
+                out.append(StepResult(item.seq_id))
+                continue
+            end = item.start_pos + len(item.token_ids)
+            fed = [self.slots[self._slot(item.block_table, p)] for p in range(end)]
+            n_out = len(item.output_ids)
+            prompt_len = len(fed) - n_out
+            token = fed[n_out] if n_out < prompt_len else EOS
+            out.append(StepResult(item.seq_id, token_id=token, logprob=-0.5,
+                                  top=[(token, -0.5)] if item.sampling and item.sampling.logprobs else None))
+        return out
+
+
+@hookimpl
+def register_backends() -> list[BackendSpec]:
+    return [BackendSpec(name="echo", target=f"{__name__}:EchoBackend", description="test backend: echoes the prompt")]

@@ -1,0 +1,136 @@
+"""Server skeleton: protocol mounting, route conflicts, per-dialect error mapping, hooks."""
+
+import textwrap
+
+import pytest
+
+from conftest import ECHO_PLUGIN, EXAMPLE_PLUGIN
+from llmserve.config import load_config
+from llmserve.errors import ConfigError
+from llmserve.plugin_manager import PluginManager
+from llmserve.server.serve import build_server
+
+
+def acme_config(tmp_path, monkeypatch, **flags):
+    monkeypatch.syspath_prepend(str(EXAMPLE_PLUGIN))
+    flags.setdefault("backend", "echo")
+    flags.setdefault("plugins", [ECHO_PLUGIN, "llmserve_acme"])
+    config, _ = load_config(flags, environ={})
+    return config
+
+
+def test_health_and_unknown_route_uses_error_envelope(echo_app):
+    client, context = echo_app()
+    assert client.get("/health").status_code == 200
+    assert client.post("/ping").status_code == 200
+    missing = client.get("/nope")
+    assert missing.status_code == 404
+    assert missing.json()["error"]["message"] == "no route GET /nope"
+    assert "detail" not in missing.json()
+    assert context.model_name == "echo"
+
+
+def test_plugin_protocol_route_and_its_own_error_format(tmp_path, monkeypatch):
+    from fastapi.testclient import TestClient
+
+    config = acme_config(tmp_path, monkeypatch)
+    app, _ = build_server(config, PluginManager().load(autoload=False))
+    with TestClient(app, raise_server_exceptions=False) as client:
+        ok = client.post("/acme/shout", json={"text": "hi there", "max_tokens": 20})
+        assert ok.status_code == 200
+        assert ok.json() == {"shout": "HI THERE!", "model": "echo"}
+        bad = client.post("/acme/shout", json={"text": 5})
+        assert bad.status_code == 400
+        assert bad.json() == {"acme_error": "text: Input should be a valid string"}
+        not_json = client.post("/acme/shout", content=b"{oops", headers={"content-type": "application/json"})
+        assert not_json.status_code == 400 and not_json.json() == {"acme_error": "request body is not valid JSON"}
+
+
+def test_plugin_options_section_validated(tmp_path, monkeypatch):
+    from fastapi.testclient import TestClient
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("acme:\n  exclamations: 3\n")
+    monkeypatch.syspath_prepend(str(EXAMPLE_PLUGIN))
+    config, _ = load_config({"backend": "echo", "plugins": [ECHO_PLUGIN, "llmserve_acme"]}, str(cfg), environ={})
+    app, _ = build_server(config, PluginManager().load(autoload=False))
+    with TestClient(app) as client:
+        assert client.post("/acme/shout", json={"text": "yo"}).json()["shout"] == "YO!!!"
+    cfg.write_text("acme:\n  exclamations: many\n")
+    config, _ = load_config({"backend": "echo", "plugins": [ECHO_PLUGIN, "llmserve_acme"]}, str(cfg), environ={})
+    with pytest.raises(ConfigError, match="invalid options for 'acme': exclamations"):
+        build_server(config, PluginManager().load(autoload=False))
+    cfg.write_text("nosuchplugin:\n  a: 1\n")
+    config, _ = load_config({"backend": "echo", "plugins": [ECHO_PLUGIN]}, str(cfg), environ={})
+    with pytest.raises(ConfigError, match="unknown config key 'nosuchplugin'"):
+        build_server(config, PluginManager().load(autoload=False))
+
+
+def test_two_protocols_claiming_one_route_refuse_to_start(tmp_path, monkeypatch):
+    clash = tmp_path / "clash.py"
+    clash.write_text(textwrap.dedent("""
+        from fastapi import APIRouter
+        from llmserve import hookimpl
+        from llmserve.contributions import ProtocolSpec
+        from llmserve.protocol import Protocol
+
+        class Clash(Protocol):
+            def router(self):
+                r = APIRouter()
+                @r.get("/health")
+                async def health():
+                    return {}
+                return r
+
+        @hookimpl
+        def register_protocols():
+            return [ProtocolSpec(name="clash", target=__name__ + ":Clash")]
+    """))
+    config, _ = load_config({"backend": "echo", "plugins": [ECHO_PLUGIN, str(clash)]}, environ={})
+    with pytest.raises(ConfigError) as err:
+        build_server(config, PluginManager().load(autoload=False))
+    assert "GET /health is claimed by both protocol 'clash' and protocol 'ops'" in str(err.value) or \
+           "GET /health is claimed by both protocol 'ops' and protocol 'clash'" in str(err.value)
+    assert "--protocol-prefix" in str(err.value)
+    # A prefix resolves it.
+    config, _ = load_config({"backend": "echo", "plugins": [ECHO_PLUGIN, str(clash)],
+                             "protocol_prefix": ["clash=/clash"]}, environ={})
+    app, _ = build_server(config, PluginManager().load(autoload=False))
+    from fastapi.testclient import TestClient
+
+    with TestClient(app) as client:
+        assert client.get("/clash/health").json() == {}
+        assert client.get("/health").content == b""
+        assert "/clash/health" in client.get("/openapi.json").json()["paths"]
+
+
+def test_protocol_selection(echo_app):
+    client, _ = echo_app(protocols=["ops"])
+    assert client.get("/health").status_code == 200
+    with pytest.raises(ConfigError, match="unknown protocol 'nope'"):
+        echo_app(protocols=["nope"])
+
+
+def test_startup_and_shutdown_hooks_run(tmp_path):
+    from fastapi.testclient import TestClient
+
+    hooks = tmp_path / "hooks_plugin.py"
+    hooks.write_text(textwrap.dedent("""
+        from llmserve import hookimpl
+        EVENTS = []
+
+        @hookimpl
+        def startup(context):
+            EVENTS.append(("startup", context.model_name))
+
+        @hookimpl
+        def shutdown(context):
+            EVENTS.append(("shutdown", context.ready))
+    """))
+    config, _ = load_config({"backend": "echo", "plugins": [ECHO_PLUGIN, str(hooks)]}, environ={})
+    app, context = build_server(config, PluginManager().load(autoload=False))
+    module = context.plugins.pm.get_plugin("hooks_plugin")
+    with TestClient(app):
+        assert module.EVENTS == [("startup", "echo")]
+        assert context.ready
+    assert module.EVENTS == [("startup", "echo"), ("shutdown", False)]
