@@ -50,6 +50,7 @@ class ServerConfig(BaseModel):
     protocols: list[str] | None = Field(None, description="Dialects to serve (default: every dialect enabled by default); comma-separated or repeated.")
     protocol_prefix: dict[str, str] = Field(default_factory=dict, description="Mount a dialect under a path prefix, e.g. tgi=/tgi; repeatable.")
     api_key: list[str] = Field(default_factory=list, description="API keys clients must send; repeatable.")
+    trust_request_chat_template: bool = Field(False, description="Allow requests to send their own chat_template.")
     tool_call_parser: str | None = Field(None, description="Tool-call parser plugin.")
     reasoning_parser: str | None = Field(None, description="Reasoning parser plugin.")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")

@@ -123,18 +123,25 @@ class EngineClient:
                     out.append(ids)
         return out
 
+    def prepare(self, request: GenerateRequest, param: str = "prompt") -> list[int]:
+        """Tokenize and validate ``request`` in place (idempotent); return its prompt ids.
+
+        Protocols call this before answering, so a bad request fails with a status code
+        instead of in the middle of a stream.
+        """
+        if request.prompt_token_ids is None:
+            request.prompt_token_ids = self.encode(request.prompt or "", request.add_special_tokens)
+        if request.sampling.bad_words:
+            ids = request.sampling.bad_words_token_ids + self._bad_words_ids(request.sampling.bad_words)
+            request.sampling = request.sampling.model_copy(update={"bad_words_token_ids": ids, "bad_words": []})
+        self.validate(request.prompt_token_ids, request, param)
+        return request.prompt_token_ids
+
     async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
         """Run ``request``; yield its events until the finished one. Raises kernel errors."""
         if self.is_dead:
             raise EngineDeadError("the engine is not running")
-        if request.prompt_token_ids is not None:
-            prompt_ids = list(request.prompt_token_ids)
-        else:
-            prompt_ids = self.encode(request.prompt or "", request.add_special_tokens)
-        if request.sampling.bad_words:
-            ids = request.sampling.bad_words_token_ids + self._bad_words_ids(request.sampling.bad_words)
-            request.sampling = request.sampling.model_copy(update={"bad_words_token_ids": ids})
-        self.validate(prompt_ids, request)
+        prompt_ids = list(self.prepare(request))
         aio = asyncio.get_running_loop()
         queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
 

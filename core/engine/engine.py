@@ -18,7 +18,7 @@ from llmserve.engine.backend import Backend, KVCacheSpec, ModelInfo, StepItem, S
 from llmserve.engine.block_manager import BlockManager
 from llmserve.engine.scheduler import ScheduledSeq, Scheduler
 from llmserve.engine.sequence import Sequence
-from llmserve.errors import InvalidRequestError, LLMServeError
+from llmserve.errors import ConfigError, InvalidRequestError, LLMServeError
 from llmserve.outputs import RequestOutput, SequenceDelta, Timings, TokenLogprob, Usage
 from llmserve.request import GenerateRequest
 from llmserve.text.detokenizer import IncrementalDetokenizer
@@ -72,15 +72,24 @@ class LLMEngine:
         spec = KVCacheSpec(block_size=self.block_size, num_blocks=getattr(config, "num_kv_blocks", None),
                            memory_fraction=getattr(config, "kv_cache_memory_fraction", 0.25),
                            min_blocks=min_blocks)
+        chunked = bool(getattr(config, "enable_chunked_prefill", True))
+        budget = int(getattr(config, "max_num_batched_tokens", 2048))
+        if not chunked and budget < self.max_model_len:
+            raise ConfigError(f"--max-num-batched-tokens ({budget}) must be at least the context length "
+                              f"({self.max_model_len}) when chunked prefill is off")
         num_blocks = backend.init_kv_cache(spec)
+        if num_blocks < min_blocks:
+            raise ConfigError(
+                f"the KV cache holds {num_blocks * self.block_size} tokens but one request may need "
+                f"{self.max_model_len}; use a smaller --max-model-len or a bigger KV pool "
+                f"(--num-kv-blocks / --kv-cache-memory-fraction)")
         log.info("KV cache: %d blocks of %d tokens (%d tokens)", num_blocks, self.block_size,
                  num_blocks * self.block_size)
         self.block_manager = BlockManager(num_blocks, self.block_size,
                                           bool(getattr(config, "enable_prefix_caching", True)))
         self.scheduler = Scheduler(self.block_manager,
                                    max_num_seqs=int(getattr(config, "max_num_seqs", 64)),
-                                   max_num_batched_tokens=int(getattr(config, "max_num_batched_tokens", 2048)),
-                                   enable_chunked_prefill=bool(getattr(config, "enable_chunked_prefill", True)))
+                                   max_num_batched_tokens=budget, enable_chunked_prefill=chunked)
         self.requests: dict[str, RequestState] = {}
         self.eos_ids = frozenset(info.eos_token_ids)
         self.stats = {"prompt_tokens": 0, "generation_tokens": 0, "steps": 0}

@@ -21,6 +21,7 @@ from llmserve.errors import (
 
 log = logging.getLogger("llmserve.server")
 
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "tuple", "bytes"}
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
@@ -34,7 +35,11 @@ def validation_to_error(exc: RequestValidationError) -> InvalidRequestError:
     if not errors:
         return InvalidRequestError("invalid request")
     err = errors[0]
-    loc = [str(p) for p in err.get("loc", ()) if p not in ("body",)]
+    loc = []
+    for part in err.get("loc", ())[1:] if err.get("loc", ("",))[0] == "body" else err.get("loc", ()):
+        if isinstance(part, str) and (part in _TYPE_TAGS or "[" in part or "-" in part):
+            break  # pydantic names the union member it tried; the field is what users need
+        loc.append(str(part))
     if err.get("type") == "json_invalid":
         return InvalidRequestError("request body is not valid JSON")
     if not loc and err.get("type") in ("model_attributes_type", "dict_type", "model_type"):

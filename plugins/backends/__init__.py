@@ -1,1 +1,1 @@
-"""Built-in backend (model runner) plugins."""
+"""Model-runner backends shipped with llmserve (each subpackage is one backend plugin)."""

@@ -21,7 +21,8 @@ from llmserve.sampling import SamplingParams  # noqa: E402
 def make_client(**cfg) -> EngineClient:
     config = SimpleNamespace(block_size=4, num_kv_blocks=cfg.pop("num_kv_blocks", 64), max_num_seqs=cfg.pop("max_num_seqs", 16),
                              max_num_batched_tokens=cfg.pop("max_num_batched_tokens", 64), max_model_len=cfg.pop("max_model_len", 128),
-                             enable_prefix_caching=True, enable_chunked_prefill=True, **cfg)
+                             enable_prefix_caching=True,
+                             enable_chunked_prefill=not cfg.pop("enable_chunked_prefill_off", False), **cfg)
     backend = EchoBackend(config)
     info = backend.load()
     return EngineClient(LLMEngine(backend, info, config))
@@ -124,13 +125,13 @@ def test_prefix_cache_reports_cached_tokens():
 
 
 def test_burst_with_random_aborts_leaves_engine_idle():
-    client = make_client(num_kv_blocks=24, max_num_seqs=8)
+    client = make_client(num_kv_blocks=24, max_num_seqs=8, max_model_len=64)
     rng = random.Random(7)
 
     async def one(i):
         request = GenerateRequest(prompt="request %d " % i * rng.randint(1, 4),
                                   sampling=SamplingParams(n=rng.choice([1, 1, 2]), ignore_eos=True,
-                                                          max_tokens=rng.randint(1, 30)), priority=rng.randint(1, 5))
+                                                          max_tokens=rng.randint(1, 15)), priority=rng.randint(1, 5))
         stop_after = rng.choice([None, 0, 1, 3])
         count = 0
         async for _ in client.generate(request):
@@ -165,3 +166,12 @@ def test_eos_id_is_not_text():
         assert events[-1].outputs[0].token_ids[-1] == EOS
     run(main())
     client.shutdown()
+
+
+def test_pool_must_hold_one_max_length_request():
+    from llmserve.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="smaller --max-model-len"):
+        make_client(num_kv_blocks=8, max_model_len=64)
+    with pytest.raises(ConfigError, match="chunked prefill is off"):
+        make_client(max_model_len=128, max_num_batched_tokens=64, enable_chunked_prefill_off=True)

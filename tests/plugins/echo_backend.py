@@ -58,15 +58,18 @@ class EchoBackend(Backend):
         for item in batch:
             for i, tok in enumerate(item.token_ids):
                 self.slots[self._slot(item.block_table, item.start_pos + i)] = tok
+            prompt_lps = None
+            if item.prompt_logprob_targets is not None:
+                prompt_lps = [(-1.0, [(t, -1.0)]) for t in item.prompt_logprob_targets]
             if not item.sample:
-                out.append(StepResult(item.seq_id))
+                out.append(StepResult(item.seq_id, prompt_logprobs=prompt_lps))
                 continue
             end = item.start_pos + len(item.token_ids)
             fed = [self.slots[self._slot(item.block_table, p)] for p in range(end)]
             n_out = len(item.output_ids)
             prompt_len = len(fed) - n_out
             token = fed[n_out] if n_out < prompt_len else EOS
-            out.append(StepResult(item.seq_id, token_id=token, logprob=-0.5,
+            out.append(StepResult(item.seq_id, token_id=token, logprob=-0.5, prompt_logprobs=prompt_lps,
                                   top=[(token, -0.5)] if item.sampling and item.sampling.logprobs else None))
         return out
 

@@ -1,0 +1,158 @@
+"""POST /v1/completions: str / list[str] / token-id prompts, echo, logprobs, n, best_of, streaming."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from starlette.responses import JSONResponse, StreamingResponse
+
+from llmserve.errors import InvalidRequestError
+from llmserve.outputs import TokenLogprob
+
+from .params import completion_sampling, new_request, now
+from .streaming import SSE_HEADERS, TokenText, completion_logprobs, merge, sse, sse_error, to_error, usage_dict
+from .wire import CompletionRequest
+
+
+def split_prompts(prompt: Any) -> list[tuple[str | None, list[int] | None]]:
+    if isinstance(prompt, str):
+        return [(prompt, None)]
+    if not prompt:
+        raise InvalidRequestError("prompt must not be empty", param="prompt")
+    if all(isinstance(p, int) for p in prompt):
+        return [(None, list(prompt))]
+    if all(isinstance(p, str) for p in prompt):
+        return [(p, None) for p in prompt]
+    if all(isinstance(p, list) for p in prompt):
+        if any(not p for p in prompt):
+            raise InvalidRequestError("prompt must not contain empty token lists", param="prompt")
+        return [(None, list(p)) for p in prompt]
+    raise InvalidRequestError("prompt must be a string, a list of strings, or token ids", param="prompt")
+
+
+@dataclass
+class Choice:
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: Any = None
+
+
+class Completions:
+    def __init__(self, protocol: Any) -> None:
+        self.p = protocol
+        self.tt = TokenText(protocol.context.engine.tokenizer)
+
+    async def __call__(self, body: CompletionRequest, request_id: str | None) -> Any:
+        ctx = self.p.context
+        engine = ctx.engine
+        model = ctx.check_model(body.model)
+        sampling = completion_sampling(body)
+        if body.stream and sampling.num_sequences > sampling.n:
+            raise InvalidRequestError("best_of > n is not supported when streaming", param="best_of")
+        prompts = split_prompts(body.prompt)
+        base = body.request_id or request_id or uuid.uuid4().hex
+        reqs = []
+        for i, (text, ids) in enumerate(prompts):
+            req = new_request(body, sampling, prompt=text, prompt_ids=ids, header_id=base,
+                              add_special_tokens=body.add_special_tokens is not False,
+                              suffix=f"-{i}" if len(prompts) > 1 else "")
+            engine.prepare(req)
+            reqs.append(req)
+        rid = f"cmpl-{base}"
+        head = {"id": rid, "object": "text_completion", "created": now(), "model": model}
+        if body.stream:
+            return StreamingResponse(self._stream(body, reqs, head), media_type="text/event-stream",
+                                     headers=SSE_HEADERS)
+        return JSONResponse(await self._complete(body, reqs, head))
+
+    def _prompt_text(self, req: Any) -> str:
+        return req.prompt if req.prompt is not None else self.p.context.engine.decode(req.prompt_token_ids, False)
+
+    def _echo_items(self, req: Any, prompt_lp: list | None) -> list[tuple[int, TokenLogprob | None]]:
+        lps = list(prompt_lp or [])
+        lps += [None] * (len(req.prompt_token_ids) - len(lps))
+        return list(zip(req.prompt_token_ids, lps))
+
+    async def _complete(self, body: CompletionRequest, reqs: list, head: dict) -> dict:
+        n = reqs[0].sampling.n
+        choices: dict[int, Choice] = {}
+        prompt_lps: dict[int, list] = {}
+        usage = [0, 0, 0]
+        async for i, event in merge(self.p.context.engine, reqs):
+            if event.prompt_logprobs is not None:
+                prompt_lps[i] = event.prompt_logprobs
+            for d in event.outputs:
+                if d.index >= n:
+                    continue  # best_of: only the n best are returned
+                c = choices.setdefault(i * n + d.index, Choice())
+                c.text += d.text
+                c.token_ids += d.token_ids
+                c.logprobs += d.logprobs or []
+                if d.finish_reason:
+                    c.finish_reason, c.stop_reason = d.finish_reason, d.stop_reason
+            if event.finished:
+                usage[0] += event.usage.prompt_tokens
+                usage[1] += event.usage.completion_tokens
+                usage[2] += event.usage.cached_tokens
+        out = []
+        for index in sorted(choices):
+            c, req = choices[index], reqs[index // n]
+            prefix = self._prompt_text(req) if body.echo else ""
+            item = {"index": index, "text": prefix + c.text, "logprobs": None,
+                    "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+            if body.logprobs is not None:
+                items = self._echo_items(req, prompt_lps.get(index // n)) if body.echo else []
+                items += list(zip(c.token_ids, c.logprobs))
+                item["logprobs"] = completion_logprobs(items, self.tt, 0, body.logprobs)
+            if body.return_token_ids:
+                item["prompt_token_ids"] = req.prompt_token_ids
+                item["token_ids"] = c.token_ids
+            out.append(item)
+        return {**head, "choices": out, "usage": usage_dict(*usage)}
+
+    async def _stream(self, body: CompletionRequest, reqs: list, head: dict) -> AsyncIterator[str]:
+        n = reqs[0].sampling.n
+        opts = body.stream_options
+        include_usage = bool(opts and opts.include_usage)
+        continuous = bool(opts and opts.continuous_usage_stats)
+        started: set[int] = set()
+        offsets: dict[int, int] = {}
+        totals: dict[int, tuple[int, int, int]] = {}
+        try:
+            async for i, event in merge(self.p.context.engine, reqs):
+                req = reqs[i]
+                totals[i] = (event.usage.prompt_tokens, event.usage.completion_tokens, event.usage.cached_tokens)
+                for d in event.outputs:
+                    index = i * n + d.index
+                    text, items = d.text, list(zip(d.token_ids, d.logprobs or []))
+                    if index not in started:
+                        started.add(index)
+                        if body.echo:
+                            text = self._prompt_text(req) + text
+                            items = self._echo_items(req, event.prompt_logprobs) + items
+                    choice = {"index": index, "text": text, "logprobs": None,
+                              "finish_reason": d.finish_reason, "stop_reason": d.stop_reason}
+                    if body.logprobs is not None:
+                        choice["logprobs"] = completion_logprobs(items, self.tt, offsets.get(index, 0), body.logprobs)
+                    offsets[index] = offsets.get(index, 0) + len(text)
+                    if body.return_token_ids:
+                        choice["token_ids"] = d.token_ids
+                        if d.index == 0 and index not in offsets:
+                            choice["prompt_token_ids"] = req.prompt_token_ids
+                    chunk = {**head, "choices": [choice]}
+                    if include_usage:
+                        chunk["usage"] = usage_dict(*self._sum(totals)) if continuous else None
+                    yield sse(chunk)
+            if include_usage:
+                yield sse({**head, "choices": [], "usage": usage_dict(*self._sum(totals))})
+        except Exception as exc:  # noqa: BLE001 - after the 200, errors travel in-band
+            yield sse_error(to_error(exc))
+        yield "data: [DONE]\n\n"
+
+    @staticmethod
+    def _sum(totals: dict[int, tuple[int, int, int]]) -> tuple[int, int, int]:
+        return tuple(sum(t[k] for t in totals.values()) for k in range(3))  # type: ignore[return-value]

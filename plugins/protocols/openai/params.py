@@ -1,0 +1,87 @@
+"""Translate OpenAI request fields into the kernel's SamplingParams and GenerateRequests."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from llmserve.errors import InvalidRequestError
+from llmserve.request import GenerateRequest
+from llmserve.sampling import SamplingParams
+
+from .wire import ChatCompletionRequest, CompletionRequest, SamplingFields
+
+_UNSUPPORTED = {
+    "guided_json": "guided decoding",
+    "guided_regex": "guided decoding",
+    "guided_choice": "guided decoding",
+    "guided_grammar": "grammar-guided decoding (no grammar backend is installed)",
+}
+
+
+def _logit_bias(raw: dict[str, float] | None) -> dict[int, float]:
+    out = {}
+    for key, value in (raw or {}).items():
+        try:
+            out[int(key)] = float(value)
+        except (TypeError, ValueError):
+            raise InvalidRequestError(f"logit_bias: key {key!r} is not a token id", param="logit_bias") from None
+    return out
+
+
+def sampling_params(body: SamplingFields, max_tokens: int | None, logprobs: int | None,
+                    prompt_logprobs: int | None = None) -> SamplingParams:
+    for field, what in _UNSUPPORTED.items():
+        if getattr(body, field, None) is not None:
+            raise InvalidRequestError(f"{field}: {what} is not supported by this server yet", param=field)
+    stop = [body.stop] if isinstance(body.stop, str) else body.stop
+    mode = "processed" if (body.temp_scaled_logprobs or body.top_p_normalized_logprobs) else None
+    return SamplingParams.build(
+        n=body.n, best_of=body.best_of, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
+        min_p=body.min_p, typical_p=body.typical_p, frequency_penalty=body.frequency_penalty,
+        presence_penalty=body.presence_penalty, repetition_penalty=body.repetition_penalty,
+        logit_bias=_logit_bias(body.logit_bias), seed=body.seed, stop=stop, stop_token_ids=body.stop_token_ids,
+        include_stop_str_in_output=body.include_stop_str_in_output, ignore_eos=body.ignore_eos,
+        min_tokens=body.min_tokens, max_tokens=max_tokens, bad_words=body.bad_words,
+        bad_words_token_ids=body.bad_words_token_ids, skip_special_tokens=body.skip_special_tokens,
+        spaces_between_special_tokens=body.spaces_between_special_tokens, logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs, logprobs_mode=mode)
+
+
+def completion_sampling(body: CompletionRequest) -> SamplingParams:
+    if body.suffix is not None:
+        raise InvalidRequestError("suffix is not supported", param="suffix")
+    prompt_lp = body.prompt_logprobs
+    if body.echo and body.logprobs is not None:
+        prompt_lp = body.logprobs if prompt_lp is None else max(prompt_lp, body.logprobs)
+    max_tokens = 16 if body.max_tokens is None else body.max_tokens
+    if max_tokens == 0 and body.echo:
+        raise InvalidRequestError("max_tokens: must be at least 1", param="max_tokens")
+    return sampling_params(body, max_tokens, body.logprobs, prompt_lp)
+
+
+def chat_sampling(body: ChatCompletionRequest) -> SamplingParams:
+    top = None
+    if body.logprobs:
+        top = body.top_logprobs or 0
+    elif body.top_logprobs:
+        raise InvalidRequestError("top_logprobs requires logprobs to be true", param="top_logprobs")
+    if body.response_format is not None and body.response_format.type != "text":
+        raise InvalidRequestError("response_format: JSON output is not supported by this server yet",
+                                  param="response_format")
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    return sampling_params(body, max_tokens, top)
+
+
+def new_request(body: SamplingFields, sampling: SamplingParams, prompt: str | None = None,
+                prompt_ids: list[int] | None = None, header_id: str | None = None,
+                add_special_tokens: bool = True, suffix: str = "") -> GenerateRequest:
+    rid = (body.request_id or header_id or uuid.uuid4().hex) + suffix
+    # Lower values are scheduled first (1 is the highest of the dialects' 1..5 scale).
+    priority = 5 if body.priority is None else body.priority
+    return GenerateRequest(prompt=prompt, prompt_token_ids=prompt_ids, sampling=sampling, request_id=rid,
+                           priority=priority, add_special_tokens=add_special_tokens)
+
+
+def now() -> int:
+    return int(time.time())

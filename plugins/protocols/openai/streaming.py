@@ -1,0 +1,124 @@
+"""Helpers shared by the OpenAI routes: running several requests at once, SSE, logprob shapes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from functools import lru_cache
+from typing import Any, AsyncIterator
+
+from llmserve.errors import LLMServeError
+from llmserve.outputs import RequestOutput, TokenLogprob
+from llmserve.server.errors import to_error
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def dumps(obj: Any) -> str:
+    """JSON without NaN/Infinity (clients reject them)."""
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False, default=_finite)
+
+
+def _finite(obj: Any) -> Any:
+    raise TypeError(f"not JSON serializable: {type(obj).__name__}")
+
+
+def clamp(x: float) -> float:
+    return -9999.0 if not math.isfinite(x) else x
+
+
+def sse(obj: Any) -> str:
+    return f"data: {dumps(obj)}\n\n"
+
+
+def sse_error(error: LLMServeError) -> str:
+    return sse({"error": {"message": error.message, "type": error.type, "param": error.param, "code": error.status}})
+
+
+async def merge(engine: Any, requests: list) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Run requests concurrently; yield ``(request index, event)`` as events arrive.
+
+    Closing the iterator early cancels every request (each engine stream aborts itself).
+    """
+    if len(requests) == 1:  # the common case needs no tasks
+        async for event in engine.generate(requests[0]):
+            yield 0, event
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, request: Any) -> None:
+        try:
+            async for event in engine.generate(request):
+                await queue.put((i, event, None))
+        except BaseException as exc:  # noqa: BLE001 - forwarded to the consumer
+            await queue.put((i, None, exc))
+            return
+        await queue.put((i, None, None))
+
+    tasks = [asyncio.create_task(pump(i, r)) for i, r in enumerate(requests)]
+    remaining = len(tasks)
+    try:
+        while remaining:
+            i, event, exc = await queue.get()
+            if exc is not None:
+                raise exc
+            if event is None:
+                remaining -= 1
+                continue
+            yield i, event
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+class TokenText:
+    """Token id -> its text, cached (logprob entries need it per token)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.text = lru_cache(maxsize=65536)(self._text)
+
+    def _text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+def chat_logprobs(entries: list[TokenLogprob], tt: TokenText) -> list[dict]:
+    out = []
+    for e in entries:
+        tok = tt.text(e.token_id)
+        out.append({"token": tok, "logprob": clamp(e.logprob), "bytes": list(tok.encode("utf-8")),
+                    "top_logprobs": [{"token": tt.text(t), "logprob": clamp(lp),
+                                      "bytes": list(tt.text(t).encode("utf-8"))} for t, lp in e.top]})
+    return out
+
+
+def completion_logprobs(items: list[tuple[int, TokenLogprob | None]], tt: TokenText, offset: int,
+                        want_top: int) -> dict:
+    """OpenAI completions logprobs over ``(token_id, logprob entry)``; a None entry (the first
+    prompt token under echo) gives null logprob and null top_logprobs."""
+    tokens, lps, tops, offsets = [], [], [], []
+    pos = offset
+    for token_id, e in items:
+        text = tt.text(token_id)
+        tokens.append(text)
+        offsets.append(pos)
+        pos += len(text)
+        if e is None:
+            lps.append(None)
+            tops.append(None)
+            continue
+        lps.append(clamp(e.logprob))
+        top = {tt.text(t): clamp(lp) for t, lp in e.top[:want_top]} if want_top else {}
+        top.setdefault(text, clamp(e.logprob))
+        tops.append(top)
+    return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+
+
+def usage_dict(prompt: int, completion: int, cached: int) -> dict:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+__all__ = ["dumps", "sse", "sse_error", "merge", "TokenText", "chat_logprobs", "completion_logprobs",
+           "usage_dict", "to_error", "SSE_HEADERS"]

@@ -1,0 +1,101 @@
+"""OpenAI request models. Unknown fields are ignored and explicit nulls mean "default"."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class WireModel(BaseModel):
+    # Real clients send extras (vLLM/FastDeploy/TGI fields we do not know): accept and ignore.
+    model_config = ConfigDict(extra="ignore", protected_namespaces=())
+
+
+class StreamOptions(WireModel):
+    include_usage: bool | None = False
+    continuous_usage_stats: bool | None = False
+
+
+class SamplingFields(WireModel):
+    """Fields shared by chat and completions (OpenAI + vLLM + FastDeploy extras)."""
+
+    model: str | None = None
+    n: int | None = 1
+    best_of: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    typical_p: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool | None = None
+    ignore_eos: bool | None = None
+    min_tokens: int | None = None
+    max_tokens: int | None = None
+    bad_words: list[str] | None = None
+    bad_words_token_ids: list[list[int]] | None = None
+    skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: bool | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    request_id: str | None = None
+    priority: int | None = None
+    return_token_ids: bool | None = None
+    temp_scaled_logprobs: bool | None = None
+    top_p_normalized_logprobs: bool | None = None
+    guided_json: Any = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    metadata: dict[str, Any] | None = None
+
+
+class CompletionRequest(SamplingFields):
+    prompt: Union[str, list[str], list[int], list[list[int]]]
+    echo: bool | None = False
+    logprobs: int | None = None
+    suffix: str | None = None
+    prompt_logprobs: int | None = None
+    add_special_tokens: bool | None = True
+
+
+class ChatMessage(WireModel):
+    model_config = ConfigDict(extra="allow")
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+
+
+class ResponseFormat(WireModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    logprobs: bool | None = False
+    top_logprobs: int | None = None
+    max_completion_tokens: int | None = None
+    response_format: ResponseFormat | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = True
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: bool | None = True
+    continue_final_message: bool | None = False
+    echo: bool | None = False
+    disable_chat_template: bool | None = False
+    prompt_token_ids: list[int] | None = None
+    documents: list[dict[str, Any]] | None = None
