@@ -46,7 +46,7 @@ def _option(field: str) -> inspect.Parameter:
     literal = [a for a in get_args(info.annotation) if a is not type(None)]
     choices = get_args(info.annotation) if getattr(info.annotation, "__origin__", None) is Literal else ()
     if choices:
-        help_text += f" [{'|'.join(choices)}]"
+        help_text += f" One of: {', '.join(choices)}."
     flag = flag_name(field)
     if kind == "bool":
         default = typer.Option(None, f"{flag}/--no-{flag[2:]}", help=help_text, show_default=False)

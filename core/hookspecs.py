@@ -36,7 +36,7 @@ def register_protocols() -> "list[ProtocolSpec]":
 
         @hookimpl
         def register_protocols():
-            return [ProtocolSpec(name="acme", target="llmserve_acme.proto:AcmeProtocol",
+            return [ProtocolSpec(name="acme", target="llmserve_acme.protocol:AcmeProtocol",
                                  description="Acme's /acme/generate route")]
     """
 

@@ -99,7 +99,16 @@ class PluginManager:
                     self._load_entry_point(ep, "entrypoint", explicit=False)
         for spec, source in explicit:
             self.load_spec(spec, source)
+        self.check()
         return self
+
+    def check(self) -> None:
+        """Fail on hook functions that match no hookspec (a typo would otherwise be ignored)."""
+        try:
+            self.pm.check_pending()
+        except pluggy.PluginValidationError as exc:
+            name = self.pm.get_name(exc.plugin) or "?"
+            raise PluginLoadError(f"plugin '{name}': {str(exc).splitlines()[0]}") from None
 
     def block(self, name: str) -> None:
         """Block a plugin by name; unregister it if it is already loaded."""

@@ -158,3 +158,45 @@ def test_help_and_plugins_never_import_torch_or_transformers():
     import subprocess
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "HEAVY []" in out.stdout, out.stdout + out.stderr
+
+
+def test_register_commands_from_an_entry_point_plugin(tmp_path):
+    fake_distribution(tmp_path, "cmd_dist", {"cmdep": "cmdmod"}, {"cmdmod": """
+        from llmserve import hookimpl
+
+        @hookimpl
+        def register_commands(cli):
+            @cli.command()
+            def hello(name: str = "world"):
+                print(f"hello {name}")
+    """})
+    result = run_cli("hello", "--name", "plugins", env={"PYTHONPATH": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "hello plugins"
+
+
+def test_register_reasoning_parsers_and_aliases(tmp_path):
+    plugin = make_plugin(tmp_path, "think", """
+        from llmserve import hookimpl
+        from llmserve.contributions import ReasoningParserSpec
+
+        @hookimpl
+        def register_reasoning_parsers():
+            return [ReasoningParserSpec(name="think", target="json:loads", aliases=("think_v2",))]
+    """)
+    reg = Registry.collect(PluginManager().load([(str(plugin), "cli")], autoload=False))
+    assert reg.names("reasoning_parser") == ["think"]
+    assert reg.get("reasoning_parser", "think_v2").record.name == "think"
+    assert reg.load("reasoning_parser", "think") is json.loads
+
+
+def test_misspelled_hook_is_an_error(tmp_path):
+    plugin = make_plugin(tmp_path, "typo", """
+        from llmserve import hookimpl
+
+        @hookimpl
+        def register_protocol():
+            return []
+    """)
+    with pytest.raises(PluginLoadError, match="plugin 'typo'.*register_protocol"):
+        PluginManager().load([(str(plugin), "cli")], autoload=False)

@@ -51,45 +51,53 @@ def enabled_protocols(config: ServerConfig, registry: Registry) -> list[str]:
 
 
 def build_server(config: ServerConfig, plugins: PluginManager) -> tuple[Any, ServerContext]:
-    """Load plugins named by the config, the backend and the engine; return (app, context)."""
+    """Load plugins named by the config, the backend and the engine; return (app, context).
+
+    Everything that can be checked without the model (plugins, options, protocols and their
+    routes) is checked first, so configuration mistakes fail fast.
+    """
     from llmserve.server.app import build_app
 
     for spec in config.plugins:
         plugins.load_spec(spec, "config")
+    plugins.check()
     registry = Registry.collect(plugins)
     options = plugin_options(config, registry)
-    protocol_names = enabled_protocols(config, registry)
     for kind, name in (("tool_parser", config.tool_call_parser), ("reasoning_parser", config.reasoning_parser)):
         if name:
             registry.get(kind, name)  # fail fast on a typo
-    context = ServerContext(config=config, registry=registry, plugins=plugins)
-    protocols = {}
-    for name in protocol_names:
-        cls = registry.load("protocol", name)
-        protocols[name] = cls(context, options.get(name))
     backend_cls = registry.load("backend", config.backend)
-    backend = backend_cls(config)
-    log.info("loading model with backend '%s'", config.backend)
-    info = backend.load()
-    context.model = info
-    from llmserve.engine.client import EngineClient
-    from llmserve.engine.engine import LLMEngine
-
-    context.engine = EngineClient(LLMEngine(backend, info, config))
+    context = ServerContext(config=config, registry=registry, plugins=plugins)
+    protocols = {name: registry.load("protocol", name)(context, options.get(name))
+                 for name in enabled_protocols(config, registry)}
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
-        plugins.hook.startup(context=context)
         context.ready = True
-        log.info("serving %s (%s) with protocols: %s", context.model_name, info.path, ", ".join(protocols))
+        log.info("serving %s (%s) with protocols: %s", context.model_name, context.model.path, ", ".join(protocols))
         try:
             yield
         finally:
             context.ready = False
-            plugins.hook.shutdown(context=context)
-            context.engine.shutdown()
+            try:
+                plugins.hook.shutdown(context=context)
+            finally:
+                context.engine.shutdown()
 
-    app = build_app(context, protocols, lifespan=lifespan)
+    app = build_app(context, protocols, lifespan=lifespan)  # raises on route conflicts
+    backend = backend_cls(config)
+    log.info("loading model with backend '%s'", config.backend)
+    context.model = backend.load()
+    from llmserve.engine.client import EngineClient
+    from llmserve.engine.engine import LLMEngine
+
+    context.engine = EngineClient(LLMEngine(backend, context.model, config))
+    for plugin_name, hook in plugins.impls("startup"):
+        try:
+            hook(context=context)
+        except Exception as exc:  # noqa: BLE001 - one clear line, not a traceback
+            context.engine.shutdown()
+            raise ConfigError(f"startup hook of plugin '{plugin_name}' failed: {type(exc).__name__}: {exc}") from None
     return app, context
 
 

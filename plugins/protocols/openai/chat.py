@@ -18,7 +18,13 @@ from .wire import ChatCompletionRequest
 class Chat:
     def __init__(self, protocol: Any) -> None:
         self.p = protocol
-        self.tt = TokenText(protocol.context.engine.tokenizer)
+        self._tt: TokenText | None = None
+
+    @property
+    def tt(self) -> TokenText:
+        if self._tt is None:  # the model loads after routes are built
+            self._tt = TokenText(self.p.context.engine.tokenizer)
+        return self._tt
 
     def render(self, body: ChatCompletionRequest) -> tuple[str | None, list[int] | None]:
         if body.prompt_token_ids:

@@ -44,7 +44,13 @@ class Choice:
 class Completions:
     def __init__(self, protocol: Any) -> None:
         self.p = protocol
-        self.tt = TokenText(protocol.context.engine.tokenizer)
+        self._tt: TokenText | None = None
+
+    @property
+    def tt(self) -> TokenText:
+        if self._tt is None:  # the model loads after routes are built
+            self._tt = TokenText(self.p.context.engine.tokenizer)
+        return self._tt
 
     async def __call__(self, body: CompletionRequest, request_id: str | None) -> Any:
         ctx = self.p.context
