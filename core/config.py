@@ -34,6 +34,7 @@ class ServerConfig(BaseModel):
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Device to run on.")
     max_model_len: int | None = Field(None, ge=16, description="Context length (prompt + output) in tokens; default: the model's.")
     trust_remote_code: bool = Field(False, description="Allow model code from the model directory to run.")
+    task: Literal["generate", "embed"] = Field("generate", description="generate: a causal LM; embed: an embedding model serving /v1/embeddings, /score and /rerank (default model: the embedded all-MiniLM-L6-v2).")
     cache_dir: str | None = Field(None, description="Where converted GGUF weights are cached (default ~/.cache/llmserve).")
     # engine
     block_size: int = Field(16, ge=1, le=1024, description="Tokens per KV-cache block.")
@@ -53,6 +54,7 @@ class ServerConfig(BaseModel):
     trust_request_chat_template: bool = Field(False, description="Allow requests to send their own chat_template.")
     tool_call_parser: str | None = Field(None, description="Tool-call parser plugin.")
     reasoning_parser: str | None = Field(None, description="Reasoning parser plugin.")
+    guided_decoding_backend: str = Field("lm-format-enforcer", description="Guided-decoding plugin preferred for guided_json / guided_regex / guided_choice / guided_grammar / response_format (another installed one is used for kinds it does not support).")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
     plugins: list[str] = Field(default_factory=list, description="Extra plugins: pkg.mod, pkg.mod:attr, file.py, entry-point name, or no:NAME; repeatable (CLI flag --plugin).")
 

@@ -11,7 +11,7 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-Kind = Literal["protocol", "backend", "tool_parser", "reasoning_parser"]
+Kind = Literal["protocol", "backend", "tool_parser", "reasoning_parser", "guided_decoder"]
 
 
 def resolve(target: str) -> Any:
@@ -82,3 +82,14 @@ class ReasoningParserSpec(Contribution):
 
     aliases: tuple[str, ...] = ()
     kind: Kind = field(default="reasoning_parser", init=False)
+
+
+@dataclass(frozen=True)
+class GuidedDecoderSpec(Contribution):
+    """A guided-decoding backend. ``target`` is a ``llmserve.guided.GuidedDecoder`` subclass.
+
+    ``--guided-decoding-backend NAME`` picks the preferred one; a kind it does not support goes
+    to another installed decoder that does.
+    """
+
+    kind: Kind = field(default="guided_decoder", init=False)

@@ -18,7 +18,8 @@ import pluggy
 if TYPE_CHECKING:
     import typer
 
-    from llmserve.contributions import BackendSpec, ProtocolSpec, ReasoningParserSpec, ToolParserSpec
+    from llmserve.contributions import (BackendSpec, GuidedDecoderSpec, ProtocolSpec, ReasoningParserSpec,
+                                         ToolParserSpec)
 
 hookspec = pluggy.HookspecMarker("llmserve")
 
@@ -82,6 +83,25 @@ def register_reasoning_parsers() -> "list[ReasoningParserSpec]":
         @hookimpl
         def register_reasoning_parsers():
             return [ReasoningParserSpec(name="think", target="my_pkg.think:ThinkParser")]
+    """
+
+
+@hookspec
+def register_guided_decoders() -> "list[GuidedDecoderSpec]":
+    """Contribute guided-decoding backends (JSON schema, regex, choice, grammar constraints).
+
+    ``target`` names a ``llmserve.guided.GuidedDecoder`` subclass whose ``kinds`` says which
+    constraints it enforces. The server imports and builds one instance per decoder on the
+    first request that needs it, as ``cls(tokenizer, vocab_size, eos_token_ids)``.
+    ``--guided-decoding-backend NAME`` (default ``lm-format-enforcer``) picks the preferred
+    decoder; a kind it does not support goes to another installed decoder that supports it.
+
+    Example::
+
+        @hookimpl
+        def register_guided_decoders():
+            return [GuidedDecoderSpec(name="acme-grammar", target="my_pkg.grammar:AcmeGrammarDecoder",
+                                      description="GBNF grammars")]
     """
 
 

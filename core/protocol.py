@@ -11,6 +11,7 @@ if TYPE_CHECKING:
 
     from llmserve.errors import LLMServeError
     from llmserve.server.context import ServerContext
+    from llmserve.server.shared import SharedRoute
 
 
 class Protocol(ABC):
@@ -48,6 +49,10 @@ class Protocol(ABC):
     @abstractmethod
     def router(self) -> "APIRouter":
         """Return the router with every route of this dialect."""
+
+    def shared_routes(self) -> "list[SharedRoute]":
+        """Routes this dialect shares with others, dispatched by body (see ``llmserve.server.shared``)."""
+        return []
 
     def error_response(self, error: "LLMServeError", request: "Request | None") -> "Response":
         """Render ``error`` in this dialect's format. Default: the OpenAI error envelope."""

@@ -14,9 +14,10 @@ HOOKS = {
     "backend": "register_backends",
     "tool_parser": "register_tool_parsers",
     "reasoning_parser": "register_reasoning_parsers",
+    "guided_decoder": "register_guided_decoders",
 }
 LABELS = {"protocol": "protocol", "backend": "backend", "tool_parser": "tool parser",
-          "reasoning_parser": "reasoning parser"}
+          "reasoning_parser": "reasoning parser", "guided_decoder": "guided decoder"}
 
 
 @dataclass

@@ -108,3 +108,15 @@ def echo_app():
     yield factory
     for client in clients:
         client.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="session")
+def smollm_server():
+    """One real server for the whole session: the embedded SmolLM2 (fp32, CPU), every default
+    dialect. Tests using it are end-to-end; keep their max_tokens small."""
+    server = ServerProcess("--dtype", "float32", "--device", "cpu", "--max-model-len", "2048",
+                           "--max-num-seqs", "32", "--log-level", "warning")
+    try:
+        yield server.wait_ready(timeout=300)
+    finally:
+        server.stop()

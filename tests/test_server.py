@@ -142,3 +142,62 @@ def test_failing_startup_hook_is_one_clear_error(tmp_path):
     config, _ = load_config({"backend": "echo", "plugins": [ECHO_PLUGIN, str(bad)]}, environ={})
     with pytest.raises(ConfigError, match="startup hook of plugin 'badstart' failed: RuntimeError: no db"):
         build_server(config, PluginManager().load(autoload=False))
+
+
+def test_shared_route_dispatches_by_body(tmp_path):
+    from fastapi.testclient import TestClient
+
+    plugin = tmp_path / "sharers.py"
+    plugin.write_text(textwrap.dedent("""
+        from fastapi import APIRouter
+        from pydantic import BaseModel
+        from starlette.responses import JSONResponse
+        from llmserve import hookimpl
+        from llmserve.contributions import ProtocolSpec
+        from llmserve.errors import InvalidRequestError
+        from llmserve.protocol import Protocol
+        from llmserve.server.shared import SharedRoute
+
+        class ABody(BaseModel):
+            inputs: str
+
+        class A(Protocol):
+            def router(self):
+                return APIRouter()
+            def shared_routes(self):
+                async def handle(request, body):
+                    if not body["inputs"]:
+                        raise InvalidRequestError("inputs must not be empty", param="inputs")
+                    return JSONResponse({"a": body["inputs"]})
+                return [SharedRoute("POST", "/gen", lambda b: isinstance(b, dict) and "inputs" in b, handle,
+                                    "a body with `inputs`", ABody)]
+            def error_response(self, error, request):
+                return JSONResponse({"error": error.message, "error_type": "validation"}, status_code=422)
+
+        class B(Protocol):
+            def router(self):
+                return APIRouter()
+            def shared_routes(self):
+                async def handle(request, body):
+                    return JSONResponse({"b": body["prompt"]})
+                return [SharedRoute("POST", "/gen", lambda b: isinstance(b, dict) and "prompt" in b, handle,
+                                    "a body with `prompt`")]
+
+        @hookimpl
+        def register_protocols():
+            return [ProtocolSpec(name="pa", target=__name__ + ":A"), ProtocolSpec(name="pb", target=__name__ + ":B")]
+    """))
+    config, _ = load_config({"backend": "echo", "plugins": [ECHO_PLUGIN, str(plugin)]}, environ={})
+    app, _ = build_server(config, PluginManager().load(autoload=False))
+    with TestClient(app, raise_server_exceptions=False) as client:
+        assert client.post("/gen", json={"inputs": "x"}).json() == {"a": "x"}
+        assert client.post("/gen", json={"prompt": "y"}).json() == {"b": "y"}
+        bad = client.post("/gen", json={"inputs": ""})
+        assert bad.status_code == 422 and bad.json()["error"] == "inputs must not be empty"
+        neither = client.post("/gen", json={"other": 1})
+        assert neither.status_code == 422
+        assert "a body with `inputs`; or a body with `prompt`" in neither.json()["error"]
+        assert client.post("/gen", content=b"{x").json()["error"] == "request body is not valid JSON"
+        spec = client.get("/openapi.json").json()
+        assert "ABody" in spec["components"]["schemas"]
+        assert "/gen" in spec["paths"]

@@ -137,8 +137,48 @@ class EngineClient:
         self.validate(request.prompt_token_ids, request, param)
         return request.prompt_token_ids
 
+    async def embed(self, inputs: list[list[int]], param: str = "input") -> list[list[float]]:
+        """Pooled embeddings of token-id lists (an embedding model, ``--task embed``)."""
+        if self.info.task != "embed":
+            raise InvalidRequestError("the served model does not compute embeddings; start a server with "
+                                      "--task embed and an embedding model", param=param)
+        if self.is_dead:
+            raise EngineDeadError("the engine is not running")
+        for ids in inputs:
+            if not ids:
+                raise InvalidRequestError("input must not be empty", param=param)
+            if len(ids) > self.max_model_len:
+                raise InvalidRequestError(
+                    f"This model's maximum context length is {self.max_model_len} tokens. However, your request "
+                    f"has {len(ids)} input tokens. Please reduce the length of the input.", param=param)
+            bad = next((t for t in ids if not 0 <= t < self.info.vocab_size), None)
+            if bad is not None:
+                raise InvalidRequestError(f"token id {bad} is out of vocabulary (vocab size {self.info.vocab_size})",
+                                          param=param)
+        aio = asyncio.get_running_loop()
+        fut: asyncio.Future = aio.create_future()
+
+        def done(result: object) -> None:
+            def settle() -> None:
+                if fut.done():
+                    return
+                if isinstance(result, BaseException):
+                    fut.set_exception(result)
+                else:
+                    fut.set_result(result)
+            try:
+                aio.call_soon_threadsafe(settle)
+            except RuntimeError:
+                pass
+
+        self.loop.submit(lambda: self.engine.add_embed(inputs, done))
+        return await fut
+
     async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
         """Run ``request``; yield its events until the finished one. Raises kernel errors."""
+        if self.info.task == "embed":
+            raise InvalidRequestError("this server runs an embedding model (--task embed); it serves "
+                                      "/v1/embeddings, /score and /rerank, not generation", param="model")
         if self.is_dead:
             raise EngineDeadError("the engine is not running")
         prompt_ids = list(self.prepare(request))

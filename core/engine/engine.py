@@ -68,6 +68,15 @@ class LLMEngine:
         self.tokenizer = info.tokenizer
         self.max_model_len = info.max_model_len
         self.block_size = int(getattr(config, "block_size", 16))
+        self.pending_embeds: list[tuple[list[list[int]], Callable[[Any], None]]] = []
+        self.embed_budget = int(getattr(config, "max_num_batched_tokens", 2048))
+        if info.task == "embed":  # a pooling model: no KV cache, no decoding
+            self.block_manager = BlockManager(1, self.block_size, False)
+            self.scheduler = Scheduler(self.block_manager, 1, self.embed_budget)
+            self.requests: dict[str, RequestState] = {}
+            self.eos_ids = frozenset(info.eos_token_ids)
+            self.stats = {"prompt_tokens": 0, "generation_tokens": 0, "steps": 0}
+            return
         min_blocks = math.ceil(self.max_model_len / self.block_size)
         spec = KVCacheSpec(block_size=self.block_size, num_blocks=getattr(config, "num_kv_blocks", None),
                            memory_fraction=getattr(config, "kv_cache_memory_fraction", 0.25),
@@ -135,7 +144,33 @@ class LLMEngine:
 
     @property
     def has_work(self) -> bool:
-        return self.scheduler.has_work
+        return self.scheduler.has_work or bool(self.pending_embeds)
+
+    def add_embed(self, inputs: list[list[int]], done: Callable[[Any], None]) -> None:
+        """Queue token-id lists for pooling; ``done`` gets the vectors or an exception."""
+        self.pending_embeds.append((inputs, done))
+
+    def _run_embeds(self) -> None:
+        """Pool queued inputs in batches of at most ``max_num_batched_tokens`` tokens."""
+        while self.pending_embeds:
+            batch, tokens = [], 0
+            while self.pending_embeds and (not batch or tokens + sum(map(len, self.pending_embeds[0][0])) <= self.embed_budget):
+                inputs, done = self.pending_embeds.pop(0)
+                batch.append((inputs, done))
+                tokens += sum(map(len, inputs))
+            flat = [ids for inputs, _ in batch for ids in inputs]
+            try:
+                vectors = self.backend.embed(flat)
+            except Exception as exc:  # noqa: BLE001 - fails these requests only
+                log.exception("embedding batch failed")
+                for _, done in batch:
+                    done(exc)
+                continue
+            start = 0
+            for inputs, done in batch:
+                done(vectors[start:start + len(inputs)])
+                start += len(inputs)
+            self.stats["prompt_tokens"] += tokens
 
     def check_idle(self) -> bool:
         """Invariant check for tests: no request records, every block free."""
@@ -144,6 +179,8 @@ class LLMEngine:
 
     # -- the step ------------------------------------------------------------------------------
     def step(self) -> None:
+        if self.pending_embeds:
+            self._run_embeds()
         now = time.time()
         self._expire(now)
         scheduled = self.scheduler.schedule()
@@ -153,6 +190,10 @@ class LLMEngine:
                 param="max_tokens"))
         if not scheduled:
             return
+        for sched in scheduled:  # queue time ends when a request first enters a batch
+            state = self.requests.get(sched.seq.request_id)
+            if state is not None and state.timings.scheduled is None:
+                state.timings.scheduled = now
         items = [self._item(s) for s in scheduled]
         results = self.backend.step(items)
         self.stats["steps"] += 1
@@ -165,8 +206,6 @@ class LLMEngine:
             state = self.requests.get(seq.request_id)
             if state is None:
                 continue
-            if state.timings.scheduled is None:
-                state.timings.scheduled = now
             if result.prompt_logprobs is not None and not state.prompt_logprobs_done:
                 self._add_prompt_logprobs(state, sched, result)
             if result.token_id is not None:

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
 from starlette.routing import BaseRoute
 
 from llmserve import __version__
-from llmserve.errors import ConfigError, NotFoundError
+from llmserve.errors import ConfigError, LLMServeError, NotFoundError
 from llmserve.server.errors import openai_error_response, to_error
+from llmserve.server.shared import mount_shared
 
 if TYPE_CHECKING:
     from llmserve.protocol import Protocol
@@ -34,6 +35,7 @@ def build_app(context: "ServerContext", protocols: "dict[str, Protocol]", lifesp
     app.state.context = context
     owners: dict[object, "Protocol"] = {}   # route endpoint -> protocol that owns it
     claimed: dict[tuple[str, str], str] = {}
+    shared_groups: dict[tuple[str, str], list] = {}
     for name, protocol in protocols.items():
         prefix = context.config.protocol_prefix.get(name, "").rstrip("/")
         router = protocol.router()
@@ -51,6 +53,16 @@ def build_app(context: "ServerContext", protocols: "dict[str, Protocol]", lifesp
             if endpoint is not None:
                 owners[endpoint] = protocol
         app.include_router(router, prefix=prefix)
+        for shared in protocol.shared_routes():
+            shared_groups.setdefault((shared.method.upper(), prefix + shared.path), []).append((protocol, shared))
+    for (method, path), entries in shared_groups.items():
+        if (method, path) in claimed:
+            raise ConfigError(f"{method} {path} is a shared route of {entries[0][0].__class__.__name__} but protocol "
+                              f"'{claimed[(method, path)]}' also claims it outright")
+        shared_router = APIRouter()
+        owners[mount_shared(shared_router, method, path, entries)] = entries[0][0]
+        app.include_router(shared_router)
+    _add_schemas(app, [s.body_schema for group in shared_groups.values() for _, s in group if s.body_schema])
     app.state.owners = owners
     app.state.protocols = protocols
 
@@ -66,6 +78,30 @@ def build_app(context: "ServerContext", protocols: "dict[str, Protocol]", lifesp
             exc = NotFoundError(f"no route {request.method} {request.url.path}")
         return render(request, exc)
 
-    for exc_type in (Exception, HTTPException, RequestValidationError):
+    # Handlers for specific classes answer and stop; the one for Exception (Starlette's last
+    # resort) answers too but re-raises, so uvicorn logs it and drops the connection: kernel
+    # errors must never take that path.
+    for exc_type in (LLMServeError, HTTPException, RequestValidationError, ValueError, TypeError, KeyError,
+                     Exception):
         app.add_exception_handler(exc_type, on_error)
     return app
+
+
+def _add_schemas(app: FastAPI, models: list[Any]) -> None:
+    """Put shared routes' body models into the OpenAPI components they reference."""
+    if not models:
+        return
+    from pydantic.json_schema import models_json_schema
+
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = build()
+            _, defs = models_json_schema([(m, "validation") for m in models],
+                                         ref_template="#/components/schemas/{model}")
+            schema.setdefault("components", {}).setdefault("schemas", {}).update(defs.get("$defs", {}))
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

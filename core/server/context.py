@@ -24,6 +24,19 @@ class ServerContext:
     plugins: Any = None
     state: dict[str, Any] = field(default_factory=dict)
     ready: bool = False
+    _guided: Any = field(default=None, init=False, repr=False)
+
+    @property
+    def guided(self) -> Any:
+        """The server's ``llmserve.guided.GuidedDecoding``, created on first use (after the
+        model has loaded); decoders are built only when a request needs them."""
+        if self._guided is None:
+            from llmserve.guided import GuidedDecoding
+
+            self._guided = GuidedDecoding(self.registry, self.config.guided_decoding_backend,
+                                          self.engine.tokenizer, self.model.vocab_size,
+                                          list(self.model.eos_token_ids))
+        return self._guided
 
     @property
     def served_model_names(self) -> list[str]:

@@ -66,6 +66,8 @@ def build_server(config: ServerConfig, plugins: PluginManager) -> tuple[Any, Ser
     for kind, name in (("tool_parser", config.tool_call_parser), ("reasoning_parser", config.reasoning_parser)):
         if name:
             registry.get(kind, name)  # fail fast on a typo
+    if config.guided_decoding_backend != ServerConfig.model_fields["guided_decoding_backend"].default:
+        registry.get("guided_decoder", config.guided_decoding_backend)  # an explicit choice must exist
     backend_cls = registry.load("backend", config.backend)
     context = ServerContext(config=config, registry=registry, plugins=plugins)
     protocols = {name: registry.load("protocol", name)(context, options.get(name))

@@ -1,1 +1,41 @@
-"""Built-in tool-call and reasoning parser plugins."""
+"""Built-in tool-call and reasoning parser plugins.
+
+Only records are built here; each parser module is imported when a parser is first used, so
+``llmserve plugins`` stays import-light. Formats and decisions: docs/tool-calling.md.
+"""
+
+from llmserve import hookimpl
+from llmserve.contributions import ReasoningParserSpec, ToolParserSpec
+
+_PKG = "llmserve.plugins.tool_parsers"
+
+
+@hookimpl
+def register_tool_parsers():
+    return [
+        ToolParserSpec(name="hermes", target=f"{_PKG}.hermes:HermesToolParser",
+                       description="<tool_call>{json}</tool_call> (Hermes 2 Pro, Qwen2.5/3)"),
+        ToolParserSpec(name="mistral", target=f"{_PKG}.mistral:MistralToolParser",
+                       description="[TOOL_CALLS] [json], [TOOL_CALLS]name{json}, name[ARGS]{json}"),
+        ToolParserSpec(name="pythonic", target=f"{_PKG}.pythonic:PythonicToolParser",
+                       description="[name(kw=literal), ...] (Llama 3.2, ToolACE, Gemma 3)"),
+        ToolParserSpec(name="llama3_json", target=f"{_PKG}.llama3_json:Llama3JsonToolParser",
+                       aliases=("llama4_json",),
+                       description="<|python_tag|>{\"name\", \"parameters\"}; ... (Llama 3.1+/4)"),
+        ToolParserSpec(name="granite", target=f"{_PKG}.granite:GraniteToolParser",
+                       description="<|tool_call|>[json, ...] (Granite 3.0/3.1)"),
+        ToolParserSpec(name="jamba", target=f"{_PKG}.jamba:JambaToolParser",
+                       description="<tool_calls>[json, ...]</tool_calls> (Jamba 1.5)"),
+        ToolParserSpec(name="internlm", target=f"{_PKG}.internlm:InternLMToolParser",
+                       description="<|action_start|><|plugin|>{json}<|action_end|> (InternLM 2.5)"),
+    ]
+
+
+@hookimpl
+def register_reasoning_parsers():
+    return [
+        ReasoningParserSpec(name="deepseek_r1", target=f"{_PKG}.reasoning:DeepSeekR1ReasoningParser",
+                            description="<think>...</think>; no </think> means all reasoning"),
+        ReasoningParserSpec(name="qwen3", target=f"{_PKG}.reasoning:Qwen3ReasoningParser",
+                            description="<think>...</think>; honours enable_thinking"),
+    ]

@@ -10,7 +10,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from llmserve.errors import InvalidRequestError
 from llmserve.text.chat_template import message_text, render_chat
 
-from .params import chat_sampling, new_request, now
+from .params import chat_sampling, guided_mask, new_request, now
 from .streaming import SSE_HEADERS, TokenText, chat_logprobs, merge, sse, sse_error, to_error, usage_dict
 from .wire import ChatCompletionRequest
 
@@ -53,9 +53,10 @@ class Chat:
         sampling = chat_sampling(body)
         if body.stream and sampling.num_sequences > sampling.n:
             raise InvalidRequestError("best_of > n is not supported when streaming", param="best_of")
+        mask_factory = await guided_mask(ctx, body)
         prompt, prompt_ids = self.render(body)
         req = new_request(body, sampling, prompt=prompt, prompt_ids=prompt_ids, header_id=request_id,
-                          add_special_tokens=False)
+                          add_special_tokens=False, mask_factory=mask_factory)
         ctx.engine.prepare(req, param="messages")
         rid = f"chatcmpl-{body.request_id or request_id or uuid.uuid4().hex}"
         head = {"id": rid, "object": "chat.completion", "created": now(), "model": model}

@@ -11,7 +11,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from llmserve.errors import InvalidRequestError
 from llmserve.outputs import TokenLogprob
 
-from .params import completion_sampling, new_request, now
+from .params import completion_sampling, guided_mask, new_request, now
 from .streaming import SSE_HEADERS, TokenText, completion_logprobs, merge, sse, sse_error, to_error, usage_dict
 from .wire import CompletionRequest
 
@@ -60,12 +60,13 @@ class Completions:
         if body.stream and sampling.num_sequences > sampling.n:
             raise InvalidRequestError("best_of > n is not supported when streaming", param="best_of")
         prompts = split_prompts(body.prompt)
+        mask_factory = await guided_mask(ctx, body)
         base = body.request_id or request_id or uuid.uuid4().hex
         reqs = []
         for i, (text, ids) in enumerate(prompts):
             req = new_request(body, sampling, prompt=text, prompt_ids=ids, header_id=base,
                               add_special_tokens=body.add_special_tokens is not False,
-                              suffix=f"-{i}" if len(prompts) > 1 else "")
+                              suffix=f"-{i}" if len(prompts) > 1 else "", mask_factory=mask_factory)
             engine.prepare(req)
             reqs.append(req)
         rid = f"cmpl-{base}"

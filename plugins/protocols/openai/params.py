@@ -2,21 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
 import uuid
+from typing import Any
 
 from llmserve.errors import InvalidRequestError
+from llmserve.guided import GuidedSpec
 from llmserve.request import GenerateRequest
 from llmserve.sampling import SamplingParams
 
 from .wire import ChatCompletionRequest, CompletionRequest, SamplingFields
 
-_UNSUPPORTED = {
-    "guided_json": "guided decoding",
-    "guided_regex": "guided decoding",
-    "guided_choice": "guided decoding",
-    "guided_grammar": "grammar-guided decoding (no grammar backend is installed)",
-}
+# vLLM's guided-decoding fields and the GuidedSpec kind each one asks for.
+GUIDED_FIELDS = {"guided_json": "json_schema", "guided_regex": "regex", "guided_choice": "choice",
+                 "guided_grammar": "grammar"}
 
 
 def _logit_bias(raw: dict[str, float] | None) -> dict[int, float]:
@@ -31,9 +32,6 @@ def _logit_bias(raw: dict[str, float] | None) -> dict[int, float]:
 
 def sampling_params(body: SamplingFields, max_tokens: int | None, logprobs: int | None,
                     prompt_logprobs: int | None = None) -> SamplingParams:
-    for field, what in _UNSUPPORTED.items():
-        if getattr(body, field, None) is not None:
-            raise InvalidRequestError(f"{field}: {what} is not supported by this server yet", param=field)
     stop = [body.stop] if isinstance(body.stop, str) else body.stop
     mode = "processed" if (body.temp_scaled_logprobs or body.top_p_normalized_logprobs) else None
     return SamplingParams.build(
@@ -66,21 +64,63 @@ def chat_sampling(body: ChatCompletionRequest) -> SamplingParams:
         top = body.top_logprobs or 0
     elif body.top_logprobs:
         raise InvalidRequestError("top_logprobs requires logprobs to be true", param="top_logprobs")
-    if body.response_format is not None and body.response_format.type != "text":
-        raise InvalidRequestError("response_format: JSON output is not supported by this server yet",
-                                  param="response_format")
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     return sampling_params(body, max_tokens, top)
 
 
+def guided_spec(body: SamplingFields) -> GuidedSpec | None:
+    """The request's output constraint: ``guided_*`` or a JSON ``response_format`` (at most one)."""
+    given = [f for f in GUIDED_FIELDS if getattr(body, f, None) is not None]
+    fmt = getattr(body, "response_format", None)
+    if fmt is not None and fmt.type != "text":
+        given.append("response_format")
+    if not given:
+        return None
+    if len(given) > 1:
+        raise InvalidRequestError(f"only one of guided_json, guided_regex, guided_choice, guided_grammar and a "
+                                  f"JSON response_format may be given; got {' and '.join(given)}", param=given[1])
+    field = given[0]
+    if field == "response_format":
+        if fmt.type == "json_object":
+            return GuidedSpec("json_object", None, param="response_format")
+        schema = (fmt.json_schema or {}).get("schema")
+        if schema is None:
+            raise InvalidRequestError("response_format: json_schema.schema is required when type is json_schema",
+                                      param="response_format")
+        if not isinstance(schema, dict):
+            raise InvalidRequestError("response_format: json_schema.schema must be a JSON object",
+                                      param="response_format")
+        return GuidedSpec("json_schema", schema, param="response_format")
+    value: Any = getattr(body, field)
+    if field == "guided_json" and isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise InvalidRequestError("guided_json: not a valid JSON schema (the string is not JSON)",
+                                      param="guided_json") from None
+    if field == "guided_json" and not isinstance(value, dict):
+        raise InvalidRequestError("guided_json: must be a JSON schema object (or a string holding one)",
+                                  param="guided_json")
+    return GuidedSpec(GUIDED_FIELDS[field], value, param=field)
+
+
+async def guided_mask(context: Any, body: SamplingFields) -> Any:
+    """``GenerateRequest.mask_factory`` for the request, or None. Compiling (and, on the first
+    guided request, building the decoder's tokenizer tables) runs off the event loop."""
+    spec = guided_spec(body)
+    if spec is None:
+        return None
+    return await asyncio.to_thread(context.guided.compile, spec)
+
+
 def new_request(body: SamplingFields, sampling: SamplingParams, prompt: str | None = None,
                 prompt_ids: list[int] | None = None, header_id: str | None = None,
-                add_special_tokens: bool = True, suffix: str = "") -> GenerateRequest:
+                add_special_tokens: bool = True, suffix: str = "", mask_factory: Any = None) -> GenerateRequest:
     rid = (body.request_id or header_id or uuid.uuid4().hex) + suffix
     # Lower values are scheduled first (1 is the highest of the dialects' 1..5 scale).
     priority = 5 if body.priority is None else body.priority
     return GenerateRequest(prompt=prompt, prompt_token_ids=prompt_ids, sampling=sampling, request_id=rid,
-                           priority=priority, add_special_tokens=add_special_tokens)
+                           priority=priority, add_special_tokens=add_special_tokens, mask_factory=mask_factory)
 
 
 def now() -> int:

@@ -8,11 +8,17 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
 from llmserve import __version__
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
+
 from llmserve.protocol import Protocol
+from llmserve.server.shared import SharedRoute
 from llmserve.server.errors import openai_error_response
 
 from .chat import Chat
 from .completions import Completions
+from .pooling import EmbeddingRequest, Pooling, RerankRequest, ScoreRequest
+from .tokens import DetokenizeRequest, TokenizeRequest, Tokens, accepts_tokenize
 from .wire import ChatCompletionRequest, CompletionRequest
 
 
@@ -54,7 +60,58 @@ class OpenAIProtocol(Protocol):
         async def version() -> JSONResponse:
             return JSONResponse({"version": __version__})
 
+        pooling, tokens = Pooling(self), self.tokens
+
+        @router.post("/v1/embeddings")
+        async def create_embedding(body: EmbeddingRequest) -> Response:
+            return await pooling.embeddings(body)
+
+        @router.post("/score")
+        async def score(body: ScoreRequest) -> Response:
+            return await pooling.score(body)
+
+        @router.post("/v1/score")
+        async def score_v1(body: ScoreRequest) -> Response:
+            return await pooling.score(body)
+
+        @router.post("/rerank")
+        async def rerank(body: RerankRequest) -> Response:
+            return await pooling.rerank(body, cohere=False)
+
+        @router.post("/v1/rerank")
+        async def rerank_v1(body: RerankRequest) -> Response:
+            return await pooling.rerank(body, cohere=False)
+
+        @router.post("/v2/rerank")
+        async def rerank_v2(body: RerankRequest) -> Response:
+            return await pooling.rerank(body, cohere=True)
+
+        @router.post("/detokenize")
+        async def detokenize(body: DetokenizeRequest) -> Response:
+            return await tokens.detokenize(body)
+
+        @router.get("/tokenizer_info")
+        async def tokenizer_info() -> Response:
+            return await tokens.tokenizer_info()
+
         return router
+
+    @property
+    def tokens(self) -> Tokens:
+        if not hasattr(self, "_tokens"):
+            self._tokens = Tokens(self)
+        return self._tokens
+
+    def shared_routes(self) -> list[SharedRoute]:
+        async def tokenize(request: Request, body: Any) -> Response:
+            try:
+                parsed = TokenizeRequest.model_validate(body)
+            except ValidationError as exc:
+                raise RequestValidationError(exc.errors()) from None
+            return await self.tokens.tokenize(parsed)
+
+        return [SharedRoute("POST", "/tokenize", accepts_tokenize, tokenize,
+                            "a vLLM body with `prompt` or `messages`", TokenizeRequest)]
 
     def error_response(self, error: Any, request: Request | None) -> Response:
         headers = {"x-should-retry": "false"} if error.status < 500 and error.status != 429 else {}

@@ -65,6 +65,7 @@ class CompletionRequest(SamplingFields):
     suffix: str | None = None
     prompt_logprobs: int | None = None
     add_special_tokens: bool | None = True
+    response_format: ResponseFormat | None = None
 
 
 class ChatMessage(WireModel):

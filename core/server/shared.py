@@ -1,0 +1,76 @@
+"""Routes that several dialects serve, told apart by the JSON body.
+
+``POST /generate`` is TGI's when the body has ``inputs`` and vLLM-native when it has
+``prompt``; ``POST /tokenize`` is TGI's or vLLM's the same way. Each protocol declares its
+half as a ``SharedRoute``; ``build_app`` mounts one dispatcher per method and path that
+parses the body once and hands it to the first protocol that accepts it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from llmserve.errors import InvalidRequestError
+from llmserve.server.errors import to_error
+
+if TYPE_CHECKING:
+    from llmserve.protocol import Protocol
+
+
+@dataclass
+class SharedRoute:
+    """One dialect's half of a shared route.
+
+    ``accepts(body)`` says whether this dialect handles a parsed JSON body; ``handler``
+    serves it. ``describe`` names the body shape in the error shown when no dialect accepts
+    a body (e.g. "a TGI body with `inputs`"). ``body_schema`` (a pydantic model) documents
+    the body in the OpenAPI document.
+    """
+
+    method: str
+    path: str
+    accepts: Callable[[Any], bool]
+    handler: Callable[[Request, Any], Awaitable[Response]]
+    describe: str = ""
+    body_schema: Any = None
+
+
+def mount_shared(router: APIRouter, method: str, path: str,
+                 entries: list[tuple["Protocol", SharedRoute]]) -> Callable[..., Any]:
+    """Add the dispatcher for one shared route to ``router``; return its endpoint."""
+
+    async def dispatch(request: Request) -> Response:
+        raw = await request.body()
+        try:
+            body = json.loads(raw) if raw.strip() else {}
+        except (ValueError, UnicodeDecodeError):
+            body = None
+        for protocol, route in entries:
+            if body is not None and route.accepts(body):
+                try:
+                    return await route.handler(request, body)
+                except Exception as exc:  # noqa: BLE001 - rendered in the chosen dialect's format
+                    return protocol.error_response(to_error(exc), request)
+        first = entries[0][0]
+        if body is None:
+            error = InvalidRequestError("request body is not valid JSON")
+        else:
+            shapes = "; or ".join(r.describe for _, r in entries if r.describe)
+            error = InvalidRequestError(f"request body not understood: expected {shapes}")
+        return first.error_response(error, request)
+
+    schemas = [r.body_schema for _, r in entries if r.body_schema is not None]
+    extra = None
+    if schemas:
+        refs = [{"$ref": f"#/components/schemas/{s.__name__}"} for s in schemas]
+        extra = {"requestBody": {"required": True, "content": {"application/json": {
+            "schema": refs[0] if len(refs) == 1 else {"oneOf": refs}}}}}
+    dispatch.__name__ = "shared_" + path.strip("/").replace("/", "_").replace("{", "").replace("}", "")
+    router.add_api_route(path, dispatch, methods=[method], openapi_extra=extra,
+                         summary=" / ".join(p.__class__.__name__ for p, _ in entries))
+    return dispatch

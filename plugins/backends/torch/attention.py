@@ -1,0 +1,211 @@
+"""Paged KV cache and the attention function transformers calls per layer: one packed forward
+per engine step over many sequences (prefill chunks and decode tokens) with KV in a block pool."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import torch
+import torch.nn.functional as F
+
+ATTN_IMPL = "llmserve_paged"
+# CPU decode attention as plain matmuls (measured faster than SDPA there); a switch for benchmarks.
+CPU_MATMUL_DECODE = True
+
+
+class PagedKVCache:
+    """Per layer one key and one value pool shaped ``[kv_heads, num_blocks + 1, block_size, head_dim]``.
+
+    Heads come first so that gathering a sequence's blocks along dim 1 yields ``[kv_heads, L,
+    head_dim]`` with contiguous rows, the layout attention wants, without a transpose copy.
+    Block ``num_blocks`` is a zeroed "null" block that padding points at; other blocks are
+    zeroed when a sequence starts filling them (see ``zero_blocks``).
+    """
+
+    def __init__(self, num_layers: int, num_blocks: int, block_size: int, kv_heads: int,
+                 head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.kv_heads, self.head_dim = kv_heads, head_dim
+        # torch.empty: on CPU the pages are only committed when a block is first written.
+        self.pool = torch.empty(num_layers, 2, kv_heads, num_blocks + 1, block_size, head_dim,
+                                dtype=dtype, device=device)
+        self.pool[:, :, :, num_blocks].zero_()
+        self.null_block = num_blocks
+        # Per-layer views built once. Keys and values of a layer are adjacent, so one op writes
+        # or gathers both: "blocks" [2*kvh, N+1, bs, D] and "slots" [2*kvh, (N+1)*bs, D].
+        self.layers = [(kv.view(2 * kv_heads, num_blocks + 1, block_size, head_dim),
+                        kv.view(2 * kv_heads, -1, head_dim)) for kv in self.pool]
+        self._work = torch.empty(0, dtype=dtype, device=device)
+
+    @staticmethod
+    def bytes_per_block(num_layers: int, block_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        return num_layers * 2 * kv_heads * block_size * head_dim * dtype.itemsize
+
+    def zero_blocks(self, blocks: torch.Tensor) -> None:
+        """Clear blocks a sequence starts writing (all layers, one op).
+
+        Decode attention reads whole blocks and masks the unwritten tail; masking cannot undo
+        NaN/inf garbage left in that tail by the allocator (NaN * 0 = NaN), zeros it can.
+        """
+        self.pool.index_fill_(3, blocks, 0)
+
+    def gather(self, blocks_view: torch.Tensor, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of ``blocks`` as two ``[kv_heads, len(blocks) * block_size, head_dim]`` views.
+
+        Gathers into a workspace reused by every layer and step: a fresh multi-MB tensor per layer
+        costs page faults on CPU that are slower than the copy itself.
+        """
+        need = 2 * self.kv_heads * blocks.numel() * self.block_size * self.head_dim
+        if self._work.numel() < need:
+            self._work = torch.empty(need + need // 2, dtype=self.pool.dtype, device=self.pool.device)
+        out = self._work[:need].view(2 * self.kv_heads, blocks.numel(), self.block_size, self.head_dim)
+        torch.index_select(blocks_view, 1, blocks, out=out)
+        kv = out.view(2, self.kv_heads, -1, self.head_dim)
+        return kv[0], kv[1]
+
+
+@dataclass
+class PrefillSegment:
+    """A prompt chunk of one sequence: packed rows ``row .. row + n - 1``, positions ``start ..``."""
+
+    row: int
+    n: int
+    start: int
+    blocks: torch.Tensor | None = None  # block ids covering 0..start+n-1; None when start == 0
+    _masks: dict[int | None, torch.Tensor | None] = field(default_factory=dict)
+
+    def mask(self, window: int | None, device: torch.device) -> torch.Tensor | None:
+        """Bool ``[n, ctx]`` (True = attend), or None when plain causal attention over the chunk works."""
+        if window not in self._masks:
+            ctx = self.start + self.n
+            if self.start == 0 and (window is None or window >= self.n):
+                self._masks[window] = None
+            else:
+                q_pos = torch.arange(self.start, ctx, device=device)[:, None]
+                k_pos = torch.arange(ctx, device=device)[None, :]
+                m = k_pos <= q_pos
+                if window is not None:
+                    m &= k_pos > q_pos - window  # HF sliding-window semantics
+                self._masks[window] = m
+        return self._masks[window]
+
+
+@dataclass
+class StepMetadata:
+    """Everything the attention needs for one step, built once and shared by all layers.
+
+    Packed rows ``0 .. num_decode - 1`` are single-token (decode) items, followed by prefill
+    segments. ``decode_blocks`` is the flattened ``[num_decode, max_blocks]`` block table
+    (padded with the null block) and ``decode_ctx`` each decode item's context length.
+    """
+
+    slot_mapping: torch.Tensor                  # [T] flat slot index per packed row
+    num_decode: int = 0
+    decode_blocks: torch.Tensor | None = None   # [num_decode * max_blocks]
+    decode_max_blocks: int = 0
+    decode_ctx: torch.Tensor | None = None      # [num_decode]
+    prefills: list[PrefillSegment] = field(default_factory=list)
+    fresh_blocks: torch.Tensor | None = None    # blocks getting their first slot written this step
+    _decode_masks: dict[tuple[int | None, Any], torch.Tensor] = field(default_factory=dict)
+
+    def decode_mask(self, window: int | None, block_size: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """``[1, num_decode, 1, L]`` mask broadcast over kv heads and GQA groups.
+
+        Bool (True = attend) when ``dtype`` is None, else additive (0 / -inf) in ``dtype``.
+        """
+        key = (window, dtype)
+        if key not in self._decode_masks:
+            if dtype is not None:
+                allowed = self.decode_mask(window, block_size)
+                bias = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+                self._decode_masks[key] = bias.masked_fill_(~allowed, float("-inf"))
+            else:
+                ctx = self.decode_ctx
+                k_pos = torch.arange(self.decode_max_blocks * block_size, device=ctx.device)[None, :]
+                m = k_pos < ctx[:, None]
+                if window is not None:
+                    m &= k_pos >= (ctx[:, None] - window)
+                self._decode_masks[key] = m.view(1, self.num_decode, 1, -1)
+        return self._decode_masks[key]
+
+
+# The step being run; set by the runner around its forward (all calls come from one thread).
+_CURRENT: tuple[PagedKVCache, StepMetadata] | None = None
+
+
+@contextmanager
+def step_context(cache: PagedKVCache, meta: StepMetadata) -> Iterator[None]:
+    global _CURRENT
+    _CURRENT = (cache, meta)
+    try:
+        yield
+    finally:
+        _CURRENT = None
+
+
+def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                            value: torch.Tensor, attention_mask: torch.Tensor | None,
+                            scaling: float | None = None, dropout: float = 0.0,
+                            **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """``query [1, H, T, D]``, ``key``/``value [1, kvh, T, D]`` (after RoPE) -> ``[1, T, H, D]``."""
+    if _CURRENT is None:
+        raise RuntimeError("llmserve paged attention called outside a backend step")
+    if kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None:
+        raise NotImplementedError("attention softcapping / sinks are not supported by the torch backend")
+    cache, meta = _CURRENT
+    window = kwargs.get("sliding_window")
+    _, H, T, D = query.shape
+    kvh = key.shape[1]
+    group = H // kvh
+    bs = cache.block_size
+    blocks_view, slots_view = cache.layers[module.layer_idx]
+    slots_view.index_copy_(1, meta.slot_mapping, torch.cat((key[0], value[0])))
+
+    nd = meta.num_decode
+    dec_out = None
+    if nd:
+        keys, vals = cache.gather(blocks_view, meta.decode_blocks)
+        keys, vals = keys.view(kvh, nd, -1, D), vals.view(kvh, nd, -1, D)
+        # GQA without repeating K/V: a kv head's query group acts as a short query sequence.
+        q = query[0, :, :nd].view(kvh, group, nd, D).transpose(1, 2)      # [kvh, nd, G, D]
+        if q.device.type == "cpu" and CPU_MATMUL_DECODE:
+            # Plain matmuls beat the CPU flash kernel on these many tiny (G x L) problems.
+            scores = torch.matmul(q, keys.transpose(-1, -2))
+            scores.mul_(D ** -0.5 if scaling is None else scaling).add_(meta.decode_mask(window, bs, scores.dtype))
+            o = torch.matmul(torch.softmax(scores, -1, dtype=torch.float32).to(vals.dtype), vals)
+        else:
+            o = F.scaled_dot_product_attention(q, keys, vals, attn_mask=meta.decode_mask(window, bs), scale=scaling)
+        dec_out = o.permute(1, 0, 2, 3).reshape(nd, H, D)
+        if not meta.prefills:
+            return dec_out.unsqueeze(0), None
+
+    out = query.new_empty(T, H, D)
+    if dec_out is not None:
+        out[:nd] = dec_out
+    for seg in meta.prefills:
+        rows = slice(seg.row, seg.row + seg.n)
+        q = query[:, :, rows]                                              # [1, H, n, D]
+        if seg.blocks is None:
+            keys, vals = key[:, :, rows], value[:, :, rows]
+        else:
+            ctx = seg.start + seg.n
+            keys, vals = cache.gather(blocks_view, seg.blocks)
+            keys, vals = keys[None, :, :ctx], vals[None, :, :ctx]
+        mask = seg.mask(window, query.device)
+        o = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask, is_causal=mask is None,
+                                           scale=scaling, enable_gqa=group > 1)
+        out[rows] = o[0].transpose(0, 1)
+    return out.unsqueeze(0), None
+
+
+def register_attention() -> None:
+    """Make ``attn_implementation="llmserve_paged"`` known to transformers (idempotent).
+
+    It is deliberately NOT registered in ``AttentionMaskInterface``: transformers then skips
+    building any causal mask for it (masks come from the step metadata instead).
+    """
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTN_IMPL, paged_attention_forward)

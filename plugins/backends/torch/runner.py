@@ -1,0 +1,253 @@
+"""TorchBackend: runs a transformers causal LM with a paged KV cache, one packed forward per
+engine step, and samples on the same device."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import torch
+
+from llmserve.engine.backend import Backend, KVCacheSpec, ModelInfo, StepItem, StepResult
+from llmserve.errors import ConfigError
+
+from .attention import PagedKVCache, PrefillSegment, StepMetadata, step_context
+from .loader import LoadedModel, load_model
+from .sampler import Sampler, prompt_logprobs
+
+log = logging.getLogger("llmserve.backend.torch")
+
+
+def _available_cpu_memory() -> int:
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    raise ConfigError("cannot determine available memory; pass an explicit number of KV blocks")
+
+
+def _set_cpu_threads() -> None:
+    # Intra-op threads on every core we may run on (affinity-aware), unless the user pinned it.
+    if os.environ.get("OMP_NUM_THREADS"):
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    torch.set_num_threads(max(1, cores))
+
+
+class TorchBackend(Backend):
+    """Backend over PyTorch + transformers; works on CPU and CUDA (no CUDA graphs)."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__(config)
+        self.loaded: LoadedModel | None = None
+        self.cache: PagedKVCache | None = None
+        self.sampler: Sampler | None = None
+        self._decoder: Any = None   # the base model (hidden states), set by load()
+        self._lm_head: Any = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def load(self) -> ModelInfo:
+        if str(getattr(self.config, "device", "auto")).lower() != "cuda":
+            _set_cpu_threads()
+        lm = self.loaded = load_model(self.config)
+        model = lm.model
+        self._decoder = (model.get_decoder() if hasattr(model, "get_decoder")
+                         else getattr(model, model.base_model_prefix))
+        self._lm_head = model.get_output_embeddings()
+        cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        self._num_layers = int(cfg.num_hidden_layers)
+        heads = int(cfg.num_attention_heads)
+        self._kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
+        self._head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+        # Post-lm_head logit transforms some architectures do in their *ForCausalLM.forward.
+        self._softcap = getattr(cfg, "final_logit_softcapping", None)
+        self._logit_scale = getattr(cfg, "logit_scale", None)
+        self.sampler = Sampler(lm.vocab_size, lm.eos_token_ids, lm.device)
+        if getattr(self.config, "enforce_eager", False) is False and lm.device.type == "cuda":
+            log.info("CUDA graphs are not implemented; running eagerly")
+        return ModelInfo(
+            name=lm.name, path=lm.path, max_model_len=lm.max_model_len, vocab_size=lm.vocab_size,
+            eos_token_ids=lm.eos_token_ids, tokenizer=lm.tokenizer, chat_template=lm.chat_template,
+            dtype=str(lm.dtype).removeprefix("torch."), device=lm.device.type,
+        )
+
+    def init_kv_cache(self, spec: KVCacheSpec) -> int:
+        lm = self._require_loaded()
+        per_block = PagedKVCache.bytes_per_block(self._num_layers, spec.block_size, self._kv_heads,
+                                                 self._head_dim, lm.dtype)
+        if spec.num_blocks is not None:
+            num_blocks = int(spec.num_blocks)
+        else:
+            if lm.device.type == "cuda":
+                free = torch.cuda.mem_get_info(lm.device)[0]
+            else:
+                free = _available_cpu_memory()
+            num_blocks = int(free * float(spec.memory_fraction or 0.5)) // per_block
+        if num_blocks < spec.min_blocks:
+            raise ConfigError(
+                f"the KV cache fits only {num_blocks} blocks of {spec.block_size} tokens but one max-length "
+                f"request needs {spec.min_blocks}; use a smaller --max-model-len or give it more memory"
+            )
+        try:
+            self.cache = PagedKVCache(self._num_layers, num_blocks, spec.block_size, self._kv_heads,
+                                      self._head_dim, lm.dtype, lm.device)
+        except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
+            raise ConfigError(
+                f"cannot allocate a KV cache of {num_blocks} blocks ({num_blocks * per_block / 2**30:.1f} GiB): "
+                f"{str(exc).splitlines()[0]}; use fewer KV blocks or a smaller --max-model-len"
+            ) from None
+        log.info("KV cache: %d blocks x %d tokens (%.2f GiB, %s)", num_blocks, spec.block_size,
+                 num_blocks * per_block / 2**30, lm.device)
+        return num_blocks
+
+    def release(self, seq_ids: list[int]) -> None:
+        if self.sampler is not None:
+            self.sampler.release(seq_ids)
+
+    def close(self) -> None:
+        device = self.loaded.device if self.loaded else None
+        self.cache = self.loaded = self.sampler = None
+        self._decoder = self._lm_head = None
+        if device is not None and device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def _require_loaded(self) -> LoadedModel:
+        if self.loaded is None:
+            raise RuntimeError("TorchBackend.load() has not been called")
+        return self.loaded
+
+    # ------------------------------------------------------------------ step
+    def _metadata(self, batch: list[StepItem]) -> tuple[torch.Tensor, torch.Tensor, StepMetadata, list[int]]:
+        """Pack the batch (decode items first, then prefill chunks) into flat CPU lists, then tensors.
+
+        Returns input ids, positions, the attention metadata and each item's first packed row.
+        """
+        cache, device = self.cache, self.loaded.device
+        bs, null = cache.block_size, cache.null_block
+        ids: list[int] = []
+        pos: list[int] = []
+        slots: list[int] = []
+        first_row = [0] * len(batch)
+        decode = [i for i, it in enumerate(batch) if len(it.token_ids) == 1]
+        prefill = [i for i, it in enumerate(batch) if len(it.token_ids) > 1]
+        dec_blocks: list[int] = []
+        dec_ctx: list[int] = []
+        fresh: list[int] = []
+        max_blocks = max((batch[i].start_pos // bs + 1 for i in decode), default=0)
+        for i in decode:
+            it = batch[i]
+            p, table = it.start_pos, it.block_table
+            first_row[i] = len(ids)
+            ids.append(it.token_ids[0])
+            pos.append(p)
+            slots.append(table[p // bs] * bs + p % bs)
+            if p % bs == 0:
+                fresh.append(table[p // bs])
+            nb = p // bs + 1
+            dec_blocks += table[:nb]
+            dec_blocks += [null] * (max_blocks - nb)
+            dec_ctx.append(p + 1)
+        segments: list[PrefillSegment] = []
+        for i in prefill:
+            it = batch[i]
+            n, s, table = len(it.token_ids), it.start_pos, it.block_table
+            first_row[i] = len(ids)
+            ids += it.token_ids
+            pos += range(s, s + n)
+            slots += [table[p // bs] * bs + p % bs for p in range(s, s + n)]
+            fresh += table[-(-s // bs): (s + n - 1) // bs + 1]  # blocks whose slot 0 is written now
+            blocks = None
+            if s > 0:  # attends to cached positions: gather the sequence's blocks
+                blocks = torch.tensor(table[: (s + n - 1) // bs + 1], dtype=torch.long).to(device, non_blocking=True)
+            segments.append(PrefillSegment(row=first_row[i], n=n, start=s, blocks=blocks))
+        if len(dec_blocks) and len(dec_blocks) != len(decode) * max_blocks:
+            raise ValueError("a decode item's block_table is shorter than its context")
+
+        def t(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.long).to(device, non_blocking=True)
+
+        meta = StepMetadata(slot_mapping=t(slots), num_decode=len(decode), prefills=segments)
+        if fresh:
+            meta.fresh_blocks = t(fresh)
+        if decode:
+            meta.decode_blocks, meta.decode_ctx, meta.decode_max_blocks = t(dec_blocks), t(dec_ctx), max_blocks
+        return t(ids), t(pos), meta, first_row
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self._lm_head(hidden).float()
+        if self._logit_scale is not None:
+            logits = logits * self._logit_scale
+        if self._softcap is not None:
+            logits = torch.tanh(logits / self._softcap) * self._softcap
+        return logits
+
+    def _forward(self, batch: list[StepItem]) -> tuple[torch.Tensor, list[int]]:
+        """One packed forward writing the batch's KV; final hidden states ``[T, hidden]`` + first rows."""
+        if self.cache is None:
+            raise RuntimeError("TorchBackend.init_kv_cache() has not been called")
+        if any(not it.token_ids for it in batch):
+            raise ValueError("every StepItem must feed at least one token")
+        input_ids, positions, meta, first_row = self._metadata(batch)
+        if meta.fresh_blocks is not None:
+            self.cache.zero_blocks(meta.fresh_blocks)
+        with step_context(self.cache, meta):
+            out = self._decoder(input_ids=input_ids[None], position_ids=positions[None], use_cache=False)
+        return out[0][0], first_row
+
+    @torch.inference_mode()
+    def forward_logits(self, batch: list[StepItem]) -> list[torch.Tensor]:
+        """Logits ``[len(token_ids), V]`` of every fed position per item (tests, debugging); no sampling."""
+        if not batch:
+            return []
+        hidden, first_row = self._forward(batch)
+        return [self._logits(hidden[r:r + len(it.token_ids)]) for r, it in zip(first_row, batch)]
+
+    @torch.inference_mode()
+    def step(self, batch: list[StepItem]) -> list[StepResult]:
+        if not batch:
+            return []
+        if any(it.prompt_logprob_targets and len(it.prompt_logprob_targets) > len(it.token_ids) for it in batch):
+            raise ValueError("more prompt_logprob_targets than fed tokens")
+        hidden, first_row = self._forward(batch)
+
+        # Only the rows someone needs go through lm_head (vocab-sized matmul).
+        rows: list[int] = []
+        sample_at: list[int] = []
+        plp_at: dict[int, int] = {}
+        for i, it in enumerate(batch):
+            if it.prompt_logprob_targets is not None:
+                plp_at[i] = len(rows)
+                rows += range(first_row[i], first_row[i] + len(it.prompt_logprob_targets))
+            if it.sample:
+                sample_at.append(len(rows))
+                rows.append(first_row[i] + len(it.token_ids) - 1)
+        results = [StepResult(seq_id=it.seq_id) for it in batch]
+        for i in plp_at:
+            results[i].prompt_logprobs = []  # filled below when there are targets
+        if not rows:
+            return results
+        if rows == list(range(hidden.shape[0])):
+            logits = self._logits(hidden)
+        else:
+            logits = self._logits(hidden[torch.tensor(rows, device=hidden.device)])
+
+        sampled_items = [it for it in batch if it.sample]
+        if sampled_items:
+            sel = logits if len(sample_at) == logits.shape[0] else logits[torch.tensor(sample_at, device=logits.device)]
+            outs = self.sampler.sample(sel, sampled_items)
+            for res, o in zip((r for r, it in zip(results, batch) if it.sample), outs):
+                res.token_id, res.logprob, res.top = o.token_id, o.logprob, o.top
+        for i, start in plp_at.items():
+            it = batch[i]
+            targets = it.prompt_logprob_targets
+            if not targets:
+                continue
+            k = (it.sampling.prompt_logprobs if it.sampling is not None else None) or 0
+            results[i].prompt_logprobs = prompt_logprobs(logits[start:start + len(targets)], targets, k)
+        return results

@@ -1,0 +1,317 @@
+"""The ``lm-format-enforcer`` guided decoder.
+
+One ``LMFormatEnforcerDecoder`` per server holds the tokenizer tables LMFE needs (built once:
+about a second for a 49k vocabulary). ``compile`` validates a spec and returns a factory; each
+sequence gets a ``_Mask`` that wraps its own ``TokenEnforcer``.
+
+LMFE's JSON support has gaps; this module closes the ones that would produce invalid JSON or
+a stuck generation, and refuses (400) what it cannot enforce:
+
+- schemas are checked against their meta-schema (when ``jsonschema`` is installed), then
+  normalized into the subset LMFE's parser handles (``{}``/``true`` -> any value, a type list
+  -> ``anyOf``, ``oneOf`` -> ``anyOf``, ``allOf`` merged, missing ``type`` inferred, sibling
+  keywords of ``anyOf`` pushed into its branches), and every sub-schema is built once;
+- integers never take a fraction or an exponent, ``1.e5`` is refused, objects take no
+  trailing comma, and whitespace right after a string's opening quote counts towards its
+  length (strict versions of LMFE's number, object and string states, which LMFE's
+  ``get_parser`` is patched once per process to build);
+- JSON strings never contain raw control characters (LMFE's free-text token table allows
+  tokens with tabs, which ``json.loads`` rejects);
+- tokens that hold only part of a UTF-8 character (LMFE counts their bytes as characters and
+  then loses track of the parse) are used only inside JSON strings without
+  ``minLength``/``maxLength``, where any character is fine.
+
+Not enforced (accepted and ignored): ``minimum``/``maximum``/``exclusive*``/``multipleOf``,
+``uniqueItems``, ``format``, ``patternProperties``, ``not``, ``if``/``then``/``else``,
+``minProperties``/``maxProperties``. Arrays without ``maxItems`` hold at most 20 items and at
+most 12 whitespace characters follow each other (LMFE's defaults).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable
+
+from lmformatenforcer import JsonSchemaParser, RegexParser, TokenEnforcer, TokenEnforcerTokenizerData
+from lmformatenforcer import jsonschemaparser as _jsp
+from lmformatenforcer.consts import WHITESPACE_CHARACTERS
+from lmformatenforcer.tokenizerprefixtree import JsonFreetextTokenCache
+from lmformatenforcer.tokenlist import TokenList
+
+from llmserve.errors import InvalidRequestError
+from llmserve.guided import GuidedDecoder, GuidedSpec
+
+from .schema import compile_regex, escape_regex, prepare_schema
+
+log = logging.getLogger("llmserve.guided.lmfe")
+
+_PARTIAL = "\ufffd"  # what a token that is only part of a UTF-8 character decodes to
+_UNBOUNDED = 1 << 40
+
+
+# -- LMFE fixes ----------------------------------------------------------------------------------
+class _StrictNumber(_jsp.NumberParsingState):
+    """LMFE's number state without its invalid outputs: no '.' or exponent in integers
+    (LMFE allows ``1e-5`` and ``-0.5`` there), and no exponent right after a '.' (``1.e5``)."""
+
+    def _clone(self) -> "_StrictNumber":
+        clone = super()._clone()
+        clone.__class__ = _StrictNumber
+        return clone
+
+    def get_allowed_characters(self) -> str:
+        chars = super().get_allowed_characters()
+        if not self.allow_floating_point:
+            return "".join(c for c in chars if c not in ".eE")
+        if self.parsed_string.endswith("."):
+            return "".join(c for c in chars if c not in "eE")
+        return chars
+
+
+class _StrictObject(_jsp.ObjectParsingState):
+    """LMFE's object state without trailing commas (after ``,`` a key must follow), whose key
+    parsers are strict strings too."""
+
+    def clone(self) -> "_StrictObject":
+        clone = super().clone()
+        clone.__class__ = _StrictObject
+        return clone
+
+    def add_character(self, new_character: str) -> Any:
+        result = super().add_character(new_character)
+        stack = self.root.context.active_parser.object_stack
+        if stack and type(stack[-1]) is _jsp.StringParsingState:  # a key parser was just pushed
+            stack[-1].__class__ = _StrictString
+        return result
+
+    def get_allowed_characters(self) -> str:
+        chars = super().get_allowed_characters()
+        if self.current_stage == _jsp.ObjectParsingStage.PARSING_KEY_OR_END and self.existing_keys:
+            return chars.replace("}", "")
+        return chars
+
+
+class _OpenText(str):
+    """The characters a free JSON string takes next: these, or any other character that needs
+    no escape (multi-byte characters arrive in pieces and need not be in the alphabet)."""
+
+    def __contains__(self, c: object) -> bool:
+        return str.__contains__(self, c) or (isinstance(c, str) and len(c) == 1 and c >= " " and c not in '"\\')
+
+
+class _StrictString(_jsp.StringParsingState):
+    """LMFE's string state, counting whitespace right after the opening quote (LMFE drops it,
+    so ``" abc"`` passed a ``maxLength`` of 3) and taking any character in free text (LMFE
+    takes only its alphabet, and breaks on other characters the tokens spell)."""
+
+    def get_allowed_characters(self) -> str:
+        chars = super().get_allowed_characters()
+        if (self.require_opening_quote and self.seen_opening_quote and not self.seen_closing_quote
+                and not self.regex_parser and not self.allowed_strings
+                and (self.max_length is None or len(self.parsed_string) < self.max_length)):
+            return _OpenText(chars)
+        return chars
+
+    def _clone(self) -> "_StrictString":
+        clone = super()._clone()
+        clone.__class__ = _StrictString
+        return clone
+
+    def add_character(self, new_character: str) -> Any:
+        if (new_character in WHITESPACE_CHARACTERS and not self.parsed_string and self.require_opening_quote
+                and self.seen_opening_quote and not self.seen_closing_quote):
+            new = self._clone()
+            new.parsed_string = new_character
+            if new.regex_parser:
+                new.regex_parser = new.regex_parser.add_character(new_character)
+            return new
+        return super().add_character(new_character)
+
+
+_STRICT = {_jsp.NumberParsingState: _StrictNumber, _jsp.ObjectParsingState: _StrictObject,
+           _jsp.StringParsingState: _StrictString}
+
+
+def _install_fixes() -> None:
+    """Make LMFE's JSON parser build the strict states above (once per process)."""
+    if getattr(_jsp.get_parser, "_llmserve_strict", False):
+        return
+    original = _jsp.get_parser
+
+    def get_parser(parsing_state: Any, value_schema: Any) -> Any:
+        parser = original(parsing_state, value_schema)  # recursion goes through this wrapper too
+        for p in [parser, *getattr(parser, "parsers", ())]:
+            if type(p) in _STRICT:
+                p.__class__ = _STRICT[type(p)]
+        return parser
+
+    get_parser._llmserve_strict = True  # type: ignore[attr-defined]
+    _jsp.get_parser = get_parser
+
+
+_install_fixes()
+
+
+# -- tokenizer tables ----------------------------------------------------------------------------
+def _decode_fn(tokenizer: Any) -> Callable[[list[int]], str]:
+    try:
+        tokenizer.decode([0], clean_up_tokenization_spaces=False)
+    except TypeError:
+        return tokenizer.decode
+    return lambda ids: tokenizer.decode(ids, clean_up_tokenization_spaces=False)
+
+
+def build_tokenizer_data(tokenizer: Any, vocab_size: int, eos_token_ids: list[int]) -> TokenEnforcerTokenizerData:
+    """LMFE's per-tokenizer tables, for any tokenizer with ``encode``/``decode`` (LMFE's own
+    transformers builder does not import with transformers 5)."""
+    decode = _decode_fn(tokenizer)
+    n = min(vocab_size, len(tokenizer))
+    special = set(getattr(tokenizer, "all_special_ids", None) or ()) | set(eos_token_ids)
+    zero = tokenizer.encode("0", add_special_tokens=False)[-1]
+    regular, partial = [], []
+    for i in range(n):
+        if i in special:
+            continue
+        # After "0", a token that starts a word shows its leading space (sentencepiece drops it alone).
+        text = decode([zero, i])[1:]
+        if _PARTIAL in text:  # LMFE would count its bytes as characters: see _FreetextCache
+            partial.append((i, text))
+        elif text:  # a token that decodes to nothing would be allowed everywhere, forever
+            regular.append((i, text, len(text) > len(decode([i]))))
+    data = TokenEnforcerTokenizerData(regular, lambda ids: decode(ids).rstrip(_PARTIAL), list(eos_token_ids), False, n)
+    data.partial_tokens = partial
+    return data
+
+
+class _FreetextCache(JsonFreetextTokenCache):
+    """LMFE's table of tokens allowed inside a JSON string, with two fixes: no raw control
+    characters (invalid in JSON), and tokens holding part of a multi-byte character only in
+    strings without minLength/maxLength (LMFE cannot count their characters; anywhere else
+    in a string any character is fine). Other strings, regexes and structure use only tokens
+    of whole characters."""
+
+    def __init__(self, data: TokenEnforcerTokenizerData) -> None:
+        super().__init__(False, data.vocab_size)
+        for idx, text, _ in data.regular_tokens:
+            if all(c >= " " for c in text):
+                self.add_token(text, idx)
+        self.freeze()
+        self.limit = self.max_token_len
+        self.max_token_len = _UNBOUNDED  # so a lookup can tell "no maxLength" from "far from it"
+        self.unbounded = TokenList(False, data.vocab_size)
+        self.unbounded.extend(super().lookup_allowed_tokens(0, self.limit).allowed_tokens)
+        self.unbounded.extend(i for i, text in getattr(data, "partial_tokens", ())
+                              if all(c >= " " and c not in '"\\' for c in text))
+
+    def lookup_allowed_tokens(self, min_remaining: int, max_len: int) -> TokenList:
+        if min_remaining == 0 and max_len >= _UNBOUNDED:
+            return self.unbounded
+        return super().lookup_allowed_tokens(min(min_remaining, self.limit), min(max_len, self.limit))
+
+
+def _json_tokenizer_data(data: TokenEnforcerTokenizerData) -> TokenEnforcerTokenizerData:
+    """A view of ``data`` for JSON (see ``_FreetextCache``)."""
+    data.tokenizer_tree.json_freetext_tokens = _FreetextCache(data)  # only JSON parsers read it
+    view = object.__new__(TokenEnforcerTokenizerData)
+    view.__dict__.update(data.__dict__)
+    view.tokenizer_alphabet = "".join(c for c in data.tokenizer_alphabet if c >= " ")
+    return view
+
+
+# -- masks ---------------------------------------------------------------------------------------
+class _Mask:
+    """One sequence's constraint state. LMFE keys states by the whole token sequence; we feed it
+    a fixed one-token "prompt" plus the output, keep only the newest state, and replay when the
+    output did not grow by exactly one token."""
+
+    __slots__ = ("_enforcer", "_prompt", "_key", "_allowed", "_eos", "_failed")
+
+    def __init__(self, data: TokenEnforcerTokenizerData, parser: Any, eos: list[int],
+                 token_cache: dict | None = None) -> None:
+        self._enforcer = TokenEnforcer(data, parser)
+        if token_cache is not None:  # allowed tokens per parser state, shared by the factory's masks
+            self._enforcer.allowed_token_cache = token_cache
+        self._prompt = (eos[0] if eos else 0,)
+        self._key: tuple[int, ...] | None = None
+        self._allowed: list[int] = []
+        self._eos = eos
+        self._failed = False
+
+    def allowed(self, output_token_ids: list[int]) -> list[int] | None:
+        key = self._prompt + tuple(output_token_ids)
+        if key == self._key or self._failed:
+            return self._allowed
+        enforcer, last = self._enforcer, self._key
+        try:
+            if last is None or len(key) <= len(last) or key[:len(last)] != last:
+                enforcer.prefix_states.clear()
+                start = len(self._prompt)
+            else:
+                start = len(last) + 1
+            for end in range(start, len(key)):
+                enforcer.get_allowed_tokens(key[:end])
+            allowed = enforcer.get_allowed_tokens(key).allowed_tokens
+        except Exception as exc:  # noqa: BLE001 - never take the engine down: end the sequence
+            log.warning("guided decoding stopped a sequence: %s: %s", type(exc).__name__, exc)
+            allowed, self._failed = list(self._eos), True
+        for k in [k for k in enforcer.prefix_states if k != key]:
+            del enforcer.prefix_states[k]
+        self._key, self._allowed = key, allowed
+        return allowed
+
+
+class _StateCache(dict):
+    """LMFE's per-state allowed-token cache, bounded (a regex can have many states)."""
+
+    limit = 256
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        if len(self) >= self.limit:
+            self.clear()
+        super().__setitem__(key, value)
+
+
+class _Factory:
+    __slots__ = ("data", "make_parser", "eos", "spec", "token_cache")
+
+    def __init__(self, data: Any, make_parser: Callable[[], Any], eos: list[int], spec: GuidedSpec) -> None:
+        self.data, self.make_parser, self.eos, self.spec = data, make_parser, eos, spec
+        self.token_cache = _StateCache()
+
+    def __call__(self) -> _Mask:
+        return _Mask(self.data, self.make_parser(), self.eos, self.token_cache)
+
+    def __repr__(self) -> str:
+        return f"<lm-format-enforcer {self.spec.kind} mask factory>"
+
+
+# -- the decoder ---------------------------------------------------------------------------------
+class LMFormatEnforcerDecoder(GuidedDecoder):
+    """JSON schemas, JSON objects, regular expressions and choice lists via lm-format-enforcer."""
+
+    name = "lm-format-enforcer"
+    kinds = frozenset({"json_schema", "json_object", "regex", "choice"})
+
+    def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: list[int]) -> None:
+        super().__init__(tokenizer, vocab_size, eos_token_ids)
+        started = time.perf_counter()
+        self.data = build_tokenizer_data(tokenizer, vocab_size, self.eos_token_ids)
+        self.json_data = _json_tokenizer_data(self.data)
+        self.build_seconds = time.perf_counter() - started
+        log.info("lm-format-enforcer: tokenizer tables for %d tokens built in %.2fs",
+                 len(self.data.regular_tokens), self.build_seconds)
+
+    def compile(self, spec: GuidedSpec) -> _Factory:
+        param = spec.param or spec.kind
+        if spec.kind in ("json_schema", "json_object"):
+            schema = {"type": "object"} if spec.kind == "json_object" else prepare_schema(spec.value, spec.param)
+            return _Factory(self.json_data, lambda: JsonSchemaParser(schema), self.eos_token_ids, spec)
+        if spec.kind == "choice":
+            pattern = "(" + "|".join(escape_regex(c) for c in spec.value) + ")"
+        elif spec.kind == "regex":
+            pattern = spec.value
+        else:
+            raise InvalidRequestError(f"{param}: lm-format-enforcer does not support {spec.kind}", param=spec.param)
+        context = RegexParser(compile_regex(pattern, param, spec.param)).context
+        return _Factory(self.data, lambda: RegexParser(context), self.eos_token_ids, spec)

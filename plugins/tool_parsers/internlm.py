@@ -1,0 +1,25 @@
+"""internlm: ``<|action_start|><|plugin|>{"name": ..., "parameters": {...}}<|action_end|>``
+(InternLM 2 / 2.5).
+
+Like current vLLM, a name that is not among the request's tools is not a call (the block
+stays content); without a tools list every name is accepted. Text before and after the block
+is content.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmserve.plugins.tool_parsers.base import RegionToolParser
+from llmserve.plugins.tool_parsers.json_calls import CallObject
+
+
+class InternLMToolParser(RegionToolParser):
+    start_markers = ("<|action_start|><|plugin|>",)
+    end_marker = "<|action_end|>"
+
+    def _known(self, name: str) -> bool:
+        return not self.tool_names or name in self.tool_names
+
+    def _new_body(self, marker: str) -> Any:
+        return CallObject(self, arg_keys=("parameters", "arguments"), accept=self._known)

@@ -1,0 +1,19 @@
+"""jamba: ``<tool_calls>[{"name": ..., "arguments": {...}}, ...]</tool_calls>`` (AI21 Jamba 1.5).
+
+Text before and after the block is content; whitespace-only text next to it is dropped.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmserve.plugins.tool_parsers.base import RegionToolParser
+from llmserve.plugins.tool_parsers.json_calls import CallList
+
+
+class JambaToolParser(RegionToolParser):
+    start_markers = ("<tool_calls>",)
+    end_marker = "</tool_calls>"
+
+    def _new_body(self, marker: str) -> Any:
+        return CallList(self, single_ok=True)

@@ -1,0 +1,240 @@
+"""Tool-call objects and lists streamed with ``json_scan.JsonScanner``.
+
+``CallObject`` and ``CallList`` parse ``{"name": ..., "arguments": {...}}`` and
+``[call, ...]``; they report to a sink (the parser) with ``_call_start(name)`` and
+``_call_args(fragment)``. Both follow the body protocol of ``base.RegionToolParser``:
+``feed(text) -> consumed``, ``end()``, and the attributes ``done``, ``failed``,
+``committed`` and ``rest``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Callable
+
+from llmserve.plugins.tool_parsers.json_scan import JsonScanner
+
+_WS_RUN = re.compile(r"[ \t\n\r]+")
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def arguments_from_value(raw: str) -> str:
+    """The ``arguments`` string for a value that is not an object: ``null`` becomes ``{}``; a
+    string holding JSON is passed through once (``"{\\"a\\": 1}"`` gives ``{"a": 1}``)."""
+    value = json.loads(raw)
+    if value is None:
+        return "{}"
+    if isinstance(value, str):
+        try:
+            inner = json.loads(value, parse_constant=_no_constants)
+        except ValueError:
+            return raw
+        return value if isinstance(inner, (dict, list)) else raw
+    return raw
+
+
+class CallObject:
+    """One ``{"name": "...", "arguments": {...}}`` call (``arg_keys`` name the arguments key;
+    other keys are ignored; key order does not matter).
+
+    The call is *committed* (``sink._call_start(name)``) as soon as its name is known and its
+    object arguments have begun, and from then on the arguments stream up to the closable
+    point. Before that nothing is released, so a broken object is simply ``failed``. After it,
+    a broken or truncated object closes the arguments (``done``) and ``rest`` says where the
+    unused text starts. ``accept(name)`` may reject a name (then ``failed``). Without
+    arguments, ``{}`` is sent unless ``require_args`` (then ``failed``).
+    """
+
+    def __init__(self, sink: Any, arg_keys: tuple[str, ...] = ("arguments", "parameters"),
+                 require_args: bool = False, accept: Callable[[str], bool] | None = None) -> None:
+        self.sink = sink
+        self.sc = JsonScanner(watch_depth=1)
+        self.arg_keys, self.require_args, self.accept = arg_keys, require_args, accept
+        self.key: str | None = None
+        self.role: str | None = None
+        self.name: str | None = None
+        self.name_at = self.args_at = -1
+        self.args_end = -1
+        self.args_obj = False
+        self.args_value: str | None = None
+        self.sent = 0
+        self.committed = self.done = self.failed = False
+        self.rest = 0
+
+    def feed(self, s: str) -> int:
+        if self.done:
+            return 0
+        n = self.sc.feed(s)
+        self._events()
+        if not self.done:
+            if self.sc.done:
+                self._complete()
+            elif self.sc.error:
+                self._close()
+            else:
+                self._stream()
+        return n
+
+    def end(self) -> None:
+        if self.done:
+            return
+        self.sc.end()
+        self._events()
+        if self.sc.done:
+            self._complete()
+        else:
+            self._close()
+
+    def _events(self) -> None:
+        sc = self.sc
+        for kind, value in sc.events:
+            if self.done:
+                break
+            if kind == "key":
+                self.key = value
+            elif kind == "vstart":
+                self.role = None
+                if self.key == "name" and self.name_at < 0:
+                    self.role, self.name_at = "name", value
+                elif self.key in self.arg_keys and self.args_at < 0:
+                    self.role, self.args_at = "args", value
+                    self.args_obj = sc.text()[value] == "{"
+                    self.sent = value
+                    if self.args_obj and self.name is not None:
+                        self._commit()
+            elif self.role == "name":
+                name = json.loads(sc.text()[self.name_at:value])
+                if not isinstance(name, str) or not name or (self.accept and not self.accept(name)):
+                    self.failed = self.done = True
+                    break
+                self.name = name
+                if self.args_at >= 0 and (self.args_obj or self.args_end >= 0):
+                    self._commit()
+            elif self.role == "args":
+                self.args_end = value
+                if not self.args_obj:
+                    self.args_value = arguments_from_value(sc.text()[self.args_at:value])
+                if self.name is not None and not self.committed:
+                    self._commit()
+        sc.events.clear()
+
+    def _commit(self) -> None:  # object arguments stream after the events (see _stream)
+        self.committed = True
+        self.sink._call_start(self.name)
+        if not self.args_obj and self.args_value is not None:
+            self.sink._call_args(self.args_value)
+
+    def _stream(self) -> None:
+        if self.committed and self.args_obj:
+            end = self.sc.safe if self.args_end < 0 else min(self.sc.safe, self.args_end)
+            if end > self.sent:
+                self.sink._call_args(self.sc.text()[self.sent:end])
+                self.sent = end
+
+    def _complete(self) -> None:
+        if not self.committed:
+            if self.name is None or self.args_at >= 0 or self.require_args:
+                self.failed = self.done = True
+                return
+            self.committed = True
+            self.sink._call_start(self.name)
+            self.sink._call_args("{}")
+        self._stream()
+        self.done, self.rest = True, self.sc.raw
+
+    def _close(self) -> None:
+        """Broken or cut off: keep a committed call with closed arguments, else fail."""
+        self.done = True
+        if not self.committed:
+            self.failed = True
+            return
+        self._stream()
+        if self.args_obj and self.args_end < 0:
+            self.sink._call_args(self.sc.closer(1))
+        self.rest = self.sc.safe_raw
+
+
+class CallList:
+    """``[call, call, ...]``, or a single call object when ``single_ok`` and the text starts
+    with ``{``. A call that fails before anything was sent fails the list if it is the first,
+    otherwise the list ends there (``rest`` points at that call)."""
+
+    def __init__(self, sink: Any, single_ok: bool = True, **call_options: Any) -> None:
+        self.sink, self.single_ok, self.options = sink, single_ok, call_options
+        self.state = "open"
+        self.obj: CallObject | None = None
+        self.unit = 0
+        self.raw = 0
+        self.single = False
+        self.committed = self.done = self.failed = False
+        self.rest = 0
+
+    def _stop(self, rest: int) -> None:
+        self.done, self.rest = True, rest
+        self.failed = not self.committed  # a list without calls (even ``[]``) stays text
+
+    def feed(self, s: str) -> int:
+        i, n = 0, len(s)
+        while i < n and not self.done:
+            if self.state == "elem":
+                k = self.obj.feed(s[i:])
+                i += k
+                self.raw += k
+                self._after_elem()
+                continue
+            m = _WS_RUN.match(s, i)
+            if m:
+                self.raw += m.end() - i
+                i = m.end()
+                continue
+            c = s[i]
+            if self.state == "open" and c == "[":
+                self.state = "first"
+            elif self.state == "open" and c == "{" and self.single_ok:
+                self.single = True
+                self._new_elem()
+                continue
+            elif self.state in ("first", "next") and c == "{":
+                self._new_elem()
+                continue
+            elif self.state in ("first", "sep") and c == "]":
+                self.state = "closed"
+                self._stop(self.raw + 1)
+            elif self.state == "sep" and c == ",":
+                self.state = "next"
+            else:
+                self._stop(self.raw)
+                break
+            i += 1
+            self.raw += 1
+        return i
+
+    def _new_elem(self) -> None:
+        self.obj, self.unit, self.state = CallObject(self.sink, **self.options), self.raw, "elem"
+
+    def _after_elem(self) -> None:
+        obj = self.obj
+        if not obj.done:
+            return
+        self.committed = self.committed or obj.committed
+        if obj.failed:
+            self._stop(self.unit)
+        elif obj.sc.done and not self.single:
+            self.state = "sep"
+        else:
+            if obj.sc.done:
+                self.state = "closed"
+            self._stop(self.unit + obj.rest)
+
+    def end(self) -> None:
+        if self.done:
+            return
+        if self.state == "elem":
+            self.obj.end()
+            self._after_elem()
+        if not self.done:
+            self._stop(self.raw)

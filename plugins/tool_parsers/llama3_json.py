@@ -1,0 +1,24 @@
+"""llama3_json (also ``llama4_json``): JSON tool calls of Llama 3.1/3.2/4 templates.
+
+An optional ``<|python_tag|>``, then ``{"name": ..., "parameters": {...}}`` (``"arguments"``
+is accepted too); parallel calls are separated by ``;``. Like current vLLM, call objects are
+found anywhere in the text; unlike it, the text around them is kept as content instead of
+being dropped. An object without a name, or without both ``parameters`` and ``arguments``,
+is not a call and stays content.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmserve.plugins.tool_parsers.base import RegionToolParser
+from llmserve.plugins.tool_parsers.json_calls import CallObject
+
+
+class Llama3JsonToolParser(RegionToolParser):
+    start_markers = ("<|python_tag|>", "{")
+    body_markers = frozenset({"{"})
+    separators = ";"
+
+    def _new_body(self, marker: str) -> Any:
+        return CallObject(self, arg_keys=("parameters", "arguments"), require_args=True)

@@ -1,0 +1,264 @@
+"""Model outputs for every built-in parser, written from the formats, with the expected result.
+
+Arguments are compared as exact strings: the parsers send the model's own JSON text (raw
+control characters inside strings escaped), so these are the strings the API returns.
+"""
+
+from __future__ import annotations
+
+from .helpers import Case
+
+WEATHER = '{"city": "Paris", "unit": "celsius"}'
+NESTED = ('{"query": {"filters": [{"field": "title", "op": "in", "values": ["a\\"b", "c\\\\d", -1.5e-3, 0, true, '
+          'false, null]}], "braces": "} { ] [", "tag": "<b>x</b> </tool_call"}, "limit": 10}')
+UNICODE = '{"text": "你好, wörld 👋", "to": "日本語", "esc": "\\u00e9\\ud83d\\ude00"}'
+TOOLS = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}}
+         for n in ("get_weather", "get_time", "search")]
+
+
+def hermes_block(name: str, args: str, key: str = "arguments") -> str:
+    return f'<tool_call>\n{{"name": "{name}", "{key}": {args}}}\n</tool_call>'
+
+
+HERMES = [
+    Case("no_call", "The weather is nice.\nNo tools needed.", content="The weather is nice.\nNo tools needed."),
+    Case("angle_brackets", "if a < b and c > d: <tool_", content="if a < b and c > d: <tool_"),
+    Case("text_before", "Let me check that.\n" + hermes_block("get_weather", WEATHER),
+         content="Let me check that.", calls=[("get_weather", WEATHER)]),
+    Case("parallel", hermes_block("get_weather", WEATHER) + "\n" + hermes_block("get_time", '{"tz": "CET"}'),
+         calls=[("get_weather", WEATHER), ("get_time", '{"tz": "CET"}')]),
+    Case("nested_escaped", hermes_block("search", NESTED), calls=[("search", NESTED)]),
+    Case("non_ascii", "Voilà :\n" + hermes_block("translate", UNICODE), content="Voilà :", calls=[("translate", UNICODE)]),
+    Case("empty_arguments", hermes_block("get_time", "{}"), calls=[("get_time", "{}")]),
+    Case("no_arguments_key", '<tool_call>{"name": "get_time"}</tool_call>', calls=[("get_time", "{}")]),
+    Case("parameters_key", hermes_block("get_weather", WEATHER, key="parameters"), calls=[("get_weather", WEATHER)]),
+    Case("arguments_before_name", '<tool_call>{"arguments": {"q": 1}, "id": 7, "name": "search"}</tool_call>',
+         calls=[("search", '{"q": 1}')]),
+    Case("arguments_as_string", '<tool_call>{"name": "f", "arguments": "{\\"a\\": [1, 2]}"}</tool_call>',
+         calls=[("f", '{"a": [1, 2]}')]),
+    Case("arguments_string_not_json", '<tool_call>{"name": "f", "arguments": "{\\"a\\": NaN}"}</tool_call>',
+         calls=[("f", '"{\\"a\\": NaN}"')]),
+    Case("list_in_block", '<tool_call>[{"name": "a", "arguments": {}}, {"name": "b", "arguments": {"x": 1}}]</tool_call>',
+         calls=[("a", "{}"), ("b", '{"x": 1}')]),
+    Case("raw_newline_in_string", '<tool_call>{"name": "run", "arguments": {"code": "a = 1\nprint(a)\t#"}}</tool_call>',
+         calls=[("run", '{"code": "a = 1\\nprint(a)\\t#"}')]),
+    Case("text_after", hermes_block("get_time", "{}") + "\nDone.", content="\nDone.", calls=[("get_time", "{}")]),
+    Case("missing_end_tag", '<tool_call>\n{"name": "get_time", "arguments": {"tz": "UTC"}}',
+         calls=[("get_time", '{"tz": "UTC"}')]),
+    Case("truncated_in_arguments", 'Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par',
+         content="Checking.", calls=[("get_weather", '{"city": "Par"}')]),
+    Case("truncated_after_key", '<tool_call>{"name": "f", "arguments": {"a": 1, "b": tr',
+         calls=[("f", '{"a": 1}')]),
+    Case("truncated_before_name", 'Sure.\n<tool_call>\n{"name": "get_wea',
+         content='Sure.\n<tool_call>\n{"name": "get_wea'),
+    Case("malformed_not_json", '<tool_call>\nget_weather(city="Paris")\n</tool_call>',
+         content='<tool_call>\nget_weather(city="Paris")\n</tool_call>'),
+    Case("malformed_then_good", '<tool_call>oops</tool_call>\n' + hermes_block("get_time", "{}"),
+         content="<tool_call>oops</tool_call>", calls=[("get_time", "{}")]),
+    Case("malformed_after_name", '<tool_call>{"name": "f", "arguments": {"a": 1, "b": }}</tool_call> after',
+         content=', "b": }} after', calls=[("f", '{"a": 1}')]),
+    Case("name_not_string", '<tool_call>{"name": 5, "arguments": {}}</tool_call>',
+         content='<tool_call>{"name": 5, "arguments": {}}</tool_call>'),
+]
+
+MISTRAL = [
+    Case("no_call", "Bonjour ! Comment puis-je aider ?", content="Bonjour ! Comment puis-je aider ?"),
+    Case("v7_text_before", f'Sure, checking.[TOOL_CALLS] [{{"name": "get_weather", "arguments": {WEATHER}}}]',
+         content="Sure, checking.", calls=[("get_weather", WEATHER)]),
+    Case("v7_parallel", '[TOOL_CALLS] [{"name": "a", "arguments": {"x": 1}}, {"name": "b", "arguments": {}}]',
+         calls=[("a", '{"x": 1}'), ("b", "{}")]),
+    Case("v7_single_object", '[TOOL_CALLS] {"name": "a", "arguments": {"x": 1}}', calls=[("a", '{"x": 1}')]),
+    Case("v7_trailing_text", '[TOOL_CALLS] [{"name": "a", "arguments": {}}] hope that helps',
+         content=" hope that helps", calls=[("a", "{}")]),
+    Case("v11_parallel", f'[TOOL_CALLS]get_weather{WEATHER}[TOOL_CALLS]get_time{{"tz": "CET"}}',
+         calls=[("get_weather", WEATHER), ("get_time", '{"tz": "CET"}')]),
+    Case("v11_text_before", f"Let me see.[TOOL_CALLS]get_weather{WEATHER}", content="Let me see.",
+         calls=[("get_weather", WEATHER)]),
+    Case("v13_args_marker", f"[TOOL_CALLS]get_weather[ARGS]{WEATHER}", calls=[("get_weather", WEATHER)]),
+    Case("call_id_marker", f"[TOOL_CALLS]get_weather[CALL_ID]a1B2c3D4e[ARGS]{WEATHER}",
+         calls=[("get_weather", WEATHER)]),
+    Case("nested_escaped", f"[TOOL_CALLS]search{NESTED}", calls=[("search", NESTED)]),
+    Case("non_ascii", f"[TOOL_CALLS]translate[ARGS]{UNICODE}", calls=[("translate", UNICODE)]),
+    Case("empty_arguments", "[TOOL_CALLS]get_time{}", calls=[("get_time", "{}")]),
+    Case("truncated_v11", '[TOOL_CALLS]get_weather{"city": "Par', calls=[("get_weather", '{"city": "Par"}')]),
+    Case("truncated_v7_second_call", '[TOOL_CALLS] [{"name": "a", "arguments": {"x": 1}}, {"name": "b", "argu',
+         calls=[("a", '{"x": 1}')]),
+    Case("truncated_marker", "Answer: 42[TOOL_CAL", content="Answer: 42[TOOL_CAL"),
+    Case("malformed_not_json", "[TOOL_CALLS] not json at all", content="[TOOL_CALLS] not json at all"),
+    Case("malformed_name_only", "[TOOL_CALLS]get_weather", content="[TOOL_CALLS]get_weather"),
+    Case("malformed_then_good", "[TOOL_CALLS]oops, sorry[TOOL_CALLS]get_time{}",
+         content="[TOOL_CALLS]oops, sorry", calls=[("get_time", "{}")]),
+]
+
+PYTHONIC = [
+    Case("no_call", "Paris is sunny today.", content="Paris is sunny today."),
+    Case("text_before_is_content", "Sure! [get_weather(city='Paris')]", content="Sure! [get_weather(city='Paris')]"),
+    Case("single", "[get_weather(city='Paris', unit=\"celsius\")]", calls=[("get_weather", WEATHER)]),
+    Case("parallel", "[get_weather(city='Paris', unit='celsius'), get_time(tz='CET')]",
+         calls=[("get_weather", WEATHER), ("get_time", '{"tz": "CET"}')]),
+    Case("nested_escaped",
+         "[search(q='it\\'s \"quoted\" ]) ,', filters={'tags': ['a', 'b'], 'range': (1, 2.5)}, exact=False, "
+         "limit=None, neg=-3)]",
+         calls=[("search", '{"q": "it\'s \\"quoted\\" ]) ,", "filters": {"tags": ["a", "b"], "range": [1, 2.5]}, '
+                           '"exact": false, "limit": null, "neg": -3}')]),
+    Case("triple_quoted", '[run(code="""a = 1\nprint(\'x\')""", note=\'\')]',
+         calls=[("run", '{"code": "a = 1\\nprint(\'x\')", "note": ""}')]),
+    Case("non_ascii", "[translate(text='你好, wörld 👋', to=\"日本語\")]",
+         calls=[("translate", '{"text": "你好, wörld 👋", "to": "日本語"}')]),
+    Case("empty_arguments", "  [get_time()]", calls=[("get_time", "{}")]),
+    Case("text_after", "[get_time()] Done.", content=" Done.", calls=[("get_time", "{}")]),
+    Case("truncated_second_call", "[get_weather(city='Paris', unit='celsius'), get_time(tz='CE",
+         calls=[("get_weather", WEATHER)]),
+    Case("truncated_no_bracket", "[get_weather(city='Paris', unit='celsius')", calls=[("get_weather", WEATHER)]),
+    Case("truncated_first_call", "[get_weather(city='Par", content="[get_weather(city='Par"),
+    Case("malformed_positional", "[get_weather('Paris')]", content="[get_weather('Paris')]"),
+    Case("bad_sibling", "[a(x=1), b(y=undefined_name), c(z=1e999), d(w=b'x'), e(v=2)]",
+         content=" b(y=undefined_name) c(z=1e999) d(w=b'x')", calls=[("a", '{"x": 1}'), ("e", '{"v": 2}')]),
+    Case("markdown_link", "[docs](https://example.com) say hi", content="[docs](https://example.com) say hi"),
+    Case("plain_list", "[1, 2, 3] are numbers", content="[1, 2, 3] are numbers"),
+]
+
+LLAMA3 = [
+    Case("no_call", "The capital of France is Paris.", content="The capital of France is Paris."),
+    Case("text_before", f'Let me look that up. {{"name": "get_weather", "parameters": {WEATHER}}}',
+         content="Let me look that up.", calls=[("get_weather", WEATHER)]),
+    Case("python_tag", f'<|python_tag|>{{"name": "get_weather", "parameters": {WEATHER}}}',
+         calls=[("get_weather", WEATHER)]),
+    Case("parallel", '<|python_tag|>{"name": "a", "parameters": {"x": 1}}; {"name": "b", "arguments": {}}',
+         calls=[("a", '{"x": 1}'), ("b", "{}")]),
+    Case("nested_escaped", f'{{"name": "search", "parameters": {NESTED}}}', calls=[("search", NESTED)]),
+    Case("non_ascii", f'{{"name": "translate", "parameters": {UNICODE}}}', calls=[("translate", UNICODE)]),
+    Case("empty_arguments", '{"name": "get_time", "parameters": {}}', calls=[("get_time", "{}")]),
+    Case("text_after", '{"name": "get_time", "parameters": {}}\nAnything else?', content="\nAnything else?",
+         calls=[("get_time", "{}")]),
+    Case("truncated", '{"name": "get_weather", "parameters": {"city": "Par', calls=[("get_weather", '{"city": "Par"}')]),
+    Case("truncated_before_arguments", '{"name": "get_weather", "param',
+         content='{"name": "get_weather", "param'),
+    Case("malformed_no_parameters", '{"name": "get_weather"}', content='{"name": "get_weather"}'),
+    Case("json_in_prose", 'Use {"a": {"b": [1, 2]}} as config {curly}', content='Use {"a": {"b": [1, 2]}} as config {curly}'),
+    Case("malformed_builtin_tool", '<|python_tag|>brave_search.call(query="x")',
+         content='<|python_tag|>brave_search.call(query="x")'),
+]
+
+GRANITE = [
+    Case("no_call", "Granite says hello.", content="Granite says hello."),
+    Case("text_before", f'I\'ll check.<|tool_call|>[{{"name": "get_weather", "arguments": {WEATHER}}}]',
+         content="I'll check.", calls=[("get_weather", WEATHER)]),
+    Case("parallel_v31", '<tool_call>[{"name": "a", "arguments": {"x": 1}}, {"name": "b", "arguments": {}}]',
+         calls=[("a", '{"x": 1}'), ("b", "{}")]),
+    Case("bare_list", ' [{"name": "get_time", "arguments": {"tz": "CET"}}]', calls=[("get_time", '{"tz": "CET"}')]),
+    Case("nested_escaped", f'<|tool_call|>[{{"name": "search", "arguments": {NESTED}}}]', calls=[("search", NESTED)]),
+    Case("non_ascii", f'<|tool_call|>[{{"name": "translate", "arguments": {UNICODE}}}]', calls=[("translate", UNICODE)]),
+    Case("empty_arguments", '<|tool_call|>[{"name": "get_time", "arguments": {}}]', calls=[("get_time", "{}")]),
+    Case("text_after", '<|tool_call|>[{"name": "get_time", "arguments": {}}] ok', content=" ok",
+         calls=[("get_time", "{}")]),
+    Case("truncated", '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_ti',
+         calls=[("get_weather", '{"city": "Paris"}')]),
+    Case("malformed", "<|tool_call|>not json", content="<|tool_call|>not json"),
+    Case("list_not_calls", "[1, 2] and more", content="[1, 2] and more"),
+]
+
+JAMBA = [
+    Case("no_call", "Jamba here.", content="Jamba here."),
+    Case("whitespace_prefix", f' <tool_calls>[{{"name": "get_weather", "arguments": {WEATHER}}}]</tool_calls>',
+         calls=[("get_weather", WEATHER)]),
+    Case("text_before", f'Checking.\n<tool_calls>[{{"name": "get_weather", "arguments": {WEATHER}}}]</tool_calls>',
+         content="Checking.", calls=[("get_weather", WEATHER)]),
+    Case("parallel", '<tool_calls>[\n {"name": "a", "arguments": {"x": 1}},\n {"name": "b", "arguments": {}}\n]</tool_calls>',
+         calls=[("a", '{"x": 1}'), ("b", "{}")]),
+    Case("nested_escaped", f'<tool_calls>[{{"name": "search", "arguments": {NESTED}}}]</tool_calls>',
+         calls=[("search", NESTED)]),
+    Case("non_ascii", f'<tool_calls>[{{"name": "translate", "arguments": {UNICODE}}}]</tool_calls>',
+         calls=[("translate", UNICODE)]),
+    Case("empty_arguments", '<tool_calls>[{"name": "get_time", "arguments": {}}]</tool_calls>', calls=[("get_time", "{}")]),
+    Case("text_after", '<tool_calls>[{"name": "get_time", "arguments": {}}]</tool_calls> Thanks!', content=" Thanks!",
+         calls=[("get_time", "{}")]),
+    Case("truncated", '<tool_calls>[{"name": "get_weather", "arguments": {"city": "Pa',
+         calls=[("get_weather", '{"city": "Pa"}')]),
+    Case("malformed", "<tool_calls>[oops]</tool_calls> sorry", content="<tool_calls>[oops]</tool_calls> sorry"),
+]
+
+INTERNLM = [
+    Case("no_call", "InternLM answers directly.", content="InternLM answers directly.", tools=TOOLS),
+    Case("text_before", f'I will check.<|action_start|><|plugin|>\n{{"name": "get_weather", "parameters": {WEATHER}}}'
+                        '<|action_end|>', content="I will check.", calls=[("get_weather", WEATHER)], tools=TOOLS),
+    Case("parallel", '<|action_start|><|plugin|>{"name": "get_time", "parameters": {}}<|action_end|>\n'
+                     '<|action_start|><|plugin|>{"name": "search", "parameters": {"q": "x"}}<|action_end|>',
+         calls=[("get_time", "{}"), ("search", '{"q": "x"}')], tools=TOOLS),
+    Case("nested_escaped", f'<|action_start|><|plugin|>{{"name": "search", "parameters": {NESTED}}}<|action_end|>',
+         calls=[("search", NESTED)], tools=TOOLS),
+    Case("non_ascii", f'<|action_start|><|plugin|>{{"name": "translate", "arguments": {UNICODE}}}<|action_end|>',
+         calls=[("translate", UNICODE)]),
+    Case("empty_arguments", '<|action_start|><|plugin|>{"name": "get_time", "parameters": {}}<|action_end|>',
+         calls=[("get_time", "{}")], tools=TOOLS),
+    Case("truncated", '<|action_start|><|plugin|>\n{"name": "search", "parameters": {"q": "wea',
+         calls=[("search", '{"q": "wea"}')], tools=TOOLS),
+    Case("unknown_tool", '<|action_start|><|plugin|>{"name": "rm_rf", "parameters": {}}<|action_end|>',
+         content='<|action_start|><|plugin|>{"name": "rm_rf", "parameters": {}}<|action_end|>', tools=TOOLS),
+    Case("malformed", "<|action_start|><|plugin|>oops<|action_end|>", content="<|action_start|><|plugin|>oops<|action_end|>"),
+]
+
+TOOL_CASES = {"hermes": HERMES, "mistral": MISTRAL, "pythonic": PYTHONIC, "llama3_json": LLAMA3,
+              "granite": GRANITE, "jamba": JAMBA, "internlm": INTERNLM}
+for _name, _cases in TOOL_CASES.items():
+    for _case in _cases:
+        _case.tool_parser = _name
+
+R1 = "deepseek_r1"
+REASONING_CASES = [
+    Case("r1_complete", "<think>\nLet me think.\n</think>\n\nThe answer is 4.", reasoning="\nLet me think.\n",
+         content="\n\nThe answer is 4.", reasoning_parser=R1),
+    Case("r1_no_start_tag", "2 + 2 is 4.</think>It is 4.", reasoning="2 + 2 is 4.", content="It is 4.",
+         reasoning_parser=R1),
+    Case("r1_truncated", "<think>Still thinking about", reasoning="Still thinking about", reasoning_parser=R1),
+    Case("r1_absent", "Just an answer.", reasoning="Just an answer.", reasoning_parser=R1),
+    Case("r1_empty", "", reasoning_parser=R1),
+    Case("r1_empty_content", "<think>x</think>", reasoning="x", reasoning_parser=R1),
+    Case("r1_end_only", "</think>Answer", content="Answer", reasoning_parser=R1),
+    Case("r1_partial_end_tag", "thinking </thi", reasoning="thinking </thi", reasoning_parser=R1),
+    Case("r1_leading_whitespace", "\n <think>x</think>y", reasoning="x", content="y", reasoning_parser=R1),
+    Case("r1_second_end_tag", "a</think>b</think>c", reasoning="a", content="b</think>c", reasoning_parser=R1),
+    Case("r1_non_ascii", "<think>思考中…</think>答案是 4。", reasoning="思考中…", content="答案是 4。", reasoning_parser=R1),
+    Case("qwen3_complete", "<think>\nhmm\n</think>\n\nHello!", reasoning="\nhmm\n", content="\n\nHello!",
+         reasoning_parser="qwen3"),
+    Case("qwen3_prompt_think", "hmm</think>\n\nHello!", reasoning="hmm", content="\n\nHello!", reasoning_parser="qwen3"),
+    Case("qwen3_truncated", "<think>\nlong thought", reasoning="\nlong thought", reasoning_parser="qwen3"),
+    Case("qwen3_absent", "Hello!", reasoning="Hello!", reasoning_parser="qwen3"),
+    Case("qwen3_disabled", "Hello! <think> is a tag.", content="Hello! <think> is a tag.", reasoning_parser="qwen3",
+         template_kwargs={"enable_thinking": False}),
+    Case("qwen3_disabled_with_tags", "<think>\n\n</think>\n\nHello!", reasoning="\n\n", content="\n\nHello!",
+         reasoning_parser="qwen3", template_kwargs={"enable_thinking": False}),
+    Case("qwen3_enabled_explicitly", "hmm</think>ok", reasoning="hmm", content="ok", reasoning_parser="qwen3",
+         template_kwargs={"enable_thinking": True}),
+    Case("qwen3_implicit_end_function", "I need the tool.\n<tool_call>\n<function=get_time>\n</function>\n</tool_call>",
+         reasoning="I need the tool.\n", content="<tool_call>\n<function=get_time>\n</function>\n</tool_call>",
+         reasoning_parser="qwen3"),
+    Case("qwen3_tool_call_mentioned", "Use the <tool_call> tag later.</think>ok",
+         reasoning="Use the <tool_call> tag later.", content="ok", reasoning_parser="qwen3"),
+    Case("qwen3_tool_call_tag_at_end", "thinking <tool_call>", reasoning="thinking <tool_call>", reasoning_parser="qwen3"),
+    # Reasoning, then a tool call: the tool parser sees only what follows the thinking.
+    Case("chain_qwen3_hermes", "<think>\nI should call get_time.\n</think>\n\n" + hermes_block("get_time", '{"tz": "CET"}'),
+         reasoning="\nI should call get_time.\n", calls=[("get_time", '{"tz": "CET"}')], reasoning_parser="qwen3",
+         tool_parser="hermes"),
+    Case("chain_qwen3_hermes_call_inside_think", "I will call it.\n" + hermes_block("get_time", "{}"),
+         reasoning="I will call it.\n", calls=[("get_time", "{}")], reasoning_parser="qwen3", tool_parser="hermes"),
+    Case("chain_call_in_reasoning_is_not_parsed", '<think>maybe {"name": "x", "parameters": {}}</think>Answer.',
+         reasoning='maybe {"name": "x", "parameters": {}}', content="Answer.", reasoning_parser=R1,
+         tool_parser="llama3_json"),
+    Case("chain_r1_mistral", "<think>weather?</think>[TOOL_CALLS]get_weather{\"city\": \"Paris\"}",
+         reasoning="weather?", calls=[("get_weather", '{"city": "Paris"}')], reasoning_parser=R1, tool_parser="mistral"),
+    Case("chain_r1_pythonic", "<think>ok</think>\n\n[get_time(tz='CET')]", reasoning="ok",
+         calls=[("get_time", '{"tz": "CET"}')], reasoning_parser=R1, tool_parser="pythonic"),
+    Case("chain_qwen3_disabled_hermes", "Sure.\n" + hermes_block("get_time", "{}"), content="Sure.",
+         calls=[("get_time", "{}")], reasoning_parser="qwen3", tool_parser="hermes",
+         template_kwargs={"enable_thinking": False}),
+    Case("chain_truncated_reasoning", "<think>I will call get_ti", reasoning="I will call get_ti",
+         reasoning_parser="qwen3", tool_parser="hermes"),
+]
+
+ALL_TOOL_CASES = [case for cases in TOOL_CASES.values() for case in cases]
+ALL_CASES = ALL_TOOL_CASES + REASONING_CASES
+
+
+def case_id(case: Case) -> str:
+    return f"{case.tool_parser or '-'}+{case.reasoning_parser or '-'}:{case.id}"
