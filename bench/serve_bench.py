@@ -86,9 +86,9 @@ def stop(proc: subprocess.Popen) -> None:
         proc.kill()
 
 
-async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: str, max_tokens: int) -> dict:
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-            "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True}}
+async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: str, max_tokens: int,
+                      extra: dict) -> dict:
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "stream": True, **extra}
     t0 = time.perf_counter()
     stamps: list[float] = []
     usage_tokens = None
@@ -110,7 +110,7 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: s
             "latency": end - t0}
 
 
-async def run_level(url: str, model: str, concurrency: int, total: int, max_tokens: int) -> dict:
+async def run_level(url: str, model: str, concurrency: int, total: int, max_tokens: int, extra: dict) -> dict:
     results: list[dict] = []
     queue = list(range(total))
     limits = httpx.Limits(max_connections=concurrency + 4)
@@ -118,7 +118,7 @@ async def run_level(url: str, model: str, concurrency: int, total: int, max_toke
         async def worker() -> None:
             while queue:
                 i = queue.pop()
-                results.append(await one_request(client, url, model, PROMPTS[i % len(PROMPTS)], max_tokens))
+                results.append(await one_request(client, url, model, PROMPTS[i % len(PROMPTS)], max_tokens, extra))
 
         t0 = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -132,17 +132,17 @@ async def run_level(url: str, model: str, concurrency: int, total: int, max_toke
 
 
 def bench_server(name: str, cmd: list[str], port: int, model_name: str, args: argparse.Namespace,
-                 env: dict[str, str]) -> list[dict]:
+                 env: dict[str, str], extra: dict) -> list[dict]:
     log_path = Path(args.log_dir) / f"{name}.log"
     print(f"starting {name}: {' '.join(cmd)}", flush=True)
     proc = start(cmd, port, log_path, env)
     try:
         url = f"http://127.0.0.1:{port}"
-        asyncio.run(run_level(url, model_name, 1, 2, 8))  # warm-up
+        asyncio.run(run_level(url, model_name, 1, 2, 8, extra))  # warm-up
         rows = []
         for c in args.concurrency:
             total = max(args.requests_per_level, c * 2) if args.requests_per_level else c * 2
-            row = asyncio.run(run_level(url, model_name, c, total, args.max_tokens))
+            row = asyncio.run(run_level(url, model_name, c, total, args.max_tokens, extra))
             print(f"  {name} c={c}: {row['tok_s']:.1f} tok/s, TTFT p50 {row['ttft_p50']*1000:.0f} ms, "
                   f"ITL p50 {row['itl_p50']*1000:.1f} ms", flush=True)
             rows.append(row)
@@ -188,14 +188,17 @@ def main() -> None:
     ours_cmd = [sys.executable, "-m", "llmserve", "serve", model_dir, "--port", str(port), "--dtype", args.dtype,
                 "--device", args.device, "--served-model-name", "bench", "--log-level", "warning",
                 *args.llmserve_args.split()]
-    ours = bench_server("llmserve", ours_cmd, port, "bench", args, env)
+    # ignore_eos keeps every request at max_tokens; transformers serve rejects the field (422),
+    # so it runs without it and its tokens are counted per streamed chunk.
+    ours = bench_server("llmserve", ours_cmd, port, "bench", args, env,
+                        {"ignore_eos": True, "stream_options": {"include_usage": True}})
     peer = None
     if not args.skip_peer:
         exe = shutil.which("transformers") or str(Path(sys.executable).parent / "transformers")
         port = free_port()
         peer_cmd = [exe, "serve", "--continuous-batching", model_dir, "--port", str(port), "--host", "127.0.0.1",
                     "--dtype", args.dtype, "--device", args.device]
-        peer = bench_server("transformers", peer_cmd, port, model_dir, args, env)
+        peer = bench_server("transformers", peer_cmd, port, model_dir, args, env, {})
     md = table(ours, peer)
     print(md)
     header = (f"\n### {time.strftime('%Y-%m-%d')} — {platform.machine()}, {os.cpu_count()} cores, "
