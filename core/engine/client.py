@@ -207,6 +207,42 @@ class EngineClient:
             if not done:
                 self.abort(request.request_id)
 
+    async def generate_many(self, requests: list[GenerateRequest]) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """Run several requests concurrently; yield ``(request index, event)`` as events arrive.
+
+        Closing the iterator early cancels every request (each stream aborts itself); the first
+        error of any request is raised.
+        """
+        if len(requests) == 1:  # the common case needs no tasks
+            async for event in self.generate(requests[0]):
+                yield 0, event
+            return
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump(i: int, request: GenerateRequest) -> None:
+            try:
+                async for event in self.generate(request):
+                    await queue.put((i, event, None))
+            except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+                await queue.put((i, None, exc))
+                return
+            await queue.put((i, None, None))
+
+        tasks = [asyncio.create_task(pump(i, r)) for i, r in enumerate(requests)]
+        remaining = len(tasks)
+        try:
+            while remaining:
+                i, event, exc = await queue.get()
+                if exc is not None:
+                    raise exc
+                if event is None:
+                    remaining -= 1
+                    continue
+                yield i, event
+        finally:
+            for task in tasks:
+                task.cancel()
+
     def abort(self, request_id: str) -> None:
         self.loop.submit(lambda: self.engine.abort(request_id))
 

@@ -11,7 +11,7 @@ from llmserve.errors import InvalidRequestError
 from llmserve.text.chat_template import message_text, render_chat
 
 from .params import chat_sampling, guided_mask, new_request, now
-from .streaming import SSE_HEADERS, TokenText, chat_logprobs, merge, sse, sse_error, to_error, usage_dict
+from .streaming import SSE_HEADERS, TokenText, chat_logprobs, sse, sse_error, to_error, usage_dict
 from .wire import ChatCompletionRequest
 
 
@@ -70,7 +70,7 @@ class Chat:
         n = req.sampling.n
         acc: dict[int, dict] = {}
         usage = (0, 0, 0)
-        async for _, event in merge(self.p.context.engine, [req]):
+        async for _, event in self.p.context.engine.generate_many([req]):
             for d in event.outputs:
                 if d.index >= n:
                     continue
@@ -109,7 +109,7 @@ class Chat:
             return sse(out)
 
         try:
-            async for _, event in merge(self.p.context.engine, [req]):
+            async for _, event in self.p.context.engine.generate_many([req]):
                 usage = (event.usage.prompt_tokens, event.usage.completion_tokens, event.usage.cached_tokens)
                 for d in event.outputs:
                     if d.index not in started:

@@ -12,7 +12,7 @@ from llmserve.errors import InvalidRequestError
 from llmserve.outputs import TokenLogprob
 
 from .params import completion_sampling, guided_mask, new_request, now
-from .streaming import SSE_HEADERS, TokenText, completion_logprobs, merge, sse, sse_error, to_error, usage_dict
+from .streaming import SSE_HEADERS, TokenText, completion_logprobs, sse, sse_error, to_error, usage_dict
 from .wire import CompletionRequest
 
 
@@ -89,7 +89,7 @@ class Completions:
         choices: dict[int, Choice] = {}
         prompt_lps: dict[int, list] = {}
         usage = [0, 0, 0]
-        async for i, event in merge(self.p.context.engine, reqs):
+        async for i, event in self.p.context.engine.generate_many(reqs):
             if event.prompt_logprobs is not None:
                 prompt_lps[i] = event.prompt_logprobs
             for d in event.outputs:
@@ -130,7 +130,7 @@ class Completions:
         offsets: dict[int, int] = {}
         totals: dict[int, tuple[int, int, int]] = {}
         try:
-            async for i, event in merge(self.p.context.engine, reqs):
+            async for i, event in self.p.context.engine.generate_many(reqs):
                 req = reqs[i]
                 totals[i] = (event.usage.prompt_tokens, event.usage.completion_tokens, event.usage.cached_tokens)
                 for d in event.outputs:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 from functools import lru_cache
-from typing import Any, AsyncIterator
+from typing import Any
 
 from llmserve.errors import LLMServeError
-from llmserve.outputs import RequestOutput, TokenLogprob
+from llmserve.outputs import TokenLogprob
 from llmserve.server.errors import to_error
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -34,42 +33,6 @@ def sse(obj: Any) -> str:
 
 def sse_error(error: LLMServeError) -> str:
     return sse({"error": {"message": error.message, "type": error.type, "param": error.param, "code": error.status}})
-
-
-async def merge(engine: Any, requests: list) -> AsyncIterator[tuple[int, RequestOutput]]:
-    """Run requests concurrently; yield ``(request index, event)`` as events arrive.
-
-    Closing the iterator early cancels every request (each engine stream aborts itself).
-    """
-    if len(requests) == 1:  # the common case needs no tasks
-        async for event in engine.generate(requests[0]):
-            yield 0, event
-        return
-    queue: asyncio.Queue = asyncio.Queue()
-
-    async def pump(i: int, request: Any) -> None:
-        try:
-            async for event in engine.generate(request):
-                await queue.put((i, event, None))
-        except BaseException as exc:  # noqa: BLE001 - forwarded to the consumer
-            await queue.put((i, None, exc))
-            return
-        await queue.put((i, None, None))
-
-    tasks = [asyncio.create_task(pump(i, r)) for i, r in enumerate(requests)]
-    remaining = len(tasks)
-    try:
-        while remaining:
-            i, event, exc = await queue.get()
-            if exc is not None:
-                raise exc
-            if event is None:
-                remaining -= 1
-                continue
-            yield i, event
-    finally:
-        for task in tasks:
-            task.cancel()
 
 
 class TokenText:
@@ -120,5 +83,5 @@ def usage_dict(prompt: int, completion: int, cached: int) -> dict:
             "prompt_tokens_details": {"cached_tokens": cached}}
 
 
-__all__ = ["dumps", "sse", "sse_error", "merge", "TokenText", "chat_logprobs", "completion_logprobs",
+__all__ = ["dumps", "sse", "sse_error", "TokenText", "chat_logprobs", "completion_logprobs",
            "usage_dict", "to_error", "SSE_HEADERS"]

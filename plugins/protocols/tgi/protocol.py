@@ -76,39 +76,6 @@ def parse(model: Any, body: Any) -> Any:
             [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)])) from None
 
 
-async def merge(engine: Any, requests: list) -> AsyncIterator[tuple[int, Any]]:
-    """Run requests concurrently; yield ``(request index, event)``. Leaving early aborts them all."""
-    if len(requests) == 1:
-        async for event in engine.generate(requests[0]):
-            yield 0, event
-        return
-    queue: asyncio.Queue = asyncio.Queue()
-
-    async def pump(i: int, request: Any) -> None:
-        try:
-            async for event in engine.generate(request):
-                await queue.put((i, event, None))
-        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
-            await queue.put((i, None, exc))
-            return
-        await queue.put((i, None, None))
-
-    tasks = [asyncio.create_task(pump(i, r)) for i, r in enumerate(requests)]
-    remaining = len(tasks)
-    try:
-        while remaining:
-            i, event, exc = await queue.get()
-            if exc is not None:
-                raise exc
-            if event is None:
-                remaining -= 1
-                continue
-            yield i, event
-    finally:
-        for task in tasks:
-            task.cancel()
-
-
 class TGIProtocol(Protocol):
     """Hugging Face text-generation-inference's native API."""
 
@@ -192,7 +159,7 @@ class TGIProtocol(Protocol):
         seqs = [Sequence(self.tokens, plan.prompt_ids, plan.top_n_tokens) for _ in reqs]
         prompt_lps: dict[int, Any] = {}
         first_token: float | None = None
-        async for i, event in merge(self.context.engine, reqs):
+        async for i, event in self.context.engine.generate_many(reqs):
             if event.prompt_logprobs is not None:
                 prompt_lps[i] = event.prompt_logprobs
             for delta in event.outputs:
