@@ -153,7 +153,8 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
     if _CURRENT is None:
         raise RuntimeError("llmserve paged attention called outside a backend step")
     if kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None:
-        raise NotImplementedError("attention softcapping / sinks are not supported by the torch backend")
+        # The loader refuses such models; this guards models that pass these per call only.
+        raise RuntimeError("attention softcapping / sinks are not supported by the torch backend")
     cache, meta = _CURRENT
     window = kwargs.get("sliding_window")
     _, H, T, D = query.shape

@@ -171,6 +171,11 @@ def load_model(config: Any) -> LoadedModel:
         tokenizer = AutoTokenizer.from_pretrained(hf_dir, trust_remote_code=trust)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot load model {source!r}: {exc}") from None
+    text_cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    if getattr(text_cfg, "attn_logit_softcapping", None) or any(hasattr(m, "sinks") for m in model.modules()):
+        # Refuse here rather than fail inside the first request's forward.
+        raise ConfigError(f"{type(model).__name__} uses attention softcapping or attention sinks, which the "
+                          "torch backend's paged attention does not support yet")
     model.set_attn_implementation(ATTN_IMPL)
     if getattr(model.config, "_attn_implementation", None) != ATTN_IMPL:
         raise ConfigError(f"{type(model).__name__} does not use transformers' attention interface")
