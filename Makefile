@@ -8,6 +8,11 @@ STAMP  := $(VENV)/.installed
 # aiperf (a load generator the TGI tests drive) pins huggingface_hub<2, which transformers
 # cannot use, so it lives in a venv of its own.
 AIPERF := .venv-aiperf/.installed
+# lm-eval (EleutherAI's harness, which tests/protocols/test_openai_lm_eval.py drives as a
+# subprocess) brings datasets, pandas and scikit-learn. It reaches the server over HTTP and
+# tokenizes through the server's /tokenize routes, so it needs no torch: a venv of its own
+# keeps its dependencies away from this venv's pins (about 1 min to install).
+LMEVAL := .venv-lmeval/.installed
 
 .PHONY: install serve test bench clean
 
@@ -29,16 +34,21 @@ $(AIPERF):
 	.venv-aiperf/bin/pip install --quiet aiperf
 	touch $(AIPERF)
 
+$(LMEVAL):
+	$(PYTHON) -m venv .venv-lmeval
+	.venv-lmeval/bin/pip install --quiet "lm_eval[api]==0.4.13"
+	touch $(LMEVAL)
+
 install: $(STAMP)
 
 serve: install
 	$(BIN)/llmserve serve $(ARGS)
 
-test: install $(AIPERF)
+test: install $(AIPERF) $(LMEVAL)
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/pytest -q $(PYTEST_ARGS)
 
 bench: install
 	$(BIN)/python bench/serve_bench.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) .venv-aiperf build *.egg-info
+	rm -rf $(VENV) .venv-aiperf .venv-lmeval build *.egg-info

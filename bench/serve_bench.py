@@ -19,7 +19,6 @@ import os
 import platform
 import shutil
 import socket
-import statistics
 import subprocess
 import sys
 import time

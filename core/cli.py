@@ -177,6 +177,7 @@ def config_show(config: Optional[Path] = CONFIG_OPTION,
     """Print the effective configuration and where each value came from."""
     cfg, sources = resolve_config(flags, config)
     values = cfg.model_dump(mode="json")
+    values["api_key"] = ["***"] * len(values["api_key"])  # secrets are never printed
     if as_json:
         typer.echo(json.dumps({k: {"value": values[k], "source": sources[k]} for k in FIELDS}, indent=2))
         return

@@ -72,6 +72,20 @@ class GenerationError(LLMServeError):
     type = "generation_error"
 
 
+class RequestTimeoutError(GenerationError):
+    """The request ran past the server's ``--request-timeout`` and was aborted (HTTP 408)."""
+
+    status = 408
+    type = "timeout_error"
+
+
+class ShuttingDownError(LLMServeError):
+    """The server stopped before this in-flight request finished (HTTP 503)."""
+
+    status = 503
+    type = "unavailable_error"
+
+
 class ConfigError(Exception):
     """Bad configuration or plugin set-up; the CLI prints the message as one line and exits."""
 

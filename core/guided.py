@@ -49,11 +49,16 @@ class GuidedSpec:
     ``param`` names the request field the constraint came from (``"guided_json"``,
     ``"response_format"``, ...); decoders put it in the ``InvalidRequestError`` they raise so
     the client learns which field is wrong. It is not part of the cache key.
+
+    ``compact`` asks for JSON without runs of whitespace (at most one whitespace character in
+    a row), for output that a program reads rather than a person: the server's own forced
+    tool-call JSON. A decoder that cannot honour it may ignore it.
     """
 
     kind: str
     value: Any = None
     param: str | None = None
+    compact: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -65,7 +70,7 @@ class GuidedSpec:
             text = json.dumps(self.value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         except (TypeError, ValueError):
             text = repr(self.value)
-        return self.kind, text
+        return (self.kind + "+compact" if self.compact else self.kind), text
 
 
 class GuidedDecoder(ABC):

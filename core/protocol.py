@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from fastapi import APIRouter, Request
@@ -41,6 +41,10 @@ class Protocol(ABC):
             def error_response(self, error, request):
                 return JSONResponse({"acme_error": error.message}, status_code=error.status)
     """
+
+    #: JSON schema of this dialect's error body, declared as every route's 4XX/5XX response in
+    #: the OpenAPI document. ``None`` means the OpenAI envelope (the default ``error_response``).
+    error_schema: ClassVar[dict[str, Any] | None] = None
 
     def __init__(self, context: "ServerContext", options: Any = None) -> None:
         self.context = context

@@ -96,4 +96,8 @@ class SamplingParams(BaseModel):
             err = exc.errors()[0]
             param = ".".join(str(p) for p in err["loc"]) or None
             msg = err["msg"].removeprefix("Value error, ")
+            if param is None and msg.split(" ", 1)[0] in cls.model_fields:
+                # A cross-field rule (best_of < n, min_tokens > max_tokens) has no location;
+                # its message starts with the field it blames.
+                raise InvalidRequestError(msg, param=msg.split(" ", 1)[0]) from None
             raise InvalidRequestError(f"{param}: {msg}" if param else msg, param=param) from None

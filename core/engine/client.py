@@ -10,19 +10,27 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections import deque
 from typing import AsyncIterator, Callable
 
 from llmserve.engine.engine import LLMEngine
-from llmserve.errors import EngineDeadError, InvalidRequestError
+from llmserve.errors import EngineDeadError, InvalidRequestError, LLMServeError, RequestTimeoutError
 from llmserve.outputs import RequestOutput
 from llmserve.request import GenerateRequest
+from llmserve.request_scope import current_scope
+from llmserve.request_log import note_output
 
 log = logging.getLogger("llmserve.engine")
 
 
 class EngineLoop(threading.Thread):
-    """Runs queued commands and engine steps until stopped or dead."""
+    """Runs queued commands and engine steps until stopped or dead.
+
+    ``num_running`` / ``num_waiting`` are the scheduler's sequence counts after the latest
+    step, written by this thread only (admission control reads them without a lock).
+    ``on_death`` callables run on this thread once, right after the loop died.
+    """
 
     def __init__(self, engine: LLMEngine) -> None:
         super().__init__(name="llmserve-engine", daemon=True)
@@ -30,10 +38,16 @@ class EngineLoop(threading.Thread):
         self._cv = threading.Condition()
         self._inbox: deque[Callable[[], None]] = deque()
         self._stopping = False
+        self._dead = False
         self.error: BaseException | None = None
+        self.num_running = 0
+        self.num_waiting = 0
+        self.on_death: list[Callable[[BaseException], None]] = []
 
     def submit(self, command: Callable[[], None]) -> None:
         with self._cv:
+            if self._dead:  # nobody would ever run it: fail now instead of hanging the caller
+                raise EngineDeadError("the engine is not running; the server is restarting")
             self._inbox.append(command)
             self._cv.notify()
 
@@ -57,15 +71,38 @@ class EngineLoop(threading.Thread):
                     command()
                 if engine.has_work:
                     engine.step()
+                self.num_running = engine.scheduler.num_running
+                self.num_waiting = engine.scheduler.num_waiting
         except BaseException as exc:  # noqa: BLE001 - the loop must report, not vanish
-            self.error = exc
-            log.exception("engine loop died")
-            dead = EngineDeadError("the engine failed and is restarting; retry the request")
-            for rid in list(engine.requests):
-                try:
-                    engine.abort(rid, error=dead)
-                except Exception:  # noqa: BLE001
-                    pass
+            self._die(exc)
+
+    def _die(self, exc: BaseException) -> None:
+        """Tell the listeners, then fail every request (the queued commands' included)."""
+        self.error = exc
+        log.error("engine loop died: %s: %s", type(exc).__name__, exc, exc_info=exc)
+        engine = self.engine
+        with self._cv:
+            self._dead = True
+            leftover = list(self._inbox)
+            self._inbox.clear()
+        # Listeners first, so anyone who sees a request fail already sees the death recorded.
+        for callback in list(self.on_death):
+            try:
+                callback(exc)
+            except Exception:  # noqa: BLE001
+                log.exception("engine death listener failed")
+        for command in leftover:  # e.g. add_request: run it so the request gets its error below
+            try:
+                command()
+            except Exception:  # noqa: BLE001
+                pass
+        dead = EngineDeadError("the engine failed and is restarting; retry the request")
+        for rid in list(engine.requests):
+            try:
+                engine.abort(rid, error=dead)
+            except Exception:  # noqa: BLE001
+                pass
+        self.num_running = self.num_waiting = 0
 
 
 class EngineClient:
@@ -76,6 +113,7 @@ class EngineClient:
         self.info = engine.info
         self.tokenizer = engine.info.tokenizer
         self.max_model_len = engine.max_model_len
+        self.refusal: LLMServeError | None = None  # set when shutdown aborted everything
         self.loop = EngineLoop(engine)
         self.loop.start()
 
@@ -181,9 +219,13 @@ class EngineClient:
                                       "/v1/embeddings, /score and /rerank, not generation", param="model")
         if self.is_dead:
             raise EngineDeadError("the engine is not running")
+        if self.refusal is not None:
+            raise self.refusal
         prompt_ids = list(self.prepare(request))
         aio = asyncio.get_running_loop()
         queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        scope = current_scope()  # the HTTP request's admission share and deadline, if any
+        deadline = scope.deadline if scope is not None else None
 
         def sink(out: RequestOutput) -> None:
             try:
@@ -192,18 +234,35 @@ class EngineClient:
                 pass
 
         self.loop.submit(lambda: self.engine.add_request(request, prompt_ids, sink))
+        pending_tokens = len(prompt_ids)  # waiting for prefill until the first event arrives
+        if scope is not None:
+            scope.add_waiting_tokens(pending_tokens)
         done = False
         try:
             while True:
-                out = await queue.get()
+                if deadline is None:
+                    out = await queue.get()
+                else:
+                    try:
+                        out = await asyncio.wait_for(queue.get(), max(0.0, deadline - time.monotonic()))
+                    except asyncio.TimeoutError:
+                        raise RequestTimeoutError("the request took longer than the server's request timeout "
+                                                  "and was aborted") from None
+                if scope is not None and pending_tokens:
+                    scope.remove_waiting_tokens(pending_tokens)
+                    pending_tokens = 0
                 if out.error is not None:
                     done = True
                     raise out.error
                 done = out.finished
+                if done:
+                    note_output(out)  # token counts and timings for the request log line
                 yield out
                 if done:
                     return
         finally:
+            if scope is not None and pending_tokens:
+                scope.remove_waiting_tokens(pending_tokens)
             if not done:
                 self.abort(request.request_id)
 
@@ -244,7 +303,25 @@ class EngineClient:
                 task.cancel()
 
     def abort(self, request_id: str) -> None:
-        self.loop.submit(lambda: self.engine.abort(request_id))
+        try:
+            self.loop.submit(lambda: self.engine.abort(request_id))
+        except EngineDeadError:
+            pass  # a dead engine already failed (and forgot) every request
+
+    def abort_all(self, error: LLMServeError, refuse_new: bool = False) -> None:
+        """Fail every request in the engine with ``error`` (shutdown past its timeout);
+        with ``refuse_new``, later ``generate()`` calls fail with it too."""
+        if refuse_new:
+            self.refusal = error
+
+        def command() -> None:
+            for rid in list(self.engine.requests):
+                self.engine.abort(rid, error=error)
+
+        try:
+            self.loop.submit(command)
+        except EngineDeadError:
+            pass
 
     async def check_idle(self) -> bool:
         """Run the engine's idle invariant check on the engine thread (for tests)."""

@@ -16,9 +16,10 @@ from typing import Any, Callable
 
 from llmserve.engine.backend import Backend, KVCacheSpec, ModelInfo, StepItem, StepResult
 from llmserve.engine.block_manager import BlockManager
+from llmserve.engine.faults import FailingMask, FaultInjector, InjectedFault
 from llmserve.engine.scheduler import ScheduledSeq, Scheduler
 from llmserve.engine.sequence import Sequence
-from llmserve.errors import ConfigError, InvalidRequestError, LLMServeError
+from llmserve.errors import ConfigError, GenerationError, InvalidRequestError, LLMServeError
 from llmserve.outputs import RequestOutput, SequenceDelta, Timings, TokenLogprob, Usage
 from llmserve.request import GenerateRequest
 from llmserve.text.detokenizer import IncrementalDetokenizer
@@ -26,6 +27,35 @@ from llmserve.text.stop import StopChecker
 
 log = logging.getLogger("llmserve.engine")
 Sink = Callable[[RequestOutput], None]
+
+
+def request_failed() -> GenerationError:
+    # The cause goes to the log; clients get a message without internals.
+    return GenerationError("generation failed for this request; see the server log")
+
+
+class GuardedMask:
+    """Wraps a request's logits mask so that its failure fails that request, not the step.
+
+    The backend calls ``allowed`` in the middle of a batched step; an exception there would
+    take the whole batch (and the engine loop) down. Instead the error is kept, the sequence
+    is left unrestricted for this one token, and the engine fails the request after the step.
+    """
+
+    __slots__ = ("inner", "error")
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.error: BaseException | None = None
+
+    def allowed(self, output_token_ids: list[int]) -> list[int] | None:
+        if self.error is not None:
+            return None
+        try:
+            return self.inner.allowed(output_token_ids)
+        except Exception as exc:  # noqa: BLE001 - reported after the step, for this request only
+            self.error = exc
+            return None
 
 
 @dataclass(slots=True)
@@ -53,6 +83,7 @@ class RequestState:
     prompt_logprobs_done: bool = False
     first_sent: bool = False
     buffered: bool = False      # best_of > n: emit only the final, ranked result
+    last_emit: float | None = None  # metrics: when this request's previous output step went out
 
     @property
     def finished(self) -> bool:
@@ -68,6 +99,10 @@ class LLMEngine:
         self.tokenizer = info.tokenizer
         self.max_model_len = info.max_model_len
         self.block_size = int(getattr(config, "block_size", 16))
+        self.metrics: Any = None  # llmserve.server.metrics.Metrics, attached by the server
+        self.faults = FaultInjector.from_env()
+        if self.faults.active:
+            log.warning("fault injection is on (%s): for tests only", self.faults)
         self.pending_embeds: list[tuple[list[list[int]], Callable[[Any], None]]] = []
         self.embed_budget = int(getattr(config, "max_num_batched_tokens", 2048))
         if info.task == "embed":  # a pooling model: no KV cache, no decoding
@@ -114,10 +149,16 @@ class LLMEngine:
             return
         max_tokens = sp.max_tokens or (self.max_model_len - len(prompt_ids))
         arrival = time.time()
+        try:
+            masks = [self._mask(request) for _ in range(sp.num_sequences)]
+        except Exception:  # noqa: BLE001 - a broken mask plugin fails this request only
+            log.exception("request %s: building its logits mask failed", request.request_id)
+            sink(RequestOutput(request.request_id, finished=True, error=request_failed()))
+            return
         seqs = []
         for j in range(sp.num_sequences):
             seq = Sequence(request.request_id, prompt_ids, sp, index=j, priority=request.priority,
-                           arrival=arrival, mask=request.mask_factory() if request.mask_factory else None)
+                           arrival=arrival, mask=masks[j])
             seq.state = SeqState(
                 detok=IncrementalDetokenizer(self.tokenizer, prompt_ids, sp.skip_special_tokens,
                                              sp.spaces_between_special_tokens),
@@ -131,6 +172,11 @@ class LLMEngine:
         for seq in seqs:
             self.scheduler.add(seq)
 
+    def _mask(self, request: GenerateRequest) -> GuardedMask | None:
+        if self.faults.fails_mask(request.request_id):
+            return GuardedMask(FailingMask())
+        return GuardedMask(request.mask_factory()) if request.mask_factory else None
+
     def abort(self, request_id: str, reason: str = "abort", error: LLMServeError | None = None) -> None:
         """Finish every sequence of a request now and free its blocks (no-op if unknown)."""
         state = self.requests.pop(request_id, None)
@@ -139,6 +185,9 @@ class LLMEngine:
         for seq in state.seqs:
             self.scheduler.abort(seq)
         self.backend.release([s.seq_id for s in state.seqs])
+        if self.metrics is not None:
+            self.metrics.request_finished("error" if error is not None else "abort", state.timings,
+                                          len(state.prompt_ids), sum(s.num_output_tokens for s in state.seqs))
         if error is not None:
             state.sink(RequestOutput(request_id, finished=True, error=error, timings=state.timings))
 
@@ -195,31 +244,48 @@ class LLMEngine:
             if state is not None and state.timings.scheduled is None:
                 state.timings.scheduled = now
         items = [self._item(s) for s in scheduled]
-        results = self.backend.step(items)
+        self.faults.check_step(self.stats["steps"] + 1)
+        results = self.backend.step(items)  # an exception here is fatal: the loop reports it
         self.stats["steps"] += 1
         self.scheduler.on_step_done(scheduled)
         touched: dict[str, RequestState] = {}
         finished: list[Sequence] = []
+        failed: set[str] = set()
         now = time.time()
         for sched, result in zip(scheduled, results):
             seq = sched.seq
             state = self.requests.get(seq.request_id)
-            if state is None:
+            if state is None or seq.request_id in failed:
                 continue
-            if result.prompt_logprobs is not None and not state.prompt_logprobs_done:
-                self._add_prompt_logprobs(state, sched, result)
-            if result.token_id is not None:
-                if state.timings.first_token is None:
-                    state.timings.first_token = now
-                if self._append(seq, result):
-                    finished.append(seq)
-                touched[seq.request_id] = state
+            try:  # one request's failure (mask, detokenizer, stop check) must not end the others
+                if isinstance(seq.mask, GuardedMask) and seq.mask.error is not None:
+                    raise seq.mask.error
+                self.faults.check_request(seq.request_id)
+                if result.prompt_logprobs is not None and not state.prompt_logprobs_done:
+                    self._add_prompt_logprobs(state, sched, result)
+                if result.token_id is not None:
+                    if state.timings.first_token is None:
+                        state.timings.first_token = now
+                    if self._append(seq, result):
+                        finished.append(seq)
+                    touched[seq.request_id] = state
+            except Exception as exc:  # noqa: BLE001 - logged, the request fails alone
+                log.error("request %s failed: %s: %s", seq.request_id, type(exc).__name__, exc,
+                          exc_info=not isinstance(exc, InjectedFault))
+                failed.add(seq.request_id)
         for seq in finished:
             self.scheduler.finish(seq)
         if finished:
             self.backend.release([s.seq_id for s in finished])
+        for rid in failed:
+            touched.pop(rid, None)
+            self.abort(rid, error=request_failed())
         for state in touched.values():
-            self._emit(state)
+            try:
+                self._emit(state)
+            except Exception:  # noqa: BLE001 - same isolation for assembling the event
+                log.exception("request %s failed while assembling its output", state.request.request_id)
+                self.abort(state.request.request_id, error=request_failed())
 
     def _item(self, sched: ScheduledSeq) -> StepItem:
         seq = sched.seq
@@ -321,6 +387,15 @@ class LLMEngine:
             state.timings.finished = time.time()
             self.requests.pop(state.request.request_id, None)
             self.stats["prompt_tokens"] += len(state.prompt_ids)
+        if self.metrics is not None:  # plain counters and histograms: no locks on the engine thread
+            now = time.time()
+            if state.last_emit is not None:
+                self.metrics.token_step(now - state.last_emit)
+            state.last_emit = now
+            if finished:
+                reason = next((d.finish_reason for d in deltas if d.finish_reason), "stop")
+                self.metrics.request_finished(reason, state.timings, len(state.prompt_ids),
+                                              out.usage.completion_tokens, now)
         state.sink(out)
 
     def _ranked(self, state: RequestState, last: list[SequenceDelta]) -> list[SequenceDelta]:

@@ -13,6 +13,9 @@ from starlette.routing import BaseRoute
 from llmserve import __version__
 from llmserve.errors import ConfigError, LLMServeError, NotFoundError
 from llmserve.server.errors import openai_error_response, to_error
+from llmserve.server.guard import RequestGuard
+from llmserve.server.middleware import install as install_middleware
+from llmserve.server.openapi import OPENAI_ERROR_SCHEMA, declare_errors
 from llmserve.server.shared import mount_shared
 
 if TYPE_CHECKING:
@@ -36,10 +39,12 @@ def build_app(context: "ServerContext", protocols: "dict[str, Protocol]", lifesp
     owners: dict[object, "Protocol"] = {}   # route endpoint -> protocol that owns it
     claimed: dict[tuple[str, str], str] = {}
     shared_groups: dict[tuple[str, str], list] = {}
+    table: list[tuple[str, set[str], object]] = []  # (path, methods, endpoint) for the middleware
     for name, protocol in protocols.items():
         prefix = context.config.protocol_prefix.get(name, "").rstrip("/")
         router = protocol.router()
         for route in router.routes:
+            declare_errors(route, [protocol.error_schema or OPENAI_ERROR_SCHEMA])
             for claim in _claims(route, prefix):
                 if claim in claimed:
                     method, path = claim
@@ -52,6 +57,7 @@ def build_app(context: "ServerContext", protocols: "dict[str, Protocol]", lifesp
             endpoint = getattr(route, "endpoint", None)
             if endpoint is not None:
                 owners[endpoint] = protocol
+                table.append((prefix + getattr(route, "path", ""), set(getattr(route, "methods", None) or ()), endpoint))
         app.include_router(router, prefix=prefix)
         for shared in protocol.shared_routes():
             shared_groups.setdefault((shared.method.upper(), prefix + shared.path), []).append((protocol, shared))
@@ -60,15 +66,29 @@ def build_app(context: "ServerContext", protocols: "dict[str, Protocol]", lifesp
             raise ConfigError(f"{method} {path} is a shared route of {entries[0][0].__class__.__name__} but protocol "
                               f"'{claimed[(method, path)]}' also claims it outright")
         shared_router = APIRouter()
-        owners[mount_shared(shared_router, method, path, entries)] = entries[0][0]
+        shared_endpoint = mount_shared(shared_router, method, path, entries)
+        for route in shared_router.routes:
+            declare_errors(route, [p.error_schema or OPENAI_ERROR_SCHEMA for p, _ in entries])
+        owners[shared_endpoint] = entries[0][0]
+        table.append((path, {method}, shared_endpoint))
         app.include_router(shared_router)
     _add_schemas(app, [s.body_schema for group in shared_groups.values() for _, s in group if s.body_schema])
     app.state.owners = owners
+    app.state.route_table = table
     app.state.protocols = protocols
+
+    # An unrouted path answers in the format of the dialect whose routes share its longest
+    # fixed prefix ("/v2/models/x/nope" -> KServe), else OpenAI's.
+    families = sorted(((path.split("{")[0], owners[endpoint]) for path, _, endpoint in table
+                       if endpoint in owners and len(path.split("{")[0]) > 1), key=lambda f: -len(f[0]))
 
     def render(request: Request, exc: BaseException) -> Response:
         error = to_error(exc)
         owner = owners.get(request.scope.get("endpoint"))
+        if owner is None:
+            path = request.url.path
+            owner = next((p for prefix, p in families if path.startswith(prefix) and
+                          (prefix.endswith("/") or path[len(prefix):len(prefix) + 1] in ("", "/"))), None)
         if owner is None:
             return openai_error_response(error)
         return owner.error_response(error, request)
@@ -84,6 +104,10 @@ def build_app(context: "ServerContext", protocols: "dict[str, Protocol]", lifesp
     for exc_type in (LLMServeError, HTTPException, RequestValidationError, ValueError, TypeError, KeyError,
                      Exception):
         app.add_exception_handler(exc_type, on_error)
+    # Request scopes (admission, deadline) and abort-on-disconnect; added first so the guards
+    # below run before it and a refused request never holds capacity.
+    app.add_middleware(RequestGuard, context=context)
+    install_middleware(app, context)  # API keys, body limit, CORS, request log; raises on unsafe CORS
     return app
 
 

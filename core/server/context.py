@@ -7,6 +7,7 @@ from typing import Any
 
 from llmserve.config import ServerConfig
 from llmserve.errors import NotFoundError
+from llmserve.server.metrics import Metrics
 
 
 @dataclass
@@ -23,8 +24,33 @@ class ServerContext:
     registry: Any = None
     plugins: Any = None
     state: dict[str, Any] = field(default_factory=dict)
+    # Readiness (GET /ready): ``ready`` turns on once the model is loaded and the app started;
+    # set ``draining`` when shutting down so load balancers stop sending new requests.
     ready: bool = False
+    draining: bool = False
+    # Prometheus metrics (GET /metrics); admission control counts refusals with
+    # ``context.metrics.rejected(reason)``.
+    metrics: Metrics = field(default_factory=Metrics)
+    # Admission control (``llmserve.server.admission``): generation routes call
+    # ``context.admission.check(n)`` before any tokenizing or templating work.
+    admission: Any = field(default=None, repr=False)
     _guided: Any = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.admission is None:
+            from llmserve.server.admission import Admission
+
+            self.admission = Admission(self)
+
+    def sse_response(self, body: Any, headers: dict[str, str] | None = None) -> Any:
+        """A ``text/event-stream`` StreamingResponse over ``body`` with keep-alive pings
+        (``: ping`` after every ``--sse-ping-interval`` silent seconds). Every SSE route uses it."""
+        from starlette.responses import StreamingResponse
+
+        from llmserve.server.keepalive import with_pings
+
+        return StreamingResponse(with_pings(body, self.config.sse_ping_interval), media_type="text/event-stream",
+                                 headers=headers)
 
     @property
     def guided(self) -> Any:
@@ -37,6 +63,16 @@ class ServerContext:
                                           self.engine.tokenizer, self.model.vocab_size,
                                           list(self.model.eos_token_ids))
         return self._guided
+
+    def readiness(self) -> str | None:
+        """None when the server should get traffic, else why not (loading, draining, engine dead)."""
+        if self.draining:
+            return "draining"
+        if not self.ready or self.model is None or self.engine is None:
+            return "loading"
+        if getattr(self.engine, "is_dead", False):
+            return "engine dead"
+        return None
 
     @property
     def served_model_names(self) -> list[str]:

@@ -78,4 +78,6 @@ def error_headers(error: LLMServeError, headers: dict[str, str] | None = None) -
     out = dict(headers or {})
     if isinstance(error, OverloadedError):
         out.setdefault("Retry-After", "1")
+    if isinstance(error, UnauthorizedError):
+        out.setdefault("WWW-Authenticate", "Bearer")
     return out

@@ -60,7 +60,12 @@ def build_server(config: ServerConfig, plugins: PluginManager) -> tuple[Any, Ser
 
     for spec in config.plugins:
         plugins.load_spec(spec, "config")
+    for spec in config.tool_parser_plugin:
+        plugins.load_spec(spec, "--tool-parser-plugin")
     plugins.check()
+    if config.enable_auto_tool_choice and not config.tool_call_parser:
+        raise ConfigError("--enable-auto-tool-choice needs --tool-call-parser NAME "
+                          "(see `llmserve plugins` for the installed tool parsers)")
     registry = Registry.collect(plugins)
     options = plugin_options(config, registry)
     for kind, name in (("tool_parser", config.tool_call_parser), ("reasoning_parser", config.reasoning_parser)):
@@ -93,7 +98,10 @@ def build_server(config: ServerConfig, plugins: PluginManager) -> tuple[Any, Ser
     from llmserve.engine.client import EngineClient
     from llmserve.engine.engine import LLMEngine
 
-    context.engine = EngineClient(LLMEngine(backend, context.model, config))
+    engine = LLMEngine(backend, context.model, config)
+    context.metrics.resize(engine.max_model_len)
+    engine.metrics = context.metrics  # before the loop starts: the engine thread records into it
+    context.engine = EngineClient(engine)
     for plugin_name, hook in plugins.impls("startup"):
         try:
             hook(context=context)
@@ -105,9 +113,8 @@ def build_server(config: ServerConfig, plugins: PluginManager) -> tuple[Any, Ser
 
 def run_server(config: ServerConfig, plugins: PluginManager) -> int:
     """Build and run the server until it is stopped; return the process exit code."""
-    import uvicorn
+    from llmserve.server.lifecycle import serve
 
     setup_logging(config.log_level)
     app, context = build_server(config, plugins)
-    uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level)
-    return 0
+    return serve(app, context)  # drains on SIGTERM; exits non-zero when the engine died

@@ -17,6 +17,7 @@ from starlette.responses import Response
 
 from llmserve.errors import InvalidRequestError
 from llmserve.server.errors import to_error
+from llmserve.server.openapi import stream_responses
 
 if TYPE_CHECKING:
     from llmserve.protocol import Protocol
@@ -29,7 +30,8 @@ class SharedRoute:
     ``accepts(body)`` says whether this dialect handles a parsed JSON body; ``handler``
     serves it. ``describe`` names the body shape in the error shown when no dialect accepts
     a body (e.g. "a TGI body with `inputs`"). ``body_schema`` (a pydantic model) documents
-    the body in the OpenAPI document.
+    the body in the OpenAPI document; ``stream_media_type`` is the
+    media type of its streamed answers, if it streams.
     """
 
     method: str
@@ -38,6 +40,7 @@ class SharedRoute:
     handler: Callable[[Request, Any], Awaitable[Response]]
     describe: str = ""
     body_schema: Any = None
+    stream_media_type: str | None = None  # set when the route may answer with a stream
 
 
 def mount_shared(router: APIRouter, method: str, path: str,
@@ -71,6 +74,12 @@ def mount_shared(router: APIRouter, method: str, path: str,
         extra = {"requestBody": {"required": True, "content": {"application/json": {
             "schema": refs[0] if len(refs) == 1 else {"oneOf": refs}}}}}
     dispatch.__name__ = "shared_" + path.strip("/").replace("/", "_").replace("{", "").replace("}", "")
-    router.add_api_route(path, dispatch, methods=[method], openapi_extra=extra,
+    responses: dict = {}
+    for _, r in entries:
+        if r.stream_media_type:
+            for status, value in stream_responses(r.stream_media_type).items():
+                responses.setdefault(status, {"description": value["description"], "content": {}})
+                responses[status]["content"].update(value["content"])
+    router.add_api_route(path, dispatch, methods=[method], openapi_extra=extra, responses=responses or None,
                          summary=" / ".join(p.__class__.__name__ for p, _ in entries))
     return dispatch

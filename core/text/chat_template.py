@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import sys
+import time
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
@@ -33,6 +35,72 @@ class TemplateRaised(Exception):
     """A template called raise_exception(): its message is meant for the client."""
 
 
+class TemplateTooCostly(Exception):
+    """Rendering ran past its time cap or its output size cap."""
+
+
+# Largest prompt text a template may produce; far above any context window, far below a
+# memory problem. Checked as output is produced, and on `*` (string or list repetition).
+MAX_RENDER_CHARS = 16 * 1024 * 1024
+TEMPLATE_FILENAME = "<template>"  # what jinja2 names the code it compiles from a string
+
+
+def _checked_repeat(left: Any, right: Any) -> Any:
+    """``*`` in templates: refuse repetitions that would build a huge string or list at once."""
+    for seq, count in ((left, right), (right, left)):
+        if isinstance(seq, (str, list, tuple)) and isinstance(count, int) and len(seq) * max(count, 0) > MAX_RENDER_CHARS:
+            raise TemplateTooCostly(f"the chat template builds a value of more than {MAX_RENDER_CHARS} items")
+    return left * right
+
+
+def _checked_power(left: Any, right: Any) -> Any:
+    if isinstance(left, int) and isinstance(right, int) and abs(left) > 1 and right > 4096:
+        raise TemplateTooCostly("the chat template computes a number that is too large")
+    return left ** right
+
+
+class _Deadline:
+    """A trace function that stops template code once its time is up.
+
+    jinja2 compiles a template to Python functions whose code is named ``<template>``; only
+    those frames get line tracing, and every line (each loop iteration included, even of an
+    empty loop body) checks the clock. A thread cannot be killed from outside, so the check
+    has to run inside the rendering itself.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.deadline = time.monotonic() + seconds
+
+    def __call__(self, frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code.co_filename == TEMPLATE_FILENAME:
+            return self._line
+        return None
+
+    def _line(self, frame: Any, event: str, arg: Any) -> Any:
+        if time.monotonic() > self.deadline:
+            raise TemplateTooCostly(f"the chat template took longer than {self.seconds:g} s to render")
+        return self._line
+
+
+def _render_capped(template: Any, context: dict[str, Any], timeout: float | None) -> str:
+    parts: list[str] = []
+    size = 0
+    previous = sys.gettrace()
+    if timeout is not None:
+        sys.settrace(_Deadline(timeout))
+    try:
+        for chunk in template.generate(**context):
+            size += len(chunk)
+            if size > MAX_RENDER_CHARS:
+                raise TemplateTooCostly(f"the chat template produced more than {MAX_RENDER_CHARS} characters")
+            parts.append(chunk)
+    finally:
+        if timeout is not None:
+            sys.settrace(previous)
+    return "".join(parts)
+
+
 def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
             sort_keys: bool = False) -> str:
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
@@ -45,6 +113,12 @@ def compile_template(source: str) -> Any:
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    # The sandbox stops attribute escapes but not CPU or memory bombs: cap the two operators
+    # that build huge values in one step (the render deadline covers loops).
+    env.intercepted_binops = frozenset({"*", "**"})
+    env.call_binop = lambda context, op, left, right: (  # type: ignore[method-assign]
+        _checked_repeat(left, right) if op == "*" else _checked_power(left, right) if op == "**"
+        else env.binop_table[op](left, right))
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
@@ -63,8 +137,13 @@ def special_tokens(tokenizer: Any) -> dict[str, Any]:
 def render_chat(tokenizer: Any, messages: list[dict[str, Any]], *, tools: list[dict] | None = None,
                 add_generation_prompt: bool = True, continue_final_message: bool = False,
                 chat_template: str | None = None, template_kwargs: dict[str, Any] | None = None,
-                documents: list[dict] | None = None) -> str:
-    """Return the prompt text for ``messages``."""
+                documents: list[dict] | None = None, timeout: float | None = None) -> str:
+    """Return the prompt text for ``messages``.
+
+    ``timeout`` (seconds) caps the rendering time; past it, or past ``MAX_RENDER_CHARS`` of
+    output, the request fails with a 400. Run this off the event loop (``asyncio.to_thread``)
+    so that a slow template delays only its own request.
+    """
     if continue_final_message and add_generation_prompt:
         raise InvalidRequestError("continue_final_message and add_generation_prompt cannot both be true",
                                   param="continue_final_message")
@@ -75,12 +154,14 @@ def render_chat(tokenizer: Any, messages: list[dict[str, Any]], *, tools: list[d
     context = {**special_tokens(tokenizer), **(template_kwargs or {})}
     context.update(messages=messages, tools=tools, documents=documents, add_generation_prompt=add_generation_prompt)
     try:
-        text = compile_template(source).render(**context)
+        text = _render_capped(compile_template(source), context, timeout)
     except TemplateRaised as exc:
         raise InvalidRequestError(str(exc), param="messages") from None
+    except TemplateTooCostly as exc:
+        raise InvalidRequestError(f"{exc}; the request was refused", param="chat_template" if chat_template else "messages") from None
     except Exception as exc:  # noqa: BLE001 - a broken template is the caller's input
         raise InvalidRequestError(f"the chat template could not be rendered: {type(exc).__name__}: {exc}",
-                                  param="messages") from None
+                                  param="chat_template" if chat_template else "messages") from None
     if continue_final_message:
         # Cut everything the template appended after the final message's content.
         last = messages[-1].get("content") if messages else None

@@ -11,7 +11,8 @@ a stuck generation, and refuses (400) what it cannot enforce:
   normalized into the subset LMFE's parser handles (``{}``/``true`` -> any value, a type list
   -> ``anyOf``, ``oneOf`` -> ``anyOf``, ``allOf`` merged, missing ``type`` inferred, sibling
   keywords of ``anyOf`` pushed into its branches), and every sub-schema is built once;
-- integers never take a fraction or an exponent, ``1.e5`` is refused, objects take no
+- integers never take a fraction or an exponent, ``1.e5`` is refused, numbers take at most
+  16 digits before and 16 after the point and 3 in the exponent, objects take no
   trailing comma, and whitespace right after a string's opening quote counts towards its
   length (strict versions of LMFE's number, object and string states, which LMFE's
   ``get_parser`` is patched once per process to build);
@@ -30,10 +31,12 @@ most 12 whitespace characters follow each other (LMFE's defaults).
 from __future__ import annotations
 
 import logging
+import re
 import time
 from typing import Any, Callable
 
 from lmformatenforcer import JsonSchemaParser, RegexParser, TokenEnforcer, TokenEnforcerTokenizerData
+from lmformatenforcer.characterlevelparser import CharacterLevelParserConfig
 from lmformatenforcer import jsonschemaparser as _jsp
 from lmformatenforcer.consts import WHITESPACE_CHARACTERS
 from lmformatenforcer.tokenizerprefixtree import JsonFreetextTokenCache
@@ -48,6 +51,9 @@ log = logging.getLogger("llmserve.guided.lmfe")
 
 _PARTIAL = "\ufffd"  # what a token that is only part of a UTF-8 character decodes to
 _UNBOUNDED = 1 << 40
+_WS_RUN = re.compile(r"\s\s")
+_NUMBER_DIGITS = 16  # most digits before, and after, a number's decimal point
+_EXP_DIGITS = 3
 
 
 # -- LMFE fixes ----------------------------------------------------------------------------------
@@ -63,10 +69,20 @@ class _StrictNumber(_jsp.NumberParsingState):
     def get_allowed_characters(self) -> str:
         chars = super().get_allowed_characters()
         if not self.allow_floating_point:
-            return "".join(c for c in chars if c not in ".eE")
-        if self.parsed_string.endswith("."):
-            return "".join(c for c in chars if c not in "eE")
+            chars = "".join(c for c in chars if c not in ".eE")
+        elif self.parsed_string.endswith("."):
+            chars = "".join(c for c in chars if c not in "eE")
+        if self._digits_left() <= 0:
+            chars = "".join(c for c in chars if not c.isdigit())
         return chars
+
+    def _digits_left(self) -> int:
+        """Digits the current part of the number may still take: a small model otherwise
+        writes digits until max_tokens (beyond 16 they carry no precision in a double)."""
+        text = self.parsed_string.strip().lstrip("-")
+        if self.seen_exponent:
+            return _EXP_DIGITS - len(text.rpartition("e" if "e" in text else "E")[2].lstrip("+-"))
+        return _NUMBER_DIGITS - len(text.rpartition(".")[2])
 
 
 class _StrictObject(_jsp.ObjectParsingState):
@@ -225,11 +241,12 @@ class _Mask:
     a fixed one-token "prompt" plus the output, keep only the newest state, and replay when the
     output did not grow by exactly one token."""
 
-    __slots__ = ("_enforcer", "_prompt", "_key", "_allowed", "_eos", "_failed")
+    __slots__ = ("_enforcer", "_prompt", "_key", "_allowed", "_eos", "_failed", "_banned")
 
     def __init__(self, data: TokenEnforcerTokenizerData, parser: Any, eos: list[int],
-                 token_cache: dict | None = None) -> None:
+                 token_cache: dict | None = None, banned: frozenset[int] = frozenset()) -> None:
         self._enforcer = TokenEnforcer(data, parser)
+        self._banned = banned
         if token_cache is not None:  # allowed tokens per parser state, shared by the factory's masks
             self._enforcer.allowed_token_cache = token_cache
         self._prompt = (eos[0] if eos else 0,)
@@ -252,6 +269,8 @@ class _Mask:
             for end in range(start, len(key)):
                 enforcer.get_allowed_tokens(key[:end])
             allowed = enforcer.get_allowed_tokens(key).allowed_tokens
+            if self._banned:
+                allowed = [t for t in allowed if t not in self._banned] or allowed
         except Exception as exc:  # noqa: BLE001 - never take the engine down: end the sequence
             log.warning("guided decoding stopped a sequence: %s: %s", type(exc).__name__, exc)
             allowed, self._failed = list(self._eos), True
@@ -273,14 +292,16 @@ class _StateCache(dict):
 
 
 class _Factory:
-    __slots__ = ("data", "make_parser", "eos", "spec", "token_cache")
+    __slots__ = ("data", "make_parser", "eos", "spec", "token_cache", "banned")
 
-    def __init__(self, data: Any, make_parser: Callable[[], Any], eos: list[int], spec: GuidedSpec) -> None:
+    def __init__(self, data: Any, make_parser: Callable[[], Any], eos: list[int], spec: GuidedSpec,
+                 banned: frozenset[int] = frozenset()) -> None:
         self.data, self.make_parser, self.eos, self.spec = data, make_parser, eos, spec
         self.token_cache = _StateCache()
+        self.banned = banned
 
     def __call__(self) -> _Mask:
-        return _Mask(self.data, self.make_parser(), self.eos, self.token_cache)
+        return _Mask(self.data, self.make_parser(), self.eos, self.token_cache, self.banned)
 
     def __repr__(self) -> str:
         return f"<lm-format-enforcer {self.spec.kind} mask factory>"
@@ -298,6 +319,7 @@ class LMFormatEnforcerDecoder(GuidedDecoder):
         started = time.perf_counter()
         self.data = build_tokenizer_data(tokenizer, vocab_size, self.eos_token_ids)
         self.json_data = _json_tokenizer_data(self.data)
+        self.whitespace_runs = frozenset(t[0] for t in self.data.regular_tokens if _WS_RUN.search(t[1]))
         self.build_seconds = time.perf_counter() - started
         log.info("lm-format-enforcer: tokenizer tables for %d tokens built in %.2fs",
                  len(self.data.regular_tokens), self.build_seconds)
@@ -306,7 +328,13 @@ class LMFormatEnforcerDecoder(GuidedDecoder):
         param = spec.param or spec.kind
         if spec.kind in ("json_schema", "json_object"):
             schema = {"type": "object"} if spec.kind == "json_object" else prepare_schema(spec.value, spec.param)
-            return _Factory(self.json_data, lambda: JsonSchemaParser(schema), self.eos_token_ids, spec)
+            if not spec.compact:
+                return _Factory(self.json_data, lambda: JsonSchemaParser(schema), self.eos_token_ids, spec)
+            # LMFE's whitespace cap applies within a token but its state cache lets whole runs
+            # through, so tokens holding a run are also taken out of every mask.
+            config = CharacterLevelParserConfig(max_consecutive_whitespaces=1)
+            return _Factory(self.json_data, lambda: JsonSchemaParser(schema, config), self.eos_token_ids, spec,
+                            banned=self.whitespace_runs)
         if spec.kind == "choice":
             pattern = "(" + "|".join(escape_regex(c) for c in spec.value) + ")"
         elif spec.kind == "regex":

@@ -48,9 +48,11 @@ class MalformedBodyError(InvalidRequestError):
 
 
 class UnsupportedError(LLMServeError):
-    """A feature the dialect defines but this server does not implement (HTTP 501)."""
+    """A feature the dialect defines but this server does not implement. A 400, not a 501:
+    the request asks for something this server cannot do, and retrying it will not help
+    (Triton answers such requests with 400 too)."""
 
-    status = 501
+    status = 400
     type = "unsupported"
 
 

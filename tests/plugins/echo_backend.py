@@ -6,6 +6,9 @@ from a plugin file given with ``--plugin tests/plugins/echo_backend.py``.
 
 from __future__ import annotations
 
+import os
+import time
+
 from llmserve import hookimpl
 from llmserve.contributions import BackendSpec
 from llmserve.engine.backend import Backend, KVCacheSpec, ModelInfo, StepItem, StepResult
@@ -38,9 +41,16 @@ class ByteTokenizer:
 
 
 class EchoBackend(Backend):
-    """Keeps a token-level "KV cache" in block slots, so prefix hits and block tables are exercised."""
+    """Keeps a token-level "KV cache" in block slots, so prefix hits and block tables are exercised.
+
+    ``LLMSERVE_ECHO_STEP_DELAY`` (seconds) makes every step that long, like a real model, so
+    tests can catch requests while they wait or run.
+    """
+
+    step_delay = 0.0
 
     def load(self) -> ModelInfo:
+        self.step_delay = float(os.environ.get("LLMSERVE_ECHO_STEP_DELAY", "0") or 0)
         return ModelInfo(name="echo", path="echo://", max_model_len=int(getattr(self.config, "max_model_len", None) or 512),
                          vocab_size=257, eos_token_ids=[EOS], tokenizer=ByteTokenizer())
 
@@ -54,6 +64,8 @@ class EchoBackend(Backend):
         return table[pos // self.block_size] * self.block_size + pos % self.block_size
 
     def step(self, batch: list[StepItem]) -> list[StepResult]:
+        if self.step_delay:
+            time.sleep(self.step_delay)
         out = []
         for item in batch:
             for i, tok in enumerate(item.token_ids):

@@ -79,8 +79,7 @@ def test_errors_raise_and_keep_the_client_usable(client):
     with pytest.raises(InferenceServerException) as err:
         client.infer(MODEL, [text_input(b"x")], timeout=10**6)  # tritonclient means microseconds; we take seconds
     assert err.value.status() == "400" and "timeout" in err.value.message()
-    with pytest.raises(InferenceServerException) as err:
-        client.get_inference_statistics(MODEL)
-    assert err.value.status() == "501"
+    stats = client.get_inference_statistics(MODEL)["model_stats"][0]
+    assert stats["name"] == MODEL and int(stats["inference_count"]) >= 1
     # the same pooled connections still work
     assert client.infer(MODEL, [text_input(b"ok")]).as_numpy("text_output").tolist() == [b"ok"]

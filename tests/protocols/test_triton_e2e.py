@@ -148,7 +148,7 @@ def test_spec_multimodal_generate_example_is_rejected(smollm_server, model):
     body = {**GENERATE_EXAMPLE, "text_input": [{"type": "text", "text": "My name is Olivier and I"},
                                                {"type": "image_url", "image_url": "/xxxx/test.png"}]}
     r = post(smollm_server, f"/v2/models/{model}/generate", body)
-    assert r.status_code == 501 and "multimodal" in r.json()["error"]
+    assert r.status_code == 400 and "multimodal" in r.json()["error"]
 
 
 def test_spec_token_infer_example(smollm_server, model):

@@ -149,12 +149,10 @@ def test_unknown_model_or_version_is_404(client, method, path):
     assert_error(r, 404, "unknown model")
 
 
-def test_repository_index_and_unsupported_routes(client):
+def test_repository_index_and_wrong_methods(client):
     assert client.post("/v2/repository/index", content=b"").json() == [{"name": MODEL, "version": "1", "state": "READY"}]
     assert client.post("/v2/repository/index", json={"ready": True}).json()[0]["state"] == "READY"
     assert_error(client.post("/v2/repository/index", json={"ready": "maybe"}), 400, "ready")
-    assert_error(client.get("/v2/models/stats"), 501, "statistics")
-    assert_error(client.get(f"{BASE}/stats"), 501, "statistics")
     assert_error(client.post(f"{BASE}/ready"), 405)  # known path, wrong method: still the KServe format
 
 
@@ -306,7 +304,7 @@ def test_generate_malformed_bodies(client, route):
     too_long = {"text_input": "x" * (4 * 1024 * 1024 + 1)}
     assert_error(client.post(f"{BASE}/{route}", json=too_long), 400, "text_input")
     multimodal = {"text_input": [{"type": "text", "text": "hi"}, {"type": "image_url", "image_url": "/x.png"}]}
-    assert_error(client.post(f"{BASE}/{route}", json=multimodal), 501, "multimodal")
+    assert_error(client.post(f"{BASE}/{route}", json=multimodal), 400, "multimodal")
 
 
 # -- infer: JSON ------------------------------------------------------------------------------
@@ -425,7 +423,7 @@ def test_binary_header_length_errors(client):
     r = client.post(f"{BASE}/infer", content=head[:5] + b"xx", headers={"Inference-Header-Content-Length": "5"})
     assert_error(r, 400, "not valid JSON")
     assert_error(client.post(f"{BASE}/infer", content=b"\x00\x01", headers={"Content-Encoding": "gzip"}), 400, "gzip")
-    assert_error(client.post(f"{BASE}/infer", content=head, headers={"Content-Encoding": "br"}), 501, "br")
+    assert_error(client.post(f"{BASE}/infer", content=head, headers={"Content-Encoding": "br"}), 400, "br")
 
 
 INFER_INVALID = [
@@ -450,10 +448,10 @@ INFER_INVALID = [
     ({"inputs": [{"name": "text_input", "shape": [1], "datatype": "BYTES", "data": [""]}]}, 400, "must not be empty"),
     ({"inputs": [{"name": "text_input", "shape": [1], "datatype": "BYTES", "data": ["x" * 600]}]}, 400, "context length"),
     ({"inputs": [{"name": "input0", "shape": [1], "datatype": "UINT32",
-                  "parameters": {"shared_memory_region": "r"}}]}, 501, "shared-memory"),
+                  "parameters": {"shared_memory_region": "r"}}]}, 400, "shared-memory"),
     ({**token_infer([1]), "outputs": [{"name": "text_output"}]}, 400, "unexpected inference output 'text_output'"),
-    ({**token_infer([1]), "outputs": [{"name": "output0", "parameters": {"shared_memory_region": "r"}}]}, 501, "shared-memory"),
-    ({**token_infer([1]), "outputs": [{"name": "output0", "parameters": {"classification": 2}}]}, 501, "classification"),
+    ({**token_infer([1]), "outputs": [{"name": "output0", "parameters": {"shared_memory_region": "r"}}]}, 400, "shared-memory"),
+    ({**token_infer([1]), "outputs": [{"name": "output0", "parameters": {"classification": 2}}]}, 400, "classification"),
     ({**token_infer([1]), "id": "bad id!"}, 400, "id"),
     ({**token_infer([1]), "parameters": {"temperature": 0}}, 400, "parameters.temperature"),
     ({**token_infer([1]), "parameters": {"top_k": -1}}, 400, "parameters.top_k"),
@@ -495,3 +493,39 @@ def test_openapi_documents_every_triton_route_with_a_body_schema(client):
     assert "text_input" in gen["required"] and "timeout" in json.dumps(gen)
     assert "application/octet-stream" in paths["/v2/models/{model_name}/infer"]["post"]["requestBody"]["content"]
     assert '"#/$defs' not in json.dumps(spec)
+
+
+@pytest.mark.parametrize("encoding,compress", [("gzip", gzip.compress), ("deflate", zlib.compress)])
+def test_compressed_body_that_inflates_past_the_limit_is_413(echo_app, encoding, compress):
+    client, _ = echo_app(served_model_name=[MODEL], max_request_body_bytes=64 * 1024)
+    bomb = compress(b"\x00" * (2 * 1024 * 1024))  # 2 MiB of zeros in a few KiB
+    assert len(bomb) < 64 * 1024
+    r = client.post(f"{BASE}/infer", content=bomb, headers={"Content-Encoding": encoding,
+                                                            "Content-Type": "application/octet-stream"})
+    assert_error(r, 413, "inflates to more than 65536 bytes")
+    r = client.post(f"{BASE}/infer", content=compress(b"{" * 10), headers={"Content-Encoding": encoding})
+    assert_error(r, 400)  # small bodies still inflate and then parse (here: not JSON)
+
+
+def test_truncated_gzip_body_is_400(client):
+    data = gzip.compress(json.dumps(token_infer([104])).encode())
+    r = client.post(f"{BASE}/infer", content=data[:-12], headers={"Content-Encoding": "gzip"})
+    assert_error(r, 400, "gzip")
+
+
+def test_statistics_count_finished_requests(client):
+    def entry(path):
+        r = client.get(path)
+        assert r.status_code == 200, r.text
+        (stats,) = r.json()["model_stats"]
+        return stats
+
+    before = entry(f"{BASE}/stats")
+    assert before["name"] == MODEL and before["version"] == "1"
+    assert client.post(f"{BASE}/generate", json={"text_input": "hey"}).status_code == 200
+    after = entry("/v2/models/stats")
+    assert after["inference_count"] == before["inference_count"] + 1
+    success = after["inference_stats"]["success"]
+    assert success["count"] == after["inference_count"] and success["ns"] > 0
+    assert after["last_inference"] > 0 and after["inference_stats"]["queue"]["count"] >= 1
+    assert_error(client.get("/v2/models/other/stats"), 404, "unknown model")

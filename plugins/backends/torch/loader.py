@@ -142,14 +142,6 @@ def _resolve_source(model: str | None) -> tuple[str | None, str]:
     return None, os.path.basename(str(model).rstrip("/\\")) or str(model)
 
 
-def hf_directory(model: str | None, cache_dir: str | None = None) -> str:
-    """The HF directory (or hub id) transformers loads for ``model``, converting a GGUF first if needed."""
-    gguf_path, _ = _resolve_source(model)
-    if gguf_path is None:
-        return str(model)
-    return _convert_gguf(gguf_path, os.path.expanduser(cache_dir or "~/.cache/llmserve"))
-
-
 def load_model(config: Any) -> LoadedModel:
     """Load what ``config`` names onto its device with the paged attention wired in."""
     from transformers import AutoModelForCausalLM, AutoTokenizer

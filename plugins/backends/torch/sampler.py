@@ -284,6 +284,11 @@ class Sampler:
             rawrows = [i for i in want if params[i].logprobs_mode != "processed"]
             if rawrows and any(params[i].logprobs for i in rawrows):
                 lsm_r = torch.log_softmax(raw[rawrows], -1)
+                # Take the sampled token's value from the same tensor as its alternatives: the
+                # logsumexp form above can differ in the last digits, and clients compare the two
+                # (a greedy token must equal the best alternative).
+                for i, lp in zip(rawrows, lsm_r.gather(1, tok_col[rawrows])[:, 0].tolist()):
+                    lps[i] = lp
                 tops.update(zip(rawrows, _top_lists(lsm_r, [params[i].logprobs for i in rawrows])))
             for i in want:
                 tops.setdefault(i, [])

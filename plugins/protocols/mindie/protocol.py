@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Any, AsyncIterator
 
 from fastapi import APIRouter, Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from llmserve.errors import EngineDeadError, InvalidRequestError, LLMServeError
 from llmserve.protocol import Protocol
 from llmserve.request import GenerateRequest
 from llmserve.server.errors import error_headers, to_error
+from llmserve.server.openapi import SSE_RESPONSES
 
 from .._mindie_common import (
     MAX_INPUT_CHARS,
@@ -48,6 +49,9 @@ def mindie_status(error: LLMServeError) -> tuple[int, str]:
 
 
 class MindIEProtocol(Protocol):
+    error_schema = {"title": "MindIEError", "type": "object", "required": ["error", "error_type"],
+                    "properties": {"error": {"type": "string"}, "error_type": {"type": "string"}}}
+
     def _engine(self) -> Any:
         engine = self.context.engine
         if engine is None or engine.is_dead:
@@ -70,13 +74,14 @@ class MindIEProtocol(Protocol):
         prompt = self._prompt(body)
         p = body.parameters or InferParameters()
         engine = self._engine()
+        self.context.admission.check(1)  # before tokenizing
         ids = engine.encode(prompt)
         sampling, seed = build_sampling(p, len(ids), engine.max_model_len)
         req = GenerateRequest(prompt=prompt, prompt_token_ids=ids, sampling=sampling,
                               priority=priority(p.priority), deadline=deadline(p.timeout))
         engine.prepare(req, param="inputs")
         if body.stream:
-            return StreamingResponse(self._stream(req, p, seed), media_type="text/event-stream", headers=SSE_HEADERS)
+            return self.context.sse_response(self._stream(req, p, seed), headers=SSE_HEADERS)
         text, generated, reason = "", 0, None
         async for event in engine.generate(req):
             for d in event.outputs:
@@ -138,7 +143,7 @@ class MindIEProtocol(Protocol):
     def router(self) -> APIRouter:
         r = APIRouter()
 
-        @r.post("/infer", openapi_extra=openapi_body(InferBody))
+        @r.post("/infer", openapi_extra=openapi_body(InferBody), responses=SSE_RESPONSES)
         @self._guard
         async def mindie_infer(request: Request) -> Response:
             return await self.infer(request)

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import uuid
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import JSONResponse
 
 from llmserve.errors import InvalidRequestError
+from llmserve.guided import GuidedSpec
+from llmserve.parse_chain import ParseChain, openai_delta
 from llmserve.text.chat_template import message_text, render_chat
+from llmserve.tool_choice import ToolPlan, first_call_only, plan_tools
 
-from .params import chat_sampling, guided_mask, new_request, now
+from .params import chat_sampling, guided_mask, guided_spec, new_request, now
 from .streaming import SSE_HEADERS, TokenText, chat_logprobs, sse, sse_error, to_error, usage_dict
 from .wire import ChatCompletionRequest
 
@@ -26,7 +31,33 @@ class Chat:
             self._tt = TokenText(self.p.context.engine.tokenizer)
         return self._tt
 
-    def render(self, body: ChatCompletionRequest) -> tuple[str | None, list[int] | None]:
+    def plan(self, body: ChatCompletionRequest) -> ToolPlan:
+        cfg = self.p.context.config
+        return plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls,
+                          auto_enabled=cfg.enable_auto_tool_choice, tool_parser=cfg.tool_call_parser)
+
+    def parsers(self, body: ChatCompletionRequest, plan: ToolPlan, constrained: bool) -> Callable[[], ParseChain | None]:
+        """A factory of fresh parse chains (one per choice), or of None when nothing is parsed.
+
+        The reasoning parser stays out when the output is constrained (guided decoding or forced
+        tool calls): such output has no thinking to separate.
+        """
+        ctx = self.p.context
+        cfg, tokenizer = ctx.config, ctx.engine.tokenizer
+        tool_cls = (ctx.registry.load("tool_parser", cfg.tool_call_parser) if plan.mode == "auto" else None)
+        reasoning_cls = (ctx.registry.load("reasoning_parser", cfg.reasoning_parser)
+                         if cfg.reasoning_parser and not constrained else None)
+        if plan.mode == "none" and reasoning_cls is None:
+            return lambda: None
+
+        def make() -> ParseChain:
+            tool = plan.forced_parser() if plan.mode == "forced" else (
+                tool_cls(tokenizer, plan.offered) if tool_cls is not None else None)
+            reasoning = reasoning_cls(tokenizer, body.chat_template_kwargs or {}) if reasoning_cls else None
+            return ParseChain(tool, reasoning)
+        return make
+
+    def render(self, body: ChatCompletionRequest, plan: ToolPlan) -> tuple[str | None, list[int] | None]:
         if body.prompt_token_ids:
             return None, list(body.prompt_token_ids)
         if body.chat_template is not None and not self.p.context.config.trust_request_chat_template:
@@ -36,37 +67,59 @@ class Chat:
         for i, m in enumerate(body.messages):
             msg = m.model_dump(exclude_none=True)
             msg["content"] = message_text(m.content, i) or ""
+            for call in msg.get("tool_calls") or []:
+                _arguments_as_object(call)
             messages.append(msg)
         if body.disable_chat_template:
             return "\n".join(m["content"] for m in messages), None
-        tools = body.tools if body.tool_choice != "none" else None
-        text = render_chat(self.p.context.engine.tokenizer, messages, tools=tools,
+        text = render_chat(self.p.context.engine.tokenizer, messages, tools=plan.offered,
                            add_generation_prompt=body.add_generation_prompt is not False and not body.continue_final_message,
                            continue_final_message=bool(body.continue_final_message),
                            chat_template=body.chat_template, template_kwargs=body.chat_template_kwargs,
-                           documents=body.documents)
+                           documents=body.documents,
+                           timeout=self.p.context.config.chat_template_render_timeout)
         return text, None
 
     async def __call__(self, body: ChatCompletionRequest, request_id: str | None) -> Any:
         ctx = self.p.context
         model = ctx.check_model(body.model)
+        plan = self.plan(body)
+        if plan.schema is not None:
+            if guided_spec(body) is not None:
+                raise InvalidRequestError("tool_choice required or a named function cannot be combined with "
+                                          "guided decoding or a JSON response_format", param="tool_choice")
+            mask_factory = await asyncio.to_thread(ctx.guided.compile,
+                                                   GuidedSpec("json_schema", plan.schema, param="tool_choice",
+                                                              compact=True))
+        else:
+            mask_factory = await guided_mask(ctx, body)
+        make_chain = self.parsers(body, plan, constrained=mask_factory is not None)
+        probe = make_chain()
+        if probe is not None:
+            body = probe.adjust_request(body)  # e.g. keep the special tokens a parser looks for
         sampling = chat_sampling(body)
         if body.stream and sampling.num_sequences > sampling.n:
             raise InvalidRequestError("best_of > n is not supported when streaming", param="best_of")
-        mask_factory = await guided_mask(ctx, body)
-        prompt, prompt_ids = self.render(body)
+        # In a worker thread: rendering is capped (--chat-template-render-timeout), but even a
+        # capped template must not stall other requests on the event loop meanwhile.
+        prompt, prompt_ids = await asyncio.to_thread(self.render, body, plan)
         req = new_request(body, sampling, prompt=prompt, prompt_ids=prompt_ids, header_id=request_id,
                           add_special_tokens=False, mask_factory=mask_factory)
-        ctx.engine.prepare(req, param="messages")
+        try:
+            ctx.engine.prepare(req, param="messages")
+        except InvalidRequestError as exc:
+            if exc.param == "max_tokens" and body.max_completion_tokens is not None:
+                exc.param = "max_completion_tokens"  # name the field the client sent
+            raise
         rid = f"chatcmpl-{body.request_id or request_id or uuid.uuid4().hex}"
         head = {"id": rid, "object": "chat.completion", "created": now(), "model": model}
         if body.stream:
             head["object"] = "chat.completion.chunk"
-            return StreamingResponse(self._stream(body, req, head), media_type="text/event-stream",
-                                     headers=SSE_HEADERS)
-        return JSONResponse(await self._complete(body, req, head))
+            return ctx.sse_response(self._stream(body, req, head, make_chain, plan.parallel), headers=SSE_HEADERS)
+        return JSONResponse(await self._complete(body, req, head, make_chain, plan.parallel))
 
-    async def _complete(self, body: ChatCompletionRequest, req: Any, head: dict) -> dict:
+    async def _complete(self, body: ChatCompletionRequest, req: Any, head: dict,
+                        make_chain: Callable[[], ParseChain | None], parallel: bool) -> dict:
         n = req.sampling.n
         acc: dict[int, dict] = {}
         usage = (0, 0, 0)
@@ -85,22 +138,24 @@ class Chat:
         for index in sorted(acc):
             c = acc[index]
             prefix = (body.messages[-1].content or "") if body.echo and isinstance(body.messages[-1].content, str) else ""
-            choice = {"index": index, "message": {"role": "assistant", "content": prefix + c["text"]},
+            message, called = _message(make_chain(), c["text"], c["ids"], prefix, parallel)
+            choice = {"index": index, "message": message,
                       "logprobs": {"content": chat_logprobs(c["lps"], self.tt), "refusal": None}
                       if body.logprobs else None,
-                      "finish_reason": c["finish"], "stop_reason": c["stop"]}
+                      "finish_reason": _finish(c["finish"], called), "stop_reason": c["stop"]}
             if body.return_token_ids:
                 choice["prompt_token_ids"] = req.prompt_token_ids
                 choice["token_ids"] = c["ids"]
             choices.append(choice)
         return {**head, "choices": choices, "usage": usage_dict(*usage)}
 
-    async def _stream(self, body: ChatCompletionRequest, req: Any, head: dict) -> AsyncIterator[str]:
+    async def _stream(self, body: ChatCompletionRequest, req: Any, head: dict,
+                      make_chain: Callable[[], ParseChain | None], parallel: bool) -> AsyncIterator[str]:
         opts = body.stream_options
         include_usage = bool(opts and opts.include_usage)
         continuous = bool(opts and opts.continuous_usage_stats)
         usage = (len(req.prompt_token_ids), 0, 0)
-        started: set[int] = set()
+        chains: dict[int, ParseChain | None] = {}
 
         def chunk(choice: dict) -> str:
             out = {**head, "choices": [choice]}
@@ -112,15 +167,25 @@ class Chat:
             async for _, event in self.p.context.engine.generate_many([req]):
                 usage = (event.usage.prompt_tokens, event.usage.completion_tokens, event.usage.cached_tokens)
                 for d in event.outputs:
-                    if d.index not in started:
-                        started.add(d.index)
+                    if d.index not in chains:
+                        chains[d.index] = make_chain()
                         first = {"role": "assistant", "content": ""}
                         if body.echo and isinstance(body.messages[-1].content, str):
                             first["content"] = body.messages[-1].content
                         yield chunk({"index": d.index, "delta": first, "logprobs": None, "finish_reason": None})
-                    delta: dict[str, Any] = {"content": d.text} if d.text or not d.finish_reason else {}
-                    choice = {"index": d.index, "delta": delta, "logprobs": None,
-                              "finish_reason": d.finish_reason}
+                    chain = chains[d.index]
+                    if chain is None:
+                        delta: dict[str, Any] = {"content": d.text} if d.text or not d.finish_reason else {}
+                        finish = d.finish_reason
+                    else:
+                        parsed = chain.feed(d.text, d.token_ids)
+                        if d.finish_reason:
+                            parsed.extend(chain.finish())
+                        delta = openai_delta(parsed if parallel else first_call_only(parsed)) or {}
+                        finish = _finish(d.finish_reason, chain.tools_called)
+                        if not delta and not d.finish_reason and not (body.logprobs and d.logprobs) and not body.return_token_ids:
+                            continue  # the parser holds the text back for now
+                    choice = {"index": d.index, "delta": delta, "logprobs": None, "finish_reason": finish}
                     if d.finish_reason:
                         choice["stop_reason"] = d.stop_reason
                     if body.logprobs and d.logprobs:
@@ -133,3 +198,42 @@ class Chat:
         except Exception as exc:  # noqa: BLE001 - after the 200, errors travel in-band
             yield sse_error(to_error(exc))
         yield "data: [DONE]\n\n"
+
+
+def _arguments_as_object(call: Any) -> None:
+    """History tool calls carry ``arguments`` as a JSON string; chat templates (Llama 3.1,
+    Qwen, Hermes...) expect the object, so a string holding an object is decoded."""
+    fn = call.get("function") if isinstance(call, dict) else None
+    if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
+        try:
+            value = json.loads(fn["arguments"])
+        except ValueError:
+            return  # not JSON: the template gets the text as sent
+        if isinstance(value, dict):
+            fn["arguments"] = value
+
+
+def _finish(reason: str | None, called: bool) -> str | None:
+    """``tool_calls`` when the model called tools, unless it was cut off (then ``length``)."""
+    return "tool_calls" if called and reason not in (None, "length") else reason
+
+
+def _message(chain: ParseChain | None, text: str, ids: list[int], prefix: str,
+             parallel: bool) -> tuple[dict[str, Any], bool]:
+    """The assistant message of one choice, and whether it called tools."""
+    if chain is None:
+        return {"role": "assistant", "content": prefix + text}, False
+    chain.feed(text, ids)
+    chain.finish()
+    result = chain.result()
+    calls = result["tool_calls"] if parallel else result["tool_calls"][:1]
+    content = result["content"]
+    if content is None and not calls and result["reasoning_content"] is None:
+        content = ""
+    message: dict[str, Any] = {"role": "assistant", "content": prefix + content if content is not None else
+                               (prefix or None)}
+    if chain.reasoning_parser is not None:
+        message["reasoning_content"] = result["reasoning_content"]
+    if calls:
+        message["tool_calls"] = calls
+    return message, bool(calls)

@@ -6,10 +6,11 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import JSONResponse
 
 from llmserve.errors import InvalidRequestError
 from llmserve.outputs import TokenLogprob
+from llmserve.parse_chain import ParseChain
 
 from .params import completion_sampling, guided_mask, new_request, now
 from .streaming import SSE_HEADERS, TokenText, completion_logprobs, sse, sse_error, to_error, usage_dict
@@ -71,10 +72,12 @@ class Completions:
             reqs.append(req)
         rid = f"cmpl-{base}"
         head = {"id": rid, "object": "text_completion", "created": now(), "model": model}
+        # With --reasoning-parser the thinking moves to reasoning_content (not for constrained output).
+        reasoner = (ctx.registry.load("reasoning_parser", ctx.config.reasoning_parser)
+                    if ctx.config.reasoning_parser and mask_factory is None else None)
         if body.stream:
-            return StreamingResponse(self._stream(body, reqs, head), media_type="text/event-stream",
-                                     headers=SSE_HEADERS)
-        return JSONResponse(await self._complete(body, reqs, head))
+            return ctx.sse_response(self._stream(body, reqs, head, reasoner), headers=SSE_HEADERS)
+        return JSONResponse(await self._complete(body, reqs, head, reasoner))
 
     def _prompt_text(self, req: Any) -> str:
         return req.prompt if req.prompt is not None else self.p.context.engine.decode(req.prompt_token_ids, False)
@@ -84,7 +87,7 @@ class Completions:
         lps += [None] * (len(req.prompt_token_ids) - len(lps))
         return list(zip(req.prompt_token_ids, lps))
 
-    async def _complete(self, body: CompletionRequest, reqs: list, head: dict) -> dict:
+    async def _complete(self, body: CompletionRequest, reqs: list, head: dict, reasoner: Any) -> dict:
         n = reqs[0].sampling.n
         choices: dict[int, Choice] = {}
         prompt_lps: dict[int, list] = {}
@@ -111,6 +114,10 @@ class Completions:
             prefix = self._prompt_text(req) if body.echo else ""
             item = {"index": index, "text": prefix + c.text, "logprobs": None,
                     "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+            if reasoner is not None:
+                parsed = ParseChain(None, reasoner(self.p.context.engine.tokenizer, {})).parse(c.text)
+                item["text"] = prefix + (parsed["content"] or "")
+                item["reasoning_content"] = parsed["reasoning_content"]
             if body.logprobs is not None:
                 items = self._echo_items(req, prompt_lps.get(index // n)) if body.echo else []
                 items += list(zip(c.token_ids, c.logprobs))
@@ -121,12 +128,13 @@ class Completions:
             out.append(item)
         return {**head, "choices": out, "usage": usage_dict(*usage)}
 
-    async def _stream(self, body: CompletionRequest, reqs: list, head: dict) -> AsyncIterator[str]:
+    async def _stream(self, body: CompletionRequest, reqs: list, head: dict, reasoner: Any) -> AsyncIterator[str]:
         n = reqs[0].sampling.n
         opts = body.stream_options
         include_usage = bool(opts and opts.include_usage)
         continuous = bool(opts and opts.continuous_usage_stats)
         started: set[int] = set()
+        chains: dict[int, ParseChain] = {}
         offsets: dict[int, int] = {}
         totals: dict[int, tuple[int, int, int]] = {}
         try:
@@ -136,6 +144,14 @@ class Completions:
                 for d in event.outputs:
                     index = i * n + d.index
                     text, items = d.text, list(zip(d.token_ids, d.logprobs or []))
+                    reasoning = None
+                    if reasoner is not None:
+                        chain = chains.get(index) or chains.setdefault(
+                            index, ParseChain(None, reasoner(self.p.context.engine.tokenizer, {})))
+                        parsed = chain.feed(text, d.token_ids)
+                        if d.finish_reason:
+                            parsed.extend(chain.finish())
+                        text, reasoning = parsed.content, parsed.reasoning or None
                     if index not in started:
                         started.add(index)
                         if body.echo:
@@ -143,6 +159,8 @@ class Completions:
                             items = self._echo_items(req, event.prompt_logprobs) + items
                     choice = {"index": index, "text": text, "logprobs": None,
                               "finish_reason": d.finish_reason, "stop_reason": d.stop_reason}
+                    if reasoner is not None:
+                        choice["reasoning_content"] = reasoning
                     if body.logprobs is not None:
                         choice["logprobs"] = completion_logprobs(items, self.tt, offsets.get(index, 0), body.logprobs)
                     offsets[index] = offsets.get(index, 0) + len(text)

@@ -65,7 +65,18 @@ def chat_sampling(body: ChatCompletionRequest) -> SamplingParams:
     elif body.top_logprobs:
         raise InvalidRequestError("top_logprobs requires logprobs to be true", param="top_logprobs")
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    return sampling_params(body, max_tokens, top)
+    # Errors name the kernel's fields; report the ones this request actually sent.
+    sent = {"logprobs": "top_logprobs"}
+    if body.max_completion_tokens is not None:
+        sent["max_tokens"] = "max_completion_tokens"
+    try:
+        return sampling_params(body, max_tokens, top)
+    except InvalidRequestError as exc:
+        if exc.param not in sent:
+            raise
+        name = sent[exc.param]
+        message = exc.message.replace(exc.param, name, 1) if exc.message.startswith(exc.param) else exc.message
+        raise InvalidRequestError(message, param=name) from None
 
 
 def guided_spec(body: SamplingFields) -> GuidedSpec | None:

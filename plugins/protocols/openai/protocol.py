@@ -12,6 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
 from llmserve.protocol import Protocol
+from llmserve.server.openapi import SSE_RESPONSES
 from llmserve.server.shared import SharedRoute
 from llmserve.server.errors import openai_error_response
 
@@ -20,6 +21,18 @@ from .completions import Completions
 from .pooling import EmbeddingRequest, Pooling, RerankRequest, ScoreRequest
 from .tokens import DetokenizeRequest, TokenizeRequest, Tokens, accepts_tokenize
 from .wire import ChatCompletionRequest, CompletionRequest
+
+
+def sequences(body: Any) -> int:
+    """Sequences one prompt of ``body`` generates (n, or best_of when larger), for admission."""
+    return max(body.n or 1, body.best_of or 1, 1)
+
+
+def prompt_count(prompt: Any) -> int:
+    """Prompts in a completions ``prompt``: a list of strings or of token lists is a batch."""
+    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+        return len(prompt)
+    return 1
 
 
 class OpenAIProtocol(Protocol):
@@ -39,12 +52,14 @@ class OpenAIProtocol(Protocol):
                 response.headers["X-Request-Id"] = rid
             return response
 
-        @router.post("/v1/chat/completions")
+        @router.post("/v1/chat/completions", responses=SSE_RESPONSES)
         async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
+            self.context.admission.check(sequences(body))  # before any templating or tokenizing
             return with_id(request, await chat(body, request.headers.get("x-request-id")))
 
-        @router.post("/v1/completions")
+        @router.post("/v1/completions", responses=SSE_RESPONSES)
         async def create_completion(body: CompletionRequest, request: Request) -> Response:
+            self.context.admission.check(sequences(body) * prompt_count(body.prompt))
             return with_id(request, await completions(body, request.headers.get("x-request-id")))
 
         @router.get("/v1/models")

@@ -48,7 +48,8 @@ class Tokens:
             text = render_chat(engine.tokenizer, messages, tools=body.tools,
                                add_generation_prompt=bool(body.add_generation_prompt) and not body.continue_final_message,
                                continue_final_message=bool(body.continue_final_message),
-                               template_kwargs=body.chat_template_kwargs)
+                               template_kwargs=body.chat_template_kwargs,
+                               timeout=ctx.config.chat_template_render_timeout)
             special = bool(body.add_special_tokens)  # the template already has its special tokens
         elif body.prompt is not None:
             text, special = body.prompt, body.add_special_tokens is not False

@@ -1,4 +1,4 @@
-"""Built-in ``ops`` protocol: the health routes every dialect's clients probe (/health, /ping)."""
+"""Built-in ``ops`` protocol: liveness (/health, /ping), readiness (/ready) and /metrics."""
 
 from llmserve import hookimpl
 from llmserve.contributions import ProtocolSpec
@@ -7,4 +7,4 @@ from llmserve.contributions import ProtocolSpec
 @hookimpl
 def register_protocols() -> list[ProtocolSpec]:
     return [ProtocolSpec(name="ops", target="llmserve.plugins.protocols.ops.routes:OpsProtocol",
-                         description="GET /health, GET|POST /ping (shared by the OpenAI, TGI and vLLM dialects)")]
+                         description="GET /health, GET|POST /ping (liveness), GET /ready (readiness), GET /metrics (Prometheus)")]

@@ -1,11 +1,18 @@
-"""Health routes: 200 with an empty body while the engine is alive, 503 once it is not."""
+"""Operations routes: liveness (/health, /ping), readiness (/ready) and Prometheus /metrics.
+
+/health and /ping answer 200 while the engine thread is alive (503 once it died) and never
+need an API key; /ready also says whether the server should get traffic (model loaded, not
+draining); /metrics needs a key unless the server runs with --public-metrics.
+"""
 
 from __future__ import annotations
 
 from fastapi import APIRouter
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from llmserve.protocol import Protocol
+from llmserve.server.metrics import CONTENT_TYPE
+from llmserve.server.middleware import public_route
 
 
 class OpsProtocol(Protocol):
@@ -15,19 +22,45 @@ class OpsProtocol(Protocol):
             return JSONResponse({"error": "unhealthy", "error_type": "healthcheck"}, status_code=503)
         return Response(status_code=200)
 
+    def _ready(self) -> Response:
+        reason = self.context.readiness()
+        if reason is not None:
+            return JSONResponse({"status": "not ready", "reason": reason}, status_code=503)
+        return JSONResponse({"status": "ready"}, status_code=200)
+
+    def _metrics(self) -> Response:
+        ctx = self.context
+        text = ctx.metrics.render(ctx.model_name, getattr(ctx.engine, "engine", None))
+        return Response(text, media_type=CONTENT_TYPE)
+
     def router(self) -> APIRouter:
         router = APIRouter()
+        # Liveness answers 200 with an empty body (what load balancers and vLLM clients expect).
+        HEALTH = {200: {"description": "Alive (empty body)"}}
 
-        @router.get("/health", include_in_schema=True)
+        @router.get("/health", response_class=Response, responses=HEALTH)
+        @public_route()
         async def health() -> Response:
             return self._health()
 
-        @router.get("/ping")
+        @router.get("/ping", response_class=Response, responses=HEALTH)
+        @public_route()
         async def ping() -> Response:
             return self._health()
 
-        @router.post("/ping")
+        @router.post("/ping", response_class=Response, responses=HEALTH)
+        @public_route()
         async def ping_post() -> Response:
             return self._health()
+
+        @router.get("/ready")
+        @public_route()
+        async def ready() -> Response:
+            return self._ready()
+
+        @router.get("/metrics", response_class=PlainTextResponse)
+        @public_route("metrics")
+        async def metrics() -> Response:
+            return self._metrics()
 
         return router

@@ -16,7 +16,7 @@ from typing import Any, AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from llmserve import __version__
 from llmserve.errors import (
@@ -30,6 +30,7 @@ from llmserve.errors import (
 )
 from llmserve.protocol import Protocol
 from llmserve.server.errors import error_headers, to_error, validation_to_error
+from llmserve.server.openapi import SSE_RESPONSES
 from llmserve.server.shared import SharedRoute
 
 from .params import Plan, validate
@@ -79,6 +80,9 @@ def parse(model: Any, body: Any) -> Any:
 class TGIProtocol(Protocol):
     """Hugging Face text-generation-inference's native API."""
 
+    error_schema = {"title": "TGIError", "type": "object", "required": ["error", "error_type"],
+                    "properties": {"error": {"type": "string"}, "error_type": {"type": "string"}}}
+
     def __init__(self, context: Any, options: TGIOptions | None = None) -> None:
         super().__init__(context, options)
         self.opts = options or TGIOptions()
@@ -95,13 +99,13 @@ class TGIProtocol(Protocol):
     def router(self) -> APIRouter:
         router = APIRouter(tags=["TGI"])
 
-        @router.post("/", summary="TGI compat route: a JSON list, or an SSE stream when `stream` is true")
+        @router.post("/", responses=SSE_RESPONSES, summary="TGI compat route: a JSON list, or an SSE stream when `stream` is true")
         async def compat_generate(body: TGICompatRequest) -> Response:
             if body.stream:
                 return await self.generate_stream(body, default_full_text=self.opts.compat_return_full_text)
             return await self.generate(body, as_list=True, default_full_text=self.opts.compat_return_full_text)
 
-        @router.post("/generate_stream", summary="TGI: SSE stream, one event per token")
+        @router.post("/generate_stream", responses=SSE_RESPONSES, summary="TGI: SSE stream, one event per token")
         async def generate_stream(body: TGIGenerateRequest) -> Response:
             return await self.generate_stream(body)
 
@@ -151,9 +155,15 @@ class TGIProtocol(Protocol):
     def _full(self, plan: Plan, text: str) -> str:
         return plan.inputs + text if plan.return_full_text else text
 
+    def _admit(self, body: TGIGenerateRequest) -> None:
+        """Admission first, before validation tokenizes (TGI clients expect 429 when full)."""
+        best_of = body.parameters.best_of if body.parameters is not None else None
+        self.context.admission.check(best_of if isinstance(best_of, int) and best_of > 1 else 1)
+
     async def generate(self, body: TGIGenerateRequest, as_list: bool = False,
                        default_full_text: bool = False) -> Response:
         start = time.time()
+        self._admit(body)
         plan = await self._plan(body, stream=False, default_full_text=default_full_text)
         reqs = self._prepared(plan)
         seqs = [Sequence(self.tokens, plan.prompt_ids, plan.top_n_tokens) for _ in reqs]
@@ -199,10 +209,11 @@ class TGIProtocol(Protocol):
         return JSONResponse([response] if as_list else response, headers=headers)
 
     async def generate_stream(self, body: TGIGenerateRequest, default_full_text: bool = False) -> Response:
+        self._admit(body)
         plan = await self._plan(body, stream=True, default_full_text=default_full_text)
         reqs = self._prepared(plan)
         headers = {**SSE_HEADERS, "x-compute-type": "llmserve", "x-compute-characters": str(len(plan.inputs))}
-        return StreamingResponse(self._stream(plan, reqs[0]), media_type="text/event-stream", headers=headers)
+        return self.context.sse_response(self._stream(plan, reqs[0]), headers=headers)
 
     async def _stream(self, plan: Plan, req: Any) -> AsyncIterator[str]:
         seq = Sequence(self.tokens, plan.prompt_ids, plan.top_n_tokens)

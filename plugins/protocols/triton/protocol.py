@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from fastapi import APIRouter, Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from llmserve import __version__
 from llmserve.errors import EngineDeadError, InvalidRequestError, LLMServeError, NotFoundError
@@ -18,6 +18,7 @@ from llmserve.outputs import RequestOutput
 from llmserve.protocol import Protocol
 from llmserve.request import GenerateRequest
 from llmserve.server.errors import error_headers, to_error
+from llmserve.server.openapi import SSE_RESPONSES
 
 from .._mindie_common import (
     MAX_INPUT_CHARS,
@@ -35,6 +36,7 @@ from .._mindie_common import (
     priority,
     sse,
 )
+from .stats import model_stats as stats_entry
 from .tensors import decompress, encode_binary, read_inputs, split_body
 from .wire import (
     GENERATE_PARAMETER_NAMES,
@@ -70,6 +72,9 @@ class Result:
 
 
 class TritonProtocol(Protocol):
+    error_schema = {"title": "KServeError", "type": "object", "required": ["error"],
+                    "properties": {"error": {"type": "string"}}}
+
     # -- model lookup -------------------------------------------------------------------------
     def _model(self, name: str, version: str | None = None) -> str:
         ctx = self.context
@@ -110,9 +115,9 @@ class TritonProtocol(Protocol):
                 "max_seq_len": info.max_model_len if info else None}
 
     # -- requests -----------------------------------------------------------------------------
-    @staticmethod
-    async def _raw(request: Request) -> bytes:
-        return decompress(await request.body(), request.headers.get("content-encoding"))
+    async def _raw(self, request: Request) -> bytes:
+        return decompress(await request.body(), request.headers.get("content-encoding"),
+                          self.context.config.max_request_body_bytes)
 
     def _request(self, params: Any, text: str | None = None, ids: list[int] | None = None,
                  param: str = TEXT_INPUT) -> GenerateRequest:
@@ -183,10 +188,11 @@ class TritonProtocol(Protocol):
         name = self._model(model_name, model_version)
         body = self._generate_body(load_json(raw))
         p = body.parameters or GenerateParameters()
+        self.context.admission.check(1)  # before tokenizing
         req = self._request(p, text=body.text_input)
         head = {"id": body.id or uuid.uuid4().hex, "model_name": name, "model_version": None}
         if stream:
-            return StreamingResponse(self._stream(head, req, p), media_type="text/event-stream", headers=SSE_HEADERS)
+            return self.context.sse_response(self._stream(head, req, p), headers=SSE_HEADERS)
         res = await self._collect(req)
         out: dict[str, Any] = {**head, "text_output": res.text}
         if p.details or p.perf_stat:
@@ -267,6 +273,7 @@ class TritonProtocol(Protocol):
                                           param="inputs")
             if not values:
                 raise InvalidRequestError(f"input '{TOKEN_INPUT}': no token ids", param="inputs")
+            self.context.admission.check(1)
             res = await self._collect(self._request(params, ids=[int(v) for v in values], param=TOKEN_INPUT))
             data: list[Any] = res.token_ids
             out_shape = [1, len(data)] if len(shape) == 2 else [len(data)]
@@ -280,6 +287,7 @@ class TritonProtocol(Protocol):
                     raise InvalidRequestError(f"input '{TEXT_INPUT}': not valid UTF-8 text", param="inputs") from None
             if not texts or any(not t for t in texts):
                 raise InvalidRequestError(f"input '{TEXT_INPUT}': prompts must not be empty", param="inputs")
+            self.context.admission.check(len(texts))  # before tokenizing
             reqs = [self._request(params, text=t) for t in texts]
             tasks = [asyncio.ensure_future(self._collect(r)) for r in reqs]
             try:
@@ -346,7 +354,8 @@ class TritonProtocol(Protocol):
         @r.get("/v2/models/stats")
         @self._guard
         async def all_stats() -> Response:
-            raise UnsupportedError("the statistics extension is not supported by this server")
+            return JSONResponse({"model_stats": [stats_entry(n, VERSION, self.context.metrics)
+                                                 for n in self.context.served_model_names]})
 
         # Versioned routes first: "{model_name:path}" also matches ".../versions/1".
         for prefix in (V, M):
@@ -366,8 +375,8 @@ class TritonProtocol(Protocol):
             return JSONResponse(self._config(self._model(model_name, model_version)))
 
         async def model_stats(model_name: str, model_version: str | None = None) -> Response:
-            self._model(model_name, model_version)
-            raise UnsupportedError("the statistics extension is not supported by this server")
+            name = self._model(model_name, model_version)
+            return JSONResponse({"model_stats": [stats_entry(name, VERSION, self.context.metrics)]})
 
         async def model_infer(request: Request, model_name: str, model_version: str | None = None) -> Response:
             return await self.infer(request, model_name, model_version)
@@ -389,7 +398,8 @@ class TritonProtocol(Protocol):
                   ("GET", "", model_metadata, None)]  # last: it matches every longer path too
         for method, suffix, endpoint, extra in routes:
             endpoint.__name__ = endpoint.__name__ + tag
-            r.add_api_route(prefix + suffix, guarded(self, endpoint), methods=[method], openapi_extra=extra)
+            r.add_api_route(prefix + suffix, guarded(self, endpoint), methods=[method], openapi_extra=extra,
+                            responses=SSE_RESPONSES if suffix == "/generate_stream" else None)
 
     def _guard(self, endpoint: Any) -> Any:
         return guarded(self, endpoint)

@@ -9,13 +9,12 @@ the bytes. Replies use the same layout for outputs asked for in binary.
 
 from __future__ import annotations
 
-import gzip
 import math
 import struct
 import zlib
 from typing import Any
 
-from llmserve.errors import InvalidRequestError
+from llmserve.errors import InvalidRequestError, PayloadTooLargeError
 
 from .._mindie_common import UnsupportedError, load_json
 
@@ -29,19 +28,30 @@ _INT_RANGES = {t: ((0, 2 ** (8 * struct.calcsize(STRUCT_CODES[t])) - 1) if t.sta
                          2 ** (8 * struct.calcsize(STRUCT_CODES[t]) - 1) - 1)) for t in INT_TYPES}
 
 
-def decompress(raw: bytes, encoding: str | None) -> bytes:
-    """Undo the request ``Content-Encoding`` tritonclient may apply (gzip or deflate)."""
+def decompress(raw: bytes, encoding: str | None, limit: int | None = None) -> bytes:
+    """Undo the request ``Content-Encoding`` tritonclient may apply (gzip or deflate).
+
+    ``limit`` caps the inflated size (a small compressed body can expand to gigabytes):
+    beyond it the request is refused with 413.
+    """
     if not encoding or encoding.strip().lower() in ("identity", ""):
         return raw
     enc = encoding.strip().lower()
+    if enc not in ("gzip", "deflate"):
+        raise UnsupportedError(f"unsupported Content-Encoding '{encoding}' (use gzip or deflate)")
+    # wbits: 16+ for a gzip wrapper, plain for zlib's deflate stream.
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS if enc == "gzip" else zlib.MAX_WBITS)
+    cap = limit if limit is not None else -1
     try:
-        if enc == "gzip":
-            return gzip.decompress(raw)
-        if enc == "deflate":
-            return zlib.decompress(raw)
-    except (OSError, zlib.error, EOFError):
+        out = inflater.decompress(raw, cap + 1 if cap >= 0 else 0)
+        if cap >= 0 and (len(out) > cap or inflater.unconsumed_tail):
+            raise PayloadTooLargeError(f"request body inflates to more than {cap} bytes")
+        out += inflater.flush()
+        if not inflater.eof:
+            raise InvalidRequestError(f"request body is not valid {enc} data (truncated)")
+    except zlib.error:
         raise InvalidRequestError(f"request body is not valid {enc} data") from None
-    raise UnsupportedError(f"unsupported Content-Encoding '{encoding}' (use gzip or deflate)")
+    return out
 
 
 def split_body(raw: bytes, header_length: str | None) -> tuple[Any, bytes]:

@@ -153,7 +153,7 @@ class VLLMNativeProtocol(Protocol):
             return isinstance(body, dict) and "prompt" in body
 
         return [SharedRoute("POST", "/generate", is_vllm, self.generate, "a vLLM body with `prompt`",
-                            VLLMGenerateRequest)]
+                            VLLMGenerateRequest, stream_media_type="text/plain")]
 
     def error_response(self, error: LLMServeError, request: Request | None) -> Response:
         return openai_error_response(error)
@@ -180,6 +180,7 @@ class VLLMNativeProtocol(Protocol):
         except ValidationError as exc:
             raise validation_to_error(RequestValidationError(
                 [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)])) from None
+        self.context.admission.check(max(body.n or 1, body.best_of or 1, 1))  # before tokenizing
         req = self._request(body)
         if body.stream:
             return StreamingResponse(self._stream(body.prompt, req), media_type="text/plain; charset=utf-8",

@@ -1,0 +1,190 @@
+"""Prometheus metrics: vLLM-compatible names, written in the text exposition format by hand.
+
+Two kinds of numbers end up on ``GET /metrics``:
+
+* values the engine already keeps (queue lengths, KV usage, prefix-cache and preemption
+  counters, token totals) are read at scrape time, without locks: each is a plain int or
+  a ``len()`` that the engine thread updates and the event loop only reads;
+* per-request observations (latency histograms, finished-request counts) are recorded by
+  the engine thread through ``Metrics.token_step`` / ``Metrics.request_finished``, and the
+  admission rejection count by the event loop through ``Metrics.rejected``. Each series has
+  exactly one writer thread, so plain ``+=`` is enough; a scrape may see a histogram's sum
+  one observation ahead of its count, which Prometheus tolerates.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from bisect import bisect_left
+from typing import Any, Iterable
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# Bucket bounds follow vLLM's, so dashboards built for it read ours unchanged.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+TOKEN_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                         10.0, 20.0, 40.0, 80.0)
+REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+                           120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+FINISH_REASONS = ("stop", "length", "abort", "error")
+
+
+def token_buckets(max_len: int) -> tuple[float, ...]:
+    """1-2-5 steps up to ``max_len`` (vLLM's buckets for token-count histograms)."""
+    out: list[float] = []
+    exponent = 0
+    while True:
+        for mantissa in (1, 2, 5):
+            value = mantissa * 10 ** exponent
+            if value > max_len:
+                return tuple(out)
+            out.append(float(value))
+        exponent += 1
+
+
+class Histogram:
+    """Fixed buckets; ``counts[i]`` holds observations in (bounds[i-1], bounds[i]], the last +Inf."""
+
+    __slots__ = ("name", "help", "bounds", "counts", "sum", "count")
+
+    def __init__(self, name: str, help_text: str, bounds: Iterable[float]) -> None:
+        self.name = name
+        self.help = help_text
+        self.bounds = tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        # bisect_left: a value equal to a bound belongs to that bound's bucket (le is inclusive).
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+        self.count += 1
+
+    def lines(self, labels: str) -> list[str]:
+        out = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
+        running = 0
+        counts = list(self.counts)  # one snapshot, so the buckets are monotonic
+        for bound, n in zip(self.bounds, counts):
+            running += n
+            out.append(f'{self.name}_bucket{{{labels},le="{_num(bound)}"}} {running}')
+        running += counts[-1]
+        out.append(f'{self.name}_bucket{{{labels},le="+Inf"}} {running}')
+        out.append(f"{self.name}_sum{{{labels}}} {_num(self.sum)}")
+        out.append(f"{self.name}_count{{{labels}}} {running}")
+        return out
+
+
+def _num(value: float) -> str:
+    if isinstance(value, float) and (math.isinf(value) or math.isnan(value)):
+        return "+Inf" if value > 0 else ("-Inf" if value < 0 else "NaN")
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        return f"{value:.1f}"
+    return repr(value)
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+class Metrics:
+    """The server's metrics. ``rejected(reason)`` is the admission-control entry point."""
+
+    def __init__(self, max_model_len: int = 8192) -> None:
+        self.success: dict[str, int] = {r: 0 for r in FINISH_REASONS}
+        self.last_finished: float | None = None  # wall time of the newest finished request
+        self.rejections: dict[str, int] = {}
+        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token in seconds.", TTFT_BUCKETS)
+        self.itl = Histogram("vllm:inter_token_latency_seconds", "Time between two output steps of a request "
+                             "in seconds.", TOKEN_LATENCY_BUCKETS)
+        # The older vLLM name of the same per-token interval, kept for existing dashboards.
+        self.tpot = Histogram("vllm:time_per_output_token_seconds", "Time per output token in seconds "
+                              "(same observations as vllm:inter_token_latency_seconds).", TOKEN_LATENCY_BUCKETS)
+        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "End-to-end request latency in the engine "
+                             "in seconds.", REQUEST_LATENCY_BUCKETS)
+        self.queue = Histogram("vllm:request_queue_time_seconds", "Time spent waiting before the first "
+                               "engine step in seconds.", REQUEST_LATENCY_BUCKETS)
+        self.prefill = Histogram("vllm:request_prefill_time_seconds", "Time from the first engine step to "
+                                 "the first token in seconds.", REQUEST_LATENCY_BUCKETS)
+        self.decode = Histogram("vllm:request_decode_time_seconds", "Time from the first to the last token "
+                                "in seconds.", REQUEST_LATENCY_BUCKETS)
+        self.resize(max_model_len)
+
+    def resize(self, max_model_len: int) -> None:
+        """Set the token-count buckets from the context length (called once the model is known)."""
+        bounds = token_buckets(max(1, int(max_model_len)))
+        self.prompt_len = Histogram("vllm:request_prompt_tokens", "Prompt tokens per request.", bounds)
+        self.gen_len = Histogram("vllm:request_generation_tokens", "Generated tokens per request.", bounds)
+
+    # -- writers ---------------------------------------------------------------------------------
+    def rejected(self, reason: str) -> None:
+        """Count one request refused by admission control (e.g. reason "queue_full")."""
+        self.rejections[reason] = self.rejections.get(reason, 0) + 1
+
+    def token_step(self, seconds: float) -> None:
+        """Engine thread: one output step of a request, ``seconds`` after its previous one."""
+        self.itl.observe(seconds)
+        self.tpot.observe(seconds)
+
+    def request_finished(self, reason: str, timings: Any, prompt_tokens: int, generation_tokens: int,
+                         now: float | None = None) -> None:
+        """Engine thread: a generate request ended (``reason`` is stop/length/abort/error)."""
+        now = now or time.time()
+        self.success[reason] = self.success.get(reason, 0) + 1
+        self.last_finished = now
+        arrival = timings.arrival or now
+        end = timings.finished or now
+        self.e2e.observe(max(0.0, end - arrival))
+        if timings.scheduled is not None:
+            self.queue.observe(max(0.0, timings.scheduled - arrival))
+        if timings.first_token is not None:
+            self.ttft.observe(max(0.0, timings.first_token - arrival))
+            self.decode.observe(max(0.0, end - timings.first_token))
+            if timings.scheduled is not None:
+                self.prefill.observe(max(0.0, timings.first_token - timings.scheduled))
+        self.prompt_len.observe(prompt_tokens)
+        self.gen_len.observe(generation_tokens)
+
+    # -- exposition -----------------------------------------------------------------------------
+    def render(self, model_name: str, engine: Any = None) -> str:
+        """The whole scrape, in the Prometheus text format (version 0.0.4)."""
+        labels = f'model_name="{_escape(model_name)}"'
+        out: list[str] = []
+
+        def gauge(name: str, help_text: str, value: float) -> None:
+            out.extend([f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name}{{{labels}}} {_num(float(value))}"])
+
+        def counter(name: str, help_text: str, values: dict[str, float] | float, label: str | None = None) -> None:
+            out.extend([f"# HELP {name} {help_text}", f"# TYPE {name} counter"])
+            if label is None:
+                out.append(f"{name}{{{labels}}} {_num(float(values))}")
+                return
+            for key, value in sorted(dict(values).items()):
+                out.append(f'{name}{{{labels},{label}="{_escape(key)}"}} {_num(float(value))}')
+
+        sched = getattr(engine, "scheduler", None)
+        blocks = getattr(engine, "block_manager", None)
+        stats = dict(getattr(engine, "stats", None) or {})
+        usage = float(blocks.usage) if blocks is not None else 0.0
+        gauge("vllm:num_requests_running", "Sequences in the running batch.", sched.num_running if sched else 0)
+        gauge("vllm:num_requests_waiting", "Sequences waiting to be scheduled.", sched.num_waiting if sched else 0)
+        gauge("vllm:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0 to 1).", usage)
+        gauge("vllm:gpu_cache_usage_perc", "Fraction of KV-cache blocks in use (0 to 1); older name of "
+              "vllm:kv_cache_usage_perc.", usage)
+        counter("vllm:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.",
+                getattr(blocks, "prefix_queried_tokens", 0))
+        counter("vllm:prefix_cache_hits_total", "Prompt tokens found in the prefix cache.",
+                getattr(blocks, "prefix_hit_tokens", 0))
+        counter("vllm:num_preemptions_total", "Sequences preempted (KV blocks reclaimed, recomputed later).",
+                getattr(sched, "num_preemptions_total", 0))
+        counter("vllm:prompt_tokens_total", "Prompt tokens of finished requests.", stats.get("prompt_tokens", 0))
+        counter("vllm:generation_tokens_total", "Generated tokens.", stats.get("generation_tokens", 0))
+        counter("vllm:request_success_total", "Finished requests by finish reason.", self.success, "finished_reason")
+        for hist in (self.ttft, self.itl, self.tpot, self.e2e, self.queue, self.prefill, self.decode,
+                     self.prompt_len, self.gen_len):
+            out.extend(hist.lines(labels))
+        counter("llmserve:admission_rejections_total", "Requests refused by admission control, by reason.",
+                self.rejections, "reason")
+        return "\n".join(out) + "\n"
