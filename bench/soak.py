@@ -116,6 +116,8 @@ def main() -> int:
     ap.add_argument("--model", default=None, help="model path (default: the embedded SmolLM2)")
     ap.add_argument("--server-arg", action="append", default=[], help="extra `llmserve serve` argument")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-pool-warmup", action="store_true",
+                    help="skip filling the KV pool with unique prompts before the 'after warm-up' RSS")
     ap.add_argument("--markdown", default=None, help="append a result section to this file")
     args = ap.parse_args()
 
@@ -182,6 +184,22 @@ def run(args: argparse.Namespace, proc: subprocess.Popen, url: str, port: int, l
     warm = asyncio.run(drive([(warm_routes[i % len(warm_routes)], False, random.Random(i))
                               for i in range(args.concurrency)]))
     assert all(r["status"] == 200 for r in warm), [r for r in warm if r["status"] != 200][:3]
+    if not args.no_pool_warmup:
+        # The KV pool's pages are committed by the OS on first write and the prefix cache walks
+        # the whole pool before reusing a block, so RSS climbs until every block has been used
+        # once. Unique prompts (no prefix-cache hits) fill the pool here, before "before".
+        words = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike".split()
+        per_request = 12  # blocks of 16 tokens a ~200-token prompt takes
+        warm_pool = []
+        for i in range(blocks // per_request + 1):
+            wr = random.Random(1_000_000 + i)
+            text = f"{i}: " + " ".join(wr.choice(words) for _ in range(190))
+            route = ("pool-warmup", "/v1/completions", {"model": model, "prompt": text, "max_tokens": 1})
+            warm_pool.append((route, False, wr))
+        t_pool = time.perf_counter()
+        warmed = asyncio.run(drive(warm_pool))
+        print(f"pool warm-up: {len(warm_pool)} unique prompts in {time.perf_counter() - t_pool:.0f} s", flush=True)
+        assert all(r["status"] == 200 for r in warmed), [r for r in warmed if r["status"] != 200][:3]
     rss_before = server.memory_info().rss
     t0 = time.perf_counter()
     results = asyncio.run(drive(plan, rss_marks))
