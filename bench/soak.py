@@ -22,7 +22,6 @@ import os
 import platform
 import random
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -31,22 +30,11 @@ from pathlib import Path
 import httpx
 import psutil
 
+from serve_bench import free_port, percentile  # bench/ is on sys.path when run as a script
+
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = ["Tell me about the sea.", "List three colours:", "The history of Rome began", "Write a haiku about autumn.",
            "def fibonacci(n):", "Once upon a time", "Explain photosynthesis briefly.", "My favourite food is"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    values = sorted(values)
-    return values[min(len(values) - 1, max(0, round(q / 100 * (len(values) - 1))))]
 
 
 def routes(model: str, prompt: str, max_tokens: int) -> list[tuple[str, str, dict]]:
