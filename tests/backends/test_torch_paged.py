@@ -21,17 +21,19 @@ VOCAB = 256
 
 
 def build_tiny_model(path: str, arch: str = "llama", **overrides: object) -> None:
-    """Save a 2-layer GQA model (Llama or Mistral) with random weights and a word-level tokenizer."""
+    """Save a 2-layer GQA model (Llama, Mistral, Qwen2 or Qwen3) with random weights and a
+    word-level tokenizer."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
-                              PreTrainedTokenizerFast)
+                              PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
+                              Qwen3ForCausalLM)
 
     cfg = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                initializer_range=0.2, tie_word_embeddings=False, eos_token_id=1, bos_token_id=0)
     cfg.update(overrides)
-    mistral = arch == "mistral"
-    config_cls, model_cls = (MistralConfig, MistralForCausalLM) if mistral else (LlamaConfig, LlamaForCausalLM)
+    config_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM), "mistral": (MistralConfig, MistralForCausalLM),
+                             "qwen2": (Qwen2Config, Qwen2ForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}[arch]
     torch.manual_seed(0)
     model_cls(config_cls(**cfg)).save_pretrained(path)
     tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t0"))
@@ -59,18 +61,22 @@ def reference(tiny_dir: str):
     return logits
 
 
-def make_backend(path: str, num_blocks: int = 64) -> TorchBackend:
-    backend = TorchBackend(SimpleNamespace(model=path, dtype="float32", device="cpu", max_model_len=None))
+def make_backend(path: str, num_blocks: int = 64, fused: bool = True, declines: bool = False) -> TorchBackend:
+    """``fused``: ask for the backend's own forward; ``declines``: the architecture must refuse it."""
+    backend = TorchBackend(SimpleNamespace(model=path, dtype="float32", device="cpu", max_model_len=None,
+                                           fused_forward=fused))
     backend.load()
+    assert (backend._fused is not None) == (fused and not declines)
     backend.init_kv_cache(KVCacheSpec(block_size=BS, num_blocks=num_blocks))
     # Simulate allocator garbage: never-written slots must not leak into attention (NaN * 0 = NaN).
     backend.cache.pool[:, :, :, :num_blocks].fill_(float("nan"))
     return backend
 
 
-@pytest.fixture()
-def backend(tiny_dir: str) -> TorchBackend:
-    b = make_backend(tiny_dir)
+@pytest.fixture(params=[True, False], ids=["fused", "transformers"])
+def backend(tiny_dir: str, request: pytest.FixtureRequest) -> TorchBackend:
+    """The backend with its own fused forward and with transformers' modules (both must agree)."""
+    b = make_backend(tiny_dir, fused=request.param)
     yield b
     b.close()
 
@@ -196,20 +202,50 @@ def test_max_model_len_capped(tiny_dir: str) -> None:
     assert b.load().max_model_len == 64
 
 
-def test_sliding_window_matches_reference(tmp_path) -> None:
-    """Mistral-style sliding window: chunked prefill and decode beyond the window."""
+ARCHITECTURES = [("mistral", {"sliding_window": 6}),                 # a window shorter than the prompt
+                 ("qwen2", {"use_sliding_window": True, "sliding_window": 6, "max_window_layers": 1,
+                            "layer_types": ["full_attention", "sliding_attention"]}),  # biased QKV, one windowed layer
+                 ("qwen3", {})]                                       # q/k norms: transformers' forward only
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "transformers"])
+@pytest.mark.parametrize("arch,overrides", ARCHITECTURES, ids=[a for a, _ in ARCHITECTURES])
+def test_architectures_match_reference(tmp_path, arch: str, overrides: dict, fused: bool) -> None:
+    """Other Llama-style architectures: chunked prefill and decode (beyond the window where one is set)."""
     from transformers import AutoModelForCausalLM
 
-    build_tiny_model(str(tmp_path), arch="mistral", sliding_window=6)
+    build_tiny_model(str(tmp_path), arch=arch, **overrides)
     ref_model = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    if arch == "qwen2":  # random biases, so a bias left out of the fused matmul shows
+        assert ref_model.model.layers[0].self_attn.q_proj.bias is not None
+        with torch.no_grad():
+            for layer in ref_model.model.layers:
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                    proj.bias.normal_(0, 0.5)
+        ref_model.save_pretrained(tmp_path)
     ids = seq(15, 17)
     with torch.inference_mode():
         want = ref_model(torch.tensor([ids])).logits[0]
-    b = make_backend(str(tmp_path))
+    b = make_backend(str(tmp_path), fused=fused, declines=arch == "qwen3")
     table = [4, 0, 7, 2, 9]
     parts = [b.forward_logits([item(0, ids[:9], 0, table)])[0], b.forward_logits([item(0, ids[9:15], 9, table)])[0]]
     parts += [b.forward_logits([item(0, [ids[p]], p, table)])[0] for p in (15, 16)]
     check(torch.cat(parts), want)
+
+
+def test_fused_weights_are_shared_with_the_transformers_model(tiny_dir: str, reference) -> None:
+    """Fusing re-points the model's own parameters at slices of the fused matrices: no second
+    copy, and the transformers model still computes the same logits."""
+    b = make_backend(tiny_dir, fused=True)
+    layer, fused = b.loaded.model.model.layers[0], b._fused.layers[0]
+    attn, mlp = layer.self_attn, layer.mlp
+    assert attn.q_proj.weight.data_ptr() == fused.qkv_w.data_ptr()
+    assert attn.v_proj.weight.data_ptr() + attn.v_proj.weight.numel() * 4 == fused.qkv_w.data_ptr() + fused.qkv_w.numel() * 4
+    assert mlp.gate_proj.weight.data_ptr() == fused.gu_w.data_ptr()
+    ids = seq(30, 9)
+    b.loaded.model.set_attn_implementation("sdpa")
+    with torch.inference_mode():
+        check(b.loaded.model(torch.tensor([ids])).logits[0], reference(ids))
 
 
 @pytest.mark.gpu

@@ -145,24 +145,20 @@ def step_context(cache: PagedKVCache, meta: StepMetadata) -> Iterator[None]:
         _CURRENT = None
 
 
-def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
-                            value: torch.Tensor, attention_mask: torch.Tensor | None,
-                            scaling: float | None = None, dropout: float = 0.0,
-                            **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """``query [1, H, T, D]``, ``key``/``value [1, kvh, T, D]`` (after RoPE) -> ``[1, T, H, D]``."""
-    if _CURRENT is None:
-        raise RuntimeError("llmserve paged attention called outside a backend step")
-    if kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None:
-        # The loader refuses such models; this guards models that pass these per call only.
-        raise RuntimeError("attention softcapping / sinks are not supported by the torch backend")
-    cache, meta = _CURRENT
-    window = kwargs.get("sliding_window")
-    _, H, T, D = query.shape
-    kvh = key.shape[1]
+def paged_attention(cache: PagedKVCache, meta: StepMetadata, layer: int, q: torch.Tensor, k: torch.Tensor,
+                    v: torch.Tensor, scaling: float | None = None, window: int | None = None) -> torch.Tensor:
+    """Attention of one layer over the paged cache: ``q [T, H, D]``, ``k``/``v [T, kvh, D]`` -> ``[T, H, D]``.
+
+    Writes the step's keys and values into their slots first, then attends: decode rows
+    (the first ``meta.num_decode``) over their gathered blocks, each prefill segment over its
+    own chunk or, when it continues a cached prefix, over its gathered blocks.
+    """
+    T, H, D = q.shape
+    kvh = k.shape[1]
     group = H // kvh
     bs = cache.block_size
-    blocks_view, slots_view = cache.layers[module.layer_idx]
-    slots_view.index_copy_(1, meta.slot_mapping, torch.cat((key[0], value[0])))
+    blocks_view, slots_view = cache.layers[layer]
+    slots_view.index_copy_(1, meta.slot_mapping, torch.cat((k, v), 1).transpose(0, 1))
 
     nd = meta.num_decode
     dec_out = None
@@ -170,34 +166,56 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
         keys, vals = cache.gather(blocks_view, meta.decode_blocks)
         keys, vals = keys.view(kvh, nd, -1, D), vals.view(kvh, nd, -1, D)
         # GQA without repeating K/V: a kv head's query group acts as a short query sequence.
-        q = query[0, :, :nd].view(kvh, group, nd, D).transpose(1, 2)      # [kvh, nd, G, D]
-        if q.device.type == "cpu" and CPU_MATMUL_DECODE:
+        qd = q[:nd].view(nd, kvh, group, D).transpose(0, 1)                # [kvh, nd, G, D]
+        if qd.device.type == "cpu" and CPU_MATMUL_DECODE:
             # Plain matmuls beat the CPU flash kernel on these many tiny (G x L) problems.
-            scores = torch.matmul(q, keys.transpose(-1, -2))
+            scores = torch.matmul(qd, keys.transpose(-1, -2))
             scores.mul_(D ** -0.5 if scaling is None else scaling).add_(meta.decode_mask(window, bs, scores.dtype))
             o = torch.matmul(torch.softmax(scores, -1, dtype=torch.float32).to(vals.dtype), vals)
         else:
-            o = F.scaled_dot_product_attention(q, keys, vals, attn_mask=meta.decode_mask(window, bs), scale=scaling)
-        dec_out = o.permute(1, 0, 2, 3).reshape(nd, H, D)
+            o = F.scaled_dot_product_attention(qd, keys, vals, attn_mask=meta.decode_mask(window, bs), scale=scaling)
+        dec_out = o.transpose(0, 1).reshape(nd, H, D)
         if not meta.prefills:
-            return dec_out.unsqueeze(0), None
+            return dec_out
 
-    out = query.new_empty(T, H, D)
+    out = q.new_empty(T, H, D)
     if dec_out is not None:
         out[:nd] = dec_out
     for seg in meta.prefills:
         rows = slice(seg.row, seg.row + seg.n)
-        q = query[:, :, rows]                                              # [1, H, n, D]
+        qs = q[rows].transpose(0, 1)[None]                                 # [1, H, n, D]
         if seg.blocks is None:
-            keys, vals = key[:, :, rows], value[:, :, rows]
+            keys, vals = k[rows].transpose(0, 1)[None], v[rows].transpose(0, 1)[None]
         else:
             ctx = seg.start + seg.n
             keys, vals = cache.gather(blocks_view, seg.blocks)
             keys, vals = keys[None, :, :ctx], vals[None, :, :ctx]
-        mask = seg.mask(window, query.device)
-        o = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask, is_causal=mask is None,
+        mask = seg.mask(window, q.device)
+        o = F.scaled_dot_product_attention(qs, keys, vals, attn_mask=mask, is_causal=mask is None,
                                            scale=scaling, enable_gqa=group > 1)
         out[rows] = o[0].transpose(0, 1)
+    return out
+
+
+def current_step() -> tuple[PagedKVCache, StepMetadata]:
+    """The cache and metadata of the step being run (raises outside a backend step)."""
+    if _CURRENT is None:
+        raise RuntimeError("llmserve paged attention called outside a backend step")
+    return _CURRENT
+
+
+def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                            value: torch.Tensor, attention_mask: torch.Tensor | None,
+                            scaling: float | None = None, dropout: float = 0.0,
+                            **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """transformers' attention interface: ``query [1, H, T, D]``, ``key``/``value [1, kvh, T, D]``
+    (after RoPE) -> ``[1, T, H, D]``."""
+    cache, meta = current_step()
+    if kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None:
+        # The loader refuses such models; this guards models that pass these per call only.
+        raise RuntimeError("attention softcapping / sinks are not supported by the torch backend")
+    out = paged_attention(cache, meta, module.layer_idx, query[0].transpose(0, 1), key[0].transpose(0, 1),
+                          value[0].transpose(0, 1), scaling, kwargs.get("sliding_window"))
     return out.unsqueeze(0), None
 
 

@@ -13,6 +13,7 @@ from llmserve.engine.backend import Backend, KVCacheSpec, ModelInfo, StepItem, S
 from llmserve.errors import ConfigError
 
 from .attention import PagedKVCache, PrefillSegment, StepMetadata, step_context
+from .fused import FusedDecoder
 from .loader import LoadedModel, load_model
 from .sampler import Sampler, prompt_logprobs
 
@@ -50,6 +51,7 @@ class TorchBackend(Backend):
         self.sampler: Sampler | None = None
         self._decoder: Any = None   # the base model (hidden states), set by load()
         self._lm_head: Any = None
+        self._fused: FusedDecoder | None = None  # our own forward, when the architecture allows
 
     # ------------------------------------------------------------------ lifecycle
     def load(self) -> ModelInfo:
@@ -60,6 +62,8 @@ class TorchBackend(Backend):
         self._decoder = (model.get_decoder() if hasattr(model, "get_decoder")
                          else getattr(model, model.base_model_prefix))
         self._lm_head = model.get_output_embeddings()
+        if getattr(self.config, "fused_forward", True):
+            self._fused = FusedDecoder.build(model)
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self._num_layers = int(cfg.num_hidden_layers)
         heads = int(cfg.num_attention_heads)
@@ -113,7 +117,7 @@ class TorchBackend(Backend):
     def close(self) -> None:
         device = self.loaded.device if self.loaded else None
         self.cache = self.loaded = self.sampler = None
-        self._decoder = self._lm_head = None
+        self._decoder = self._lm_head = self._fused = None
         if device is not None and device.type == "cuda":
             torch.cuda.empty_cache()
 

@@ -1,0 +1,84 @@
+"""Engine-step micro-benchmark: time (and optionally profile) the torch backend's batched step.
+
+Loads the model straight into ``TorchBackend`` (no server, no scheduler), prefills ``--batch``
+sequences of ``--context`` tokens, then times decode steps of the whole batch, the unit of
+work that decides throughput at high concurrency. ``--profile`` prints torch profiler's table
+of the most expensive operators for a few of those steps.
+
+    python bench/step_bench.py --batch 32 --context 200
+    python bench/step_bench.py --batch 1 --context 50 --profile
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from types import SimpleNamespace
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+from llmserve.engine.backend import KVCacheSpec, StepItem  # noqa: E402
+from llmserve.plugins.backends.torch.runner import TorchBackend  # noqa: E402
+from llmserve.sampling import SamplingParams  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None, help="HF dir or .gguf (default: the embedded SmolLM2)")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--context", type=int, default=200, help="tokens already in each sequence's cache")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--profile", action="store_true", help="print torch profiler's operator table")
+    args = ap.parse_args()
+
+    backend = TorchBackend(SimpleNamespace(model=args.model, dtype=args.dtype, device=args.device))
+    info = backend.load()
+    bs = args.block_size
+    per_seq = -(-(args.context + args.steps * 2 + 8) // bs)
+    backend.init_kv_cache(KVCacheSpec(block_size=bs, num_blocks=per_seq * args.batch))
+    greedy = SamplingParams(temperature=0.0, max_tokens=10_000)
+    gen = torch.Generator().manual_seed(0)
+    tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(args.batch)]
+    prompts = [torch.randint(100, info.vocab_size - 100, (args.context,), generator=gen).tolist()
+               for _ in range(args.batch)]
+    t0 = time.perf_counter()
+    for i in range(args.batch):  # prefill one by one (not what is measured)
+        backend.step([StepItem(seq_id=i, token_ids=prompts[i], start_pos=0, block_table=tables[i], sampling=greedy)])
+    print(f"prefill {args.batch} x {args.context} tokens: {time.perf_counter() - t0:.2f} s")
+    last = [p[-1] for p in prompts]
+    pos = [args.context] * args.batch
+
+    def step() -> float:
+        items = [StepItem(seq_id=i, token_ids=[last[i]], start_pos=pos[i], block_table=tables[i], sampling=greedy)
+                 for i in range(args.batch)]
+        s = time.perf_counter()
+        out = backend.step(items)
+        dt = time.perf_counter() - s
+        for i, r in enumerate(out):
+            last[i], pos[i] = r.token_id, pos[i] + 1
+        return dt
+
+    for _ in range(3):
+        step()
+    times = [step() for _ in range(args.steps)]
+    med = statistics.median(times)
+    print(f"decode step, batch {args.batch}, context ~{args.context}: median {med * 1e3:.1f} ms, "
+          f"min {min(times) * 1e3:.1f} ms -> {args.batch / med:.1f} tokens/s")
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(5):
+                step()
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+
+
+if __name__ == "__main__":
+    main()

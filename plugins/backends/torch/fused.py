@@ -1,0 +1,144 @@
+"""A hand-written forward for Llama-style decoders (Llama, Mistral, Qwen2, SmolLM...) with fused
+projections: one matmul for Q, K and V and one for the MLP's gate and up, fewer small ops per
+layer than transformers' modules. It reuses the loaded model's own weights (the fused matrices
+are built once and the original parameters become views of them, so memory does not grow and the
+transformers model stays usable) and its rotary embedding (every RoPE scaling variant it knows).
+
+``FusedDecoder.build(model)`` returns None for anything it does not recognise exactly; the
+runner then keeps transformers' forward with the paged attention plugged in.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .attention import PagedKVCache, StepMetadata, paged_attention
+
+log = logging.getLogger("llmserve.backend.torch")
+
+_ARCHITECTURES = {"llama", "mistral", "qwen2"}
+_LAYER_PARTS = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
+_ATTN_PARTS = {"q_proj", "k_proj", "v_proj", "o_proj", "rotary_fn"}
+_MLP_PARTS = {"gate_proj", "up_proj", "down_proj", "act_fn"}
+
+
+def _fuse(linears: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Concatenate the weights (and biases) of ``linears`` along the output dim; re-point each
+    module's parameters at its slice of the result so nothing is stored twice."""
+    weight = torch.cat([m.weight.data for m in linears])
+    has_bias = [m.bias is not None for m in linears]
+    if any(has_bias) and not all(has_bias):
+        raise ValueError("mixed biases")
+    bias = torch.cat([m.bias.data for m in linears]) if all(has_bias) else None
+    row = 0
+    for m in linears:
+        n = m.weight.shape[0]
+        m.weight.data = weight[row:row + n]
+        if bias is not None:
+            m.bias.data = bias[row:row + n]
+        row += n
+    return weight, bias
+
+
+class _Layer:
+    __slots__ = ("idx", "ln1", "ln2", "eps1", "eps2", "qkv_w", "qkv_b", "o_w", "o_b", "gu_w", "gu_b",
+                 "down_w", "down_b", "scaling", "window")
+
+
+class FusedDecoder:
+    """Runs the decoder stack of a Llama-style model over one packed step."""
+
+    def __init__(self, model: Any, cfg: Any) -> None:
+        base = model.get_decoder()
+        self.embed = base.embed_tokens
+        self.rotary = base.rotary_emb
+        self.norm_w, self.norm_eps = base.norm.weight, float(base.norm.variance_epsilon)
+        self.heads = int(cfg.num_attention_heads)
+        self.kv_heads = int(getattr(cfg, "num_key_value_heads", None) or self.heads)
+        self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads)
+        self.layers: list[_Layer] = []
+        for i, dec in enumerate(base.layers):
+            attn, mlp = dec.self_attn, dec.mlp
+            lay = _Layer()
+            lay.idx = int(attn.layer_idx)
+            lay.ln1, lay.eps1 = dec.input_layernorm.weight, float(dec.input_layernorm.variance_epsilon)
+            lay.ln2, lay.eps2 = dec.post_attention_layernorm.weight, float(dec.post_attention_layernorm.variance_epsilon)
+            lay.qkv_w, lay.qkv_b = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
+            lay.o_w, lay.o_b = attn.o_proj.weight, attn.o_proj.bias
+            lay.gu_w, lay.gu_b = _fuse([mlp.gate_proj, mlp.up_proj])
+            lay.down_w, lay.down_b = mlp.down_proj.weight, mlp.down_proj.bias
+            lay.scaling = float(attn.scaling)
+            # Qwen2 sets a window per layer; Mistral reads the config's for every layer.
+            lay.window = (getattr(attn, "sliding_window", None) if hasattr(attn, "sliding_window")
+                          else getattr(cfg, "sliding_window", None) if cfg.model_type == "mistral" else None)
+            self.layers.append(lay)
+
+    @classmethod
+    def build(cls, model: Any) -> "FusedDecoder | None":
+        """A fused decoder for ``model``, or None when it is not a plain Llama-style stack."""
+        cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        if getattr(cfg, "model_type", None) not in _ARCHITECTURES or getattr(cfg, "hidden_act", None) != "silu":
+            return None
+        try:
+            base = model.get_decoder()
+            layers = list(base.layers)
+            ok = all(hasattr(base, a) for a in ("embed_tokens", "rotary_emb", "norm")) and layers
+            for dec in layers:
+                parts = {n for n, _ in dec.named_children()}
+                ok = ok and parts == _LAYER_PARTS
+                ok = ok and {n for n, _ in dec.self_attn.named_children()} <= _ATTN_PARTS
+                ok = ok and {n for n, _ in dec.mlp.named_children()} == _MLP_PARTS
+                ok = ok and all(type(m).__name__.endswith("RMSNorm") and hasattr(m, "variance_epsilon")
+                                for m in (dec.input_layernorm, dec.post_attention_layernorm))
+                ok = ok and all(isinstance(getattr(dec.self_attn, p), torch.nn.Linear)
+                                for p in ("q_proj", "k_proj", "v_proj", "o_proj"))
+            ok = ok and type(base.norm).__name__.endswith("RMSNorm")
+            if not ok:
+                return None
+            fused = cls(model, cfg)
+        except (AttributeError, TypeError, ValueError) as exc:
+            log.info("fused decoder not used for %s: %s", type(model).__name__, exc)
+            return None
+        log.info("using the fused decoder forward for %s", type(model).__name__)
+        return fused
+
+    @staticmethod
+    def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        # transformers' order of operations: normalise in fp32, cast back, then scale.
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, weight.shape, weight, eps)
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+        return weight * h.to(x.dtype)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: PagedKVCache,
+                meta: StepMetadata) -> torch.Tensor:
+        """``input_ids``/``positions`` ``[T]`` -> final hidden states ``[T, hidden]``; writes the KV."""
+        T = input_ids.shape[0]
+        H, kvh, D = self.heads, self.kv_heads, self.head_dim
+        q_end, k_end = H * D, (H + kvh) * D
+        h = self.embed(input_ids)
+        cos, sin = self.rotary(h, positions[None])
+        cos, sin = cos[0, :, None, :], sin[0, :, None, :]      # [T, 1, D] over heads
+        half = D // 2
+        for lay in self.layers:
+            x = self._rms_norm(h, lay.ln1, lay.eps1)
+            qkv = F.linear(x, lay.qkv_w, lay.qkv_b)
+            # RoPE on queries and keys together: they sit side by side in qkv.
+            qk = qkv[:, :k_end].view(T, H + kvh, D)
+            rot = torch.cat((qk[..., half:].neg(), qk[..., :half]), -1)
+            qk = qk * cos
+            qk.addcmul_(rot, sin)
+            v = qkv[:, k_end:].view(T, kvh, D)
+            o = paged_attention(cache, meta, lay.idx, qk[:, :H], qk[:, H:], v, lay.scaling, lay.window)
+            h = h + F.linear(o.view(T, q_end), lay.o_w, lay.o_b)
+            x = self._rms_norm(h, lay.ln2, lay.eps2)
+            gu = F.linear(x, lay.gu_w, lay.gu_b)
+            inter = gu.shape[-1] // 2
+            act = F.silu(gu[:, :inter]).mul_(gu[:, inter:])
+            h = h + F.linear(act, lay.down_w, lay.down_b)
+        return self._rms_norm(h, self.norm_w, self.norm_eps)
