@@ -27,4 +27,6 @@ def test_wheel_install_imports_kernel_and_plugins(tmp_path):
     core_file, plugins_file, eps = out.stdout.splitlines()
     assert core_file == str(site / "llmserve" / "__init__.py")
     assert plugins_file == str(site / "llmserve" / "plugins" / "__init__.py")
+    # The native kernel's source ships with the wheel: it is compiled on the user's machine.
+    assert (site / "llmserve" / "plugins" / "backends" / "torch" / "csrc" / "paged_decode.c").is_file()
     assert {"openai", "tgi", "triton", "mindie", "torch", "ops"} <= set(eval(eps))

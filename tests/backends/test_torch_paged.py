@@ -61,22 +61,36 @@ def reference(tiny_dir: str):
     return logits
 
 
-def make_backend(path: str, num_blocks: int = 64, fused: bool = True, declines: bool = False) -> TorchBackend:
-    """``fused``: ask for the backend's own forward; ``declines``: the architecture must refuse it."""
+def make_backend(path: str, num_blocks: int = 64, fused: bool = True, declines: bool = False,
+                 kernel: bool = True) -> TorchBackend:
+    """``fused``: ask for the backend's own forward; ``declines``: the architecture must refuse it;
+    ``kernel``: decode attention in the native CPU kernel (which must then be built), else torch."""
     backend = TorchBackend(SimpleNamespace(model=path, dtype="float32", device="cpu", max_model_len=None,
                                            fused_forward=fused))
     backend.load()
     assert (backend._fused is not None) == (fused and not declines)
+    if backend._fused is not None:  # every step must then run the fused forward, never transformers'
+        def transformers_forward(*args: object, **kwargs: object) -> None:
+            raise AssertionError("transformers' forward ran although the fused forward was built")
+
+        backend._decoder = transformers_forward
     backend.init_kv_cache(KVCacheSpec(block_size=BS, num_blocks=num_blocks))
+    if kernel:
+        assert backend.cache.decode_kernel is not None, "the CPU decode kernel did not build (is gcc installed?)"
+    else:
+        backend.cache.decode_kernel = None
     # Simulate allocator garbage: never-written slots must not leak into attention (NaN * 0 = NaN).
     backend.cache.pool[:, :, :, :num_blocks].fill_(float("nan"))
     return backend
 
 
-@pytest.fixture(params=[True, False], ids=["fused", "transformers"])
+@pytest.fixture(params=[(True, True), (True, False), (False, False)],
+                ids=["fused-kernel", "fused-torch", "transformers-torch"])
 def backend(tiny_dir: str, request: pytest.FixtureRequest) -> TorchBackend:
-    """The backend with its own fused forward and with transformers' modules (both must agree)."""
-    b = make_backend(tiny_dir, fused=request.param)
+    """The backend with its own fused forward and with transformers' modules, decode attention in
+    the native kernel and in torch (all must agree)."""
+    fused, kernel = request.param
+    b = make_backend(tiny_dir, fused=fused, kernel=kernel)
     yield b
     b.close()
 

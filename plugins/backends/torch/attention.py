@@ -13,6 +13,8 @@ import torch.nn.functional as F
 ATTN_IMPL = "llmserve_paged"
 # CPU decode attention as plain matmuls (measured faster than SDPA there); a switch for benchmarks.
 CPU_MATMUL_DECODE = True
+# CPU fp32 decode attention with the native kernel (cpu_kernels.py) when it builds; tests flip it.
+CPU_DECODE_KERNEL = True
 
 
 class PagedKVCache:
@@ -38,6 +40,12 @@ class PagedKVCache:
         self.layers = [(kv.view(2 * kv_heads, num_blocks + 1, block_size, head_dim),
                         kv.view(2 * kv_heads, -1, head_dim)) for kv in self.pool]
         self._work = torch.empty(0, dtype=dtype, device=device)
+        # Decode attention read straight from the blocks (CPU fp32); None keeps the torch path.
+        self.decode_kernel = None
+        if device.type == "cpu" and dtype == torch.float32 and CPU_DECODE_KERNEL:
+            from .cpu_kernels import decode_kernel
+
+            self.decode_kernel = decode_kernel()
 
     @staticmethod
     def bytes_per_block(num_layers: int, block_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
@@ -162,7 +170,13 @@ def paged_attention(cache: PagedKVCache, meta: StepMetadata, layer: int, q: torc
 
     nd = meta.num_decode
     dec_out = None
-    if nd:
+    if nd and cache.decode_kernel is not None:
+        dec_out = q.new_empty(nd, H, D)
+        cache.decode_kernel(q[:nd].contiguous(), blocks_view, meta.decode_blocks, meta.decode_ctx, dec_out,
+                            D ** -0.5 if scaling is None else scaling, window)
+        if not meta.prefills:
+            return dec_out
+    elif nd:
         keys, vals = cache.gather(blocks_view, meta.decode_blocks)
         keys, vals = keys.view(kvh, nd, -1, D), vals.view(kvh, nd, -1, D)
         # GQA without repeating K/V: a kv head's query group acts as a short query sequence.

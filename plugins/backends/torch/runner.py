@@ -62,7 +62,9 @@ class TorchBackend(Backend):
         self._decoder = (model.get_decoder() if hasattr(model, "get_decoder")
                          else getattr(model, model.base_model_prefix))
         self._lm_head = model.get_output_embeddings()
-        if getattr(self.config, "fused_forward", True):
+        # LLMSERVE_FUSED_FORWARD=0 keeps transformers' modules (for comparisons and debugging).
+        default_fused = os.environ.get("LLMSERVE_FUSED_FORWARD", "1").lower() not in ("0", "false", "no", "off")
+        if getattr(self.config, "fused_forward", default_fused):
             self._fused = FusedDecoder.build(model)
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self._num_layers = int(cfg.num_hidden_layers)
@@ -200,6 +202,8 @@ class TorchBackend(Backend):
         input_ids, positions, meta, first_row = self._metadata(batch)
         if meta.fresh_blocks is not None:
             self.cache.zero_blocks(meta.fresh_blocks)
+        if self._fused is not None:
+            return self._fused.forward(input_ids, positions, self.cache, meta), first_row
         with step_context(self.cache, meta):
             out = self._decoder(input_ids=input_ids[None], position_ids=positions[None], use_cache=False)
         return out[0][0], first_row

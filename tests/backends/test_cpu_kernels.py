@@ -1,0 +1,123 @@
+"""The native CPU decode-attention kernel: built once, cached, equal to a plain-torch reference
+over block tables (GQA groups, sliding windows, scattered blocks), and optional."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from llmserve.plugins.backends.torch import cpu_kernels  # noqa: E402
+
+
+@pytest.fixture()
+def fresh_cache(tmp_path, monkeypatch):
+    """An empty kernel cache and no memoised library, so each test builds (or fails) itself."""
+    monkeypatch.setenv("LLMSERVE_KERNEL_CACHE", str(tmp_path / "kernels"))
+    monkeypatch.setattr(cpu_kernels, "_loaded", {})
+    return tmp_path / "kernels"
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    fn = cpu_kernels.decode_kernel()
+    assert fn is not None, "the kernel must build wherever the test suite runs (gcc is part of the set-up)"
+    return fn
+
+
+def reference(q, pool, tables, ctx, bs, scale, window):
+    """Attention of each sequence's one query row over its positions, read through its block table."""
+    nd, H, D = q.shape
+    kvh = pool.shape[0] // 2
+    G = H // kvh
+    out = torch.empty_like(q)
+    for i in range(nd):
+        L = int(ctx[i])
+        pos = torch.arange(max(0, L - window) if window else 0, L)
+        blk, off = tables[i][pos // bs], pos % bs
+        keys, vals = pool[:kvh, blk, off], pool[kvh:, blk, off]          # [kvh, n, D]
+        for h in range(H):
+            out[i, h] = torch.softmax(q[i, h] @ keys[h // G].T * scale, -1) @ vals[h // G]
+    return out
+
+
+CASES = [  # kv heads, group size, head dim, block size, window, sequences
+    (3, 3, 64, 16, None, 7),     # SmolLM2's shape
+    (2, 1, 32, 4, None, 5),      # no GQA
+    (2, 4, 64, 16, 5, 6),        # a window shorter than a block
+    (1, 2, 128, 8, 40, 4),       # a window spanning blocks
+    (4, 2, 16, 1, None, 9),      # one-token blocks
+]
+
+
+@pytest.mark.parametrize("kvh,G,D,bs,window,nd", CASES)
+def test_kernel_matches_reference(kernel, kvh, G, D, bs, window, nd) -> None:
+    gen = torch.Generator().manual_seed(kvh * 100 + D)
+    nblocks = 64
+    pool = torch.randn(2 * kvh, nblocks + 1, bs, D, generator=gen)
+    ctx = torch.randint(1, nblocks * bs // nd, (nd,), generator=gen)
+    ctx[0] = 1                                                     # a sequence at its first token
+    max_blocks = int(((ctx - 1) // bs + 1).max())
+    order = torch.randperm(nblocks, generator=gen)                  # scattered, out-of-order blocks
+    tables = torch.full((nd, max_blocks), nblocks, dtype=torch.long)  # padded with the null block
+    used = 0
+    for i in range(nd):
+        n = int((ctx[i] - 1) // bs + 1)
+        tables[i, :n] = order[used:used + n]
+        used += n
+    # Garbage beyond each context (never-written slots) must not leak in: NaN would show.
+    for i in range(nd):
+        L = int(ctx[i])
+        if L % bs:
+            pool[:, tables[i, (L - 1) // bs], L % bs:] = float("nan")
+    q = torch.randn(nd, kvh * G, D, generator=gen)
+    out = torch.full_like(q, float("nan"))
+    scale = D ** -0.5
+    kernel(q, pool, tables.flatten(), ctx, out, scale, window)
+    torch.testing.assert_close(out, reference(q, pool, tables, ctx, bs, scale, window), atol=1e-5, rtol=1e-5)
+
+
+def test_built_once_then_loaded_from_the_cache(fresh_cache, monkeypatch) -> None:
+    assert cpu_kernels.decode_kernel() is not None
+    built = list(fresh_cache.glob("paged_decode-*.so"))
+    assert len(built) == 1
+    # A second process (here: a cleared memo) must not compile again.
+    monkeypatch.setattr(cpu_kernels, "_loaded", {})
+
+    def no_compiler(*args, **kwargs):
+        raise AssertionError("compiled again")
+
+    monkeypatch.setattr(cpu_kernels.subprocess, "run", no_compiler)
+    assert cpu_kernels.decode_kernel() is not None
+    assert list(fresh_cache.glob("paged_decode-*.so")) == built
+
+
+def test_disabled_by_environment(fresh_cache, monkeypatch) -> None:
+    monkeypatch.setenv("LLMSERVE_CPU_KERNELS", "0")
+    assert cpu_kernels.decode_kernel() is None
+    assert not fresh_cache.exists()
+
+
+def test_a_failing_compiler_falls_back_with_a_warning(fresh_cache, monkeypatch, tmp_path, caplog) -> None:
+    broken = tmp_path / "broken-cc"
+    broken.write_text("#!/bin/sh\necho 'cc: fatal error: out of cheese' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    monkeypatch.setenv("CC", str(broken))
+    with caplog.at_level(logging.WARNING, logger="llmserve.backend.torch"):
+        assert cpu_kernels.decode_kernel() is None
+    assert "out of cheese" in caplog.text and "torch path" in caplog.text
+    assert not list(fresh_cache.glob("*.so"))
+
+
+def test_the_backend_falls_back_to_torch_without_the_kernel(monkeypatch) -> None:
+    from llmserve.plugins.backends.torch.attention import PagedKVCache
+
+    monkeypatch.setattr(cpu_kernels, "_loaded", {"decode": None})
+    cache = PagedKVCache(2, 8, 4, 2, 16, torch.float32, torch.device("cpu"))
+    assert cache.decode_kernel is None
+    monkeypatch.setattr(cpu_kernels, "_loaded", {})
+    assert PagedKVCache(2, 8, 4, 2, 16, torch.float32, torch.device("cpu")).decode_kernel is not None
+    # Only fp32 on the CPU uses it.
+    assert PagedKVCache(2, 8, 4, 2, 16, torch.bfloat16, torch.device("cpu")).decode_kernel is None
