@@ -121,3 +121,13 @@ def test_the_backend_falls_back_to_torch_without_the_kernel(monkeypatch) -> None
     assert PagedKVCache(2, 8, 4, 2, 16, torch.float32, torch.device("cpu")).decode_kernel is not None
     # Only fp32 on the CPU uses it.
     assert PagedKVCache(2, 8, 4, 2, 16, torch.bfloat16, torch.device("cpu")).decode_kernel is None
+
+
+def test_cache_falls_back_to_temp_when_home_is_not_writable(monkeypatch, tmp_path) -> None:
+    monkeypatch.delenv("LLMSERVE_KERNEL_CACHE", raising=False)
+    not_a_dir = tmp_path / "home"
+    not_a_dir.write_text("")  # ~/.cache cannot be created under a file, whoever runs the test
+    monkeypatch.setattr(cpu_kernels.Path, "home", staticmethod(lambda: not_a_dir))
+    monkeypatch.setattr(cpu_kernels.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
+    where = cpu_kernels._cache_dir()
+    assert where.parent == tmp_path / "tmp" and where.name.startswith("llmserve-kernels-")

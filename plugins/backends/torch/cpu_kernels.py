@@ -2,7 +2,8 @@
 
 Only what plain torch does badly on a CPU lives here: decode attention read straight from the
 paged KV pool (``csrc/paged_decode.c``). The shared library is built once per source, compiler
-flags and machine into ``~/.cache/llmserve/kernels`` (``LLMSERVE_KERNEL_CACHE`` overrides it)
+flags and machine into ``~/.cache/llmserve/kernels`` (``LLMSERVE_KERNEL_CACHE`` overrides it;
+a per-user temp folder when home is not writable)
 and loaded with ctypes, so there is no build step at install time and nothing to ship per CPU.
 Without a compiler, or with ``LLMSERVE_CPU_KERNELS=0``, ``decode_kernel()`` returns None and the
 backend keeps its torch path.
@@ -35,7 +36,19 @@ DecodeKernel = Callable[..., None]
 
 
 def _cache_dir() -> Path:
-    return Path(os.environ.get("LLMSERVE_KERNEL_CACHE") or Path.home() / ".cache" / "llmserve" / "kernels")
+    """``$LLMSERVE_KERNEL_CACHE``, else ``~/.cache/llmserve/kernels``, else (no writable home,
+    e.g. a locked-down service user) a per-user folder under the system temp dir."""
+    explicit = os.environ.get("LLMSERVE_KERNEL_CACHE")
+    if explicit:
+        return Path(explicit)
+    home = Path.home() / ".cache" / "llmserve" / "kernels"
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+        if os.access(home, os.W_OK):
+            return home
+    except OSError:
+        pass
+    return Path(tempfile.gettempdir()) / f"llmserve-kernels-{os.getuid() if hasattr(os, 'getuid') else 'user'}"
 
 
 def _build(compiler: str) -> Path:
