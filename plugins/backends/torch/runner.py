@@ -186,7 +186,14 @@ class TorchBackend(Backend):
         return t(ids), t(pos), meta, first_row
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self._lm_head(hidden).float()
+        head = self._lm_head
+        if (hidden.device.type == "cpu" and hidden.shape[0] <= 128 and type(head) is torch.nn.Linear
+                and head.bias is None):
+            # The vocab-sized matmul with the weight as the left operand: MKL handles this
+            # tall-skinny shape better on few rows (measured 10-25 ms off a batch-32 decode step).
+            logits = torch.mm(head.weight, hidden.t()).t().float()
+        else:
+            logits = head(hidden).float()
         if self._logit_scale is not None:
             logits = logits * self._logit_scale
         if self._softcap is not None:
