@@ -190,7 +190,7 @@ class TorchBackend(Backend):
         if (hidden.device.type == "cpu" and hidden.shape[0] <= 128 and type(head) is torch.nn.Linear
                 and head.bias is None):
             # The vocab-sized matmul with the weight as the left operand: MKL handles this
-            # tall-skinny shape better on few rows (measured 10-25 ms off a batch-32 decode step).
+            # tall-skinny shape better on few rows (logits + sampling of a batch-32 step: ~37 -> ~31 ms).
             logits = torch.mm(head.weight, hidden.t()).t().float()
         else:
             logits = head(hidden).float()
