@@ -277,3 +277,15 @@ def test_cuda_matches_cpu(tiny_dir: str, reference) -> None:
                   item(2, a, 0, [10, 11, 12], sampling=SamplingParams(temperature=0))])
     assert all(r.token_id is not None for r in res)
     b.close()
+
+
+@pytest.mark.parametrize("value,fused", [("0", False), ("off", False), ("1", True), (None, True)])
+def test_fused_forward_environment_switch(tiny_dir: str, monkeypatch, value: str | None, fused: bool) -> None:
+    """LLMSERVE_FUSED_FORWARD=0 keeps transformers' modules (the comparison the docs describe)."""
+    if value is None:
+        monkeypatch.delenv("LLMSERVE_FUSED_FORWARD", raising=False)
+    else:
+        monkeypatch.setenv("LLMSERVE_FUSED_FORWARD", value)
+    b = TorchBackend(SimpleNamespace(model=tiny_dir, dtype="float32", device="cpu", max_model_len=None))
+    b.load()
+    assert (b._fused is not None) == fused

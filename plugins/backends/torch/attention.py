@@ -13,8 +13,6 @@ import torch.nn.functional as F
 ATTN_IMPL = "llmserve_paged"
 # CPU decode attention as plain matmuls (measured faster than SDPA there); a switch for benchmarks.
 CPU_MATMUL_DECODE = True
-# CPU fp32 decode attention with the native kernel (cpu_kernels.py) when it builds; tests flip it.
-CPU_DECODE_KERNEL = True
 
 
 class PagedKVCache:
@@ -42,7 +40,7 @@ class PagedKVCache:
         self._work = torch.empty(0, dtype=dtype, device=device)
         # Decode attention read straight from the blocks (CPU fp32); None keeps the torch path.
         self.decode_kernel = None
-        if device.type == "cpu" and dtype == torch.float32 and CPU_DECODE_KERNEL:
+        if device.type == "cpu" and dtype == torch.float32:
             from .cpu_kernels import decode_kernel
 
             self.decode_kernel = decode_kernel()

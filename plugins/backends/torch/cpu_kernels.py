@@ -25,14 +25,15 @@ from typing import Callable
 
 import torch
 
+from . import switches
+
 log = logging.getLogger("llmserve.backend.torch")
 
 _SOURCE = Path(__file__).with_name("csrc") / "paged_decode.c"
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 _lock = threading.Lock()
-_loaded: dict[str, Callable[..., None] | None] = {}
-
 DecodeKernel = Callable[..., None]
+_loaded: dict[str, DecodeKernel | None] = {}
 
 
 def _cache_dir() -> Path:
@@ -82,7 +83,7 @@ def decode_kernel() -> DecodeKernel | None:
         if "decode" in _loaded:
             return _loaded["decode"]
         fn = None
-        if os.environ.get("LLMSERVE_CPU_KERNELS", "1").lower() in ("0", "false", "no", "off"):
+        if not switches.enabled(switches.CPU_KERNELS):
             log.info("native CPU kernels disabled by LLMSERVE_CPU_KERNELS")
         elif not (compiler := os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")):
             log.info("no C compiler found: decode attention stays on the torch path")

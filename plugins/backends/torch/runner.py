@@ -12,6 +12,7 @@ import torch
 from llmserve.engine.backend import Backend, KVCacheSpec, ModelInfo, StepItem, StepResult
 from llmserve.errors import ConfigError
 
+from . import switches
 from .attention import PagedKVCache, PrefillSegment, StepMetadata, step_context
 from .fused import FusedDecoder
 from .loader import LoadedModel, load_model
@@ -62,9 +63,7 @@ class TorchBackend(Backend):
         self._decoder = (model.get_decoder() if hasattr(model, "get_decoder")
                          else getattr(model, model.base_model_prefix))
         self._lm_head = model.get_output_embeddings()
-        # LLMSERVE_FUSED_FORWARD=0 keeps transformers' modules (for comparisons and debugging).
-        default_fused = os.environ.get("LLMSERVE_FUSED_FORWARD", "1").lower() not in ("0", "false", "no", "off")
-        if getattr(self.config, "fused_forward", default_fused):
+        if getattr(self.config, "fused_forward", switches.enabled(switches.FUSED_FORWARD)):
             self._fused = FusedDecoder.build(model)
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self._num_layers = int(cfg.num_hidden_layers)

@@ -1,0 +1,17 @@
+"""The torch backend's environment switches (for comparisons and debugging, not tuning knobs).
+
+``LLMSERVE_FUSED_FORWARD=0`` keeps transformers' modules instead of the fused forward;
+``LLMSERVE_CPU_KERNELS=0`` keeps decode attention on the torch path instead of the native kernel.
+"""
+
+from __future__ import annotations
+
+import os
+
+FUSED_FORWARD = "LLMSERVE_FUSED_FORWARD"
+CPU_KERNELS = "LLMSERVE_CPU_KERNELS"
+
+
+def enabled(name: str) -> bool:
+    """True unless the variable is set to 0 / false / no / off (any case)."""
+    return os.environ.get(name, "1").strip().lower() not in ("0", "false", "no", "off")
