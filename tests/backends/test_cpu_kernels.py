@@ -1,5 +1,6 @@
-"""The native CPU decode-attention kernel: built once, cached, equal to a plain-torch reference
-over block tables (GQA groups, sliding windows, scattered blocks), and optional."""
+"""The native CPU kernels: built once, cached, optional; decode attention equal to a plain-torch
+reference over block tables (GQA groups, sliding windows, scattered blocks, vector and portable
+loops) and the packed linear equal to torch's for every row/column remainder."""
 
 from __future__ import annotations
 
@@ -49,6 +50,9 @@ CASES = [  # kv heads, group size, head dim, block size, window, sequences
     (2, 4, 64, 16, 5, 6),        # a window shorter than a block
     (1, 2, 128, 8, 40, 4),       # a window spanning blocks
     (4, 2, 16, 1, None, 9),      # one-token blocks
+    (2, 2, 24, 4, None, 5),      # a head size that is not a multiple of 16 (vector tails)
+    (2, 3, 40, 8, 11, 4),        # ... with a window
+    (1, 3, 12, 4, 7, 4),         # not a multiple of 8: the portable loops
 ]
 
 
@@ -114,7 +118,7 @@ def test_a_failing_compiler_falls_back_with_a_warning(fresh_cache, monkeypatch, 
 def test_the_backend_falls_back_to_torch_without_the_kernel(monkeypatch) -> None:
     from llmserve.plugins.backends.torch.attention import PagedKVCache
 
-    monkeypatch.setattr(cpu_kernels, "_loaded", {"decode": None})
+    monkeypatch.setattr(cpu_kernels, "_loaded", {"paged_decode": None})
     cache = PagedKVCache(2, 8, 4, 2, 16, torch.float32, torch.device("cpu"))
     assert cache.decode_kernel is None
     monkeypatch.setattr(cpu_kernels, "_loaded", {})
@@ -131,3 +135,33 @@ def test_cache_falls_back_to_temp_when_home_is_not_writable(monkeypatch, tmp_pat
     monkeypatch.setattr(cpu_kernels.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
     where = cpu_kernels._cache_dir()
     assert where.parent == tmp_path / "tmp" and where.name.startswith("llmserve-kernels-")
+
+
+@pytest.mark.parametrize("M", [1, 2, 5, 6, 7, 13, 32, 37, 300])
+@pytest.mark.parametrize("N,K,bias", [(16, 8, False), (45, 33, True), (960, 576, False), (7, 1536, True)])
+def test_packed_linear_equals_torch(M, N, K, bias) -> None:
+    """Every row-block remainder (M mod 6), partial panels (N mod 16), odd K and the bias."""
+    gen = torch.Generator().manual_seed(M * 1000 + N + K)
+    w = torch.randn(N, K, generator=gen)
+    b = torch.randn(N, generator=gen) if bias else None
+    x = torch.randn(M, K, generator=gen)
+    lin = cpu_kernels.packed_linear(w, b)
+    assert lin is not None, "the kernel must build wherever the test suite runs"
+    want = torch.nn.functional.linear(x.double(), w.double(), b.double() if b is not None else None)
+    got = lin(x)
+    assert got.shape == (M, N) and got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), want, atol=1e-4 * K ** 0.5, rtol=1e-5)
+    # A non-contiguous input is accepted (copied), a wrong width is refused.
+    torch.testing.assert_close(lin(x.t().contiguous().t()), got)
+    with pytest.raises(ValueError):
+        lin(torch.zeros(M, K + 1))
+
+
+def test_packed_linear_declines_what_it_cannot_do() -> None:
+    assert cpu_kernels.packed_linear(torch.zeros(4, 4, dtype=torch.bfloat16)) is None
+    assert cpu_kernels.packed_linear(torch.zeros(4)) is None
+
+
+def test_packed_linear_disabled_by_environment(fresh_cache, monkeypatch) -> None:
+    monkeypatch.setenv("LLMSERVE_CPU_KERNELS", "0")
+    assert cpu_kernels.packed_linear(torch.zeros(4, 4)) is None

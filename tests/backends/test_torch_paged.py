@@ -12,6 +12,7 @@ transformers = pytest.importorskip("transformers")
 
 from llmserve.engine.backend import KVCacheSpec, StepItem  # noqa: E402
 from llmserve.errors import ConfigError  # noqa: E402
+from llmserve.plugins.backends.torch.cpu_kernels import PackedLinear  # noqa: E402
 from llmserve.plugins.backends.torch.runner import TorchBackend  # noqa: E402
 from llmserve.sampling import SamplingParams  # noqa: E402
 
@@ -64,9 +65,10 @@ def reference(tiny_dir: str):
 def make_backend(path: str, num_blocks: int = 64, fused: bool = True, declines: bool = False,
                  kernel: bool = True) -> TorchBackend:
     """``fused``: ask for the backend's own forward; ``declines``: the architecture must refuse it;
-    ``kernel``: decode attention in the native CPU kernel (which must then be built), else torch."""
+    ``kernel``: decode attention and linear layers in the native CPU kernels (which must then be
+    built), else torch."""
     backend = TorchBackend(SimpleNamespace(model=path, dtype="float32", device="cpu", max_model_len=None,
-                                           fused_forward=fused))
+                                           fused_forward=fused, cpu_kernels=kernel))
     backend.load()
     assert (backend._fused is not None) == (fused and not declines)
     if backend._fused is not None:  # every step must then run the fused forward, never transformers'
@@ -77,7 +79,12 @@ def make_backend(path: str, num_blocks: int = 64, fused: bool = True, declines: 
     backend.init_kv_cache(KVCacheSpec(block_size=BS, num_blocks=num_blocks))
     if kernel:
         assert backend.cache.decode_kernel is not None, "the CPU decode kernel did not build (is gcc installed?)"
+        assert isinstance(backend._packed_head, PackedLinear), "the CPU linear kernel did not build"
+        if backend._fused is not None:
+            assert all(isinstance(lay.qkv, PackedLinear) and isinstance(lay.down, PackedLinear)
+                       for lay in backend._fused.layers)
     else:
+        assert backend._packed_head is None
         backend.cache.decode_kernel = None
     # Simulate allocator garbage: never-written slots must not leak into attention (NaN * 0 = NaN).
     backend.cache.pool[:, :, :, :num_blocks].fill_(float("nan"))
@@ -248,18 +255,34 @@ def test_architectures_match_reference(tmp_path, arch: str, overrides: dict, fus
 
 
 def test_fused_weights_are_shared_with_the_transformers_model(tiny_dir: str, reference) -> None:
-    """Fusing re-points the model's own parameters at slices of the fused matrices: no second
-    copy, and the transformers model still computes the same logits."""
-    b = make_backend(tiny_dir, fused=True)
+    """Fusing (without the packed kernels) re-points the model's own parameters at slices of the
+    fused matrices: no second copy, and the transformers model still computes the same logits."""
+    b = make_backend(tiny_dir, fused=True, kernel=False)
     layer, fused = b.loaded.model.model.layers[0], b._fused.layers[0]
     attn, mlp = layer.self_attn, layer.mlp
-    assert attn.q_proj.weight.data_ptr() == fused.qkv_w.data_ptr()
-    assert attn.v_proj.weight.data_ptr() + attn.v_proj.weight.numel() * 4 == fused.qkv_w.data_ptr() + fused.qkv_w.numel() * 4
-    assert mlp.gate_proj.weight.data_ptr() == fused.gu_w.data_ptr()
+    qkv_w, gu_w = fused.qkv.weight, fused.gu.weight
+    assert attn.q_proj.weight.data_ptr() == qkv_w.data_ptr()
+    assert attn.v_proj.weight.data_ptr() + attn.v_proj.weight.numel() * 4 == qkv_w.data_ptr() + qkv_w.numel() * 4
+    assert mlp.gate_proj.weight.data_ptr() == gu_w.data_ptr()
     ids = seq(30, 9)
     b.loaded.model.set_attn_implementation("sdpa")
     with torch.inference_mode():
         check(b.loaded.model(torch.tensor([ids])).logits[0], reference(ids))
+
+
+def test_packed_weights_replace_the_unpacked_ones(tiny_dir: str) -> None:
+    """With the packed kernels the layer projections are stored once, in the packed layout: the
+    transformers layers are left with empty weights (and fail loudly if called)."""
+    b = make_backend(tiny_dir, fused=True, kernel=True)
+    layer = b.loaded.model.model.layers[0]
+    for proj in (layer.self_attn.q_proj, layer.self_attn.o_proj, layer.mlp.up_proj, layer.mlp.down_proj):
+        assert proj.weight.numel() == 0
+    lay = b._fused.layers[0]
+    assert (lay.qkv.out_features, lay.qkv.in_features) == (
+        (layer.self_attn.q_proj.out_features + 2 * layer.self_attn.k_proj.out_features), layer.self_attn.q_proj.in_features)
+    with pytest.raises(RuntimeError):
+        with torch.inference_mode():
+            b.loaded.model(torch.tensor([[1, 2, 3]]))
 
 
 @pytest.mark.gpu

@@ -53,17 +53,22 @@ def test_greedy_batch_equals_generate(backend) -> None:
     b, info = backend
     tok = info.tokenizer
     prompts = [tok(p).input_ids for p in PROMPTS]
-    model = b.loaded.model
-    expected = []
+    # The reference: a second load, untouched by the fused forward and the packed kernels (which
+    # take the weights out of the served model's transformers layers).
+    from llmserve.plugins.backends.torch.runner import TorchBackend
+
+    ref = TorchBackend(SimpleNamespace(model=None, dtype="float32", device="cpu", fused_forward=False,
+                                       cpu_kernels=False))
+    ref.load()
+    model = ref.loaded.model
     model.set_attn_implementation("sdpa")  # plain HF path for the reference
-    try:
-        with torch.inference_mode():
-            for ids in prompts:
-                out = model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False,
-                                     eos_token_id=info.eos_token_ids, pad_token_id=info.eos_token_ids[0])
-                expected.append(out[0, len(ids):].tolist())
-    finally:
-        model.set_attn_implementation("llmserve_paged")
+    expected = []
+    with torch.inference_mode():
+        for ids in prompts:
+            out = model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False,
+                                 eos_token_id=info.eos_token_ids, pad_token_id=info.eos_token_ids[0])
+            expected.append(out[0, len(ids):].tolist())
+    ref.close()
 
     greedy = SamplingParams(temperature=0)
     tables = [list(range(i * 8, (i + 1) * 8)) for i in range(len(prompts))]

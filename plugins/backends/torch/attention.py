@@ -52,10 +52,13 @@ class PagedKVCache:
     def zero_blocks(self, blocks: torch.Tensor) -> None:
         """Clear blocks a sequence starts writing (all layers, one op).
 
-        Decode attention reads whole blocks and masks the unwritten tail; masking cannot undo
-        NaN/inf garbage left in that tail by the allocator (NaN * 0 = NaN), zeros it can.
+        The torch decode path reads whole blocks and masks the unwritten tail; masking cannot
+        undo NaN/inf garbage left in that tail by the allocator (NaN * 0 = NaN), zeros it can.
+        The native decode kernel reads only written positions (as does prefill, which slices
+        gathered blocks to the context), so with it there is nothing to clear.
         """
-        self.pool.index_fill_(3, blocks, 0)
+        if self.decode_kernel is None:
+            self.pool.index_fill_(3, blocks, 0)
 
     def gather(self, blocks_view: torch.Tensor, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of ``blocks`` as two ``[kv_heads, len(blocks) * block_size, head_dim]`` views.

@@ -1,12 +1,13 @@
 """Native CPU kernels for the torch backend, compiled on first use with the system C compiler.
 
 Only what plain torch does badly on a CPU lives here: decode attention read straight from the
-paged KV pool (``csrc/paged_decode.c``). The shared library is built once per source, compiler
-flags and machine into ``~/.cache/llmserve/kernels`` (``LLMSERVE_KERNEL_CACHE`` overrides it;
-a per-user temp folder when home is not writable)
-and loaded with ctypes, so there is no build step at install time and nothing to ship per CPU.
-Without a compiler, or with ``LLMSERVE_CPU_KERNELS=0``, ``decode_kernel()`` returns None and the
-backend keeps its torch path.
+paged KV pool (``csrc/paged_decode.c``) and fp32 linear layers over few rows with weights packed
+for the kernel (``csrc/packed_linear.c``, AVX2 + FMA). Each shared library is built once per
+source, compiler flags and machine into ``~/.cache/llmserve/kernels`` (``LLMSERVE_KERNEL_CACHE``
+overrides it; a per-user temp folder when home is not writable) and loaded with ctypes, so
+there is no build step at install time and nothing to ship per CPU. Without a compiler, on a
+CPU the kernel does not support, or with ``LLMSERVE_CPU_KERNELS=0``, ``decode_kernel()`` and
+``packed_linear()`` return None and the backend keeps its torch path.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import subprocess
 import tempfile
 import threading
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -29,11 +30,11 @@ from . import switches
 
 log = logging.getLogger("llmserve.backend.torch")
 
-_SOURCE = Path(__file__).with_name("csrc") / "paged_decode.c"
+_CSRC = Path(__file__).with_name("csrc")
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 _lock = threading.Lock()
 DecodeKernel = Callable[..., None]
-_loaded: dict[str, DecodeKernel | None] = {}
+_loaded: dict[str, Any] = {}
 
 
 def _cache_dir() -> Path:
@@ -52,8 +53,9 @@ def _cache_dir() -> Path:
     return Path(tempfile.gettempdir()) / f"llmserve-kernels-{os.getuid() if hasattr(os, 'getuid') else 'user'}"
 
 
-def _build(compiler: str) -> Path:
-    source = _SOURCE.read_bytes()
+def _build(compiler: str, name: str) -> Path:
+    path = _CSRC / f"{name}.c"
+    source = path.read_bytes()
     # The key covers everything that changes the binary: source, flags, compiler, CPU model.
     cpu = platform.machine() + platform.processor()
     try:
@@ -61,15 +63,15 @@ def _build(compiler: str) -> Path:
     except OSError:
         pass
     key = hashlib.sha256(source + " ".join([compiler, *_FLAGS, cpu]).encode()).hexdigest()[:16]
-    target = _cache_dir() / f"paged_decode-{key}.so"
+    target = _cache_dir() / f"{name}-{key}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    log.info("compiling the CPU decode-attention kernel (once per machine) into %s", target.parent)
+    log.info("compiling the CPU kernel %s (once per machine) into %s", name, target.parent)
     # Build next to the target and rename: concurrent first starts never load a half-written file.
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         out = Path(tmp) / target.name
-        proc = subprocess.run([compiler, *_FLAGS, str(_SOURCE), "-o", str(out), "-lm"],
+        proc = subprocess.run([compiler, *_FLAGS, str(path), "-o", str(out), "-lm"],
                               capture_output=True, text=True, timeout=120)
         if proc.returncode != 0:
             raise RuntimeError(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "compiler failed")
@@ -77,24 +79,29 @@ def _build(compiler: str) -> Path:
     return target
 
 
-def decode_kernel() -> DecodeKernel | None:
-    """The paged decode-attention function, or None when it cannot be had here (logged once)."""
+def _library(name: str, what: str) -> ctypes.CDLL | None:
+    """``csrc/<name>.c`` built and loaded, or None when it cannot be had here (logged once)."""
     with _lock:
-        if "decode" in _loaded:
-            return _loaded["decode"]
-        fn = None
+        if name in _loaded:
+            return _loaded[name]
+        lib = None
         if not switches.enabled(switches.CPU_KERNELS):
-            log.info("native CPU kernels disabled by LLMSERVE_CPU_KERNELS")
+            log.info("native CPU kernels disabled by LLMSERVE_CPU_KERNELS: %s stays on the torch path", what)
         elif not (compiler := os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")):
-            log.info("no C compiler found: decode attention stays on the torch path")
+            log.info("no C compiler found: %s stays on the torch path", what)
         else:
             try:
-                lib = ctypes.CDLL(str(_build(compiler)))
-                fn = _wrap(lib.paged_decode_f32)
+                lib = ctypes.CDLL(str(_build(compiler, name)))
             except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-                log.warning("the CPU decode-attention kernel is unavailable (%s); using the torch path", exc)
-        _loaded["decode"] = fn
-        return fn
+                log.warning("the CPU %s kernel is unavailable (%s); using the torch path", what, exc)
+        _loaded[name] = lib
+        return lib
+
+
+def decode_kernel() -> DecodeKernel | None:
+    """The paged decode-attention function, or None when it cannot be had here."""
+    lib = _library("paged_decode", "decode-attention")
+    return _wrap(lib.paged_decode_f32) if lib is not None else None
 
 
 def _wrap(cfn: ctypes._CFuncPtr) -> DecodeKernel:
@@ -115,3 +122,50 @@ def _wrap(cfn: ctypes._CFuncPtr) -> DecodeKernel:
             raise MemoryError("the decode-attention kernel could not allocate its scratch memory")
 
     return paged_decode
+
+
+class PackedLinear:
+    """``y = x @ weight.T + bias`` for fp32 CPU inputs, with ``weight [N, K]`` copied once into
+    the kernel's panel layout. Callable like ``F.linear`` on a 2-D ``[M, K]`` input, for any M."""
+
+    __slots__ = ("_fn", "packed", "bias", "out_features", "in_features")
+
+    def __init__(self, fn: ctypes._CFuncPtr, pack: ctypes._CFuncPtr, weight: torch.Tensor,
+                 bias: torch.Tensor | None) -> None:
+        weight = weight.detach().contiguous()
+        self.out_features, self.in_features = weight.shape
+        panels = -(-self.out_features // 16)
+        self.packed = torch.empty(panels * self.in_features * 16, dtype=torch.float32)
+        pack(weight.data_ptr(), self.packed.data_ptr(), self.out_features, self.in_features)
+        self.bias = bias.detach().contiguous() if bias is not None else None
+        self._fn = fn
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 2 or x.shape[1] != self.in_features:
+            raise ValueError(f"expected [M, {self.in_features}] input, got {list(x.shape)}")
+        x = x.contiguous()
+        y = torch.empty(x.shape[0], self.out_features, dtype=torch.float32)
+        if x.shape[0]:
+            self._fn(x.data_ptr(), self.packed.data_ptr(), self.bias.data_ptr() if self.bias is not None else None,
+                     y.data_ptr(), x.shape[0], self.out_features, self.in_features, torch.get_num_threads())
+        return y
+
+
+def packed_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> PackedLinear | None:
+    """``weight`` (and ``bias``) packed for the native linear kernel, or None when the kernel is
+    unavailable here or does not apply (only fp32 weights on the CPU do)."""
+    if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2:
+        return None
+    if bias is not None and (bias.dtype != torch.float32 or bias.device.type != "cpu"):
+        return None
+    lib = _library("packed_linear", "linear-layer")
+    if lib is None:
+        return None
+    fn, pack = lib.packed_linear_f32, lib.pack_weight_f32
+    if fn.argtypes is None:
+        ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+        fn.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, ctypes.c_int]
+        fn.restype = None
+        pack.argtypes = [ptr, ptr, i64, i64]
+        pack.restype = None
+    return PackedLinear(fn, pack, weight, bias)

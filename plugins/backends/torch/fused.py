@@ -1,8 +1,13 @@
 """A hand-written forward for Llama-style decoders (Llama, Mistral, Qwen2, SmolLM...) with fused
 projections: one matmul for Q, K and V and one for the MLP's gate and up, fewer small ops per
 layer than transformers' modules. It reuses the loaded model's own weights (the fused matrices
-are built once and the original parameters become views of them, so memory does not grow and the
-transformers model stays usable) and its rotary embedding (every RoPE scaling variant it knows).
+are built once and the original parameters become views of them, so memory does not grow) and
+its rotary embedding (every RoPE scaling variant it knows).
+
+With ``pack=True`` (fp32 on a CPU where the native kernel builds) each projection is copied into
+the packed layout of ``cpu_kernels.PackedLinear`` and the unpacked copy is released: the layers
+of the transformers model are then left without weights (empty tensors, so calling them fails
+loudly instead of computing garbage) and only this forward can run them.
 
 ``FusedDecoder.build(model)`` returns None for anything it does not recognise exactly; the
 runner then keeps transformers' forward with the paged attention plugged in.
@@ -11,7 +16,7 @@ runner then keeps transformers' forward with the paged attention plugged in.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -44,15 +49,45 @@ def _fuse(linears: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | 
     return weight, bias
 
 
+class _TorchLinear:
+    """``F.linear`` with its weight and bias bound: the unpacked counterpart of PackedLinear."""
+
+    __slots__ = ("weight", "bias")
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        self.weight, self.bias = weight, bias
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+Linear = Callable[[torch.Tensor], torch.Tensor]
+
+
+def _linear(weight: torch.Tensor, bias: torch.Tensor | None, owners: list[torch.nn.Linear], pack: bool) -> Linear:
+    """The projection as a callable: packed for the native kernel when asked and possible (then
+    the ``owners``' parameters are emptied so the unpacked weight is freed), else ``F.linear``."""
+    if pack:
+        from .cpu_kernels import packed_linear
+
+        packed = packed_linear(weight, bias)
+        if packed is not None:
+            for m in owners:
+                m.weight.data = m.weight.data.new_empty(0)
+                if m.bias is not None:
+                    m.bias.data = m.bias.data.new_empty(0)
+            return packed
+    return _TorchLinear(weight, bias)
+
+
 class _Layer:
-    __slots__ = ("idx", "ln1", "ln2", "eps1", "eps2", "qkv_w", "qkv_b", "o_w", "o_b", "gu_w", "gu_b",
-                 "down_w", "down_b", "scaling", "window")
+    __slots__ = ("idx", "ln1", "ln2", "eps1", "eps2", "qkv", "o", "gu", "down", "scaling", "window")
 
 
 class FusedDecoder:
     """Runs the decoder stack of a Llama-style model over one packed step."""
 
-    def __init__(self, model: Any, cfg: Any) -> None:
+    def __init__(self, model: Any, cfg: Any, pack: bool = False) -> None:
         base = model.get_decoder()
         self.embed = base.embed_tokens
         self.rotary = base.rotary_emb
@@ -67,10 +102,12 @@ class FusedDecoder:
             lay.idx = int(attn.layer_idx)
             lay.ln1, lay.eps1 = dec.input_layernorm.weight, float(dec.input_layernorm.variance_epsilon)
             lay.ln2, lay.eps2 = dec.post_attention_layernorm.weight, float(dec.post_attention_layernorm.variance_epsilon)
-            lay.qkv_w, lay.qkv_b = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
-            lay.o_w, lay.o_b = attn.o_proj.weight, attn.o_proj.bias
-            lay.gu_w, lay.gu_b = _fuse([mlp.gate_proj, mlp.up_proj])
-            lay.down_w, lay.down_b = mlp.down_proj.weight, mlp.down_proj.bias
+            qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
+            lay.qkv = _linear(*_fuse(qkv), qkv, pack)
+            lay.o = _linear(attn.o_proj.weight, attn.o_proj.bias, [attn.o_proj], pack)
+            gu = [mlp.gate_proj, mlp.up_proj]
+            lay.gu = _linear(*_fuse(gu), gu, pack)
+            lay.down = _linear(mlp.down_proj.weight, mlp.down_proj.bias, [mlp.down_proj], pack)
             lay.scaling = float(attn.scaling)
             # Qwen2 sets a window per layer; Mistral reads the config's for every layer.
             lay.window = (getattr(attn, "sliding_window", None) if hasattr(attn, "sliding_window")
@@ -78,8 +115,9 @@ class FusedDecoder:
             self.layers.append(lay)
 
     @classmethod
-    def build(cls, model: Any) -> "FusedDecoder | None":
-        """A fused decoder for ``model``, or None when it is not a plain Llama-style stack."""
+    def build(cls, model: Any, pack: bool = False) -> "FusedDecoder | None":
+        """A fused decoder for ``model``, or None when it is not a plain Llama-style stack.
+        ``pack``: move the projections into the native CPU kernel's layout where it applies."""
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         if getattr(cfg, "model_type", None) not in _ARCHITECTURES or getattr(cfg, "hidden_act", None) != "silu":
             return None
@@ -99,11 +137,13 @@ class FusedDecoder:
             ok = ok and type(base.norm).__name__.endswith("RMSNorm")
             if not ok:
                 return None
-            fused = cls(model, cfg)
+            fused = cls(model, cfg, pack)
         except (AttributeError, TypeError, ValueError) as exc:
             log.info("fused decoder not used for %s: %s", type(model).__name__, exc)
             return None
-        log.info("using the fused decoder forward for %s", type(model).__name__)
+        packed = not isinstance(fused.layers[0].qkv, _TorchLinear)
+        log.info("using the fused decoder forward for %s%s", type(model).__name__,
+                 " with packed CPU linear kernels" if packed else "")
         return fused
 
     @staticmethod
@@ -127,7 +167,7 @@ class FusedDecoder:
         half = D // 2
         for lay in self.layers:
             x = self._rms_norm(h, lay.ln1, lay.eps1)
-            qkv = F.linear(x, lay.qkv_w, lay.qkv_b)
+            qkv = lay.qkv(x)
             # RoPE on queries and keys together: they sit side by side in qkv.
             qk = qkv[:, :k_end].view(T, H + kvh, D)
             rot = torch.cat((qk[..., half:].neg(), qk[..., :half]), -1)
@@ -135,10 +175,10 @@ class FusedDecoder:
             qk.addcmul_(rot, sin)
             v = qkv[:, k_end:].view(T, kvh, D)
             o = paged_attention(cache, meta, lay.idx, qk[:, :H], qk[:, H:], v, lay.scaling, lay.window)
-            h = h + F.linear(o.view(T, q_end), lay.o_w, lay.o_b)
+            h = h + lay.o(o.view(T, q_end))
             x = self._rms_norm(h, lay.ln2, lay.eps2)
-            gu = F.linear(x, lay.gu_w, lay.gu_b)
+            gu = lay.gu(x)
             inter = gu.shape[-1] // 2
             act = F.silu(gu[:, :inter]).mul_(gu[:, inter:])
-            h = h + F.linear(act, lay.down_w, lay.down_b)
+            h = h + lay.down(act)
         return self._rms_norm(h, self.norm_w, self.norm_eps)

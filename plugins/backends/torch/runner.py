@@ -52,6 +52,7 @@ class TorchBackend(Backend):
         self.sampler: Sampler | None = None
         self._decoder: Any = None   # the base model (hidden states), set by load()
         self._lm_head: Any = None
+        self._packed_head: Any = None  # lm_head in the native CPU kernel's layout, when it applies
         self._fused: FusedDecoder | None = None  # our own forward, when the architecture allows
 
     # ------------------------------------------------------------------ lifecycle
@@ -63,8 +64,18 @@ class TorchBackend(Backend):
         self._decoder = (model.get_decoder() if hasattr(model, "get_decoder")
                          else getattr(model, model.base_model_prefix))
         self._lm_head = model.get_output_embeddings()
+        # Native CPU kernels for the linear layers: fp32 on the CPU only, and a config can opt
+        # out (``cpu_kernels: false``) besides LLMSERVE_CPU_KERNELS=0.
+        pack = (lm.device.type == "cpu" and lm.dtype == torch.float32
+                and bool(getattr(self.config, "cpu_kernels", True)))
         if getattr(self.config, "fused_forward", switches.enabled(switches.FUSED_FORWARD)):
-            self._fused = FusedDecoder.build(model)
+            self._fused = FusedDecoder.build(model, pack=pack)
+        head = self._lm_head
+        if pack and type(head) is torch.nn.Linear:
+            from .cpu_kernels import packed_linear
+
+            # A copy (the weight is usually tied to the input embedding, which keeps its layout).
+            self._packed_head = packed_linear(head.weight, head.bias)
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self._num_layers = int(cfg.num_hidden_layers)
         heads = int(cfg.num_attention_heads)
@@ -118,7 +129,7 @@ class TorchBackend(Backend):
     def close(self) -> None:
         device = self.loaded.device if self.loaded else None
         self.cache = self.loaded = self.sampler = None
-        self._decoder = self._lm_head = self._fused = None
+        self._decoder = self._lm_head = self._fused = self._packed_head = None
         if device is not None and device.type == "cuda":
             torch.cuda.empty_cache()
 
@@ -186,7 +197,9 @@ class TorchBackend(Backend):
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         head = self._lm_head
-        if (hidden.device.type == "cpu" and hidden.shape[0] <= 128 and type(head) is torch.nn.Linear
+        if self._packed_head is not None and hidden.dtype == torch.float32:
+            logits = self._packed_head(hidden)
+        elif (hidden.device.type == "cpu" and hidden.shape[0] <= 128 and type(head) is torch.nn.Linear
                 and head.bias is None):
             # The vocab-sized matmul with the weight as the left operand: MKL handles this
             # tall-skinny shape better on few rows (logits + sampling of a batch-32 step: ~37 -> ~31 ms).

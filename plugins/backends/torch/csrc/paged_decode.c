@@ -12,12 +12,20 @@
  * ``[nd, max_blocks]`` block ids and ``ctx`` the number of positions each sequence attends to
  * (its last query sits at position ctx - 1). ``window`` > 0 keeps only the last ``window``
  * positions (sliding-window attention); 0 means full attention.
+ *
+ * With AVX2 + FMA and a head size that is a multiple of 8 the hot loops are written with
+ * intrinsics (dot products, a vector exp for the softmax, the value sum held in registers);
+ * elsewhere the portable loops below run.
  */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define HAVE_AVX2 1
+#endif
 
-static void attend_one(const float *restrict q, const float *restrict kv, const int64_t *restrict table,
+static void attend_one_portable(const float *restrict q, const float *restrict kv, const int64_t *restrict table,
                        int64_t L, int64_t kvh, int64_t h, int64_t G, int64_t D, int64_t nblocks, int64_t bs,
                        float scale, int64_t window, float *restrict scores, float *restrict out) {
     const int64_t start = (window > 0 && L > window) ? L - window : 0;
@@ -60,6 +68,130 @@ static void attend_one(const float *restrict q, const float *restrict kv, const 
             for (int64_t d = 0; d < D; d++) o[d] += p * v[d];
         }
     }
+}
+
+#ifdef HAVE_AVX2
+static inline float hsum8(__m256 v) {
+    __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+    return _mm_cvtss_f32(lo);
+}
+
+/* e^x for x <= 0 (softmax arguments): range reduction to r in [-ln2/2, ln2/2], a degree-6
+ * polynomial for e^r, then scaling by 2^n through the exponent bits. Relative error ~1e-7;
+ * arguments below -87 (e^x under FLT_MIN) give 0. */
+static inline __m256 exp_nonpos(__m256 x) {
+    const __m256 tiny = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504089f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(tiny, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+/* Same contract as attend_one_portable, for D % 8 == 0. Positions are walked block by block
+ * (one table lookup per block, rows of a block are contiguous). */
+static void attend_one_avx2(const float *restrict q, const float *restrict kv, const int64_t *restrict table,
+                            int64_t L, int64_t kvh, int64_t h, int64_t G, int64_t D, int64_t nblocks, int64_t bs,
+                            float scale, int64_t window, float *restrict scores, float *restrict out) {
+    const int64_t start = (window > 0 && L > window) ? L - window : 0;
+    const int64_t n = L - start;
+    const float *kbase = kv + h * nblocks * bs * D;
+    const float *vbase = kv + (kvh + h) * nblocks * bs * D;
+
+    for (int64_t pos = start; pos < L;) {
+        const int64_t off = pos % bs, take = (bs - off < L - pos) ? bs - off : L - pos;
+        const float *k = kbase + (table[pos / bs] * bs + off) * D;
+        for (int64_t t = 0; t < take; t++, k += D) {
+            const int64_t j = pos - start + t;
+            for (int64_t g = 0; g < G; g++) {
+                const float *qg = q + g * D;
+                __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+                int64_t d = 0;
+                for (; d + 16 <= D; d += 16) {
+                    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + d), _mm256_loadu_ps(k + d), a0);
+                    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + d + 8), _mm256_loadu_ps(k + d + 8), a1);
+                }
+                if (d < D) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + d), _mm256_loadu_ps(k + d), a0);
+                scores[g * n + j] = hsum8(_mm256_add_ps(a0, a1)) * scale;
+            }
+        }
+        pos += take;
+    }
+    for (int64_t g = 0; g < G; g++) {
+        float *sc = scores + g * n;
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < n; j++) mx = sc[j] > mx ? sc[j] : mx;
+        const __m256 vmx = _mm256_set1_ps(mx);
+        __m256 vsum = _mm256_setzero_ps();
+        int64_t j = 0;
+        for (; j + 8 <= n; j += 8) {
+            const __m256 e = exp_nonpos(_mm256_sub_ps(_mm256_loadu_ps(sc + j), vmx));
+            _mm256_storeu_ps(sc + j, e);
+            vsum = _mm256_add_ps(vsum, e);
+        }
+        float sum = hsum8(vsum);
+        if (j < n) {  /* the tail through a padded vector: same exp as the body */
+            float buf[8];
+            for (int64_t i = 0; i < 8; i++) buf[i] = j + i < n ? sc[j + i] - mx : -INFINITY;
+            _mm256_storeu_ps(buf, exp_nonpos(_mm256_loadu_ps(buf)));
+            for (int64_t i = 0; j + i < n; i++) {
+                sc[j + i] = buf[i];
+                sum += buf[i];
+            }
+        }
+        const float inv = 1.0f / sum;
+        for (j = 0; j < n; j++) sc[j] *= inv;
+    }
+    /* out[g] = sum_j p[g][j] * v_j, 32 output floats (four registers) per pass over the values. */
+    for (int64_t g = 0; g < G; g++) {
+        const float *pg = scores + g * n;
+        for (int64_t d0 = 0; d0 < D; d0 += 32) {
+            const int64_t w = D - d0 < 32 ? D - d0 : 32; /* 8, 16, 24 or 32 */
+            __m256 o0 = _mm256_setzero_ps(), o1 = o0, o2 = o0, o3 = o0;
+            for (int64_t pos = start; pos < L;) {
+                const int64_t off = pos % bs, take = (bs - off < L - pos) ? bs - off : L - pos;
+                const float *v = vbase + (table[pos / bs] * bs + off) * D + d0;
+                const float *pj = pg + (pos - start);
+                for (int64_t t = 0; t < take; t++, v += D) {
+                    const __m256 p = _mm256_broadcast_ss(pj + t);
+                    o0 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v), o0);
+                    if (w > 8) o1 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8), o1);
+                    if (w > 16) o2 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 16), o2);
+                    if (w > 24) o3 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 24), o3);
+                }
+                pos += take;
+            }
+            float *o = out + g * D + d0;
+            _mm256_storeu_ps(o, o0);
+            if (w > 8) _mm256_storeu_ps(o + 8, o1);
+            if (w > 16) _mm256_storeu_ps(o + 16, o2);
+            if (w > 24) _mm256_storeu_ps(o + 24, o3);
+        }
+    }
+}
+#endif
+
+static void attend_one(const float *restrict q, const float *restrict kv, const int64_t *restrict table,
+                       int64_t L, int64_t kvh, int64_t h, int64_t G, int64_t D, int64_t nblocks, int64_t bs,
+                       float scale, int64_t window, float *restrict scores, float *restrict out) {
+#ifdef HAVE_AVX2
+    if (D % 8 == 0) {
+        attend_one_avx2(q, kv, table, L, kvh, h, G, D, nblocks, bs, scale, window, scores, out);
+        return;
+    }
+#endif
+    attend_one_portable(q, kv, table, L, kvh, h, G, D, nblocks, bs, scale, window, scores, out);
 }
 
 /* Returns 0, or -1 when scratch memory could not be allocated (out is then incomplete). */
