@@ -201,3 +201,45 @@ def test_shared_route_dispatches_by_body(tmp_path):
         spec = client.get("/openapi.json").json()
         assert "ABody" in spec["components"]["schemas"]
         assert "/gen" in spec["paths"]
+
+
+def test_model_loads_on_a_passing_thread(tmp_path, monkeypatch):
+    """The backend is loaded (and the KV pool allocated) on a thread that then exits, never on
+    the main thread: a compute library's per-thread worker pool must not outlive the load."""
+    import threading
+
+    config, _ = load_config({"backend": "echo", "plugins": [ECHO_PLUGIN]}, environ={})
+    plugins = PluginManager().load(autoload=False)
+    seen = {}
+    app, context = build_server(config, plugins)  # registers the echo backend class
+    backend_cls = type(context.engine.loop.engine.backend)
+    load, init = backend_cls.load, backend_cls.init_kv_cache
+
+    def spy_load(self):
+        seen["load"] = threading.current_thread()
+        return load(self)
+
+    def spy_init(self, spec):
+        seen["init_kv_cache"] = threading.current_thread()
+        return init(self, spec)
+
+    context.engine.shutdown()
+    monkeypatch.setattr(backend_cls, "load", spy_load)
+    monkeypatch.setattr(backend_cls, "init_kv_cache", spy_init)
+    app, context = build_server(config, plugins)
+    try:
+        assert seen["load"].name == seen["init_kv_cache"].name == "llmserve-load"
+        assert seen["load"] is not threading.main_thread() and not seen["load"].is_alive()
+        assert context.model.name == "echo"
+    finally:
+        context.engine.shutdown()
+
+
+def test_on_passing_thread_returns_and_raises():
+    import threading
+
+    from llmserve.server.serve import on_passing_thread
+
+    assert on_passing_thread(lambda: threading.current_thread().name) == "llmserve-load"
+    with pytest.raises(KeyError, match="boom"):
+        on_passing_thread(lambda: {}["boom"])
