@@ -165,3 +165,50 @@ def test_packed_linear_declines_what_it_cannot_do() -> None:
 def test_packed_linear_disabled_by_environment(fresh_cache, monkeypatch) -> None:
     monkeypatch.setenv("LLMSERVE_CPU_KERNELS", "0")
     assert cpu_kernels.packed_linear(torch.zeros(4, 4)) is None
+
+
+@pytest.mark.parametrize("T,D", [(1, 576), (7, 13), (40, 64), (3, 8)])
+def test_add_rms_norm_equals_torch(T, D) -> None:
+    ops = cpu_kernels.elementwise_ops()
+    assert ops is not None, "the kernel must build wherever the test suite runs"
+    gen = torch.Generator().manual_seed(T * D)
+    h, delta, w = torch.randn(T, D, generator=gen) * 3, torch.randn(T, D, generator=gen), torch.randn(D, generator=gen)
+    want_h = h + delta
+    want = torch.nn.functional.rms_norm(want_h, (D,), w, 1e-6)
+    got = ops.add_rms_norm(h, delta, w, 1e-6)
+    torch.testing.assert_close(h, want_h)  # the residual stream is updated in place
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ops.add_rms_norm(h.clone(), None, w, 1e-6), want, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError):
+        ops.add_rms_norm(h, delta[:, :1], w, 1e-6)
+
+
+@pytest.mark.parametrize("T,I", [(1, 1536), (5, 13), (32, 64)])
+def test_silu_mul_equals_torch(T, I) -> None:
+    ops = cpu_kernels.elementwise_ops()
+    gen = torch.Generator().manual_seed(T + I)
+    gu = torch.randn(T, 2 * I, generator=gen) * 6
+    gu[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -0.0])  # saturation and zeros
+    want = torch.nn.functional.silu(gu[:, :I]) * gu[:, I:]
+    torch.testing.assert_close(ops.silu_mul(gu), want, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError):
+        ops.silu_mul(gu[:, :-1])
+
+
+def test_elementwise_disabled_by_environment(fresh_cache, monkeypatch) -> None:
+    monkeypatch.setenv("LLMSERVE_CPU_KERNELS", "0")
+    assert cpu_kernels.elementwise_ops() is None
+
+
+def test_a_changed_header_rebuilds(fresh_cache, monkeypatch, tmp_path) -> None:
+    """The cache key covers the shared headers, not only the kernel's own source."""
+    csrc = tmp_path / "csrc"
+    csrc.mkdir()
+    for f in cpu_kernels._CSRC.iterdir():
+        (csrc / f.name).write_bytes(f.read_bytes())
+    monkeypatch.setattr(cpu_kernels, "_CSRC", csrc)
+    assert cpu_kernels.elementwise_ops() is not None
+    (csrc / "vec_math.h").write_text((csrc / "vec_math.h").read_text() + "\n/* changed */\n")
+    monkeypatch.setattr(cpu_kernels, "_loaded", {})
+    assert cpu_kernels.elementwise_ops() is not None
+    assert len(list(fresh_cache.glob("elementwise-*.so"))) == 2

@@ -1,13 +1,14 @@
 """Native CPU kernels for the torch backend, compiled on first use with the system C compiler.
 
 Only what plain torch does badly on a CPU lives here: decode attention read straight from the
-paged KV pool (``csrc/paged_decode.c``) and fp32 linear layers over few rows with weights packed
-for the kernel (``csrc/packed_linear.c``, AVX2 + FMA). Each shared library is built once per
+paged KV pool (``csrc/paged_decode.c``), fp32 linear layers over few rows with weights packed
+for the kernel (``csrc/packed_linear.c``) and the fused forward's small per-layer operations
+(``csrc/elementwise.c``); the last two need AVX2 + FMA. Each shared library is built once per
 source, compiler flags and machine into ``~/.cache/llmserve/kernels`` (``LLMSERVE_KERNEL_CACHE``
 overrides it; a per-user temp folder when home is not writable) and loaded with ctypes, so
 there is no build step at install time and nothing to ship per CPU. Without a compiler, on a
-CPU the kernel does not support, or with ``LLMSERVE_CPU_KERNELS=0``, ``decode_kernel()`` and
-``packed_linear()`` return None and the backend keeps its torch path.
+CPU the kernel does not support, or with ``LLMSERVE_CPU_KERNELS=0``, ``decode_kernel()``,
+``packed_linear()`` and ``elementwise_ops()`` return None and the backend keeps its torch path.
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ def _cache_dir() -> Path:
 
 def _build(compiler: str, name: str) -> Path:
     path = _CSRC / f"{name}.c"
-    source = path.read_bytes()
+    # Shared headers are part of every kernel's source as far as the cache is concerned.
+    source = path.read_bytes() + b"".join(h.read_bytes() for h in sorted(_CSRC.glob("*.h")))
     # The key covers everything that changes the binary: source, flags, compiler, CPU model.
     cpu = platform.machine() + platform.processor()
     try:
@@ -169,3 +171,42 @@ def packed_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Pac
         pack.argtypes = [ptr, ptr, i64, i64]
         pack.restype = None
     return PackedLinear(fn, pack, weight, bias)
+
+
+class ElementwiseOps:
+    """The fused forward's per-layer small operations on contiguous fp32 CPU tensors."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+        self._norm = lib.add_rms_norm_f32
+        self._norm.argtypes = [ptr, ptr, ptr, ptr, i64, i64, ctypes.c_float, ctypes.c_int]
+        self._norm.restype = None
+        self._silu = lib.silu_mul_f32
+        self._silu.argtypes = [ptr, ptr, i64, i64, ctypes.c_int]
+        self._silu.restype = None
+
+    def add_rms_norm(self, h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
+                     eps: float) -> torch.Tensor:
+        """``h += delta`` in place (when given), then RMSNorm of ``h`` scaled by ``weight``."""
+        T, D = h.shape
+        if not h.is_contiguous() or (delta is not None and (delta.shape != h.shape or not delta.is_contiguous())):
+            raise ValueError("add_rms_norm needs contiguous [T, D] tensors of one shape")
+        out = torch.empty_like(h)
+        self._norm(h.data_ptr(), delta.data_ptr() if delta is not None else None, weight.data_ptr(),
+                   out.data_ptr(), T, D, eps, torch.get_num_threads())
+        return out
+
+    def silu_mul(self, gu: torch.Tensor) -> torch.Tensor:
+        """``silu(gate) * up`` of a contiguous ``[T, 2 * I]`` gate-and-up tensor -> ``[T, I]``."""
+        T, two_i = gu.shape
+        if not gu.is_contiguous() or two_i % 2:
+            raise ValueError("silu_mul needs a contiguous [T, 2 * I] tensor")
+        out = gu.new_empty(T, two_i // 2)
+        self._silu(gu.data_ptr(), out.data_ptr(), T, two_i // 2, torch.get_num_threads())
+        return out
+
+
+def elementwise_ops() -> ElementwiseOps | None:
+    """The native per-layer operations, or None when they cannot be had here."""
+    lib = _library("elementwise", "elementwise")
+    return ElementwiseOps(lib) if lib is not None else None

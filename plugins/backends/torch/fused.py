@@ -96,6 +96,12 @@ class FusedDecoder:
         self.kv_heads = int(getattr(cfg, "num_key_value_heads", None) or self.heads)
         self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads)
         self.layers: list[_Layer] = []
+        # Native RMSNorm (+ residual add) and SiLU-and-mul where the packed kernels are used.
+        self.ops = None
+        if pack and self.norm_w.dtype == torch.float32 and self.norm_w.device.type == "cpu":
+            from .cpu_kernels import elementwise_ops
+
+            self.ops = elementwise_ops()
         for i, dec in enumerate(base.layers):
             attn, mlp = dec.self_attn, dec.mlp
             lay = _Layer()
@@ -155,6 +161,15 @@ class FusedDecoder:
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
         return weight * h.to(x.dtype)
 
+    def _add_norm(self, h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
+                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual stream ``h + delta`` (``h`` itself when ``delta`` is None) and its RMSNorm."""
+        if self.ops is not None:
+            return h, self.ops.add_rms_norm(h, delta, weight, eps)  # adds in place
+        if delta is not None:
+            h = h + delta
+        return h, self._rms_norm(h, weight, eps)
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: PagedKVCache,
                 meta: StepMetadata) -> torch.Tensor:
         """``input_ids``/``positions`` ``[T]`` -> final hidden states ``[T, hidden]``; writes the KV."""
@@ -165,8 +180,10 @@ class FusedDecoder:
         cos, sin = self.rotary(h, positions[None])
         cos, sin = cos[0, :, None, :], sin[0, :, None, :]      # [T, 1, D] over heads
         half = D // 2
+        ops = self.ops
+        delta = None  # what the previous sub-layer adds to the residual stream
         for lay in self.layers:
-            x = self._rms_norm(h, lay.ln1, lay.eps1)
+            h, x = self._add_norm(h, delta, lay.ln1, lay.eps1)
             qkv = lay.qkv(x)
             # RoPE on queries and keys together: they sit side by side in qkv.
             qk = qkv[:, :k_end].view(T, H + kvh, D)
@@ -175,10 +192,12 @@ class FusedDecoder:
             qk.addcmul_(rot, sin)
             v = qkv[:, k_end:].view(T, kvh, D)
             o = paged_attention(cache, meta, lay.idx, qk[:, :H], qk[:, H:], v, lay.scaling, lay.window)
-            h = h + lay.o(o.view(T, q_end))
-            x = self._rms_norm(h, lay.ln2, lay.eps2)
+            h, x = self._add_norm(h, lay.o(o.view(T, q_end)), lay.ln2, lay.eps2)
             gu = lay.gu(x)
-            inter = gu.shape[-1] // 2
-            act = F.silu(gu[:, :inter]).mul_(gu[:, inter:])
-            h = h + lay.down(act)
-        return self._rms_norm(h, self.norm_w, self.norm_eps)
+            if ops is not None:
+                act = ops.silu_mul(gu)
+            else:
+                inter = gu.shape[-1] // 2
+                act = F.silu(gu[:, :inter]).mul_(gu[:, inter:])
+            delta = lay.down(act)
+        return self._add_norm(h, delta, self.norm_w, self.norm_eps)[1]

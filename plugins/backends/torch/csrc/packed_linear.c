@@ -57,13 +57,17 @@ static inline void store_row(__m256 lo, __m256 hi, const float *bias, float *y, 
 #define ROW_STORE(i) \
     if (rows > i) store_row(c##i##0, c##i##1, bias, y + i * ldy, ncols);
 
+/* ``next``: the panel this thread multiplies next, prefetched into L2 line by line while this
+ * one is computed (NULL: no prefetch), so its DRAM latency overlaps with the FMAs. */
 static inline __attribute__((always_inline)) void block(const int rows, const float *restrict x, int64_t K,
                                                        const float *restrict panel, const float *bias,
-                                                       float *restrict y, int64_t ldy, int64_t ncols) {
+                                                       float *restrict y, int64_t ldy, int64_t ncols,
+                                                       const float *next) {
     __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
     __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
     for (int64_t k = 0; k < K; k++) {
         const __m256 w0 = _mm256_loadu_ps(panel + k * NR), w1 = _mm256_loadu_ps(panel + k * NR + 8);
+        if (next) _mm_prefetch((const char *)(next + k * NR), _MM_HINT_T1); /* one 64-byte line per k */
         ROW_FMA(0) ROW_FMA(1) ROW_FMA(2) ROW_FMA(3) ROW_FMA(4) ROW_FMA(5)
     }
     ROW_STORE(0) ROW_STORE(1) ROW_STORE(2) ROW_STORE(3) ROW_STORE(4) ROW_STORE(5)
@@ -88,14 +92,17 @@ void packed_linear_f32(const float *x, const float *wp, const float *bias, float
                 memcpy(bpad, bias + n, sizeof(float) * (size_t)ncols);
                 b = bpad;
             }
+            /* Panels of one thread are adjacent (static schedule): the next one follows this one. */
+            const float *next = p + 1 < panels ? panel + K * NR : NULL;
             int64_t m = m0;
-            for (; m + MR <= mend; m += MR) block(MR, x + m * K, K, panel, b, y + m * N + n, N, ncols);
+            for (; m + MR <= mend; m += MR)
+                block(MR, x + m * K, K, panel, b, y + m * N + n, N, ncols, m == m0 ? next : NULL);
             switch (mend - m) {
-            case 5: block(5, x + m * K, K, panel, b, y + m * N + n, N, ncols); break;
-            case 4: block(4, x + m * K, K, panel, b, y + m * N + n, N, ncols); break;
-            case 3: block(3, x + m * K, K, panel, b, y + m * N + n, N, ncols); break;
-            case 2: block(2, x + m * K, K, panel, b, y + m * N + n, N, ncols); break;
-            case 1: block(1, x + m * K, K, panel, b, y + m * N + n, N, ncols); break;
+            case 5: block(5, x + m * K, K, panel, b, y + m * N + n, N, ncols, m == m0 ? next : NULL); break;
+            case 4: block(4, x + m * K, K, panel, b, y + m * N + n, N, ncols, m == m0 ? next : NULL); break;
+            case 3: block(3, x + m * K, K, panel, b, y + m * N + n, N, ncols, m == m0 ? next : NULL); break;
+            case 2: block(2, x + m * K, K, panel, b, y + m * N + n, N, ncols, m == m0 ? next : NULL); break;
+            case 1: block(1, x + m * K, K, panel, b, y + m * N + n, N, ncols, m == m0 ? next : NULL); break;
             }
         }
     }

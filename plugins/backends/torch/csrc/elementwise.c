@@ -1,0 +1,74 @@
+/* The small per-layer operations of the fused forward, fp32 on an AVX2/FMA CPU.
+ *
+ * Each is a handful of torch ops (RMSNorm alone is six: pow, mean, add, rsqrt, mul, mul), and
+ * at a decode step's few rows their dispatch and extra passes over memory cost more than the
+ * arithmetic. One call here does the whole thing in one pass per row.
+ *
+ *   add_rms_norm_f32:  h += delta (when delta is given), out = h / sqrt(mean(h^2) + eps) * w
+ *   silu_mul_f32:      out[t, i] = silu(gu[t, i]) * gu[t, I + i]   (gate and up side by side)
+ *
+ * Built at run time by ``cpu_kernels.py`` (gcc -O3 -march=native -fopenmp).
+ */
+#if !defined(__AVX2__) || !defined(__FMA__)
+#error "the elementwise kernels need AVX2 and FMA"
+#endif
+#include <math.h>
+#include <stdint.h>
+
+#include "vec_math.h"
+
+/* silu(x) = x * sigmoid(x), with sigmoid from e = e^-|x| (never overflows):
+ * x >= 0: 1 / (1 + e);  x < 0: e / (1 + e). */
+static inline __m256 silu8(__m256 x) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256 e = exp_nonpos(_mm256_or_ps(x, sign)); /* -|x| */
+    const __m256 num = _mm256_blendv_ps(_mm256_set1_ps(1.0f), e, x); /* x's sign bit picks e */
+    return _mm256_mul_ps(x, _mm256_div_ps(num, _mm256_add_ps(_mm256_set1_ps(1.0f), e)));
+}
+
+static inline float silu1(float x) {
+    return x >= 0.0f ? x / (1.0f + expf(-x)) : x * expf(x) / (1.0f + expf(x));
+}
+
+void add_rms_norm_f32(float *h, const float *delta, const float *w, float *out, int64_t T, int64_t D, float eps,
+                      int nthreads) {
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (T > 1)
+    for (int64_t t = 0; t < T; t++) {
+        float *row = h + t * D;
+        const float *dr = delta ? delta + t * D : NULL;
+        __m256 acc = _mm256_setzero_ps();
+        int64_t d = 0;
+        for (; d + 8 <= D; d += 8) {
+            __m256 v = _mm256_loadu_ps(row + d);
+            if (dr) {
+                v = _mm256_add_ps(v, _mm256_loadu_ps(dr + d));
+                _mm256_storeu_ps(row + d, v);
+            }
+            acc = _mm256_fmadd_ps(v, v, acc);
+        }
+        float ss = hsum8(acc);
+        for (; d < D; d++) {
+            if (dr) row[d] += dr[d];
+            ss += row[d] * row[d];
+        }
+        const float inv = 1.0f / sqrtf(ss / (float)D + eps);
+        const __m256 vinv = _mm256_set1_ps(inv);
+        float *o = out + t * D;
+        for (d = 0; d + 8 <= D; d += 8)
+            _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_loadu_ps(w + d),
+                                                  _mm256_mul_ps(_mm256_loadu_ps(row + d), vinv)));
+        for (; d < D; d++) o[d] = w[d] * (row[d] * inv);
+    }
+}
+
+void silu_mul_f32(const float *gu, float *out, int64_t T, int64_t I, int nthreads) {
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (T * I >= 16384)
+    for (int64_t t = 0; t < T; t++) {
+        const float *g = gu + t * 2 * I, *u = g + I;
+        float *o = out + t * I;
+        int64_t i = 0;
+        for (; i + 8 <= I; i += 8)
+            _mm256_storeu_ps(o + i, _mm256_mul_ps(silu8(_mm256_loadu_ps(g + i)), _mm256_loadu_ps(u + i)));
+        for (; i < I; i++) o[i] = silu1(g[i]) * u[i];
+    }
+}
