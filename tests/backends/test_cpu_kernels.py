@@ -212,3 +212,27 @@ def test_a_changed_header_rebuilds(fresh_cache, monkeypatch, tmp_path) -> None:
     monkeypatch.setattr(cpu_kernels, "_loaded", {})
     assert cpu_kernels.elementwise_ops() is not None
     assert len(list(fresh_cache.glob("elementwise-*.so"))) == 2
+
+
+def test_greedy_pick_equals_argmax_and_log_softmax() -> None:
+    ops = cpu_kernels.elementwise_ops()
+    gen = torch.Generator().manual_seed(7)
+    logits = torch.randn(6, 1003, generator=gen) * 4    # V not a multiple of 8: the tails
+    logits[1, 5] = logits[1, 900] = 50.0                # a tie: the first index wins, as argmax
+    logits[2, :500] = float("-inf")                     # masked tokens
+    logits[3, 1001] = 60.0                              # the maximum in the scalar tail
+    tokens, lps = ops.greedy(logits)
+    torch.testing.assert_close(tokens, logits.argmax(-1))
+    want = torch.log_softmax(logits.double(), -1).gather(1, tokens[:, None])[:, 0]
+    torch.testing.assert_close(torch.tensor(lps, dtype=torch.float64), want, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("poison", ["nan", "all -inf"])
+def test_greedy_pick_leaves_undecidable_rows_to_the_caller(poison) -> None:
+    ops = cpu_kernels.elementwise_ops()
+    logits = torch.randn(3, 64)
+    if poison == "nan":
+        logits[1, 17] = float("nan")
+    else:
+        logits[1] = float("-inf")
+    assert ops.greedy(logits) is None

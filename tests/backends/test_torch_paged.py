@@ -84,9 +84,11 @@ def make_backend(path: str, num_blocks: int = 64, fused: bool = True, declines: 
             assert all(isinstance(lay.qkv, PackedLinear) and isinstance(lay.down, PackedLinear)
                        for lay in backend._fused.layers)
             assert backend._fused.ops is not None, "the CPU elementwise kernels did not build"
+        assert backend.sampler.greedy_kernel is not None
     else:
         assert backend._packed_head is None
         assert backend._fused is None or backend._fused.ops is None
+        assert backend.sampler.greedy_kernel is None
         backend.cache.decode_kernel = None
     # Simulate allocator garbage: never-written slots must not leak into attention (NaN * 0 = NaN).
     backend.cache.pool[:, :, :, :num_blocks].fill_(float("nan"))

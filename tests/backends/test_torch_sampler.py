@@ -34,9 +34,35 @@ def tokens(sampler: Sampler, logits: torch.Tensor, items: list[StepItem]) -> lis
     return [o.token_id for o in sampler.sample(logits, items)]
 
 
-@pytest.fixture()
-def sampler() -> Sampler:
-    return Sampler(V, [EOS])
+@pytest.fixture(params=["torch", "native-greedy"])
+def sampler(request: pytest.FixtureRequest) -> Sampler:
+    """The sampler as the backend builds it without and with the native greedy pick (CPU fp32)."""
+    s = Sampler(V, [EOS])
+    if request.param == "native-greedy":
+        from llmserve.plugins.backends.torch.cpu_kernels import elementwise_ops
+
+        ops = elementwise_ops()
+        assert ops is not None, "the CPU elementwise kernels must build wherever the suite runs"
+        s.greedy_kernel = ops.greedy
+    return s
+
+
+def test_native_greedy_pick_is_used_and_agrees() -> None:
+    from llmserve.plugins.backends.torch.cpu_kernels import elementwise_ops
+
+    plain, native = Sampler(V, [EOS]), Sampler(V, [EOS])
+    calls = []
+    greedy = elementwise_ops().greedy
+    native.greedy_kernel = lambda x: calls.append(x.shape) or greedy(x)
+    x = logits_rows(5, seed=9)
+    items = [it(i, sp(temperature=0)) for i in range(5)]
+    a, b = plain.sample(x, items), native.sample(x, items)
+    assert calls == [(5, V)]
+    assert [o.token_id for o in a] == [o.token_id for o in b]
+    assert [o.logprob for o in a] == pytest.approx([o.logprob for o in b], abs=1e-5)
+    # A sampled row in the batch takes the general path for everyone.
+    native.sample(x, items[:4] + [it(4, sp(temperature=1.0))])
+    assert calls == [(5, V)]
 
 
 def test_greedy_is_argmax(sampler: Sampler) -> None:

@@ -184,6 +184,9 @@ class ElementwiseOps:
         self._silu = lib.silu_mul_f32
         self._silu.argtypes = [ptr, ptr, i64, i64, ctypes.c_int]
         self._silu.restype = None
+        self._greedy = lib.greedy_pick_f32
+        self._greedy.argtypes = [ptr, i64, i64, ptr, ptr, ctypes.c_int]
+        self._greedy.restype = i64
 
     def add_rms_norm(self, h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
                      eps: float) -> torch.Tensor:
@@ -204,6 +207,20 @@ class ElementwiseOps:
         out = gu.new_empty(T, two_i // 2)
         self._silu(gu.data_ptr(), out.data_ptr(), T, two_i // 2, torch.get_num_threads())
         return out
+
+
+    def greedy(self, logits: torch.Tensor) -> tuple[torch.Tensor, list[float]] | None:
+        """Per row of contiguous fp32 ``[B, V]`` logits: the first index of the maximum (as
+        ``argmax``) and its log-probability. None when a row holds NaN or no finite value
+        (the caller's general path decides those)."""
+        B, V = logits.shape
+        if not logits.is_contiguous() or logits.dtype != torch.float32:
+            return None
+        tokens = torch.empty(B, dtype=torch.long)
+        lps = torch.empty(B, dtype=torch.float32)
+        if self._greedy(logits.data_ptr(), B, V, tokens.data_ptr(), lps.data_ptr(), torch.get_num_threads()):
+            return None
+        return tokens, lps.tolist()
 
 
 def elementwise_ops() -> ElementwiseOps | None:

@@ -85,6 +85,11 @@ class TorchBackend(Backend):
         self._softcap = getattr(cfg, "final_logit_softcapping", None)
         self._logit_scale = getattr(cfg, "logit_scale", None)
         self.sampler = Sampler(lm.vocab_size, lm.eos_token_ids, lm.device)
+        if pack:
+            from .cpu_kernels import elementwise_ops
+
+            ops = elementwise_ops()
+            self.sampler.greedy_kernel = ops.greedy if ops is not None else None
         if getattr(self.config, "enforce_eager", False) is False and lm.device.type == "cuda":
             log.info("CUDA graphs are not implemented; running eagerly")
         return ModelInfo(

@@ -4,7 +4,7 @@ per-sequence seeded generators and logprobs, vectorised over the rows of one ste
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -63,6 +63,9 @@ class Sampler:
         self._generators: dict[int, tuple[int, torch.Generator]] = {}
         self._global = torch.Generator(device=self.device)
         self._global.seed()
+        # Optional native greedy pick (token + its logprob in one pass), set by the backend on
+        # CPU fp32: ``logits -> (tokens, logprobs) | None`` (None: use the torch path).
+        self.greedy_kernel: Callable[[torch.Tensor], tuple[torch.Tensor, list[float]] | None] | None = None
 
     def release(self, seq_ids: Sequence[int]) -> None:
         for seq_id in seq_ids:
@@ -219,6 +222,10 @@ class Sampler:
                 proc[dead] = raw[dead]
 
         sampled = [i for i, p in enumerate(params) if not p.greedy]
+        if not sampled and proc is raw and self.greedy_kernel is not None:
+            picked = self.greedy_kernel(raw)
+            if picked is not None:
+                return self._outputs(raw, proc, None, sampled, picked[0], params, picked[1])
         warped = None
         if len(sampled) == B:
             tokens = torch.empty(B, dtype=torch.long, device=raw.device)
@@ -264,11 +271,14 @@ class Sampler:
         return picked
 
     def _outputs(self, raw: torch.Tensor, proc: torch.Tensor, warped: torch.Tensor | None, sampled: list[int],
-                 tokens: torch.Tensor, params: list[SamplingParams]) -> list[SampleOutput]:
-        """Sampled token ids with their logprob (raw or processed) and top alternatives."""
+                 tokens: torch.Tensor, params: list[SamplingParams],
+                 lps: list[float] | None = None) -> list[SampleOutput]:
+        """Sampled token ids with their logprob (raw or processed) and top alternatives.
+        ``lps``: the raw logprobs of ``tokens`` when already known."""
         tok_col = tokens[:, None]
         # Raw logprob of the sampled token for every row: cheap (logsumexp) and what best_of ranks by.
-        lps = (raw.gather(1, tok_col)[:, 0] - torch.logsumexp(raw, -1)).tolist()
+        if lps is None:
+            lps = (raw.gather(1, tok_col)[:, 0] - torch.logsumexp(raw, -1)).tolist()
         want = [i for i, p in enumerate(params) if p.logprobs is not None]
         tops: dict[int, TopList] = {}
         if want:

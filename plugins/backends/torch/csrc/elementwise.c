@@ -72,3 +72,56 @@ void silu_mul_f32(const float *gu, float *out, int64_t T, int64_t I, int nthread
         for (; i < I; i++) o[i] = silu1(g[i]) * u[i];
     }
 }
+
+/* Greedy decoding of a [B, V] logits matrix: per row the first index of the maximum (as
+ * torch.argmax) and its log-probability, -log(sum(exp(x - max))), in three passes over the
+ * row. Returns the number of rows with no finite maximum (NaN or all -inf): for those,
+ * token is -1 and the caller must take its general path. */
+int64_t greedy_pick_f32(const float *logits, int64_t B, int64_t V, int64_t *token, float *logprob, int nthreads) {
+    int64_t bad = 0;
+#pragma omp parallel for num_threads(nthreads) schedule(static) reduction(+ : bad) if (B > 1)
+    for (int64_t b = 0; b < B; b++) {
+        const float *x = logits + b * V;
+        __m256 vmax = _mm256_set1_ps(-INFINITY), nan = _mm256_setzero_ps();
+        int64_t i = 0;
+        for (; i + 8 <= V; i += 8) {
+            const __m256 v = _mm256_loadu_ps(x + i);
+            vmax = _mm256_max_ps(vmax, v);
+            nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        }
+        float buf[8], mx = -INFINITY;
+        _mm256_storeu_ps(buf, vmax);
+        int any_nan = _mm256_movemask_ps(nan) != 0;
+        for (int j = 0; j < 8; j++) mx = buf[j] > mx ? buf[j] : mx;
+        for (; i < V; i++) {
+            mx = x[i] > mx ? x[i] : mx;
+            any_nan |= x[i] != x[i];
+        }
+        /* A NaN anywhere (torch.argmax would pick it) or no finite maximum: the caller's path. */
+        int64_t arg = -1;
+        if (!any_nan && isfinite(mx)) {
+            const __m256 m = _mm256_set1_ps(mx);
+            for (i = 0; i + 8 <= V; i += 8) {
+                const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), m, _CMP_EQ_OQ));
+                if (hit) {
+                    arg = i + __builtin_ctz((unsigned)hit);
+                    break;
+                }
+            }
+            for (; arg < 0 && i < V; i++)
+                if (x[i] == mx) arg = i;
+        }
+        token[b] = arg;
+        if (arg < 0) {
+            bad += 1;
+            continue;
+        }
+        const __m256 m = _mm256_set1_ps(mx);
+        __m256 acc = _mm256_setzero_ps();
+        for (i = 0; i + 8 <= V; i += 8) acc = _mm256_add_ps(acc, exp_nonpos(_mm256_sub_ps(_mm256_loadu_ps(x + i), m)));
+        float sum = hsum8(acc);
+        for (; i < V; i++) sum += expf(x[i] - mx);
+        logprob[b] = -logf(sum);
+    }
+    return bad;
+}
