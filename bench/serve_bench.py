@@ -2,7 +2,8 @@
 
 Starts each server in turn on the same model and machine (one at a time, so they never share
 the CPU), drives it with the same closed-loop streaming workload (POST /v1/completions,
-fixed prompts, max_tokens 128, greedy, ignore_eos where honoured) at each concurrency, and
+fixed prompts, max_tokens 128, greedy, every request running to max_tokens: ignore_eos for
+llmserve, an unreachable EOS id in transformers serve's generation_config) at each concurrency, and
 prints output tokens/s, TTFT p50/p99 and inter-token latency p50/p99 with llmserve/peer
 ratios. `--markdown FILE` appends the table to FILE.
 
@@ -184,6 +185,8 @@ def main() -> None:
     ap.add_argument("--requests-per-level", type=int, default=0, help="default: 2 x concurrency")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--skip-peer", action="store_true", help="only benchmark llmserve")
+    ap.add_argument("--peer-eos-id", type=int, default=None,
+                    help="EOS id given to transformers serve so it runs to max_tokens (default: the vocab's last id)")
     ap.add_argument("--llmserve-args", default="", help="extra flags for llmserve serve")
     ap.add_argument("--log-dir", default="bench/logs")
     ap.add_argument("--markdown", default=None, help="append the result table to this file")
@@ -196,8 +199,7 @@ def main() -> None:
     ours_cmd = [sys.executable, "-m", "llmserve", "serve", model_dir, "--port", str(port), "--dtype", args.dtype,
                 "--device", args.device, "--served-model-name", "bench", "--log-level", "warning",
                 *args.llmserve_args.split()]
-    # ignore_eos keeps every request at max_tokens; transformers serve rejects the field (422),
-    # so it runs without it and its tokens are counted per streamed chunk.
+    # ignore_eos keeps every request at max_tokens (transformers serve: see below).
     ours = bench_server("llmserve", ours_cmd, port, "bench", args, env,
                         {"ignore_eos": True, "stream_options": {"include_usage": True}})
     peer = None
@@ -206,7 +208,15 @@ def main() -> None:
         port = free_port()
         peer_cmd = [exe, "serve", "--continuous-batching", model_dir, "--port", str(port), "--host", "127.0.0.1",
                     "--dtype", args.dtype, "--device", args.device]
-        peer = bench_server("transformers", peer_cmd, port, model_dir, args, env, {})
+        # transformers serve has no ignore_eos, and its continuous batching ignores
+        # min_new_tokens; a generation_config whose EOS is an id greedy decoding never picks
+        # here (the vocabulary's last) gives it the same 128-token requests, and it reports
+        # them in usage. A request that still stopped early would show in the token count.
+        vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
+        gen = {"eos_token_id": [args.peer_eos_id if args.peer_eos_id is not None else vocab - 1],
+               "max_new_tokens": args.max_tokens, "do_sample": False}
+        peer = bench_server("transformers", peer_cmd, port, model_dir, args, env,
+                            {"generation_config": json.dumps(gen)})
     md = table(ours, peer)
     print(md)
     header = (f"\n### {time.strftime('%Y-%m-%d')} — {platform.machine()}, {os.cpu_count()} cores, "

@@ -316,3 +316,20 @@ def test_fused_forward_environment_switch(tiny_dir: str, monkeypatch, value: str
     b = TorchBackend(SimpleNamespace(model=tiny_dir, dtype="float32", device="cpu", max_model_len=None))
     b.load()
     assert (b._fused is not None) == fused
+
+
+def test_a_refused_model_keeps_its_weights_when_packing(tiny_dir: str) -> None:
+    """Packing starts only once every layer is understood: a layer the fused forward refuses
+    (here mixed q/k/v biases in the last layer) leaves every transformers weight in place."""
+    from transformers import AutoModelForCausalLM
+
+    from llmserve.plugins.backends.torch.fused import FusedDecoder
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
+    last = model.model.layers[-1].self_attn
+    last.q_proj.bias = torch.nn.Parameter(torch.zeros(last.q_proj.out_features))
+    assert FusedDecoder.build(model, pack=True) is None
+    for layer in model.model.layers:
+        assert layer.self_attn.q_proj.weight.numel() > 0 and layer.mlp.down_proj.weight.numel() > 0
+    with torch.inference_mode():
+        assert torch.isfinite(model(torch.tensor([[1, 2, 3]])).logits).all()

@@ -102,23 +102,29 @@ class FusedDecoder:
             from .cpu_kernels import elementwise_ops
 
             self.ops = elementwise_ops()
+        owners: list[tuple[_Layer, dict[str, list[torch.nn.Linear]]]] = []
         for i, dec in enumerate(base.layers):
             attn, mlp = dec.self_attn, dec.mlp
             lay = _Layer()
             lay.idx = int(attn.layer_idx)
             lay.ln1, lay.eps1 = dec.input_layernorm.weight, float(dec.input_layernorm.variance_epsilon)
             lay.ln2, lay.eps2 = dec.post_attention_layernorm.weight, float(dec.post_attention_layernorm.variance_epsilon)
-            qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
-            lay.qkv = _linear(*_fuse(qkv), qkv, pack)
-            lay.o = _linear(attn.o_proj.weight, attn.o_proj.bias, [attn.o_proj], pack)
-            gu = [mlp.gate_proj, mlp.up_proj]
-            lay.gu = _linear(*_fuse(gu), gu, pack)
-            lay.down = _linear(mlp.down_proj.weight, mlp.down_proj.bias, [mlp.down_proj], pack)
+            qkv, gu = [attn.q_proj, attn.k_proj, attn.v_proj], [mlp.gate_proj, mlp.up_proj]
+            lay.qkv, lay.gu = _TorchLinear(*_fuse(qkv)), _TorchLinear(*_fuse(gu))
+            lay.o = _TorchLinear(attn.o_proj.weight, attn.o_proj.bias)
+            lay.down = _TorchLinear(mlp.down_proj.weight, mlp.down_proj.bias)
+            owners.append((lay, {"qkv": qkv, "o": [attn.o_proj], "gu": gu, "down": [mlp.down_proj]}))
             lay.scaling = float(attn.scaling)
             # Qwen2 sets a window per layer; Mistral reads the config's for every layer.
             lay.window = (getattr(attn, "sliding_window", None) if hasattr(attn, "sliding_window")
                           else getattr(cfg, "sliding_window", None) if cfg.model_type == "mistral" else None)
             self.layers.append(lay)
+        # Packing (which empties the transformers modules' weights) only once every layer has
+        # been understood: a refusal above leaves the model intact for transformers' forward.
+        for lay, parts in owners if pack else ():
+            for name, mods in parts.items():
+                unpacked = getattr(lay, name)
+                setattr(lay, name, _linear(unpacked.weight, unpacked.bias, mods, pack))
 
     @classmethod
     def build(cls, model: Any, pack: bool = False) -> "FusedDecoder | None":
