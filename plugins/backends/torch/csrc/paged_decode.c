@@ -25,13 +25,12 @@
 #define HAVE_AVX2 1
 #endif
 
-static void attend_one_portable(const float *restrict q, const float *restrict kv, const int64_t *restrict table,
-                       int64_t L, int64_t kvh, int64_t h, int64_t G, int64_t D, int64_t nblocks, int64_t bs,
-                       float scale, int64_t window, float *restrict scores, float *restrict out) {
-    const int64_t start = (window > 0 && L > window) ? L - window : 0;
+/* Both variants attend positions start..L-1 of one KV head (keys at kbase, values at vbase,
+ * laid out in blocks of bs rows of D floats) for its G query heads. */
+static void attend_one_portable(const float *restrict q, const float *restrict kbase, const float *restrict vbase,
+                                const int64_t *restrict table, int64_t start, int64_t L, int64_t G, int64_t D,
+                                int64_t bs, float scale, float *restrict scores, float *restrict out) {
     const int64_t n = L - start;
-    const float *kbase = kv + h * nblocks * bs * D;
-    const float *vbase = kv + (kvh + h) * nblocks * bs * D;
 
     for (int64_t j = 0; j < n; j++) {
         const int64_t pos = start + j;
@@ -73,13 +72,10 @@ static void attend_one_portable(const float *restrict q, const float *restrict k
 #ifdef HAVE_AVX2
 /* Same contract as attend_one_portable, for D % 8 == 0. Positions are walked block by block
  * (one table lookup per block, rows of a block are contiguous). */
-static void attend_one_avx2(const float *restrict q, const float *restrict kv, const int64_t *restrict table,
-                            int64_t L, int64_t kvh, int64_t h, int64_t G, int64_t D, int64_t nblocks, int64_t bs,
-                            float scale, int64_t window, float *restrict scores, float *restrict out) {
-    const int64_t start = (window > 0 && L > window) ? L - window : 0;
+static void attend_one_avx2(const float *restrict q, const float *restrict kbase, const float *restrict vbase,
+                            const int64_t *restrict table, int64_t start, int64_t L, int64_t G, int64_t D,
+                            int64_t bs, float scale, float *restrict scores, float *restrict out) {
     const int64_t n = L - start;
-    const float *kbase = kv + h * nblocks * bs * D;
-    const float *vbase = kv + (kvh + h) * nblocks * bs * D;
 
     for (int64_t pos = start; pos < L;) {
         const int64_t off = pos % bs, take = (bs - off < L - pos) ? bs - off : L - pos;
@@ -157,13 +153,16 @@ static void attend_one_avx2(const float *restrict q, const float *restrict kv, c
 static void attend_one(const float *restrict q, const float *restrict kv, const int64_t *restrict table,
                        int64_t L, int64_t kvh, int64_t h, int64_t G, int64_t D, int64_t nblocks, int64_t bs,
                        float scale, int64_t window, float *restrict scores, float *restrict out) {
+    const int64_t start = (window > 0 && L > window) ? L - window : 0;
+    const float *kbase = kv + h * nblocks * bs * D;
+    const float *vbase = kv + (kvh + h) * nblocks * bs * D;
 #ifdef HAVE_AVX2
     if (D % 8 == 0) {
-        attend_one_avx2(q, kv, table, L, kvh, h, G, D, nblocks, bs, scale, window, scores, out);
+        attend_one_avx2(q, kbase, vbase, table, start, L, G, D, bs, scale, scores, out);
         return;
     }
 #endif
-    attend_one_portable(q, kv, table, L, kvh, h, G, D, nblocks, bs, scale, window, scores, out);
+    attend_one_portable(q, kbase, vbase, table, start, L, G, D, bs, scale, scores, out);
 }
 
 /* Returns 0, or -1 when scratch memory could not be allocated (out is then incomplete). */
