@@ -236,3 +236,21 @@ def test_greedy_pick_leaves_undecidable_rows_to_the_caller(poison) -> None:
     else:
         logits[1] = float("-inf")
     assert ops.greedy(logits) is None
+
+
+@pytest.mark.parametrize("T,heads,extra,D", [(1, 12, 3, 64), (5, 2, 0, 20), (3, 1, 1, 6)])
+def test_rope_equals_rotate_half(T, heads, extra, D) -> None:
+    """In place on the first ``heads`` heads of wider rows (values after them stay untouched)."""
+    ops = cpu_kernels.elementwise_ops()
+    gen = torch.Generator().manual_seed(T * heads + D)
+    x = torch.randn(T, (heads + extra) * D, generator=gen)
+    cos, sin = torch.randn(T, D, generator=gen), torch.randn(T, D, generator=gen)
+    qk = x[:, :heads * D].view(T, heads, D)
+    half = D // 2
+    want = qk * cos[:, None] + torch.cat((-qk[..., half:], qk[..., :half]), -1) * sin[:, None]
+    rest = x[:, heads * D:].clone()
+    ops.rope(x, heads, D, cos, sin)
+    torch.testing.assert_close(x[:, :heads * D].view(T, heads, D), want, atol=1e-5, rtol=1e-5)
+    assert torch.equal(x[:, heads * D:], rest)
+    with pytest.raises(ValueError):
+        ops.rope(x, heads + extra + 1, D, cos, sin)

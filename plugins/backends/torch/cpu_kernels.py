@@ -184,6 +184,9 @@ class ElementwiseOps:
         self._silu = lib.silu_mul_f32
         self._silu.argtypes = [ptr, ptr, i64, i64, ctypes.c_int]
         self._silu.restype = None
+        self._rope = lib.rope_f32
+        self._rope.argtypes = [ptr, ptr, ptr, i64, i64, i64, i64, ctypes.c_int]
+        self._rope.restype = None
         self._greedy = lib.greedy_pick_f32
         self._greedy.argtypes = [ptr, i64, i64, ptr, ptr, ctypes.c_int]
         self._greedy.restype = i64
@@ -208,6 +211,17 @@ class ElementwiseOps:
         self._silu(gu.data_ptr(), out.data_ptr(), T, two_i // 2, torch.get_num_threads())
         return out
 
+
+    def rope(self, x: torch.Tensor, heads: int, head_dim: int, cos: torch.Tensor, sin: torch.Tensor) -> None:
+        """Rotary embedding ("rotate half") in place on the first ``heads`` heads of each row of
+        the 2-D ``x`` (rows may be wider: e.g. queries and keys followed by values), with
+        contiguous per-row ``cos``/``sin`` ``[T, head_dim]``."""
+        T, width = x.shape
+        if (x.stride(1) != 1 or heads * head_dim > width or head_dim % 2 or cos.shape != (T, head_dim)
+                or sin.shape != cos.shape or not (cos.is_contiguous() and sin.is_contiguous())):
+            raise ValueError("rope needs rows of at least heads * head_dim floats and [T, head_dim] cos/sin")
+        self._rope(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), T, heads, head_dim, x.stride(0),
+                   torch.get_num_threads())
 
     def greedy(self, logits: torch.Tensor) -> tuple[torch.Tensor, list[float]] | None:
         """Per row of contiguous fp32 ``[B, V]`` logits: the first index of the maximum (as

@@ -184,18 +184,25 @@ class FusedDecoder:
         q_end, k_end = H * D, (H + kvh) * D
         h = self.embed(input_ids)
         cos, sin = self.rotary(h, positions[None])
-        cos, sin = cos[0, :, None, :], sin[0, :, None, :]      # [T, 1, D] over heads
-        half = D // 2
         ops = self.ops
+        if ops is not None:
+            cos, sin = cos[0].float().contiguous(), sin[0].float().contiguous()   # [T, D]
+        else:
+            cos, sin = cos[0, :, None, :], sin[0, :, None, :]  # [T, 1, D] over heads
+        half = D // 2
         delta = None  # what the previous sub-layer adds to the residual stream
         for lay in self.layers:
             h, x = self._add_norm(h, delta, lay.ln1, lay.eps1)
             qkv = lay.qkv(x)
             # RoPE on queries and keys together: they sit side by side in qkv.
-            qk = qkv[:, :k_end].view(T, H + kvh, D)
-            rot = torch.cat((qk[..., half:].neg(), qk[..., :half]), -1)
-            qk = qk * cos
-            qk.addcmul_(rot, sin)
+            if ops is not None:
+                ops.rope(qkv, H + kvh, D, cos, sin)
+                qk = qkv[:, :k_end].view(T, H + kvh, D)
+            else:
+                qk = qkv[:, :k_end].view(T, H + kvh, D)
+                rot = torch.cat((qk[..., half:].neg(), qk[..., :half]), -1)
+                qk = qk * cos
+                qk.addcmul_(rot, sin)
             v = qkv[:, k_end:].view(T, kvh, D)
             o = paged_attention(cache, meta, lay.idx, qk[:, :H], qk[:, H:], v, lay.scaling, lay.window)
             h, x = self._add_norm(h, lay.o(o.view(T, q_end)), lay.ln2, lay.eps2)

@@ -6,6 +6,8 @@
  *
  *   add_rms_norm_f32:  h += delta (when delta is given), out = h / sqrt(mean(h^2) + eps) * w
  *   silu_mul_f32:      out[t, i] = silu(gu[t, i]) * gu[t, I + i]   (gate and up side by side)
+ *   rope_f32:          rotary embedding of queries and keys in place
+ *   greedy_pick_f32:   argmax and its log-probability per row of logits
  *
  * Built at run time by ``cpu_kernels.py`` (gcc -O3 -march=native -fopenmp).
  */
@@ -124,4 +126,31 @@ int64_t greedy_pick_f32(const float *logits, int64_t B, int64_t V, int64_t *toke
         logprob[b] = -logf(sum);
     }
     return bad;
+}
+
+/* Rotary embedding ("rotate half") in place on the first ``heads`` heads of each row of x
+ * (row stride ``ld`` floats; queries and keys side by side), with per-row cos/sin [T, D]:
+ * x[i] <- x[i] cos[i] - x[i + D/2] sin[i],  x[i + D/2] <- x[i + D/2] cos[i + D/2] + x[i] sin[i + D/2]. */
+void rope_f32(float *x, const float *cos, const float *sin, int64_t T, int64_t heads, int64_t D, int64_t ld,
+              int nthreads) {
+    const int64_t half = D / 2;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (T * heads * D >= 32768)
+    for (int64_t t = 0; t < T; t++) {
+        const float *c = cos + t * D, *s = sin + t * D;
+        for (int64_t h = 0; h < heads; h++) {
+            float *a = x + t * ld + h * D, *b = a + half;
+            int64_t i = 0;
+            for (; i + 8 <= half; i += 8) {
+                const __m256 va = _mm256_loadu_ps(a + i), vb = _mm256_loadu_ps(b + i);
+                _mm256_storeu_ps(a + i, _mm256_fnmadd_ps(vb, _mm256_loadu_ps(s + i), _mm256_mul_ps(va, _mm256_loadu_ps(c + i))));
+                _mm256_storeu_ps(b + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(s + half + i),
+                                                        _mm256_mul_ps(vb, _mm256_loadu_ps(c + half + i))));
+            }
+            for (; i < half; i++) {
+                const float va = a[i], vb = b[i];
+                a[i] = va * c[i] - vb * s[i];
+                b[i] = vb * c[half + i] + va * s[half + i];
+            }
+        }
+    }
 }
