@@ -12,7 +12,8 @@ transformers = pytest.importorskip("transformers")
 
 from llmserve.engine.backend import KVCacheSpec, StepItem  # noqa: E402
 from llmserve.errors import ConfigError  # noqa: E402
-from llmserve.plugins.backends.torch.cpu_kernels import PackedLinear  # noqa: E402
+from llmserve.plugins.backends.torch.cpu_kernels import ElementwiseOps, PackedLinear  # noqa: E402
+from llmserve.plugins.backends.torch.fused import TorchOps  # noqa: E402
 from llmserve.plugins.backends.torch.runner import TorchBackend  # noqa: E402
 from llmserve.sampling import SamplingParams  # noqa: E402
 
@@ -83,11 +84,11 @@ def make_backend(path: str, num_blocks: int = 64, fused: bool = True, declines: 
         if backend._fused is not None:
             assert all(isinstance(lay.qkv, PackedLinear) and isinstance(lay.down, PackedLinear)
                        for lay in backend._fused.layers)
-            assert backend._fused.ops is not None, "the CPU elementwise kernels did not build"
+            assert isinstance(backend._fused.ops, ElementwiseOps), "the CPU elementwise kernels did not build"
         assert backend.sampler.greedy_kernel is not None
     else:
         assert backend._packed_head is None
-        assert backend._fused is None or backend._fused.ops is None
+        assert backend._fused is None or isinstance(backend._fused.ops, TorchOps)
         assert backend.sampler.greedy_kernel is None
         backend.cache.decode_kernel = None
     # Simulate allocator garbage: never-written slots must not leak into attention (NaN * 0 = NaN).

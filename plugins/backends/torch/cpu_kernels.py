@@ -100,16 +100,22 @@ def _library(name: str, what: str) -> ctypes.CDLL | None:
         return lib
 
 
+def _bind(lib: ctypes.CDLL, name: str, restype: Any, *argtypes: Any) -> ctypes._CFuncPtr:
+    """``lib.name`` with its C signature declared."""
+    fn = getattr(lib, name)
+    fn.argtypes, fn.restype = list(argtypes), restype
+    return fn
+
+
+_PTR, _I64, _INT, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+
+
 def decode_kernel() -> DecodeKernel | None:
     """The paged decode-attention function, or None when it cannot be had here."""
     lib = _library("paged_decode", "decode-attention")
-    return _wrap(lib.paged_decode_f32) if lib is not None else None
-
-
-def _wrap(cfn: ctypes._CFuncPtr) -> DecodeKernel:
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    cfn.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, i64, ctypes.c_float, i64, ctypes.c_int]
-    cfn.restype = ctypes.c_int
+    if lib is None:
+        return None
+    cfn = _bind(lib, "paged_decode_f32", _INT, *[_PTR] * 5, *[_I64] * 7, _F32, _I64, _INT)
 
     def paged_decode(q: torch.Tensor, blocks_view: torch.Tensor, tables: torch.Tensor, ctx: torch.Tensor,
                      out: torch.Tensor, scale: float, window: int | None) -> None:
@@ -132,15 +138,15 @@ class PackedLinear:
 
     __slots__ = ("_fn", "packed", "bias", "out_features", "in_features")
 
-    def __init__(self, fn: ctypes._CFuncPtr, pack: ctypes._CFuncPtr, weight: torch.Tensor,
-                 bias: torch.Tensor | None) -> None:
+    def __init__(self, lib: ctypes.CDLL, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         weight = weight.detach().contiguous()
         self.out_features, self.in_features = weight.shape
         panels = -(-self.out_features // 16)
         self.packed = torch.empty(panels * self.in_features * 16, dtype=torch.float32)
+        pack = _bind(lib, "pack_weight_f32", None, _PTR, _PTR, _I64, _I64)
         pack(weight.data_ptr(), self.packed.data_ptr(), self.out_features, self.in_features)
         self.bias = bias.detach().contiguous() if bias is not None else None
-        self._fn = fn
+        self._fn = _bind(lib, "packed_linear_f32", None, *[_PTR] * 4, _I64, _I64, _I64, _INT)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2 or x.shape[1] != self.in_features:
@@ -161,35 +167,17 @@ def packed_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Pac
     if bias is not None and (bias.dtype != torch.float32 or bias.device.type != "cpu"):
         return None
     lib = _library("packed_linear", "linear-layer")
-    if lib is None:
-        return None
-    fn, pack = lib.packed_linear_f32, lib.pack_weight_f32
-    if fn.argtypes is None:
-        ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-        fn.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, ctypes.c_int]
-        fn.restype = None
-        pack.argtypes = [ptr, ptr, i64, i64]
-        pack.restype = None
-    return PackedLinear(fn, pack, weight, bias)
+    return PackedLinear(lib, weight, bias) if lib is not None else None
 
 
 class ElementwiseOps:
     """The fused forward's per-layer small operations on contiguous fp32 CPU tensors."""
 
     def __init__(self, lib: ctypes.CDLL) -> None:
-        ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-        self._norm = lib.add_rms_norm_f32
-        self._norm.argtypes = [ptr, ptr, ptr, ptr, i64, i64, ctypes.c_float, ctypes.c_int]
-        self._norm.restype = None
-        self._silu = lib.silu_mul_f32
-        self._silu.argtypes = [ptr, ptr, i64, i64, ctypes.c_int]
-        self._silu.restype = None
-        self._rope = lib.rope_f32
-        self._rope.argtypes = [ptr, ptr, ptr, i64, i64, i64, i64, ctypes.c_int]
-        self._rope.restype = None
-        self._greedy = lib.greedy_pick_f32
-        self._greedy.argtypes = [ptr, i64, i64, ptr, ptr, ctypes.c_int]
-        self._greedy.restype = i64
+        self._norm = _bind(lib, "add_rms_norm_f32", None, *[_PTR] * 4, _I64, _I64, _F32, _INT)
+        self._silu = _bind(lib, "silu_mul_f32", None, _PTR, _PTR, _I64, _I64, _INT)
+        self._rope = _bind(lib, "rope_f32", None, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _INT)
+        self._greedy = _bind(lib, "greedy_pick_f32", _I64, _PTR, _I64, _I64, _PTR, _PTR, _INT)
 
     def add_rms_norm(self, h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
                      eps: float) -> torch.Tensor:
@@ -210,7 +198,6 @@ class ElementwiseOps:
         out = gu.new_empty(T, two_i // 2)
         self._silu(gu.data_ptr(), out.data_ptr(), T, two_i // 2, torch.get_num_threads())
         return out
-
 
     def rope(self, x: torch.Tensor, heads: int, head_dim: int, cos: torch.Tensor, sin: torch.Tensor) -> None:
         """Rotary embedding ("rotate half") in place on the first ``heads`` heads of each row of

@@ -80,6 +80,38 @@ def _linear(weight: torch.Tensor, bias: torch.Tensor | None, owners: list[torch.
     return _TorchLinear(weight, bias)
 
 
+class TorchOps:
+    """The forward's small per-layer operations in plain torch (any device and dtype); the
+    native ``cpu_kernels.ElementwiseOps`` has the same three methods for CPU fp32."""
+
+    @staticmethod
+    def add_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """``h += delta`` in place (when given), then RMSNorm of ``h`` scaled by ``weight``."""
+        if delta is not None:
+            h.add_(delta)
+        if h.dtype == torch.float32:
+            return F.rms_norm(h, weight.shape, weight, eps)
+        # transformers' order of operations: normalise in fp32, cast back, then scale.
+        x = h.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+        return weight * x.to(h.dtype)
+
+    @staticmethod
+    def silu_mul(gu: torch.Tensor) -> torch.Tensor:
+        """``silu(gate) * up`` of a ``[T, 2 * I]`` gate-and-up tensor -> ``[T, I]``."""
+        inter = gu.shape[-1] // 2
+        return F.silu(gu[:, :inter]).mul_(gu[:, inter:])
+
+    @staticmethod
+    def rope(x: torch.Tensor, heads: int, head_dim: int, cos: torch.Tensor, sin: torch.Tensor) -> None:
+        """Rotary embedding ("rotate half") in place on the first ``heads`` heads of each row of
+        ``x``, with per-row ``cos``/``sin`` ``[T, head_dim]``."""
+        qk = x[:, :heads * head_dim].view(x.shape[0], heads, head_dim)
+        half = head_dim // 2
+        rot = torch.cat((qk[..., half:].neg(), qk[..., :half]), -1)
+        qk.mul_(cos[:, None]).addcmul_(rot, sin[:, None])
+
+
 class _Layer:
     __slots__ = ("idx", "ln1", "ln2", "eps1", "eps2", "qkv", "o", "gu", "down", "scaling", "window")
 
@@ -87,7 +119,7 @@ class _Layer:
 class FusedDecoder:
     """Runs the decoder stack of a Llama-style model over one packed step."""
 
-    def __init__(self, model: Any, cfg: Any, pack: bool = False) -> None:
+    def __init__(self, model: Any, cfg: Any, pack: bool = False, ops: Any = None) -> None:
         base = model.get_decoder()
         self.embed = base.embed_tokens
         self.rotary = base.rotary_emb
@@ -96,12 +128,7 @@ class FusedDecoder:
         self.kv_heads = int(getattr(cfg, "num_key_value_heads", None) or self.heads)
         self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads)
         self.layers: list[_Layer] = []
-        # Native RMSNorm (+ residual add) and SiLU-and-mul where the packed kernels are used.
-        self.ops = None
-        if pack and self.norm_w.dtype == torch.float32 and self.norm_w.device.type == "cpu":
-            from .cpu_kernels import elementwise_ops
-
-            self.ops = elementwise_ops()
+        self.ops = ops if ops is not None else TorchOps()  # norms, SiLU-mul and RoPE
         owners: list[tuple[_Layer, dict[str, list[torch.nn.Linear]]]] = []
         for i, dec in enumerate(base.layers):
             attn, mlp = dec.self_attn, dec.mlp
@@ -127,9 +154,10 @@ class FusedDecoder:
                 setattr(lay, name, _linear(unpacked.weight, unpacked.bias, mods, pack))
 
     @classmethod
-    def build(cls, model: Any, pack: bool = False) -> "FusedDecoder | None":
+    def build(cls, model: Any, pack: bool = False, ops: Any = None) -> "FusedDecoder | None":
         """A fused decoder for ``model``, or None when it is not a plain Llama-style stack.
-        ``pack``: move the projections into the native CPU kernel's layout where it applies."""
+        ``pack``: move the projections into the native CPU kernel's layout where it applies;
+        ``ops``: the per-layer small operations (default: ``TorchOps``)."""
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         if getattr(cfg, "model_type", None) not in _ARCHITECTURES or getattr(cfg, "hidden_act", None) != "silu":
             return None
@@ -149,7 +177,7 @@ class FusedDecoder:
             ok = ok and type(base.norm).__name__.endswith("RMSNorm")
             if not ok:
                 return None
-            fused = cls(model, cfg, pack)
+            fused = cls(model, cfg, pack, ops)
         except (AttributeError, TypeError, ValueError) as exc:
             log.info("fused decoder not used for %s: %s", type(model).__name__, exc)
             return None
@@ -157,24 +185,6 @@ class FusedDecoder:
         log.info("using the fused decoder forward for %s%s", type(model).__name__,
                  " with packed CPU linear kernels" if packed else "")
         return fused
-
-    @staticmethod
-    def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        # transformers' order of operations: normalise in fp32, cast back, then scale.
-        if x.dtype == torch.float32:
-            return F.rms_norm(x, weight.shape, weight, eps)
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-        return weight * h.to(x.dtype)
-
-    def _add_norm(self, h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
-                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """The residual stream ``h + delta`` (``h`` itself when ``delta`` is None) and its RMSNorm."""
-        if self.ops is not None:
-            return h, self.ops.add_rms_norm(h, delta, weight, eps)  # adds in place
-        if delta is not None:
-            h = h + delta
-        return h, self._rms_norm(h, weight, eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: PagedKVCache,
                 meta: StepMetadata) -> torch.Tensor:
@@ -184,33 +194,16 @@ class FusedDecoder:
         q_end, k_end = H * D, (H + kvh) * D
         h = self.embed(input_ids)
         cos, sin = self.rotary(h, positions[None])
+        cos, sin = cos[0].contiguous(), sin[0].contiguous()   # [T, D]
         ops = self.ops
-        if ops is not None:
-            cos, sin = cos[0].float().contiguous(), sin[0].float().contiguous()   # [T, D]
-        else:
-            cos, sin = cos[0, :, None, :], sin[0, :, None, :]  # [T, 1, D] over heads
-        half = D // 2
-        delta = None  # what the previous sub-layer adds to the residual stream
+        delta = None  # what the previous layer's MLP adds to the residual stream h
         for lay in self.layers:
-            h, x = self._add_norm(h, delta, lay.ln1, lay.eps1)
+            x = ops.add_rms_norm(h, delta, lay.ln1, lay.eps1)                 # h += delta, norm
             qkv = lay.qkv(x)
-            # RoPE on queries and keys together: they sit side by side in qkv.
-            if ops is not None:
-                ops.rope(qkv, H + kvh, D, cos, sin)
-                qk = qkv[:, :k_end].view(T, H + kvh, D)
-            else:
-                qk = qkv[:, :k_end].view(T, H + kvh, D)
-                rot = torch.cat((qk[..., half:].neg(), qk[..., :half]), -1)
-                qk = qk * cos
-                qk.addcmul_(rot, sin)
+            ops.rope(qkv, H + kvh, D, cos, sin)   # queries and keys sit side by side in qkv
+            qk = qkv[:, :k_end].view(T, H + kvh, D)
             v = qkv[:, k_end:].view(T, kvh, D)
             o = paged_attention(cache, meta, lay.idx, qk[:, :H], qk[:, H:], v, lay.scaling, lay.window)
-            h, x = self._add_norm(h, lay.o(o.view(T, q_end)), lay.ln2, lay.eps2)
-            gu = lay.gu(x)
-            if ops is not None:
-                act = ops.silu_mul(gu)
-            else:
-                inter = gu.shape[-1] // 2
-                act = F.silu(gu[:, :inter]).mul_(gu[:, inter:])
-            delta = lay.down(act)
-        return self._add_norm(h, delta, self.norm_w, self.norm_eps)[1]
+            x = ops.add_rms_norm(h, lay.o(o.view(T, q_end)), lay.ln2, lay.eps2)
+            delta = lay.down(ops.silu_mul(lay.gu(x)))
+        return ops.add_rms_norm(h, delta, self.norm_w, self.norm_eps)

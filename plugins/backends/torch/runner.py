@@ -64,18 +64,20 @@ class TorchBackend(Backend):
         self._decoder = (model.get_decoder() if hasattr(model, "get_decoder")
                          else getattr(model, model.base_model_prefix))
         self._lm_head = model.get_output_embeddings()
-        # Native CPU kernels for the linear layers: fp32 on the CPU only, and a config can opt
-        # out (``cpu_kernels: false``) besides LLMSERVE_CPU_KERNELS=0.
+        # Native CPU kernels (fp32 on the CPU only; LLMSERVE_CPU_KERNELS=0 turns them off, and
+        # callers that build the backend themselves can pass ``cpu_kernels=False``).
         pack = (lm.device.type == "cpu" and lm.dtype == torch.float32
                 and bool(getattr(self.config, "cpu_kernels", True)))
-        if getattr(self.config, "fused_forward", switches.enabled(switches.FUSED_FORWARD)):
-            self._fused = FusedDecoder.build(model, pack=pack)
-        head = self._lm_head
-        if pack and type(head) is torch.nn.Linear:
-            from .cpu_kernels import packed_linear
+        ops = None
+        if pack:
+            from .cpu_kernels import elementwise_ops, packed_linear
 
-            # A copy (the weight is usually tied to the input embedding, which keeps its layout).
-            self._packed_head = packed_linear(head.weight, head.bias)
+            ops = elementwise_ops()
+            if type(self._lm_head) is torch.nn.Linear:
+                # A copy: the weight is usually tied to the input embedding, which keeps its layout.
+                self._packed_head = packed_linear(self._lm_head.weight, self._lm_head.bias)
+        if getattr(self.config, "fused_forward", switches.enabled(switches.FUSED_FORWARD)):
+            self._fused = FusedDecoder.build(model, pack=pack, ops=ops)
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self._num_layers = int(cfg.num_hidden_layers)
         heads = int(cfg.num_attention_heads)
@@ -85,11 +87,8 @@ class TorchBackend(Backend):
         self._softcap = getattr(cfg, "final_logit_softcapping", None)
         self._logit_scale = getattr(cfg, "logit_scale", None)
         self.sampler = Sampler(lm.vocab_size, lm.eos_token_ids, lm.device)
-        if pack:
-            from .cpu_kernels import elementwise_ops
-
-            ops = elementwise_ops()
-            self.sampler.greedy_kernel = ops.greedy if ops is not None else None
+        if ops is not None:
+            self.sampler.greedy_kernel = ops.greedy
         if getattr(self.config, "enforce_eager", False) is False and lm.device.type == "cuda":
             log.info("CUDA graphs are not implemented; running eagerly")
         return ModelInfo(
@@ -202,7 +201,7 @@ class TorchBackend(Backend):
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         head = self._lm_head
-        if self._packed_head is not None and hidden.dtype == torch.float32:
+        if self._packed_head is not None:
             logits = self._packed_head(hidden)
         elif (hidden.device.type == "cpu" and hidden.shape[0] <= 128 and type(head) is torch.nn.Linear
                 and head.bias is None):

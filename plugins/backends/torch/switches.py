@@ -1,7 +1,8 @@
 """The torch backend's environment switches (for comparisons and debugging, not tuning knobs).
 
 ``LLMSERVE_FUSED_FORWARD=0`` keeps transformers' modules instead of the fused forward;
-``LLMSERVE_CPU_KERNELS=0`` keeps decode attention on the torch path instead of the native kernel.
+``LLMSERVE_CPU_KERNELS=0`` keeps everything on torch instead of the native CPU kernels (decode
+attention, packed linears, norms, RoPE, greedy picking).
 """
 
 from __future__ import annotations
