@@ -7,6 +7,11 @@ of the most expensive operators for a few of those steps.
 
     python bench/step_bench.py --batch 32 --context 200
     python bench/step_bench.py --batch 1 --context 50 --profile
+    python bench/step_bench.py --batch 32 --context 90 --parts
+
+``--parts`` wraps the step's pieces (packed linears, attention, the decode kernel, norms,
+sampling...) in wall-clock timers and prints where a step goes; unlike a sampling profiler it
+barely perturbs the OpenMP threads, whose barriers a profiler's pauses stretch.
 """
 
 from __future__ import annotations
@@ -26,6 +31,49 @@ from llmserve.plugins.backends.torch.runner import TorchBackend  # noqa: E402
 from llmserve.sampling import SamplingParams  # noqa: E402
 
 
+class PartTimers:
+    """Wall-clock totals of wrapped callables (nested parts count in both)."""
+
+    def __init__(self) -> None:
+        self.total: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+
+    def wrap(self, name: str, fn):  # noqa: ANN001, ANN202 - any callable
+        def timed(*a, **kw):  # noqa: ANN002, ANN003, ANN202
+            t = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                self.total[name] = self.total.get(name, 0.0) + time.perf_counter() - t
+                self.calls[name] = self.calls.get(name, 0) + 1
+        return timed
+
+    def patch(self, owner: object, attr: str, name: str) -> None:
+        setattr(owner, attr, self.wrap(name, getattr(owner, attr)))
+
+
+def report_parts(backend: TorchBackend, step, steps: int) -> None:  # noqa: ANN001 - the step closure
+    from llmserve.plugins.backends.torch import cpu_kernels, fused, runner
+
+    timers = PartTimers()
+    timers.patch(cpu_kernels.PackedLinear, "__call__", "linear (packed)")
+    timers.patch(fused._TorchLinear, "__call__", "linear (torch)")
+    for op in ("add_rms_norm", "silu_mul", "rope"):
+        for cls in (cpu_kernels.ElementwiseOps, fused.TorchOps):
+            timers.patch(cls, op, op)
+    timers.patch(fused, "paged_attention", "attention (KV write + kernel)")
+    if backend.cache is not None and backend.cache.decode_kernel is not None:
+        timers.patch(backend.cache, "decode_kernel", "  decode kernel")
+    timers.patch(runner.TorchBackend, "_metadata", "step metadata")
+    timers.patch(runner.TorchBackend, "_logits", "lm_head")
+    timers.patch(backend.sampler, "sample", "sampling")
+    timers.patch(fused.FusedDecoder, "forward", "fused forward")
+    wall = sum(step() for _ in range(steps))
+    print(f"parts over {steps} steps ({wall / steps * 1e3:.1f} ms per step):")
+    for name, t in sorted(timers.total.items(), key=lambda kv: -kv[1]):
+        print(f"  {name:32s} {t / steps * 1e3:7.2f} ms/step  {t / wall * 100:5.1f}%  ({timers.calls[name] // steps} calls)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="HF dir or .gguf (default: the embedded SmolLM2)")
@@ -36,6 +84,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--profile", action="store_true", help="print torch profiler's operator table")
+    ap.add_argument("--parts", action="store_true", help="print wall time per part of a step")
     args = ap.parse_args()
 
     backend = TorchBackend(SimpleNamespace(model=args.model, dtype=args.dtype, device=args.device))
@@ -71,6 +120,8 @@ def main() -> None:
     med = statistics.median(times)
     print(f"decode step, batch {args.batch}, context ~{args.context}: median {med * 1e3:.1f} ms, "
           f"min {min(times) * 1e3:.1f} ms -> {args.batch / med:.1f} tokens/s")
+    if args.parts:
+        report_parts(backend, step, args.steps)
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 

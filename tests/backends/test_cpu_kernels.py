@@ -83,6 +83,63 @@ def test_kernel_matches_reference(kernel, kvh, G, D, bs, window, nd) -> None:
     torch.testing.assert_close(out, reference(q, pool, tables, ctx, bs, scale, window), atol=1e-5, rtol=1e-5)
 
 
+def test_kernel_reads_strided_queries_and_writes_rows_of_a_larger_output(kernel) -> None:
+    """Queries read in place from a fused QKV row (row stride > H * D), output rows written into
+    the first rows of the layer's [T, H, D] output, leaving the other rows alone."""
+    kvh, G, D, bs, nd, extra = 3, 3, 64, 16, 5, 4
+    H = kvh * G
+    gen = torch.Generator().manual_seed(11)
+    nblocks = 40
+    pool = torch.randn(2 * kvh, nblocks + 1, bs, D, generator=gen)
+    ctx = torch.tensor([1, 17, 100, 33, 64])
+    tables = torch.randperm(nblocks, generator=gen)[: nd * 8].view(nd, 8)
+    qkv = torch.randn(nd + extra, (H + 2 * kvh) * D, generator=gen)
+    q = qkv[:nd, : H * D].view(nd, H, D)                       # row stride (H + 2 kvh) * D
+    assert not q.is_contiguous()
+    out = torch.full((nd + extra, H, D), 7.0)
+    kernel(q, pool, tables.flatten(), ctx, out[:nd], D ** -0.5, None)
+    want = reference(q.contiguous(), pool, tables, ctx, bs, D ** -0.5, None)
+    torch.testing.assert_close(out[:nd], want, atol=1e-5, rtol=1e-5)
+    assert bool((out[nd:] == 7.0).all())
+    with pytest.raises(ValueError):
+        kernel(q, pool, tables.flatten(), ctx, out[:nd].transpose(0, 1), D ** -0.5, None)
+
+
+@pytest.fixture(scope="module")
+def write_kv():
+    fn = cpu_kernels.kv_writer()
+    assert fn is not None, "the kernel must build wherever the test suite runs"
+    return fn
+
+
+def test_kv_write_equals_index_copy(write_kv) -> None:
+    kvh, H, D, nslots, T = 2, 6, 16, 50, 7
+    gen = torch.Generator().manual_seed(3)
+    qkv = torch.randn(T, (H + 2 * kvh) * D, generator=gen)
+    k = qkv[:, H * D:(H + kvh) * D].view(T, kvh, D)           # strided views of the fused row
+    v = qkv[:, (H + kvh) * D:].view(T, kvh, D)
+    slots = torch.tensor([3, 49, 0, 17, 18, 4, 30])
+    pool = torch.randn(2 * kvh, nslots, D, generator=gen)
+    want = pool.clone()
+    want.index_copy_(1, slots, torch.cat((k, v), 1).transpose(0, 1))
+    write_kv(pool, slots, k, v)
+    torch.testing.assert_close(pool, want, atol=0, rtol=0)
+    # keys laid out heads-first (transformers' [1, kvh, T, D] transposed) work as well
+    kt = torch.randn(kvh, T, D, generator=gen).transpose(0, 1)
+    write_kv(pool, slots, kt, v)
+    want.index_copy_(1, slots, torch.cat((kt, v), 1).transpose(0, 1))
+    torch.testing.assert_close(pool, want, atol=0, rtol=0)
+
+
+def test_kv_write_refuses_a_slot_outside_the_pool(write_kv) -> None:
+    pool = torch.zeros(2, 8, 4)
+    k = v = torch.ones(2, 1, 4)
+    for bad in ([0, 8], [-1, 2]):
+        with pytest.raises(IndexError):
+            write_kv(pool, torch.tensor(bad), k, v)
+        assert bool((pool == 0).all()), "nothing may be written when a slot is out of range"
+
+
 def test_built_once_then_loaded_from_the_cache(fresh_cache, monkeypatch) -> None:
     assert cpu_kernels.decode_kernel() is not None
     built = list(fresh_cache.glob("paged_decode-*.so"))

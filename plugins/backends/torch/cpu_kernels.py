@@ -110,26 +110,63 @@ def _bind(lib: ctypes.CDLL, name: str, restype: Any, *argtypes: Any) -> ctypes._
 _PTR, _I64, _INT, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 
 
+def _row_head_strides(t: torch.Tensor, name: str) -> tuple[int, int]:
+    """Row and head strides of a ``[rows, heads, D]`` fp32 CPU view whose head vectors are contiguous."""
+    if t.dim() != 3 or t.stride(2) != 1 or t.dtype != torch.float32 or t.device.type != "cpu":
+        raise ValueError(f"{name}: expected a [rows, heads, D] fp32 CPU view with contiguous head vectors")
+    return t.stride(0), t.stride(1)
+
+
 def decode_kernel() -> DecodeKernel | None:
     """The paged decode-attention function, or None when it cannot be had here."""
     lib = _library("paged_decode", "decode-attention")
     if lib is None:
         return None
-    cfn = _bind(lib, "paged_decode_f32", _INT, *[_PTR] * 5, *[_I64] * 7, _F32, _I64, _INT)
+    cfn = _bind(lib, "paged_decode_f32", _INT, _PTR, _I64, _I64, *[_PTR] * 4, _I64, *[_I64] * 7, _F32, _I64, _INT)
 
     def paged_decode(q: torch.Tensor, blocks_view: torch.Tensor, tables: torch.Tensor, ctx: torch.Tensor,
                      out: torch.Tensor, scale: float, window: int | None) -> None:
-        """``q``/``out [nd, H, D]``, ``blocks_view [2*kvh, nblocks, bs, D]``, ``tables [nd * max_blocks]``
-        and ``ctx [nd]`` (int64): every tensor contiguous fp32 / int64 on the CPU."""
+        """``q``/``out [nd, H, D]`` (any row and head strides for q, e.g. a view of a fused QKV
+        output; ``out`` with contiguous rows), ``blocks_view [2*kvh, nblocks, bs, D]``,
+        ``tables [nd * max_blocks]`` and ``ctx [nd]`` (int64), all on the CPU."""
         nd, H, D = q.shape
+        q_row, q_head = _row_head_strides(q, "q")
+        out_row, out_head = _row_head_strides(out, "out")
+        if out_head != D or out.shape != q.shape:
+            raise ValueError("out: expected [nd, H, D] with contiguous heads")
         two_kvh, nblocks, bs, _ = blocks_view.shape
-        rc = cfn(q.data_ptr(), blocks_view.data_ptr(), tables.data_ptr(), ctx.data_ptr(), out.data_ptr(),
-                 nd, H, two_kvh // 2, D, nblocks, bs, tables.numel() // max(nd, 1), scale, window or 0,
-                 torch.get_num_threads())
+        rc = cfn(q.data_ptr(), q_row, q_head, blocks_view.data_ptr(), tables.data_ptr(), ctx.data_ptr(),
+                 out.data_ptr(), out_row, nd, H, two_kvh // 2, D, nblocks, bs, tables.numel() // max(nd, 1),
+                 scale, window or 0, torch.get_num_threads())
         if rc != 0:
             raise MemoryError("the decode-attention kernel could not allocate its scratch memory")
 
     return paged_decode
+
+
+def kv_writer() -> Callable[..., None] | None:
+    """The native KV write (the step's keys and values into their pool slots), or None."""
+    lib = _library("paged_decode", "decode-attention")
+    if lib is None:
+        return None
+    cfn = _bind(lib, "write_kv_f32", _INT, _PTR, _I64, _I64, _PTR, _I64, _I64, _PTR, *[_I64] * 4, _PTR)
+
+    def write_kv(slots_view: torch.Tensor, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """``slots_view [2*kvh, nslots, D]`` (contiguous) gets ``k``/``v [T, kvh, D]`` at
+        ``slot_mapping [T]`` (int64); k and v may be strided views with contiguous heads."""
+        two_kvh, nslots, D = slots_view.shape
+        T, kvh, _ = k.shape
+        k_row, k_head = _row_head_strides(k, "k")
+        v_row, v_head = _row_head_strides(v, "v")
+        if v.shape != k.shape or two_kvh != 2 * kvh or not slots_view.is_contiguous() or slot_mapping.numel() != T:
+            raise ValueError("write_kv: mismatched shapes")
+        if slot_mapping.dtype != torch.int64 or not slot_mapping.is_contiguous():
+            raise ValueError("write_kv: slot_mapping must be contiguous int64")
+        if cfn(k.data_ptr(), k_row, k_head, v.data_ptr(), v_row, v_head, slot_mapping.data_ptr(), T, kvh, D, nslots,
+               slots_view.data_ptr()) != 0:
+            raise IndexError("write_kv: a slot is outside the KV pool")
+
+    return write_kv
 
 
 class PackedLinear:
