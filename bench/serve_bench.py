@@ -1,11 +1,14 @@
 """Side-by-side serving benchmark: llmserve vs `transformers serve --continuous-batching`.
 
-Starts each server in turn on the same model and machine (one at a time, so they never share
-the CPU), drives it with the same closed-loop streaming workload (POST /v1/completions,
-fixed prompts, max_tokens 128, greedy, every request running to max_tokens: ignore_eos for
-llmserve, an unreachable EOS id in transformers serve's generation_config) at each concurrency, and
-prints output tokens/s, TTFT p50/p99 and inter-token latency p50/p99 with llmserve/peer
-ratios. `--markdown FILE` appends the table to FILE.
+Starts both servers on the same model and machine, then drives them in turn (never both at
+once: the idle one waits on its socket) with the same closed-loop streaming workload
+(POST /v1/completions, fixed prompts, max_tokens 128, greedy, every request running to
+max_tokens: ignore_eos for llmserve, an unreachable EOS id in transformers serve's
+generation_config) at each concurrency, and prints output tokens/s, TTFT p50/p99 and
+inter-token latency p50/p99 with llmserve/peer ratios. Each level runs ``--rounds`` times per
+server, alternating which server goes first, so that a slow spell of a shared machine hits
+both alike; figures pool the rounds and the per-round ratios are printed too.
+``--markdown FILE`` appends the table to FILE.
 
     python bench/serve_bench.py                       # embedded SmolLM2, fp32, c = 1 8 32
     python bench/serve_bench.py --concurrency 1 8 --requests-per-level 16 --skip-peer
@@ -133,31 +136,81 @@ async def run_level(url: str, model: str, concurrency: int, total: int, max_toke
     ttft = [r["ttft"] for r in results]
     itl = [x for r in results for x in r["itl"]]
     tokens = sum(r["tokens"] for r in results)
-    return {"concurrency": concurrency, "requests": len(results), "tokens": tokens, "wall_s": wall,
+    return summarize(concurrency, len(results), tokens, wall, ttft, itl,
+                     (cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime))
+
+
+def summarize(concurrency: int, requests: int, tokens: int, wall: float, ttft: list[float], itl: list[float],
+              client_cpu: float) -> dict:
+    return {"concurrency": concurrency, "requests": requests, "tokens": tokens, "wall_s": wall,
             "tok_s": tokens / wall, "ttft_p50": percentile(ttft, 50), "ttft_p99": percentile(ttft, 99),
-            "itl_p50": percentile(itl, 50), "itl_p99": percentile(itl, 99),
-            "client_cpu_s": (cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime)}
+            "itl_p50": percentile(itl, 50), "itl_p99": percentile(itl, 99), "client_cpu_s": client_cpu,
+            "ttft": ttft, "itl": itl}
 
 
-def bench_server(name: str, cmd: list[str], port: int, model_name: str, args: argparse.Namespace,
-                 env: dict[str, str], extra: dict) -> list[dict]:
-    log_path = Path(args.log_dir) / f"{name}.log"
-    print(f"starting {name}: {' '.join(cmd)}", flush=True)
-    proc = start(cmd, port, log_path, env)
+def pool_rounds(rows: list[dict]) -> dict:
+    """One level's rounds as one run: tokens over total wall time, percentiles over all samples."""
+    ttft = [x for r in rows for x in r["ttft"]]
+    itl = [x for r in rows for x in r["itl"]]
+    out = summarize(rows[0]["concurrency"], sum(r["requests"] for r in rows), sum(r["tokens"] for r in rows),
+                    sum(r["wall_s"] for r in rows), ttft, itl, sum(r["client_cpu_s"] for r in rows))
+    out["rounds_tok_s"] = [r["tok_s"] for r in rows]
+    return out
+
+
+class Server:
+    """One server under test: started once, then driven level by level."""
+
+    def __init__(self, name: str, cmd: list[str], port: int, model_name: str, extra: dict) -> None:
+        self.name, self.cmd, self.port, self.model_name, self.extra = name, cmd, port, model_name, extra
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, log_dir: str, env: dict[str, str]) -> None:
+        print(f"starting {self.name}: {' '.join(self.cmd)}", flush=True)
+        self.proc = start(self.cmd, self.port, Path(log_dir) / f"{self.name}.log", env)
+        asyncio.run(run_level(self.url, self.model_name, 1, 2, 8, self.extra))  # warm-up
+
+    def level(self, concurrency: int, total: int, max_tokens: int) -> dict:
+        row = asyncio.run(run_level(self.url, self.model_name, concurrency, total, max_tokens, self.extra))
+        print(f"  {self.name} c={concurrency}: {row['tok_s']:.1f} tok/s, TTFT p50 {row['ttft_p50']*1000:.0f} ms, "
+              f"ITL p50 {row['itl_p50']*1000:.1f} ms, client CPU {row['client_cpu_s']:.1f} s "
+              f"over {row['wall_s']:.1f} s", flush=True)
+        return row
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop(self.proc)
+
+    def cpu_seconds(self) -> float:
+        """CPU time the server process has used so far (Linux; NaN elsewhere)."""
+        try:
+            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, AttributeError, ValueError, IndexError):
+            return float("nan")
+
+
+def run_all(servers: list[Server], args: argparse.Namespace, env: dict[str, str]) -> list[list[dict]]:
+    """Per server, one pooled row per concurrency level."""
     try:
-        url = f"http://127.0.0.1:{port}"
-        asyncio.run(run_level(url, model_name, 1, 2, 8, extra))  # warm-up
-        rows = []
+        for srv in servers:
+            srv.start(args.log_dir, env)
+        rounds: dict[str, dict[int, list[dict]]] = {srv.name: {c: [] for c in args.concurrency} for srv in servers}
         for c in args.concurrency:
             total = max(args.requests_per_level, c * 2) if args.requests_per_level else c * 2
-            row = asyncio.run(run_level(url, model_name, c, total, args.max_tokens, extra))
-            print(f"  {name} c={c}: {row['tok_s']:.1f} tok/s, TTFT p50 {row['ttft_p50']*1000:.0f} ms, "
-                  f"ITL p50 {row['itl_p50']*1000:.1f} ms, client CPU {row['client_cpu_s']:.1f} s "
-                  f"over {row['wall_s']:.1f} s", flush=True)
-            rows.append(row)
-        return rows
+            for r in range(args.rounds):
+                order = servers if r % 2 == 0 else servers[::-1]
+                for srv in order:
+                    idle = [o for o in servers if o is not srv]
+                    before = [o.cpu_seconds() for o in idle]
+                    rounds[srv.name][c].append(srv.level(c, total, args.max_tokens))
+                    for o, b in zip(idle, before):  # the idle server must not compete for the cores
+                        print(f"    (idle {o.name} meanwhile used {o.cpu_seconds() - b:.1f} s of CPU)", flush=True)
+        return [[pool_rounds(rounds[srv.name][c]) for c in args.concurrency] for srv in servers]
     finally:
-        stop(proc)
+        for srv in servers:
+            srv.stop()
 
 
 def table(ours: list[dict], peer: list[dict] | None) -> str:
@@ -170,7 +223,9 @@ def table(ours: list[dict], peer: list[dict] | None) -> str:
                          f"{r['ttft_p99']*1000:.0f} | {r['itl_p50']*1000:.1f} | {r['itl_p99']*1000:.1f} |")
         if peer:
             p = peer[i]
-            lines.append(f"| {row['concurrency']} | **ratio llmserve/peer** | **{row['tok_s']/p['tok_s']:.2f}x** | "
+            per_round = " / ".join(f"{a / b:.2f}" for a, b in zip(row["rounds_tok_s"], p["rounds_tok_s"]))
+            lines.append(f"| {row['concurrency']} | **ratio llmserve/peer** (rounds: {per_round}) | "
+                         f"**{row['tok_s']/p['tok_s']:.2f}x** | "
                          f"{row['ttft_p50']/p['ttft_p50']:.2f} | {row['ttft_p99']/p['ttft_p99']:.2f} | "
                          f"{row['itl_p50']/p['itl_p50']:.2f} | {row['itl_p99']/p['itl_p99']:.2f} |")
     return "\n".join(lines)
@@ -184,6 +239,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--requests-per-level", type=int, default=0, help="default: 2 x concurrency")
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=2, help="runs of each level per server, alternating the order")
     ap.add_argument("--skip-peer", action="store_true", help="only benchmark llmserve")
     ap.add_argument("--peer-eos-id", type=int, default=None,
                     help="EOS id given to transformers serve so it runs to max_tokens (default: the vocab's last id)")
@@ -200,14 +256,13 @@ def main() -> None:
                 "--device", args.device, "--served-model-name", "bench", "--log-level", "warning",
                 *args.llmserve_args.split()]
     # ignore_eos keeps every request at max_tokens (transformers serve: see below).
-    ours = bench_server("llmserve", ours_cmd, port, "bench", args, env,
-                        {"ignore_eos": True, "stream_options": {"include_usage": True}})
-    peer = None
+    servers = [Server("llmserve", ours_cmd, port, "bench",
+                      {"ignore_eos": True, "stream_options": {"include_usage": True}})]
     if not args.skip_peer:
         exe = shutil.which("transformers") or str(Path(sys.executable).parent / "transformers")
-        port = free_port()
-        peer_cmd = [exe, "serve", "--continuous-batching", model_dir, "--port", str(port), "--host", "127.0.0.1",
-                    "--dtype", args.dtype, "--device", args.device]
+        peer_port = free_port()
+        peer_cmd = [exe, "serve", "--continuous-batching", model_dir, "--port", str(peer_port), "--host",
+                    "127.0.0.1", "--dtype", args.dtype, "--device", args.device]
         # transformers serve has no ignore_eos, and its continuous batching ignores
         # min_new_tokens; a generation_config whose EOS is an id greedy decoding never picks
         # here (the vocabulary's last) gives it the same 128-token requests, and it reports
@@ -215,8 +270,9 @@ def main() -> None:
         vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
         gen = {"eos_token_id": [args.peer_eos_id if args.peer_eos_id is not None else vocab - 1],
                "max_new_tokens": args.max_tokens, "do_sample": False}
-        peer = bench_server("transformers", peer_cmd, port, model_dir, args, env,
-                            {"generation_config": json.dumps(gen)})
+        servers.append(Server("transformers", peer_cmd, peer_port, model_dir, {"generation_config": json.dumps(gen)}))
+    results = run_all(servers, args, env)
+    ours, peer = results[0], (results[1] if len(results) > 1 else None)
     md = table(ours, peer)
     print(md)
     header = (f"\n### {time.strftime('%Y-%m-%d')} — {platform.machine()}, {os.cpu_count()} cores, "
@@ -226,7 +282,10 @@ def main() -> None:
         with open(args.markdown, "a") as f:
             f.write(header + md + "\n")
     if args.json:
-        Path(args.json).write_text(json.dumps({"llmserve": ours, "peer": peer}, indent=2))
+        def slim(rows: list[dict] | None) -> list[dict] | None:  # raw samples stay out of the file
+            return None if rows is None else [{k: v for k, v in r.items() if k not in ("ttft", "itl")} for r in rows]
+
+        Path(args.json).write_text(json.dumps({"llmserve": slim(ours), "peer": slim(peer)}, indent=2))
 
 
 if __name__ == "__main__":
