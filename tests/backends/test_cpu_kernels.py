@@ -131,6 +131,17 @@ def test_kv_write_equals_index_copy(write_kv) -> None:
     torch.testing.assert_close(pool, want, atol=0, rtol=0)
 
 
+def test_kv_write_refuses_mismatched_shapes(write_kv) -> None:
+    pool = torch.zeros(4, 8, 16)
+    with pytest.raises(ValueError):
+        write_kv(pool, torch.tensor([0]), torch.ones(1, 2, 8), torch.ones(1, 2, 8))    # head size
+    with pytest.raises(ValueError):
+        write_kv(pool, torch.tensor([0]), torch.ones(1, 1, 16), torch.ones(1, 1, 16))  # kv heads
+    with pytest.raises(ValueError):
+        write_kv(pool, torch.tensor([0, 1]), torch.ones(1, 2, 16), torch.ones(1, 2, 16))  # slots
+    assert bool((pool == 0).all())
+
+
 def test_kv_write_refuses_a_slot_outside_the_pool(write_kv) -> None:
     pool = torch.zeros(2, 8, 4)
     k = v = torch.ones(2, 1, 4)

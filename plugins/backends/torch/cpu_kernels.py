@@ -155,10 +155,11 @@ def kv_writer() -> Callable[..., None] | None:
         """``slots_view [2*kvh, nslots, D]`` (contiguous) gets ``k``/``v [T, kvh, D]`` at
         ``slot_mapping [T]`` (int64); k and v may be strided views with contiguous heads."""
         two_kvh, nslots, D = slots_view.shape
-        T, kvh, _ = k.shape
+        T, kvh, head_dim = k.shape
         k_row, k_head = _row_head_strides(k, "k")
         v_row, v_head = _row_head_strides(v, "v")
-        if v.shape != k.shape or two_kvh != 2 * kvh or not slots_view.is_contiguous() or slot_mapping.numel() != T:
+        if (v.shape != k.shape or two_kvh != 2 * kvh or head_dim != D or not slots_view.is_contiguous()
+                or slot_mapping.numel() != T):
             raise ValueError("write_kv: mismatched shapes")
         if slot_mapping.dtype != torch.int64 or not slot_mapping.is_contiguous():
             raise ValueError("write_kv: slot_mapping must be contiguous int64")
