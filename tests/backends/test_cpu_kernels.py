@@ -103,6 +103,8 @@ def test_kernel_reads_strided_queries_and_writes_rows_of_a_larger_output(kernel)
     assert bool((out[nd:] == 7.0).all())
     with pytest.raises(ValueError):
         kernel(q, pool, tables.flatten(), ctx, out[:nd].transpose(0, 1), D ** -0.5, None)
+    with pytest.raises(ValueError):  # a pool of another head size
+        kernel(q, pool[..., :32].contiguous(), tables.flatten(), ctx, out[:nd], D ** -0.5, None)
 
 
 @pytest.fixture(scope="module")

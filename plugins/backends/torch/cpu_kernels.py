@@ -134,7 +134,9 @@ def decode_kernel() -> DecodeKernel | None:
         out_row, out_head = _row_head_strides(out, "out")
         if out_head != D or out.shape != q.shape:
             raise ValueError("out: expected [nd, H, D] with contiguous heads")
-        two_kvh, nblocks, bs, _ = blocks_view.shape
+        two_kvh, nblocks, bs, pool_d = blocks_view.shape
+        if pool_d != D or H % max(two_kvh // 2, 1) or not blocks_view.is_contiguous():
+            raise ValueError("paged_decode: the pool's head size or KV heads do not match the queries")
         rc = cfn(q.data_ptr(), q_row, q_head, blocks_view.data_ptr(), tables.data_ptr(), ctx.data_ptr(),
                  out.data_ptr(), out_row, nd, H, two_kvh // 2, D, nblocks, bs, tables.numel() // max(nd, 1),
                  scale, window or 0, torch.get_num_threads())
