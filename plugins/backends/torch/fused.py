@@ -64,20 +64,19 @@ class _TorchLinear:
 Linear = Callable[[torch.Tensor], torch.Tensor]
 
 
-def _linear(weight: torch.Tensor, bias: torch.Tensor | None, owners: list[torch.nn.Linear], pack: bool) -> Linear:
-    """The projection as a callable: packed for the native kernel when asked and possible (then
-    the ``owners``' parameters are emptied so the unpacked weight is freed), else ``F.linear``."""
-    if pack:
-        from .cpu_kernels import packed_linear
+def _packed(unpacked: _TorchLinear, owners: list[torch.nn.Linear]) -> Linear:
+    """The projection packed for the native CPU kernel, the ``owners``' parameters emptied so
+    the unpacked weight is freed; ``unpacked`` itself where the kernel does not apply."""
+    from .cpu_kernels import packed_linear
 
-        packed = packed_linear(weight, bias)
-        if packed is not None:
-            for m in owners:
-                m.weight.data = m.weight.data.new_empty(0)
-                if m.bias is not None:
-                    m.bias.data = m.bias.data.new_empty(0)
-            return packed
-    return _TorchLinear(weight, bias)
+    packed = packed_linear(unpacked.weight, unpacked.bias)
+    if packed is None:
+        return unpacked
+    for m in owners:
+        m.weight.data = m.weight.data.new_empty(0)
+        if m.bias is not None:
+            m.bias.data = m.bias.data.new_empty(0)
+    return packed
 
 
 class TorchOps:
@@ -150,8 +149,7 @@ class FusedDecoder:
         # been understood: a refusal above leaves the model intact for transformers' forward.
         for lay, parts in owners if pack else ():
             for name, mods in parts.items():
-                unpacked = getattr(lay, name)
-                setattr(lay, name, _linear(unpacked.weight, unpacked.bias, mods, pack))
+                setattr(lay, name, _packed(getattr(lay, name), mods))
 
     @classmethod
     def build(cls, model: Any, pack: bool = False, ops: Any = None) -> "FusedDecoder | None":
