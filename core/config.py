@@ -59,6 +59,7 @@ class ServerConfig(BaseModel):
     protocol_prefix: dict[str, str] = Field(default_factory=dict, description="Mount a dialect under a path prefix, e.g. tgi=/tgi; repeatable.")
     api_key: list[str] = Field(default_factory=list, description="API keys clients must send (Authorization: Bearer KEY or X-Api-Key: KEY) on every route but /health, /ping and /ready; repeatable. Empty: no authentication.")
     public_metrics: bool = Field(False, description="Serve GET /metrics without an API key (by default it needs one when --api-key is set).")
+    timeout_keep_alive: float = Field(5.0, gt=0, description="Seconds an idle HTTP keep-alive connection stays open. Behind a load balancer or proxy that pools connections, set it above the proxy's idle timeout, or the proxy may reuse a connection just as the server closes it.")
     max_request_body_bytes: int = Field(32 * 1024 * 1024, ge=1024, description="Largest request body accepted, in bytes; bigger bodies get 413.")
     cors_allow_origins: list[str] = Field(default_factory=list, description="Origins browsers may call from (CORS), e.g. https://app.example.com, or * for any; repeatable. Empty: CORS off.")
     cors_allow_credentials: bool = Field(False, description="Let browsers send cookies and Authorization headers cross-origin (CORS); not allowed with origin *.")

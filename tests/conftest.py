@@ -39,6 +39,12 @@ class ServerProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         full_env = {**os.environ, **(env or {})}
+        if "--timeout-keep-alive" not in args:
+            # Test clients pool connections and most run with max_retries=0. With the 5 s
+            # default, a connection left idle by one burst can be reused by the next just as
+            # the server closes it: a client-side reset (ECONNRESET) that says nothing about
+            # the server. Idle connections outlive every test instead.
+            args = (*args, "--timeout-keep-alive", "600")
         self.proc = subprocess.Popen([sys.executable, "-m", "llmserve", "serve", "--port", str(self.port), *args],
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env, cwd=ROOT)
 

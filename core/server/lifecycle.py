@@ -121,11 +121,18 @@ class LLMServer(uvicorn.Server):
         self.should_exit = True
 
 
+def make_server(app: Any, context: Any, *, port: int | None = None) -> LLMServer:
+    """The uvicorn server for ``app`` with the HTTP settings of ``context.config``
+    (``port`` overrides the configured one)."""
+    config = context.config
+    return LLMServer(uvicorn.Config(app, host=config.host, port=config.port if port is None else port,
+                                    log_level=config.log_level, timeout_keep_alive=config.timeout_keep_alive),
+                     context)
+
+
 def serve(app: Any, context: Any) -> int:
     """Run ``app`` until it is stopped; return the process exit code."""
-    config = context.config
-    server = LLMServer(uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level),
-                       context)
+    server = make_server(app, context)
     server.run()
     if not server.started:
         return 3  # uvicorn's STARTUP_FAILURE (e.g. the port is taken)

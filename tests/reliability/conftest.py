@@ -21,20 +21,19 @@ from conftest import ECHO_PLUGIN, free_port
 
 class InProcServer:
     def __init__(self, **flags: Any) -> None:
-        import uvicorn
-
         from llmserve.config import load_config
         from llmserve.plugin_manager import PluginManager
-        from llmserve.server.lifecycle import LLMServer
+        from llmserve.server.lifecycle import make_server
         from llmserve.server.serve import build_server
 
         flags.setdefault("log_level", "warning")
+        flags.setdefault("host", "127.0.0.1")
+        flags.setdefault("timeout_keep_alive", 600)  # see ServerProcess: no keep-alive race in tests
         config, _ = load_config(flags, environ={})
         app, self.context = build_server(config, PluginManager().load(autoload=False))
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = LLMServer(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"),
-                                self.context)
+        self.server = make_server(app, self.context, port=self.port)
         self.thread = threading.Thread(target=self.server.run, name="uvicorn-test", daemon=True)
         self.thread.start()
         deadline = time.time() + 60

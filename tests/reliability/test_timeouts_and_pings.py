@@ -102,3 +102,27 @@ def test_sse_pings_while_queued_and_clients_ignore_them(inproc_server, echo_flag
     assert results == {"openai": "pong", "tgi": "pong"}
     running.close()
     server.check_idle()
+
+
+def _idle_connection_closed_after(url: str, wait: float) -> bool:
+    """Send one keep-alive request on a raw socket, stay idle ``wait`` seconds, and say
+    whether the server has closed the connection meanwhile."""
+    import socket
+
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: keep-alive\r\n\r\n")
+        head = sock.recv(65536)
+        assert head.startswith(b"HTTP/1.1 200"), head
+        sock.settimeout(wait)
+        try:
+            return sock.recv(65536) == b""  # EOF: closed by the server
+        except TimeoutError:
+            return False
+
+
+def test_timeout_keep_alive_closes_idle_connections(inproc_server, echo_flags):
+    short = inproc_server(**echo_flags, timeout_keep_alive=0.3)
+    assert _idle_connection_closed_after(short.url, 3.0)
+    longer = inproc_server(**echo_flags, timeout_keep_alive=5.0)
+    assert not _idle_connection_closed_after(longer.url, 1.0)
