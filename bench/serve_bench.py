@@ -91,28 +91,88 @@ def stop(proc: subprocess.Popen) -> None:
         proc.kill()
 
 
-# The client shares the machine's cores with the server under test, so it parses as little as
-# it can: JSON only for the chunk that carries usage; otherwise a pattern says whether a chunk
-# has text (a non-empty "text" value). Its CPU time per level is reported with the results.
-_HAS_TEXT = re.compile(r'"text":\s*"[^"]')
-_HAS_USAGE = re.compile(r'"usage":\s*\{')
+# The client shares the machine's cores with the server under test, so it does as little as it
+# can per token: plain HTTP/1.1 over asyncio streams (one keep-alive connection per worker,
+# chunked responses decoded by hand) instead of a general HTTP client, and no JSON but for the
+# event that carries usage; a pattern says whether an event has text (a non-empty "text"
+# value). Its CPU time per level is reported with the results.
+_HAS_TEXT = re.compile(rb'"text":\s*"[^"]')
+_HAS_USAGE = re.compile(rb'"usage":\s*\{')
 
 
-async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: str, max_tokens: int,
-                      extra: dict) -> dict:
+class Connection:
+    """One keep-alive HTTP/1.1 connection that POSTs JSON and yields the response body's lines."""
+
+    def __init__(self, url: str) -> None:
+        self.host, _, port = url.removeprefix("http://").partition(":")
+        self.port = int(port or 80)
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.reader = self.writer = None
+
+    async def post_lines(self, path: str, body: dict):
+        """POST ``body``; yield the response body line by line (bytes, without the newline).
+        Raises RuntimeError on a status other than 200."""
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port, limit=1 << 20)
+        data = json.dumps(body).encode()
+        self.writer.write(f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Type: application/json\r\n"
+                          f"Content-Length: {len(data)}\r\nAccept: text/event-stream\r\n\r\n".encode() + data)
+        reader = self.reader
+        status = int((await reader.readline()).split()[1])
+        headers: dict[bytes, bytes] = {}
+        while (line := await reader.readline()) not in (b"\r\n", b""):
+            key, _, value = line.partition(b":")
+            headers[key.strip().lower()] = value.strip().lower()
+        closing = headers.get(b"connection") == b"close"  # the server ends it after this response
+        chunked = headers.get(b"transfer-encoding") == b"chunked"
+        if status != 200 or not chunked:
+            size = int(headers.get(b"content-length", b"0"))
+            text = await reader.readexactly(size) if size else b""
+            if status != 200:
+                raise RuntimeError(f"HTTP {status}: {text[:300]!r}")
+            for line in text.splitlines():
+                yield line
+        else:
+            async for line in self._chunked_lines():
+                yield line
+        if closing:
+            await self.close()
+
+    async def _chunked_lines(self):
+        reader = self.reader
+        assert reader is not None
+        pending = b""
+        while True:
+            size = int((await reader.readline()).split(b";")[0], 16)
+            if size == 0:
+                while (await reader.readline()) not in (b"\r\n", b""):  # trailers, then the end
+                    pass
+                break
+            pending += (await reader.readexactly(size + 2))[:-2]
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                yield line
+        if pending:
+            yield pending
+
+
+async def one_request(conn: Connection, model: str, prompt: str, max_tokens: int, extra: dict) -> dict:
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "stream": True, **extra}
     t0 = time.perf_counter()
     stamps: list[float] = []
     usage_tokens = None
-    async with client.stream("POST", url + "/v1/completions", json=body) as resp:
-        resp.raise_for_status()
-        async for line in resp.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            if _HAS_TEXT.search(line):
-                stamps.append(time.perf_counter())
-            if _HAS_USAGE.search(line):
-                usage_tokens = (json.loads(line[6:]).get("usage") or {}).get("completion_tokens")
+    async for line in conn.post_lines("/v1/completions", body):
+        if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
+            continue
+        if _HAS_TEXT.search(line):
+            stamps.append(time.perf_counter())
+        if _HAS_USAGE.search(line):
+            usage_tokens = (json.loads(line[6:]).get("usage") or {}).get("completion_tokens")
     end = time.perf_counter()
     tokens = usage_tokens or len(stamps)
     itl = [b - a for a, b in zip(stamps, stamps[1:])]
@@ -123,16 +183,20 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: s
 async def run_level(url: str, model: str, concurrency: int, total: int, max_tokens: int, extra: dict) -> dict:
     results: list[dict] = []
     queue = list(range(total))
-    limits = httpx.Limits(max_connections=concurrency + 4)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
-        async def worker() -> None:
+
+    async def worker() -> None:
+        conn = Connection(url)
+        try:
             while queue:
                 i = queue.pop()
-                results.append(await one_request(client, url, model, PROMPTS[i % len(PROMPTS)], max_tokens, extra))
+                results.append(await asyncio.wait_for(
+                    one_request(conn, model, PROMPTS[i % len(PROMPTS)], max_tokens, extra), timeout=600))
+        finally:
+            await conn.close()
 
-        t0, cpu0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        wall, cpu1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
+    t0, cpu0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    wall, cpu1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
     ttft = [r["ttft"] for r in results]
     itl = [x for r in results for x in r["itl"]]
     tokens = sum(r["tokens"] for r in results)
