@@ -84,11 +84,16 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--profile", action="store_true", help="print torch profiler's operator table")
-    ap.add_argument("--parts", action="store_true", help="print wall time per part of a step")
+    ap.add_argument("--parts", action="store_true",
+                    help="print wall time per part of a step (runs the Python layer loop, whose parts can be timed)")
+    ap.add_argument("--layer-loop", action="store_true",
+                    help="decode through the fused forward's Python layer loop, not the one-call native step")
     args = ap.parse_args()
 
     backend = TorchBackend(SimpleNamespace(model=args.model, dtype=args.dtype, device=args.device))
     info = backend.load()
+    if backend._fused is not None and (args.layer_loop or args.parts):
+        backend._fused.native_decode = False
     bs = args.block_size
     per_seq = -(-(args.context + args.steps * 2 + 8) // bs)
     backend.init_kv_cache(KVCacheSpec(block_size=bs, num_blocks=per_seq * args.batch))

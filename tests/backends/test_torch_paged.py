@@ -290,6 +290,48 @@ def test_packed_weights_replace_the_unpacked_ones(tiny_dir: str) -> None:
             b.loaded.model(torch.tensor([[1, 2, 3]]))
 
 
+def test_native_decode_step_is_bit_identical_to_the_layer_loop(tiny_dir: str) -> None:
+    """Decode-only steps run every layer in one native call (native_step.py); they must give
+    exactly the Python layer loop's hidden states and KV writes, step after step."""
+    from llmserve.plugins.backends.torch.native_step import NativeDecodeStep
+
+    native, loop = make_backend(tiny_dir), make_backend(tiny_dir)
+    loop._fused.native_decode = False
+    calls = []
+    real_call = NativeDecodeStep.__call__
+
+    def counted(self, *args):
+        calls.append(self)
+        return real_call(self, *args)
+
+    seqs = [seq(40 + i, n) for i, n in enumerate((5, 9, 3))]
+    tables = [[3, 7, 1, 12], [20, 5, 9, 30], [8, 2, 40, 41]]
+    try:
+        NativeDecodeStep.__call__ = counted
+        for b in (native, loop):  # prefill: the Python loop on both
+            b.forward_logits([item(i, s, 0, t) for i, (s, t) in enumerate(zip(seqs, tables))])
+        assert not calls
+        ctx = [len(s) for s in seqs]
+        for step in range(4):  # decode-only steps, uneven contexts crossing block boundaries
+            batch = [item(i, [(7 * step + i) % VOCAB + 2], ctx[i] + step, t) for i, t in enumerate(tables)]
+            got, want = native.forward_logits(batch), loop.forward_logits(batch)
+            for g, w in zip(got, want):
+                assert torch.equal(g, w)
+        assert len(calls) == 4 and loop._fused._native is None
+        assert torch.equal(native.cache.pool.nan_to_num(nan=7.0), loop.cache.pool.nan_to_num(nan=7.0))
+    finally:
+        NativeDecodeStep.__call__ = real_call
+        native.close(), loop.close()
+
+
+def test_native_decode_step_refuses_a_slot_outside_the_pool(tiny_dir: str) -> None:
+    b = make_backend(tiny_dir)
+    b.forward_logits([item(0, seq(50, 4), 0, [2, 3])])
+    with pytest.raises(IndexError):  # the block id points past the pool
+        b.forward_logits([item(0, [5], 4, [2, 10_000])])
+    b.close()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
 def test_cuda_matches_cpu(tiny_dir: str, reference) -> None:

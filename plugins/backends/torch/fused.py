@@ -128,6 +128,10 @@ class FusedDecoder:
         self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads)
         self.layers: list[_Layer] = []
         self.ops = ops if ops is not None else TorchOps()  # norms, SiLU-mul and RoPE
+        # Decode-only steps as one native call when every part is native (native_step.py);
+        # False keeps the Python layer loop (tests compare the two).
+        self.native_decode = True
+        self._native: tuple[Any, Any] | None = None  # (cache, NativeDecodeStep or None)
         owners: list[tuple[_Layer, dict[str, list[torch.nn.Linear]]]] = []
         for i, dec in enumerate(base.layers):
             attn, mlp = dec.self_attn, dec.mlp
@@ -184,6 +188,13 @@ class FusedDecoder:
                  " with packed CPU linear kernels" if packed else "")
         return fused
 
+    def _native_step(self, cache: PagedKVCache) -> Any:
+        if self._native is None or self._native[0] is not cache:
+            from .native_step import NativeDecodeStep
+
+            self._native = (cache, NativeDecodeStep.build(self, cache))
+        return self._native[1]
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: PagedKVCache,
                 meta: StepMetadata) -> torch.Tensor:
         """``input_ids``/``positions`` ``[T]`` -> final hidden states ``[T, hidden]``; writes the KV."""
@@ -193,6 +204,10 @@ class FusedDecoder:
         h = self.embed(input_ids)
         cos, sin = self.rotary(h, positions[None])
         cos, sin = cos[0].contiguous(), sin[0].contiguous()   # [T, D]
+        if self.native_decode and meta.num_decode == T and not meta.prefills:
+            native = self._native_step(cache)
+            if native is not None:
+                return native(h, cos, sin, meta)
         ops = self.ops
         delta = None  # what the previous layer's MLP adds to the residual stream h
         for lay in self.layers:

@@ -1,0 +1,96 @@
+/* A whole decode step of a Llama-style decoder in one call: every layer's norm, fused QKV
+ * projection, RoPE, KV write, paged attention, output projection, norm, gate-and-up, SiLU-mul
+ * and down projection, then the final norm.
+ *
+ * The per-layer work is the same kernels the fused forward calls from Python one by one
+ * (packed_linear.c, elementwise.c, paged_decode.c), passed in as function pointers and called
+ * in the same order with the same arguments, so the result is bit for bit the same. What goes
+ * away is the Python between them: ~12 calls per layer, each a ctypes round trip that must
+ * take the GIL back, and inside the server the GIL is often busy streaming tokens.
+ *
+ * Built at run time by ``cpu_kernels.py`` (gcc -O3 -march=native -fopenmp).
+ */
+#include <stdint.h>
+#include <stddef.h>
+
+typedef void (*linear_fn)(const float *x, const float *wp, const float *bias, float *y, int64_t M, int64_t N,
+                          int64_t K, int nthreads);
+typedef void (*norm_fn)(float *h, const float *delta, const float *w, float *out, int64_t T, int64_t D, float eps,
+                        int nthreads);
+typedef void (*silu_fn)(const float *gu, float *out, int64_t T, int64_t I, int nthreads);
+typedef void (*rope_fn)(float *x, const float *cos, const float *sin, int64_t T, int64_t heads, int64_t D,
+                        int64_t ld, int nthreads);
+typedef int (*write_kv_fn)(const float *k, int64_t k_row, int64_t k_head, const float *v, int64_t v_row,
+                           int64_t v_head, const int64_t *slots, int64_t T, int64_t kvh, int64_t D, int64_t nslots,
+                           float *pool);
+typedef int (*decode_fn)(const float *q, int64_t q_row, int64_t q_head, const float *kv, const int64_t *tables,
+                         const int64_t *ctx, float *out, int64_t out_row, int64_t nd, int64_t H, int64_t kvh,
+                         int64_t D, int64_t nblocks, int64_t bs, int64_t max_blocks, float scale, int64_t window,
+                         int nthreads);
+
+typedef struct {
+    linear_fn linear;
+    norm_fn norm;
+    silu_fn silu;
+    rope_fn rope;
+    write_kv_fn write_kv;
+    decode_fn decode;
+} Kernels;
+
+/* One layer: packed weights (``[panels][K][16]``, see packed_linear.c), biases or NULL, norm
+ * weights, and the layer's KV pool ``[2 * kvh, nblocks, bs, D]``. */
+typedef struct {
+    const float *qkv, *qkv_bias, *o, *o_bias, *gu, *gu_bias, *down, *down_bias;
+    const float *ln1, *ln2;
+    float *pool;
+    float eps1, eps2, scale;
+    int64_t window; /* 0: none */
+} Layer;
+
+typedef struct {
+    int64_t num_layers, hidden, heads, kv_heads, head_dim, inter;
+    const float *norm_w;
+    float norm_eps;
+} Model;
+
+/* Scratch for one step of T rows; each buffer is written before it is read. */
+typedef struct {
+    float *x;     /* [T, hidden]: a norm's output */
+    float *qkv;   /* [T, (H + 2 kvh) D] */
+    float *attn;  /* [T, H D] */
+    float *o;     /* [T, hidden] */
+    float *gu;    /* [T, 2 I] */
+    float *act;   /* [T, I] */
+    float *delta; /* [T, hidden]: what the MLP adds to the residual stream */
+} Work;
+
+/* ``h [T, hidden]``: the embedded tokens, used as the residual stream (updated in place);
+ * ``out [T, hidden]``: the final normed hidden states. ``cos``/``sin [T, D]``, ``slots [T]``,
+ * ``tables [T * max_blocks]`` and ``ctx [T]`` as for the kernels. Returns 0; -1 when a slot
+ * is outside the pool (layers before it were run), -2 when attention could not allocate its
+ * scratch memory. */
+int decoder_step_f32(const Kernels *k, const Model *m, const Layer *layers, const Work *w, float *h, float *out,
+                     int64_t T, const float *cos, const float *sin, const int64_t *slots, const int64_t *tables,
+                     const int64_t *ctx, int64_t max_blocks, int64_t nblocks, int64_t bs, int nthreads) {
+    const int64_t H = m->heads, kvh = m->kv_heads, D = m->head_dim, hid = m->hidden, I = m->inter;
+    const int64_t width = (H + 2 * kvh) * D, nslots = nblocks * bs;
+    for (int64_t l = 0; l < m->num_layers; l++) {
+        const Layer *L = layers + l;
+        k->norm(h, l ? w->delta : NULL, L->ln1, w->x, T, hid, L->eps1, nthreads);
+        k->linear(w->x, L->qkv, L->qkv_bias, w->qkv, T, width, hid, nthreads);
+        k->rope(w->qkv, cos, sin, T, H + kvh, D, width, nthreads); /* queries and keys side by side */
+        if (k->write_kv(w->qkv + H * D, width, D, w->qkv + (H + kvh) * D, width, D, slots, T, kvh, D, nslots,
+                        L->pool) != 0)
+            return -1;
+        if (k->decode(w->qkv, width, D, L->pool, tables, ctx, w->attn, H * D, T, H, kvh, D, nblocks, bs, max_blocks,
+                      L->scale, L->window, nthreads) != 0)
+            return -2;
+        k->linear(w->attn, L->o, L->o_bias, w->o, T, hid, H * D, nthreads);
+        k->norm(h, w->o, L->ln2, w->x, T, hid, L->eps2, nthreads);
+        k->linear(w->x, L->gu, L->gu_bias, w->gu, T, 2 * I, hid, nthreads);
+        k->silu(w->gu, w->act, T, I, nthreads);
+        k->linear(w->act, L->down, L->down_bias, w->delta, T, hid, I, nthreads);
+    }
+    k->norm(h, m->num_layers ? w->delta : NULL, m->norm_w, out, T, hid, m->norm_eps, nthreads);
+    return 0;
+}
