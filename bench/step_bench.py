@@ -11,7 +11,10 @@ of the most expensive operators for a few of those steps.
 
 ``--parts`` wraps the step's pieces (packed linears, attention, the decode kernel, norms,
 sampling...) in wall-clock timers and prints where a step goes; unlike a sampling profiler it
-barely perturbs the OpenMP threads, whose barriers a profiler's pauses stretch.
+barely perturbs the OpenMP threads, whose barriers a profiler's pauses stretch. Its parts are
+Python calls, so it runs decode steps through the fused forward's Python layer loop; the
+default is the one-call native step (``native_step.py``), and ``--layer-loop`` times the loop
+without the timers, for comparison.
 """
 
 from __future__ import annotations
