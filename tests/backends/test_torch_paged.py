@@ -290,13 +290,16 @@ def test_packed_weights_replace_the_unpacked_ones(tiny_dir: str) -> None:
             b.loaded.model(torch.tensor([[1, 2, 3]]))
 
 
-def test_native_decode_step_is_bit_identical_to_the_layer_loop(tiny_dir: str) -> None:
+def test_native_decode_step_is_bit_identical_to_the_layer_loop(tiny_dir: str, monkeypatch) -> None:
     """Decode-only steps run every layer in one native call (native_step.py); they must give
-    exactly the Python layer loop's hidden states and KV writes, step after step."""
+    exactly the Python layer loop's hidden states and KV writes, step after step.
+    LLMSERVE_NATIVE_STEP=0 keeps the loop."""
     from llmserve.plugins.backends.torch.native_step import NativeDecodeStep
 
-    native, loop = make_backend(tiny_dir), make_backend(tiny_dir)
-    loop._fused.native_decode = False
+    monkeypatch.delenv("LLMSERVE_NATIVE_STEP", raising=False)
+    native = make_backend(tiny_dir)
+    monkeypatch.setenv("LLMSERVE_NATIVE_STEP", "0")
+    loop = make_backend(tiny_dir)
     calls = []
     real_call = NativeDecodeStep.__call__
 

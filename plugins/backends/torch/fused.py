@@ -21,6 +21,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+from . import switches
 from .attention import PagedKVCache, StepMetadata, paged_attention
 
 log = logging.getLogger("llmserve.backend.torch")
@@ -130,7 +131,7 @@ class FusedDecoder:
         self.ops = ops if ops is not None else TorchOps()  # norms, SiLU-mul and RoPE
         # Decode-only steps as one native call when every part is native (native_step.py);
         # False keeps the Python layer loop (tests compare the two).
-        self.native_decode = True
+        self.native_decode = switches.enabled(switches.NATIVE_STEP)
         self._native: tuple[Any, Any] | None = None  # (cache, NativeDecodeStep or None)
         owners: list[tuple[_Layer, dict[str, list[torch.nn.Linear]]]] = []
         for i, dec in enumerate(base.layers):

@@ -2,7 +2,8 @@
 
 ``LLMSERVE_FUSED_FORWARD=0`` keeps transformers' modules instead of the fused forward;
 ``LLMSERVE_CPU_KERNELS=0`` keeps everything on torch instead of the native CPU kernels (decode
-attention, packed linears, norms, RoPE, greedy picking).
+attention, packed linears, norms, RoPE, greedy picking); ``LLMSERVE_NATIVE_STEP=0`` runs decode
+steps through the fused forward's Python layer loop instead of the one-call native step.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import os
 
 FUSED_FORWARD = "LLMSERVE_FUSED_FORWARD"
 CPU_KERNELS = "LLMSERVE_CPU_KERNELS"
+NATIVE_STEP = "LLMSERVE_NATIVE_STEP"
 
 
 def enabled(name: str) -> bool:
