@@ -130,7 +130,7 @@ class FusedDecoder:
         self.layers: list[_Layer] = []
         self.ops = ops if ops is not None else TorchOps()  # norms, SiLU-mul and RoPE
         # Decode-only steps as one native call when every part is native (native_step.py);
-        # False keeps the Python layer loop (tests compare the two).
+        # LLMSERVE_NATIVE_STEP=0 keeps the Python layer loop for every step.
         self.native_decode = switches.enabled(switches.NATIVE_STEP)
         self._native: tuple[Any, Any] | None = None  # (cache, NativeDecodeStep or None)
         owners: list[tuple[_Layer, dict[str, list[torch.nn.Linear]]]] = []
