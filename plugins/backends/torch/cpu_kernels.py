@@ -4,9 +4,10 @@ Only what plain torch does badly on a CPU lives here: decode attention read stra
 paged KV pool (``csrc/paged_decode.c``), fp32 linear layers over few rows with weights packed
 for the kernel (``csrc/packed_linear.c``) and the fused forward's small per-layer operations
 (``csrc/elementwise.c``); the last two need AVX2 + FMA. ``csrc/decoder_step.c`` (driven by
-``native_step.py``) runs a whole decode step over those kernels in one call. Each shared library is built once per
-source, compiler flags and machine into ``~/.cache/llmserve/kernels`` (``LLMSERVE_KERNEL_CACHE``
-overrides it; a per-user temp folder when home is not writable) and loaded with ctypes, so
+``native_step.py``) runs a whole decode step over those kernels in one call. Each shared
+library is built once per source, compiler flags and machine into ``~/.cache/llmserve/kernels``
+(``LLMSERVE_KERNEL_CACHE`` overrides it; a per-user temp folder when home is not writable) and
+loaded with ctypes, so
 there is no build step at install time and nothing to ship per CPU. Without a compiler, on a
 CPU the kernel does not support, or with ``LLMSERVE_CPU_KERNELS=0``, ``decode_kernel()``,
 ``packed_linear()`` and ``elementwise_ops()`` return None and the backend keeps its torch path.
