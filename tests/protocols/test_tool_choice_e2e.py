@@ -42,14 +42,9 @@ RUNS = 20
 
 @pytest.fixture(scope="module")
 def client(smollm_server):
-    # No idle keep-alive connections: 40 pooled connections left idle by one burst would be
-    # reused by the next just as the server's 5 s keep-alive timer closes some of them, a
-    # client-side race (ECONNRESET) that says nothing about the server.
-    import httpx2
-
-    http = openai.DefaultHttpx2Client(limits=httpx2.Limits(max_keepalive_connections=0))
-    return openai.OpenAI(base_url=smollm_server.url + "/v1", api_key="unused", max_retries=0, timeout=300,
-                         http_client=http)
+    # Pooled connections are safe to reuse between bursts: test servers keep idle connections
+    # open far longer than a test runs (see ServerProcess in conftest.py).
+    return openai.OpenAI(base_url=smollm_server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
 
 
 def _request(run: int, tool_choice, stream: bool) -> dict:

@@ -74,9 +74,13 @@ class NativeDecodeStep:
             slot.eps1, slot.eps2, slot.scale, slot.window = lay.eps1, lay.eps2, lay.scaling, lay.window or 0
         # The tensors behind those pointers live as long as the fused decoder (which holds this
         # object) and the cache (held here).
-        self._work = torch.empty(0, dtype=torch.float32)
+        blocks_view = cache.layers[0][0]  # [2 * kvh, nblocks, bs, D], the same for every layer
+        self._nblocks, self._block_size = blocks_view.shape[1], blocks_view.shape[2]
         self._sizes = [self.hidden, (self.heads + 2 * self.kv_heads) * self.head_dim, self.heads * self.head_dim,
                        self.hidden, 2 * self.inter, self.inter, self.hidden]
+        self._work = torch.empty(0, dtype=torch.float32)
+        self._work_rows = -1          # the row count self._work_ptrs was laid out for
+        self._work_ptrs = _Work()
 
     @classmethod
     def build(cls, fused: Any, cache: Any) -> "NativeDecodeStep | None":
@@ -121,21 +125,20 @@ class NativeDecodeStep:
         tables, ctx, slots = meta.decode_blocks, meta.decode_ctx, meta.slot_mapping
         if not all(t.dtype == torch.int64 and t.is_contiguous() for t in (tables, ctx, slots)) or slots.numel() != T:
             raise ValueError("native decode step: block tables, context lengths and slots must be int64")
-        need = T * sum(self._sizes)
-        if self._work.numel() < need:
-            self._work = torch.empty(need, dtype=torch.float32)
-        ptrs, offset = [], 0
-        base = self._work.data_ptr()
-        for size in self._sizes:
-            ptrs.append(base + 4 * offset)
-            offset += T * size
-        work = _Work(*ptrs)
+        if T != self._work_rows:  # scratch buffers laid out again only when the batch size changes
+            need = T * sum(self._sizes)
+            if self._work.numel() < need:
+                self._work = torch.empty(need, dtype=torch.float32)
+            base, offset = self._work.data_ptr(), 0
+            for name, size in zip((f[0] for f in _Work._fields_), self._sizes):
+                setattr(self._work_ptrs, name, base + self._work.element_size() * offset)
+                offset += T * size
+            self._work_rows = T
         out = torch.empty_like(h)
-        blocks_view = self.cache.layers[0][0]
         rc = self._fn(ctypes.addressof(self._kernels), ctypes.addressof(self._model), ctypes.addressof(self._layers),
-                      ctypes.addressof(work), h.data_ptr(), out.data_ptr(), T, cos.data_ptr(), sin.data_ptr(),
-                      slots.data_ptr(), tables.data_ptr(), ctx.data_ptr(), meta.decode_max_blocks,
-                      blocks_view.shape[1], blocks_view.shape[2], torch.get_num_threads())
+                      ctypes.addressof(self._work_ptrs), h.data_ptr(), out.data_ptr(), T, cos.data_ptr(),
+                      sin.data_ptr(), slots.data_ptr(), tables.data_ptr(), ctx.data_ptr(), meta.decode_max_blocks,
+                      self._nblocks, self._block_size, torch.get_num_threads())
         if rc == -1:
             raise IndexError("native decode step: a slot is outside the KV pool")
         if rc != 0:
