@@ -8,7 +8,10 @@ generation_config) at each concurrency, and prints output tokens/s, TTFT p50/p99
 inter-token latency p50/p99 with llmserve/peer ratios. Each level runs ``--rounds`` times per
 server, alternating which server goes first, so that a slow spell of a shared machine hits
 both alike; figures pool the rounds and the per-round ratios are printed too.
-``--markdown FILE`` appends the table to FILE.
+``--markdown FILE`` appends the table to FILE. Before the servers start, a plain transformers
+``model.generate`` loop (greedy, one prompt at a time, 128 new tokens each) is timed on the same
+model in a child process: the single-stream reference for concurrency 1
+(``--skip-plain-generate`` leaves it out).
 
     python bench/serve_bench.py                       # embedded SmolLM2, fp32, c = 1 8 32
     python bench/serve_bench.py --concurrency 1 8 --requests-per-level 16 --skip-peer
@@ -222,6 +225,39 @@ def pool_rounds(rows: list[dict]) -> dict:
     return out
 
 
+def plain_generate(model_dir: str, dtype: str, device: str, max_tokens: int, runs: int = 3) -> dict:
+    """Output tokens/s of transformers' own ``model.generate`` on the benchmark's prompts, one
+    at a time (greedy, exactly ``max_tokens`` new tokens each, after one short warm-up call)."""
+    import torch  # noqa: PLC0415 - only the child process that measures this loads torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(device).eval()
+    tokens, wall = 0, 0.0
+    with torch.inference_mode():
+        for i in range(runs + 1):
+            ids = tok(PROMPTS[i % len(PROMPTS)], return_tensors="pt").to(device)
+            n = max_tokens if i else 4
+            t0 = time.perf_counter()
+            out = model.generate(**ids, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                                 pad_token_id=tok.eos_token_id)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            if i:  # the first call is the warm-up
+                wall += time.perf_counter() - t0
+                tokens += out.shape[1] - ids["input_ids"].shape[1]
+    return {"tokens": tokens, "wall_s": wall, "tok_s": tokens / wall}
+
+
+def plain_generate_in_child(model_dir: str, dtype: str, device: str, max_tokens: int) -> dict:
+    """``plain_generate`` in a spawned process, so this client never loads torch and the
+    model's memory is gone before the servers start."""
+    import multiprocessing  # noqa: PLC0415
+
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(plain_generate, (model_dir, dtype, device, max_tokens))
+
+
 class Server:
     """One server under test: started once, then driven level by level."""
 
@@ -305,6 +341,8 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=2, help="runs of each level per server, alternating the order")
     ap.add_argument("--skip-peer", action="store_true", help="only benchmark llmserve")
+    ap.add_argument("--skip-plain-generate", action="store_true",
+                    help="do not time the plain model.generate loop (the concurrency-1 reference)")
     ap.add_argument("--peer-eos-id", type=int, default=None,
                     help="EOS id given to transformers serve so it runs to max_tokens (default: the vocab's last id)")
     ap.add_argument("--llmserve-args", default="", help="extra flags for llmserve serve")
@@ -335,9 +373,19 @@ def main() -> None:
         gen = {"eos_token_id": [args.peer_eos_id if args.peer_eos_id is not None else vocab - 1],
                "max_new_tokens": args.max_tokens, "do_sample": False}
         servers.append(Server("transformers", peer_cmd, peer_port, model_dir, {"generation_config": json.dumps(gen)}))
+    plain = None
+    if not args.skip_plain_generate:
+        os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")  # inherited by the child
+        plain = plain_generate_in_child(model_dir, args.dtype, args.device, args.max_tokens)
+        print(f"plain model.generate: {plain['tok_s']:.1f} tok/s ({plain['tokens']} tokens)", flush=True)
     results = run_all(servers, args, env)
     ours, peer = results[0], (results[1] if len(results) > 1 else None)
     md = table(ours, peer)
+    if plain is not None:
+        single = next((r for r in ours if r["concurrency"] == 1), None)
+        md += (f"\n\nPlain `model.generate` loop (greedy, one request at a time): {plain['tok_s']:.1f} tok/s"
+               + (f"; llmserve at concurrency 1: {single['tok_s']:.1f} tok/s "
+                  f"(**{single['tok_s'] / plain['tok_s']:.2f}x**)" if single else ""))
     print(md)
     header = (f"\n### {time.strftime('%Y-%m-%d')} — {platform.machine()}, {os.cpu_count()} cores, "
               f"{args.device}, {args.dtype}, max_tokens {args.max_tokens}\n\n"
@@ -349,7 +397,8 @@ def main() -> None:
         def slim(rows: list[dict] | None) -> list[dict] | None:  # raw samples stay out of the file
             return None if rows is None else [{k: v for k, v in r.items() if k not in ("ttft", "itl")} for r in rows]
 
-        Path(args.json).write_text(json.dumps({"llmserve": slim(ours), "peer": slim(peer)}, indent=2))
+        Path(args.json).write_text(json.dumps({"llmserve": slim(ours), "peer": slim(peer), "plain_generate": plain},
+                                              indent=2))
 
 
 if __name__ == "__main__":
