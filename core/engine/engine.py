@@ -432,5 +432,4 @@ class LLMEngine:
                 self.backend.release([s.seq_id for s in state.seqs])
                 self._emit(state)
             else:
-                from llmserve.errors import GenerationError
                 self.abort(rid, error=GenerationError("request timed out before producing output", status=408))
