@@ -1,6 +1,7 @@
 """The native CPU kernels: built once, cached, optional; decode attention equal to a plain-torch
 reference over block tables (GQA groups, sliding windows, scattered blocks, vector and portable
-loops) and the packed linear equal to torch's for every row/column remainder."""
+loops) and the packed linear equal to torch's for every row/column remainder; its lossless 4-bit
+panels bit for bit equal to its fp32 ones, and refused wherever they would not be lossless."""
 
 from __future__ import annotations
 
@@ -235,6 +236,52 @@ def test_packed_linear_declines_what_it_cannot_do() -> None:
 def test_packed_linear_disabled_by_environment(fresh_cache, monkeypatch) -> None:
     monkeypatch.setenv("LLMSERVE_CPU_KERNELS", "0")
     assert cpu_kernels.packed_linear(torch.zeros(4, 4)) is None
+
+
+def q4_1_weights(N: int, K: int, seed: int = 0) -> torch.Tensor:
+    """Weights as a GGUF Q4_1 block dequantizes them: per row and 32 consecutive k, an fp16
+    scale d and an offset m, w = d * q + m with q in 0..15 (d * q is exact, one rounding).
+    Like the quantizer, a block's smallest weight has code 0 and its largest code 15, except
+    in every third block, whose codes stop at 13 (the packer must still find d)."""
+    gen = torch.Generator().manual_seed(seed)
+    d = (torch.rand(N, K // 32, 1, generator=gen) * 0.02 + 1e-4).half().float()
+    m = torch.randn(N, K // 32, 1, generator=gen) * 0.1
+    q = torch.randint(0, 16, (N, K // 32, 32), generator=gen).float()
+    q[..., 0], q[..., 1] = 0, 15
+    q.view(-1, 32)[::3] = q.view(-1, 32)[::3].clamp(max=13)
+    return (d * q + m).reshape(N, K)
+
+
+@pytest.mark.parametrize("N,K,bias", [(16, 32, False), (45, 96, True), (960, 576, False), (7, 1536, True)])
+def test_q4_panels_are_bit_for_bit_the_fp32_panels(N, K, bias, monkeypatch) -> None:
+    """Every row count through both 4-bit paths (straight from the codes up to 4 rows, a
+    dequantized scratch panel beyond), partial panels and the bias: the same bits as fp32."""
+    w = q4_1_weights(N, K, seed=N + K)
+    b = torch.randn(N) if bias else None
+    q4 = cpu_kernels.packed_linear(w, b)
+    monkeypatch.setenv("LLMSERVE_PACKED_Q4", "0")
+    f32 = cpu_kernels.packed_linear(w, b)
+    assert (q4.format, f32.format) == ("q4", "f32")
+    assert q4.packed.dtype == torch.uint8 and q4.packed.numel() == -(-N // 16) * K // 32 * 384  # 0.75 B/weight
+    for M in (*range(1, 15), 31, 32, 37):
+        x = torch.randn(M, K, generator=torch.Generator().manual_seed(M))
+        assert torch.equal(q4(x), f32(x)), M
+    x = torch.randn(9, K)
+    torch.testing.assert_close(q4(x).double(), torch.nn.functional.linear(
+        x.double(), w.double(), b.double() if b is not None else None), atol=1e-4 * K ** 0.5, rtol=1e-5)
+
+
+def test_q4_panels_only_where_they_are_lossless() -> None:
+    w = q4_1_weights(40, 64)
+    assert cpu_kernels.packed_linear(w).format == "q4"
+    assert cpu_kernels.packed_linear(torch.randn(40, 64)).format == "f32"   # plain fp32 weights
+    nudged = w.clone()
+    nudged[37, 50] = torch.nextafter(nudged[37, 50], torch.tensor(1.0))       # one weight one ulp off
+    assert cpu_kernels.packed_linear(nudged).format == "f32"
+    assert cpu_kernels.packed_linear(q4_1_weights(40, 96)[:, :80]).format == "f32"  # K not a multiple of 32
+    flat = torch.full((16, 32), -0.0)  # a flat block of -0.0: d * 0 + m would give +0.0
+    assert cpu_kernels.packed_linear(flat).format == "f32"
+    assert cpu_kernels.packed_linear(torch.full((16, 32), 0.25)).format == "q4"
 
 
 @pytest.mark.parametrize("T,D", [(1, 576), (7, 13), (40, 64), (3, 8)])

@@ -327,6 +327,57 @@ def test_native_decode_step_is_bit_identical_to_the_layer_loop(tiny_dir: str, mo
         native.close(), loop.close()
 
 
+@pytest.fixture(scope="module")
+def q4_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The tiny Llama with its projections rounded the way GGUF Q4_1 stores them (per row and
+    32 consecutive k: w = d * q + m, q in 0..15, d an fp16 number), like the embedded model."""
+    from transformers import AutoModelForCausalLM
+
+    path = str(tmp_path_factory.mktemp("tiny-llama-q4"))
+    build_tiny_model(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    for name, module in model.model.layers.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            w = module.weight.data
+            blocks = w.reshape(w.shape[0], -1, 32)
+            lo, hi = blocks.amin(-1, keepdim=True), blocks.amax(-1, keepdim=True)
+            d = ((hi - lo) / 15).half().float()
+            q = torch.round((blocks - lo) / d).clamp(0, 15)
+            module.weight.data = (d * q + lo).reshape(w.shape)
+    model.save_pretrained(path)
+    return path
+
+
+def test_q4_panels_give_the_fp32_panels_logits(q4_dir: str, tiny_dir: str, monkeypatch) -> None:
+    """A model whose projections 4-bit panels reproduce gets them (the random one does not),
+    and its logits are the fp32 panels' bit for bit: prefill (dequantized scratch panels), and
+    decode steps of 3 and of 1 rows (straight from the codes) in the native step."""
+    monkeypatch.delenv("LLMSERVE_PACKED_Q4", raising=False)
+    q4 = make_backend(q4_dir)
+    plain = make_backend(tiny_dir)
+    monkeypatch.setenv("LLMSERVE_PACKED_Q4", "0")
+    f32 = make_backend(q4_dir)
+    projections = ("qkv", "o", "gu", "down")
+    assert {getattr(lay, p).format for lay in q4._fused.layers for p in projections} == {"q4"}
+    assert {getattr(lay, p).format for lay in f32._fused.layers for p in projections} == {"f32"}
+    assert {getattr(lay, p).format for lay in plain._fused.layers for p in projections} == {"f32"}
+    seqs = [seq(60 + i, n) for i, n in enumerate((6, 11, 4))]
+    tables = [[3, 7, 1, 12], [20, 5, 9, 30], [8, 2, 40, 41]]
+    try:
+        got = q4.forward_logits([item(i, s, 0, t) for i, (s, t) in enumerate(zip(seqs, tables))])
+        want = f32.forward_logits([item(i, s, 0, t) for i, (s, t) in enumerate(zip(seqs, tables))])
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
+        ctx = [len(s) for s in seqs]
+        for step in range(3):
+            rows = range(3) if step < 2 else range(1)
+            batch = [item(i, [(5 * step + i) % VOCAB + 2], ctx[i] + step, tables[i]) for i in rows]
+            got, want = q4.forward_logits(batch), f32.forward_logits(batch)
+            assert all(torch.equal(g, w) for g, w in zip(got, want))
+        assert q4._fused._native is not None and q4._fused._native[1] is not None  # the native step ran
+    finally:
+        q4.close(), f32.close(), plain.close()
+
+
 def test_native_decode_step_refuses_a_slot_outside_the_pool(tiny_dir: str) -> None:
     b = make_backend(tiny_dir)
     b.forward_logits([item(0, seq(50, 4), 0, [2, 3])])

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+import torch.nn.functional as F
 
 from . import switches
 
@@ -174,21 +175,96 @@ def kv_writer() -> Callable[..., None] | None:
     return write_kv
 
 
+_Q4_BLOCK = 32  # k per 4-bit block (csrc/packed_linear.c's QK)
+
+
+def _q4_blocks(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """Per row and per 32 consecutive k of ``weight [N, K]``: a scale d, an offset m and codes
+    q in 0..15 with ``d * q + m == w`` bit for bit for every weight, or None when some block has
+    none. That is the shape of a GGUF Q4_1 block after dequantization to fp32 (m is the
+    block's minimum, d an fp16 number near (max - min) / 15); the search tries that d (and
+    (max - min) / 14 .. / 12, for blocks whose largest code is lower) with its fp16 neighbours,
+    whose products with q are exact, so the check here rounds like the kernel.
+    """
+    N, K = weight.shape
+    if N == 0 or K % _Q4_BLOCK:
+        return None
+    blocks = weight.reshape(-1, _Q4_BLOCK)
+    lo, hi = blocks.amin(-1), blocks.amax(-1)
+    if not (torch.isfinite(lo).all() and torch.isfinite(hi).all()):
+        return None
+    d = torch.zeros_like(lo)
+    q = torch.zeros(blocks.shape, dtype=torch.uint8)
+    done = torch.zeros(lo.shape, dtype=torch.bool)
+    # The largest code is 15 unless rounding moved it (or the block's values spread less).
+    for top, offset in ((top, offset) for top in (15, 14, 13, 12) for offset in (0, 1, -1, 2, -2)):
+        todo = (~done).nonzero().squeeze(1)
+        if not todo.numel():
+            break
+        bits = ((hi[todo] - lo[todo]) / top).to(torch.float16).view(torch.int16)
+        scale = (bits + offset).view(torch.float16).float()
+        scale = torch.where(torch.isfinite(scale) & (scale > 0), scale, torch.zeros_like(scale))
+        base, target = lo[todo, None], blocks[todo]
+        codes = torch.round((target - base) / torch.where(scale > 0, scale, 1.0)[:, None]).clamp_(0, 15)
+        codes = codes * (scale > 0)[:, None]  # a flat block: d = 0, every code 0
+        ok = ((scale[:, None] * codes + base).view(torch.int32) == target.view(torch.int32)).all(-1)
+        hit = todo[ok]
+        d[hit], q[hit], done[hit] = scale[ok], codes[ok].to(torch.uint8), True
+    if not done.all():
+        return None
+    return d.view(N, -1), lo.view(N, -1), q.view(N, -1, _Q4_BLOCK)
+
+
+def _pack_q4(lib: ctypes.CDLL, weight: torch.Tensor, panels_f32: torch.Tensor) -> torch.Tensor | None:
+    """``weight`` as 4-bit panels (csrc/packed_linear.c's layout), or None unless they unpack
+    to exactly ``panels_f32`` (its fp32 panels), bit for bit."""
+    N, K = weight.shape
+    probe = _q4_blocks(weight[:64])  # most matrices that are not 4-bit fail here, cheaply
+    found = _q4_blocks(weight) if probe is not None else None
+    if found is None:
+        return None
+    d, m, q = found
+    panels, pad = -(-N // 16), -N % 16
+    if pad:
+        d, m = F.pad(d, (0, 0, 0, pad)), F.pad(m, (0, 0, 0, pad))
+        q = F.pad(q, (0, 0, 0, 0, 0, pad))
+    kb = K // _Q4_BLOCK
+    d = d.view(panels, 16, kb).transpose(1, 2).contiguous().view(torch.uint8)  # [P, kb, 64] bytes
+    m = m.view(panels, 16, kb).transpose(1, 2).contiguous().view(torch.uint8)
+    q = q.view(panels, 16, kb, _Q4_BLOCK).permute(0, 2, 3, 1)                 # [P, kb, 32 k, 16 columns]
+    codes = (q[..., :8] | (q[..., 8:] << 4)).reshape(panels, kb, _Q4_BLOCK * 8)
+    packed = torch.cat([d, m, codes], dim=-1).reshape(-1).contiguous()
+    back = torch.empty_like(panels_f32)
+    _bind(lib, "unpack_q4", None, _PTR, _PTR, _I64, _I64)(packed.data_ptr(), back.data_ptr(), N, K)
+    return packed if torch.equal(back.view(torch.int32), panels_f32.view(torch.int32)) else None
+
+
 class PackedLinear:
     """``y = x @ weight.T + bias`` for fp32 CPU inputs, with ``weight [N, K]`` copied once into
-    the kernel's panel layout. Callable like ``F.linear`` on a 2-D ``[M, K]`` input, for any M."""
+    the kernel's panel layout. Callable like ``F.linear`` on a 2-D ``[M, K]`` input, for any M.
 
-    __slots__ = ("_fn", "packed", "bias", "out_features", "in_features")
+    ``format`` is ``"q4"`` when the weights are stored as 4-bit block-affine panels, which
+    happens only where those reproduce every fp32 weight bit for bit (the layers of a model
+    dequantized from GGUF Q4_1, for one): 0.75 bytes per weight instead of 4, and the same
+    output bits. Otherwise, and with ``LLMSERVE_PACKED_Q4=0``, ``"f32"``. ``kernel`` is the
+    address of the C function that reads this format (the native decoder step calls it).
+    """
+
+    __slots__ = ("_fn", "kernel", "format", "packed", "bias", "out_features", "in_features")
 
     def __init__(self, lib: ctypes.CDLL, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         weight = weight.detach().contiguous()
         self.out_features, self.in_features = weight.shape
         panels = -(-self.out_features // 16)
-        self.packed = torch.empty(panels * self.in_features * 16, dtype=torch.float32)
+        f32 = torch.empty(panels * self.in_features * 16, dtype=torch.float32)
         pack = _bind(lib, "pack_weight_f32", None, _PTR, _PTR, _I64, _I64)
-        pack(weight.data_ptr(), self.packed.data_ptr(), self.out_features, self.in_features)
+        pack(weight.data_ptr(), f32.data_ptr(), self.out_features, self.in_features)
+        q4 = _pack_q4(lib, weight, f32) if switches.enabled(switches.PACKED_Q4) else None
+        self.format = "f32" if q4 is None else "q4"
+        self.packed = f32 if q4 is None else q4
         self.bias = bias.detach().contiguous() if bias is not None else None
-        self._fn = _bind(lib, "packed_linear_f32", None, *[_PTR] * 4, _I64, _I64, _I64, _INT)
+        self._fn = _bind(lib, f"packed_linear_{self.format}", None, *[_PTR] * 4, _I64, _I64, _I64, _INT)
+        self.kernel: int = ctypes.cast(self._fn, _PTR).value
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2 or x.shape[1] != self.in_features:

@@ -21,12 +21,12 @@ _P, _I64, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 
 
 class _Kernels(ctypes.Structure):
-    _fields_ = [(name, _P) for name in ("linear", "norm", "silu", "rope", "write_kv", "decode")]
+    _fields_ = [(name, _P) for name in ("norm", "silu", "rope", "write_kv", "decode")]
 
 
 class _Layer(ctypes.Structure):
     _fields_ = [(name, _P) for name in ("qkv", "qkv_bias", "o", "o_bias", "gu", "gu_bias", "down", "down_bias",
-                                        "ln1", "ln2", "pool")] + [
+                                        "ln1", "ln2", "pool", "qkv_fn", "o_fn", "gu_fn", "down_fn")] + [
         ("eps1", _F32), ("eps2", _F32), ("scale", _F32), ("window", _I64)]
 
 
@@ -65,10 +65,11 @@ class NativeDecodeStep:
                              fused.norm_w.data_ptr(), fused.norm_eps)
         self._layers = (_Layer * len(lays))()
         for slot, lay in zip(self._layers, lays):
-            slot.qkv, slot.qkv_bias = lay.qkv.packed.data_ptr(), _ptr(lay.qkv.bias)
-            slot.o, slot.o_bias = lay.o.packed.data_ptr(), _ptr(lay.o.bias)
-            slot.gu, slot.gu_bias = lay.gu.packed.data_ptr(), _ptr(lay.gu.bias)
-            slot.down, slot.down_bias = lay.down.packed.data_ptr(), _ptr(lay.down.bias)
+            for name in ("qkv", "o", "gu", "down"):  # each projection with the kernel for its format
+                lin = getattr(lay, name)
+                setattr(slot, name, lin.packed.data_ptr())
+                setattr(slot, f"{name}_bias", _ptr(lin.bias))
+                setattr(slot, f"{name}_fn", lin.kernel)
             slot.ln1, slot.ln2 = lay.ln1.data_ptr(), lay.ln2.data_ptr()
             slot.pool = cache.layers[lay.idx][0].data_ptr()
             slot.eps1, slot.eps2, slot.scale, slot.window = lay.eps1, lay.eps2, lay.scaling, lay.window or 0
@@ -103,12 +104,11 @@ class NativeDecodeStep:
         if fused.norm_w.dtype != torch.float32 or not fused.norm_w.is_contiguous():
             return None
         step_lib = _library("decoder_step", "decoder-step")
-        linear_lib = _library("packed_linear", "linear-layer")
         ew_lib = _library("elementwise", "elementwise")
         attn_lib = _library("paged_decode", "decode-attention")
-        if None in (step_lib, linear_lib, ew_lib, attn_lib):
+        if None in (step_lib, ew_lib, attn_lib):
             return None
-        kernels = _Kernels(_fn(linear_lib, "packed_linear_f32"), _fn(ew_lib, "add_rms_norm_f32"),
+        kernels = _Kernels(_fn(ew_lib, "add_rms_norm_f32"),
                            _fn(ew_lib, "silu_mul_f32"), _fn(ew_lib, "rope_f32"), _fn(attn_lib, "write_kv_f32"),
                            _fn(attn_lib, "paged_decode_f32"))
         return cls(fused, cache, step_lib, kernels)

@@ -3,7 +3,9 @@
 ``LLMSERVE_FUSED_FORWARD=0`` keeps transformers' modules instead of the fused forward;
 ``LLMSERVE_CPU_KERNELS=0`` keeps everything on torch instead of the native CPU kernels (decode
 attention, packed linears, norms, RoPE, greedy picking); ``LLMSERVE_NATIVE_STEP=0`` runs decode
-steps through the fused forward's Python layer loop instead of the one-call native step.
+steps through the fused forward's Python layer loop instead of the one-call native step;
+``LLMSERVE_PACKED_Q4=0`` keeps every packed linear in fp32 panels, even where lossless 4-bit
+panels would reproduce the weights.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 FUSED_FORWARD = "LLMSERVE_FUSED_FORWARD"
 CPU_KERNELS = "LLMSERVE_CPU_KERNELS"
 NATIVE_STEP = "LLMSERVE_NATIVE_STEP"
+PACKED_Q4 = "LLMSERVE_PACKED_Q4"
 
 
 def enabled(name: str) -> bool:

@@ -29,7 +29,6 @@ typedef int (*decode_fn)(const float *q, int64_t q_row, int64_t q_head, const fl
                          int nthreads);
 
 typedef struct {
-    linear_fn linear;
     norm_fn norm;
     silu_fn silu;
     rope_fn rope;
@@ -37,12 +36,14 @@ typedef struct {
     decode_fn decode;
 } Kernels;
 
-/* One layer: packed weights (``[panels][K][16]``, see packed_linear.c), biases or NULL, norm
- * weights, and the layer's KV pool ``[2 * kvh, nblocks, bs, D]``. */
+/* One layer: packed weights (see packed_linear.c) with the kernel that reads each one's format
+ * (packed_linear_f32 or packed_linear_q4), biases or NULL, norm weights, and the layer's KV
+ * pool ``[2 * kvh, nblocks, bs, D]``. */
 typedef struct {
     const float *qkv, *qkv_bias, *o, *o_bias, *gu, *gu_bias, *down, *down_bias;
     const float *ln1, *ln2;
     float *pool;
+    linear_fn qkv_fn, o_fn, gu_fn, down_fn;
     float eps1, eps2, scale;
     int64_t window; /* 0: none */
 } Layer;
@@ -77,7 +78,7 @@ int decoder_step_f32(const Kernels *k, const Model *m, const Layer *layers, cons
     for (int64_t l = 0; l < m->num_layers; l++) {
         const Layer *L = layers + l;
         k->norm(h, l ? w->delta : NULL, L->ln1, w->x, T, hid, L->eps1, nthreads);
-        k->linear(w->x, L->qkv, L->qkv_bias, w->qkv, T, width, hid, nthreads);
+        L->qkv_fn(w->x, L->qkv, L->qkv_bias, w->qkv, T, width, hid, nthreads);
         k->rope(w->qkv, cos, sin, T, H + kvh, D, width, nthreads); /* queries and keys side by side */
         if (k->write_kv(w->qkv + H * D, width, D, w->qkv + (H + kvh) * D, width, D, slots, T, kvh, D, nslots,
                         L->pool) != 0)
@@ -85,11 +86,11 @@ int decoder_step_f32(const Kernels *k, const Model *m, const Layer *layers, cons
         if (k->decode(w->qkv, width, D, L->pool, tables, ctx, w->attn, H * D, T, H, kvh, D, nblocks, bs, max_blocks,
                       L->scale, L->window, nthreads) != 0)
             return -2;
-        k->linear(w->attn, L->o, L->o_bias, w->o, T, hid, H * D, nthreads);
+        L->o_fn(w->attn, L->o, L->o_bias, w->o, T, hid, H * D, nthreads);
         k->norm(h, w->o, L->ln2, w->x, T, hid, L->eps2, nthreads);
-        k->linear(w->x, L->gu, L->gu_bias, w->gu, T, 2 * I, hid, nthreads);
+        L->gu_fn(w->x, L->gu, L->gu_bias, w->gu, T, 2 * I, hid, nthreads);
         k->silu(w->gu, w->act, T, I, nthreads);
-        k->linear(w->act, L->down, L->down_bias, w->delta, T, hid, I, nthreads);
+        L->down_fn(w->act, L->down, L->down_bias, w->delta, T, hid, I, nthreads);
     }
     k->norm(h, m->num_layers ? w->delta : NULL, m->norm_w, out, T, hid, m->norm_eps, nthreads);
     return 0;

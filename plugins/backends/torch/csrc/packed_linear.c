@@ -7,13 +7,22 @@
  * panel linearly while a 6 x 16 block of outputs lives in twelve ymm registers: per k, two
  * panel loads and six broadcasts of x feed twelve FMAs. Threads split the panels, so every
  * weight byte is read from memory once per call; rows of x are taken in chunks that stay in
- * L2. Built at run time by ``cpu_kernels.py`` (gcc -O3 -march=native -fopenmp).
+ * L2.
+ *
+ * ``packed_linear_q4`` takes the same panels stored as 4-bit codes: for each column and each 32
+ * consecutive k, w = d * q + m with q in 0..15 and d, m fp32 (the shape of a GGUF Q4_1 block).
+ * ``cpu_kernels.py`` uses it only when that storage reproduces every fp32 weight bit for bit,
+ * and the kernel rebuilds each weight with the same exact arithmetic (d * q is exact, so one
+ * FMA rounds like the dequantizer's multiply-then-add) before the same FMA chain per output:
+ * the result is bit for bit the fp32 kernel's, from 0.75 bytes per weight instead of 4.
+ * Built at run time by ``cpu_kernels.py`` (gcc -O3 -march=native -fopenmp).
  */
 #if !defined(__AVX2__) || !defined(__FMA__)
 #error "the packed linear kernel needs AVX2 and FMA"
 #endif
 #include <immintrin.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define NR 16 /* output columns per panel: two ymm registers */
@@ -106,4 +115,136 @@ void packed_linear_f32(const float *x, const float *wp, const float *bias, float
             }
         }
     }
+}
+
+/* ---- 4-bit block-affine panels ----
+ * Panel p (columns 16p .. 16p + 15), block b (k = 32b .. 32b + 31): 16 scales d and 16 offsets
+ * m (fp32, one per column), then 32 rows of 8 bytes, byte j of row kk holding the code of
+ * column j in its low nibble and of column j + 8 in its high one. */
+#define QK 32                              /* k per block */
+#define QBLOCK (2 * NR * 4 + QK * NR / 2)  /* bytes per panel and block: 384 */
+#define QROWS 4    /* rows per register block when multiplying straight from the codes */
+#define QDIRECT 4  /* up to this many rows, straight from the codes; beyond, via a scratch panel */
+
+/* The 16 weights of one k: ``codes`` is that k's 8 bytes. */
+static inline void dequant_k(const uint8_t *codes, __m256 d0, __m256 d1, __m256 m0, __m256 m1, __m256 *w0,
+                             __m256 *w1) {
+    const __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)codes));
+    *w0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(e, _mm256_set1_epi32(15))), d0, m0);
+    *w1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(e, 4)), d1, m1);
+}
+
+/* One 4-bit panel as the fp32 panel ``[K][16]`` it stands for. */
+static void dequant_panel(const uint8_t *qp, int64_t K, float *out) {
+    for (int64_t kb = 0; kb < K / QK; kb++) {
+        const float *dm = (const float *)(qp + kb * QBLOCK);
+        const uint8_t *codes = qp + kb * QBLOCK + 2 * NR * 4;
+        const __m256 d0 = _mm256_loadu_ps(dm), d1 = _mm256_loadu_ps(dm + 8);
+        const __m256 m0 = _mm256_loadu_ps(dm + 16), m1 = _mm256_loadu_ps(dm + 24);
+        float *o = out + kb * QK * NR;
+        for (int kk = 0; kk < QK; kk++) {
+            __m256 w0, w1;
+            dequant_k(codes + kk * NR / 2, d0, d1, m0, m1, &w0, &w1);
+            _mm256_storeu_ps(o + kk * NR, w0);
+            _mm256_storeu_ps(o + kk * NR + 8, w1);
+        }
+    }
+}
+
+/* ``block`` for a 4-bit panel, rebuilding each k's weights in registers (few rows: the
+ * codes are read once, and the weight bytes are what a step of few rows waits for). */
+static inline __attribute__((always_inline)) void qblock(const int rows, const float *restrict x, int64_t K,
+                                                        const uint8_t *restrict qp, const float *bias,
+                                                        float *restrict y, int64_t ldy, int64_t ncols) {
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+    __m256 c30 = c00, c31 = c00;
+    for (int64_t kb = 0; kb < K / QK; kb++) {
+        const float *dm = (const float *)(qp + kb * QBLOCK);
+        const uint8_t *codes = qp + kb * QBLOCK + 2 * NR * 4;
+        const __m256 d0 = _mm256_loadu_ps(dm), d1 = _mm256_loadu_ps(dm + 8);
+        const __m256 m0 = _mm256_loadu_ps(dm + 16), m1 = _mm256_loadu_ps(dm + 24);
+        for (int kk = 0; kk < QK; kk++) {
+            const int64_t k = kb * QK + kk;
+            __m256 w0, w1;
+            dequant_k(codes + kk * NR / 2, d0, d1, m0, m1, &w0, &w1);
+            ROW_FMA(0) ROW_FMA(1) ROW_FMA(2) ROW_FMA(3)
+        }
+    }
+    ROW_STORE(0) ROW_STORE(1) ROW_STORE(2) ROW_STORE(3)
+}
+
+/* Each OpenMP thread's scratch panel (the threads persist, so it is allocated once). */
+static __thread float *q_scratch = NULL;
+static __thread int64_t q_scratch_len = 0;
+
+/* y = x @ w^T (+ bias) with w as 4-bit panels (``packed`` points at their bytes); K must be a
+ * multiple of 32. The same signature as packed_linear_f32, so the decoder step can call
+ * either through one pointer type. */
+void packed_linear_q4(const float *x, const float *packed, const float *bias, float *y, int64_t M, int64_t N,
+                      int64_t K, int nthreads) {
+    const uint8_t *qp = (const uint8_t *)packed;
+    const int64_t panels = (N + NR - 1) / NR, pbytes = K / QK * QBLOCK;
+    const int direct = M <= QDIRECT;
+    int64_t chunk = (131072 / (K > 0 ? K : 1)) / MR * MR;
+    if (chunk < MR) chunk = MR;
+    if (direct) chunk = M;
+#pragma omp parallel num_threads(nthreads)
+    {
+        float *panel = NULL;
+        if (!direct) {
+            if (q_scratch_len < K * NR) {
+                free(q_scratch);
+                q_scratch = aligned_alloc(64, (size_t)(K * NR) * sizeof(float));
+                q_scratch_len = q_scratch ? K * NR : 0;
+            }
+            panel = q_scratch;
+        }
+        for (int64_t m0 = 0; m0 < M; m0 += chunk) {
+            const int64_t mend = M - m0 < chunk ? M : m0 + chunk;
+#pragma omp for schedule(static)
+            for (int64_t p = 0; p < panels; p++) {
+                const uint8_t *q = qp + p * pbytes;
+                const int64_t n = p * NR, ncols = N - n < NR ? N - n : NR;
+                float bpad[NR] = {0};
+                const float *b = NULL;
+                if (bias) {
+                    memcpy(bpad, bias + n, sizeof(float) * (size_t)ncols);
+                    b = bpad;
+                }
+                if (p + 1 < panels && m0 == 0) /* this thread's next panel, into L2 */
+                    for (int64_t off = 0; off < pbytes; off += 64)
+                        _mm_prefetch((const char *)(q + pbytes + off), _MM_HINT_T1);
+                int64_t m = m0;
+                if (direct || panel == NULL) { /* few rows (or no scratch memory): from the codes */
+                    for (; m + QROWS <= mend; m += QROWS)
+                        qblock(QROWS, x + m * K, K, q, b, y + m * N + n, N, ncols);
+                    switch (mend - m) {
+                    case 3: qblock(3, x + m * K, K, q, b, y + m * N + n, N, ncols); break;
+                    case 2: qblock(2, x + m * K, K, q, b, y + m * N + n, N, ncols); break;
+                    case 1: qblock(1, x + m * K, K, q, b, y + m * N + n, N, ncols); break;
+                    }
+                    continue;
+                }
+                dequant_panel(q, K, panel);
+                for (; m + MR <= mend; m += MR)
+                    block(MR, x + m * K, K, panel, b, y + m * N + n, N, ncols, NULL);
+                switch (mend - m) {
+                case 5: block(5, x + m * K, K, panel, b, y + m * N + n, N, ncols, NULL); break;
+                case 4: block(4, x + m * K, K, panel, b, y + m * N + n, N, ncols, NULL); break;
+                case 3: block(3, x + m * K, K, panel, b, y + m * N + n, N, ncols, NULL); break;
+                case 2: block(2, x + m * K, K, panel, b, y + m * N + n, N, ncols, NULL); break;
+                case 1: block(1, x + m * K, K, panel, b, y + m * N + n, N, ncols, NULL); break;
+                }
+            }
+        }
+    }
+}
+
+/* The fp32 panels (``[panels][K][16]``, as pack_weight_f32 writes them) that 4-bit panels
+ * stand for: the packer's bit-for-bit check. */
+void unpack_q4(const uint8_t *qp, float *wp, int64_t N, int64_t K) {
+    const int64_t panels = (N + NR - 1) / NR, pbytes = K / QK * QBLOCK;
+#pragma omp parallel for schedule(static)
+    for (int64_t p = 0; p < panels; p++)
+        dequant_panel(qp + p * pbytes, K, wp + p * K * NR);
 }
