@@ -2,7 +2,7 @@
 
 Only what plain torch does badly on a CPU lives here: decode attention read straight from the
 paged KV pool (``csrc/paged_decode.c``), fp32 linear layers over few rows with weights packed
-for the kernel (``csrc/packed_linear.c``) and the fused forward's small per-layer operations
+for the kernel, as fp32 or, where that is lossless, 4-bit panels (``csrc/packed_linear.c``) and the fused forward's small per-layer operations
 (``csrc/elementwise.c``); the last two need AVX2 + FMA. ``csrc/decoder_step.c`` (driven by
 ``native_step.py``) runs a whole decode step over those kernels in one call. Each shared
 library is built once per source, compiler flags and machine into ``~/.cache/llmserve/kernels``
