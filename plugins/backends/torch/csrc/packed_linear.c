@@ -82,6 +82,31 @@ static inline __attribute__((always_inline)) void block(const int rows, const fl
     ROW_STORE(0) ROW_STORE(1) ROW_STORE(2) ROW_STORE(3) ROW_STORE(4) ROW_STORE(5)
 }
 
+/* Rows m .. mend - 1 of x times one fp32 panel (columns n .. n + ncols - 1 of y), MR rows at
+ * a time; the first block prefetches ``next`` (may be NULL). */
+static void panel_rows(const float *x, int64_t K, const float *panel, const float *b, float *y, int64_t N,
+                       int64_t n, int64_t ncols, int64_t m, int64_t mend, const float *next) {
+    const int64_t first = m;
+    for (; m + MR <= mend; m += MR)
+        block(MR, x + m * K, K, panel, b, y + m * N + n, N, ncols, m == first ? next : NULL);
+    const float *pf = m == first ? next : NULL;
+    switch (mend - m) {
+    case 5: block(5, x + m * K, K, panel, b, y + m * N + n, N, ncols, pf); break;
+    case 4: block(4, x + m * K, K, panel, b, y + m * N + n, N, ncols, pf); break;
+    case 3: block(3, x + m * K, K, panel, b, y + m * N + n, N, ncols, pf); break;
+    case 2: block(2, x + m * K, K, panel, b, y + m * N + n, N, ncols, pf); break;
+    case 1: block(1, x + m * K, K, panel, b, y + m * N + n, N, ncols, pf); break;
+    }
+}
+
+/* The bias of a panel's columns, zero-padded to NR in ``pad`` (NULL without a bias). */
+static inline const float *panel_bias(const float *bias, int64_t n, int64_t ncols, float *pad) {
+    if (!bias) return NULL;
+    memset(pad, 0, sizeof(float) * NR);
+    memcpy(pad, bias + n, sizeof(float) * (size_t)ncols);
+    return pad;
+}
+
 void packed_linear_f32(const float *x, const float *wp, const float *bias, float *y, int64_t M, int64_t N,
                        int64_t K, int nthreads) {
     const int64_t panels = (N + NR - 1) / NR;
@@ -95,24 +120,10 @@ void packed_linear_f32(const float *x, const float *wp, const float *bias, float
         for (int64_t p = 0; p < panels; p++) {
             const float *panel = wp + p * K * NR;
             const int64_t n = p * NR, ncols = N - n < NR ? N - n : NR;
-            float bpad[NR] = {0};
-            const float *b = NULL;
-            if (bias) {
-                memcpy(bpad, bias + n, sizeof(float) * (size_t)ncols);
-                b = bpad;
-            }
+            float bpad[NR];
+            const float *b = panel_bias(bias, n, ncols, bpad);
             /* Panels of one thread are adjacent (static schedule): the next one follows this one. */
-            const float *next = p + 1 < panels ? panel + K * NR : NULL;
-            int64_t m = m0;
-            for (; m + MR <= mend; m += MR)
-                block(MR, x + m * K, K, panel, b, y + m * N + n, N, ncols, m == m0 ? next : NULL);
-            switch (mend - m) {
-            case 5: block(5, x + m * K, K, panel, b, y + m * N + n, N, ncols, m == m0 ? next : NULL); break;
-            case 4: block(4, x + m * K, K, panel, b, y + m * N + n, N, ncols, m == m0 ? next : NULL); break;
-            case 3: block(3, x + m * K, K, panel, b, y + m * N + n, N, ncols, m == m0 ? next : NULL); break;
-            case 2: block(2, x + m * K, K, panel, b, y + m * N + n, N, ncols, m == m0 ? next : NULL); break;
-            case 1: block(1, x + m * K, K, panel, b, y + m * N + n, N, ncols, m == m0 ? next : NULL); break;
-            }
+            panel_rows(x, K, panel, b, y, N, n, ncols, m0, mend, p + 1 < panels ? panel + K * NR : NULL);
         }
     }
 }
@@ -205,12 +216,8 @@ void packed_linear_q4(const float *x, const float *packed, const float *bias, fl
             for (int64_t p = 0; p < panels; p++) {
                 const uint8_t *q = qp + p * pbytes;
                 const int64_t n = p * NR, ncols = N - n < NR ? N - n : NR;
-                float bpad[NR] = {0};
-                const float *b = NULL;
-                if (bias) {
-                    memcpy(bpad, bias + n, sizeof(float) * (size_t)ncols);
-                    b = bpad;
-                }
+                float bpad[NR];
+                const float *b = panel_bias(bias, n, ncols, bpad);
                 if (p + 1 < panels && m0 == 0) /* this thread's next panel, into L2 */
                     for (int64_t off = 0; off < pbytes; off += 64)
                         _mm_prefetch((const char *)(q + pbytes + off), _MM_HINT_T1);
@@ -226,15 +233,7 @@ void packed_linear_q4(const float *x, const float *packed, const float *bias, fl
                     continue;
                 }
                 dequant_panel(q, K, panel);
-                for (; m + MR <= mend; m += MR)
-                    block(MR, x + m * K, K, panel, b, y + m * N + n, N, ncols, NULL);
-                switch (mend - m) {
-                case 5: block(5, x + m * K, K, panel, b, y + m * N + n, N, ncols, NULL); break;
-                case 4: block(4, x + m * K, K, panel, b, y + m * N + n, N, ncols, NULL); break;
-                case 3: block(3, x + m * K, K, panel, b, y + m * N + n, N, ncols, NULL); break;
-                case 2: block(2, x + m * K, K, panel, b, y + m * N + n, N, ncols, NULL); break;
-                case 1: block(1, x + m * K, K, panel, b, y + m * N + n, N, ncols, NULL); break;
-                }
+                panel_rows(x, K, panel, b, y, N, n, ncols, m, mend, NULL);
             }
         }
     }
