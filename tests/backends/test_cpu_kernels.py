@@ -1,7 +1,7 @@
 """The native CPU kernels: built once, cached, optional; decode attention equal to a plain-torch
 reference over block tables (GQA groups, sliding windows, scattered blocks, vector and portable
-loops) and the packed linear equal to torch's for every row/column remainder; its lossless 4-bit
-panels bit for bit equal to its fp32 ones, and refused wherever they would not be lossless."""
+loops) and the packed linear equal to torch's for every row/column remainder; its lossless 4- and
+8-bit panels bit for bit equal to its fp32 ones, and refused wherever they would not be lossless."""
 
 from __future__ import annotations
 
@@ -252,28 +252,42 @@ def q4_1_weights(N: int, K: int, seed: int = 0) -> torch.Tensor:
     return (d * q + m).reshape(N, K)
 
 
+def q8_0_weights(N: int, K: int, seed: int = 0) -> torch.Tensor:
+    """Weights as a GGUF Q8_0 block dequantizes them: per row and 32 consecutive k, an fp16
+    scale d, w = d * q with q in -127..127 and one |q| = 127 (every third block: 125 at most)."""
+    gen = torch.Generator().manual_seed(seed)
+    d = (torch.rand(N, K // 32, 1, generator=gen) * 0.01 + 1e-4).half().float()
+    q = torch.randint(-127, 128, (N, K // 32, 32), generator=gen).float()
+    q[..., 0] = 127 * torch.sign(torch.randn(N, K // 32, generator=gen)).clamp(min=0).mul(2).sub(1)
+    q.view(-1, 32)[::3] = q.view(-1, 32)[::3].clamp(-125, 125)
+    return (d * q).reshape(N, K)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("N,K,bias", [(16, 32, False), (45, 96, True), (960, 576, False), (7, 1536, True)])
-def test_q4_panels_are_bit_for_bit_the_fp32_panels(N, K, bias, monkeypatch) -> None:
-    """Every row count through both 4-bit paths (straight from the codes up to 4 rows, a
+def test_quantized_panels_are_bit_for_bit_the_fp32_panels(bits, N, K, bias, monkeypatch) -> None:
+    """Every row count through both paths (straight from the codes up to 4 rows, a
     dequantized scratch panel beyond), partial panels and the bias: the same bits as fp32."""
-    w = q4_1_weights(N, K, seed=N + K)
+    w = (q4_1_weights if bits == 4 else q8_0_weights)(N, K, seed=N + K)
     b = torch.randn(N) if bias else None
-    q4 = cpu_kernels.packed_linear(w, b)
-    monkeypatch.setenv("LLMSERVE_PACKED_Q4", "0")
+    coded = cpu_kernels.packed_linear(w, b)
+    monkeypatch.setenv("LLMSERVE_COMPACT_WEIGHTS", "0")
     f32 = cpu_kernels.packed_linear(w, b)
-    assert (q4.format, f32.format) == ("q4", "f32")
-    assert q4.packed.dtype == torch.uint8 and q4.packed.numel() == -(-N // 16) * K // 32 * 384  # 0.75 B/weight
+    assert (coded.format, f32.format) == (f"q{bits}", "f32")
+    block_bytes = 384 if bits == 4 else 576  # 0.75 or 1.125 bytes per weight
+    assert coded.packed.dtype == torch.uint8 and coded.packed.numel() == -(-N // 16) * K // 32 * block_bytes
     for M in (*range(1, 15), 31, 32, 37):
         x = torch.randn(M, K, generator=torch.Generator().manual_seed(M))
-        assert torch.equal(q4(x), f32(x)), M
+        assert torch.equal(coded(x), f32(x)), M
     x = torch.randn(9, K)
-    torch.testing.assert_close(q4(x).double(), torch.nn.functional.linear(
+    torch.testing.assert_close(coded(x).double(), torch.nn.functional.linear(
         x.double(), w.double(), b.double() if b is not None else None), atol=1e-4 * K ** 0.5, rtol=1e-5)
 
 
-def test_q4_panels_only_where_they_are_lossless() -> None:
+def test_quantized_panels_only_where_they_are_lossless() -> None:
     w = q4_1_weights(40, 64)
     assert cpu_kernels.packed_linear(w).format == "q4"
+    assert cpu_kernels.packed_linear(q8_0_weights(40, 64)).format == "q8"  # more than 16 values per block
     assert cpu_kernels.packed_linear(torch.randn(40, 64)).format == "f32"   # plain fp32 weights
     nudged = w.clone()
     nudged[37, 50] = torch.nextafter(nudged[37, 50], torch.tensor(1.0))       # one weight one ulp off
@@ -281,6 +295,9 @@ def test_q4_panels_only_where_they_are_lossless() -> None:
     assert cpu_kernels.packed_linear(q4_1_weights(40, 96)[:, :80]).format == "f32"  # K not a multiple of 32
     flat = torch.full((16, 32), -0.0)  # a flat block of -0.0: d * 0 + m would give +0.0
     assert cpu_kernels.packed_linear(flat).format == "f32"
+    signed_zero = q8_0_weights(16, 64)
+    signed_zero[3, 10] = -0.0  # 8-bit codes have no -0 (d * 0 is +0.0)
+    assert cpu_kernels.packed_linear(signed_zero).format == "f32"
     assert cpu_kernels.packed_linear(torch.full((16, 32), 0.25)).format == "q4"
 
 

@@ -330,7 +330,8 @@ def test_native_decode_step_is_bit_identical_to_the_layer_loop(tiny_dir: str, mo
 @pytest.fixture(scope="module")
 def q4_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     """The tiny Llama with its projections rounded the way GGUF Q4_1 stores them (per row and
-    32 consecutive k: w = d * q + m, q in 0..15, d an fp16 number), like the embedded model."""
+    32 consecutive k: w = d * q + m, q in 0..15, d an fp16 number) and its lm_head the way
+    Q8_0 does (w = d * q, q in -127..127), like the embedded model."""
     from transformers import AutoModelForCausalLM
 
     path = str(tmp_path_factory.mktemp("tiny-llama-q4"))
@@ -344,23 +345,29 @@ def q4_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
             d = ((hi - lo) / 15).half().float()
             q = torch.round((blocks - lo) / d).clamp(0, 15)
             module.weight.data = (d * q + lo).reshape(w.shape)
+    w = model.lm_head.weight.data
+    blocks = w.reshape(w.shape[0], -1, 32)
+    d = (blocks.abs().amax(-1, keepdim=True) / 127).half().float()
+    model.lm_head.weight.data = (d * (torch.round(blocks / d).clamp(-127, 127) + 0.0)).reshape(w.shape)  # no -0.0
     model.save_pretrained(path)
     return path
 
 
-def test_q4_panels_give_the_fp32_panels_logits(q4_dir: str, tiny_dir: str, monkeypatch) -> None:
-    """A model whose projections 4-bit panels reproduce gets them (the random one does not),
-    and its logits are the fp32 panels' bit for bit: prefill (dequantized scratch panels), and
-    decode steps of 3 and of 1 rows (straight from the codes) in the native step."""
-    monkeypatch.delenv("LLMSERVE_PACKED_Q4", raising=False)
+def test_quantized_panels_give_the_fp32_panels_logits(q4_dir: str, tiny_dir: str, monkeypatch) -> None:
+    """A model whose projections 4-bit panels reproduce gets them, and its lm_head 8-bit ones
+    (the random model gets neither); its logits are the fp32 panels' bit for bit: prefill
+    (dequantized scratch panels) and decode steps of 3 and of 1 rows (straight from the codes)
+    in the native step."""
+    monkeypatch.delenv("LLMSERVE_COMPACT_WEIGHTS", raising=False)
     q4 = make_backend(q4_dir)
     plain = make_backend(tiny_dir)
-    monkeypatch.setenv("LLMSERVE_PACKED_Q4", "0")
+    monkeypatch.setenv("LLMSERVE_COMPACT_WEIGHTS", "0")
     f32 = make_backend(q4_dir)
     projections = ("qkv", "o", "gu", "down")
     assert {getattr(lay, p).format for lay in q4._fused.layers for p in projections} == {"q4"}
     assert {getattr(lay, p).format for lay in f32._fused.layers for p in projections} == {"f32"}
     assert {getattr(lay, p).format for lay in plain._fused.layers for p in projections} == {"f32"}
+    assert (q4._packed_head.format, f32._packed_head.format, plain._packed_head.format) == ("q8", "f32", "f32")
     seqs = [seq(60 + i, n) for i, n in enumerate((6, 11, 4))]
     tables = [[3, 7, 1, 12], [20, 5, 9, 30], [8, 2, 40, 41]]
     try:

@@ -2,7 +2,7 @@
 
 Only what plain torch does badly on a CPU lives here: decode attention read straight from the
 paged KV pool (``csrc/paged_decode.c``), fp32 linear layers over few rows with weights packed
-for the kernel, as fp32 or, where that is lossless, 4-bit panels (``csrc/packed_linear.c``) and the fused forward's small per-layer operations
+for the kernel, as fp32 or, where that is lossless, 4- or 8-bit panels (``csrc/packed_linear.c``) and the fused forward's small per-layer operations
 (``csrc/elementwise.c``); the last two need AVX2 + FMA. ``csrc/decoder_step.c`` (driven by
 ``native_step.py``) runs a whole decode step over those kernels in one call. Each shared
 library is built once per source, compiler flags and machine into ``~/.cache/llmserve/kernels``
@@ -175,52 +175,60 @@ def kv_writer() -> Callable[..., None] | None:
     return write_kv
 
 
-_Q4_BLOCK = 32  # k per 4-bit block (csrc/packed_linear.c's QK)
+_QK = 32  # k per block of a quantized panel (csrc/packed_linear.c's QK)
+# Per code width: the largest code a block's spread divides into (tried in turn: rounding or a
+# narrow block may leave the top code unused), and the code range.
+_TOPS = {4: (15, 14, 13, 12), 8: (127, 126, 125)}
+_CODES = {4: (0, 15), 8: (-128, 127)}
 
 
-def _q4_blocks(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+def _code_blocks(weight: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """Per row and per 32 consecutive k of ``weight [N, K]``: a scale d, an offset m and codes
-    q in 0..15 with ``d * q + m == w`` bit for bit for every weight, or None when some block has
-    none. That is the shape of a GGUF Q4_1 block after dequantization to fp32 (m is the
-    block's minimum, d an fp16 number near (max - min) / 15); the search tries that d (and
-    (max - min) / 14 .. / 12, for blocks whose largest code is lower) with its fp16 neighbours,
-    whose products with q are exact, so the check here rounds like the kernel.
+    q with every weight equal to ``d * q + m`` bit for bit, or None when some block has none.
+    4 bits: q in 0..15 and m the block's minimum (a GGUF Q4_1 block dequantized to fp32);
+    8 bits: q in -128..127 and m = 0 (GGUF Q8_0). d is searched among fp16 numbers near the
+    block's spread over its top code, whose products with q are exact in fp32, so the check
+    here rounds like the kernel.
     """
     N, K = weight.shape
-    if N == 0 or K % _Q4_BLOCK:
+    if N == 0 or K % _QK:
         return None
-    blocks = weight.reshape(-1, _Q4_BLOCK)
+    blocks = weight.reshape(-1, _QK)
     lo, hi = blocks.amin(-1), blocks.amax(-1)
     if not (torch.isfinite(lo).all() and torch.isfinite(hi).all()):
         return None
+    if bits == 8:
+        hi, lo = torch.maximum(hi, -lo), torch.zeros_like(lo)
+    qmin, qmax = _CODES[bits]
     d = torch.zeros_like(lo)
-    q = torch.zeros(blocks.shape, dtype=torch.uint8)
+    q = torch.zeros(blocks.shape, dtype=torch.uint8 if bits == 4 else torch.int8)
     done = torch.zeros(lo.shape, dtype=torch.bool)
-    # The largest code is 15 unless rounding moved it (or the block's values spread less).
-    for top, offset in ((top, offset) for top in (15, 14, 13, 12) for offset in (0, 1, -1, 2, -2)):
+    for top, offset in ((top, offset) for top in _TOPS[bits] for offset in (0, 1, -1, 2, -2)):
         todo = (~done).nonzero().squeeze(1)
         if not todo.numel():
             break
-        bits = ((hi[todo] - lo[todo]) / top).to(torch.float16).view(torch.int16)
-        scale = (bits + offset).view(torch.float16).float()
+        bits16 = ((hi[todo] - lo[todo]) / top).to(torch.float16).view(torch.int16)
+        scale = (bits16 + offset).view(torch.float16).float()
         scale = torch.where(torch.isfinite(scale) & (scale > 0), scale, torch.zeros_like(scale))
         base, target = lo[todo, None], blocks[todo]
-        codes = torch.round((target - base) / torch.where(scale > 0, scale, 1.0)[:, None]).clamp_(0, 15)
-        codes = codes * (scale > 0)[:, None]  # a flat block: d = 0, every code 0
-        ok = ((scale[:, None] * codes + base).view(torch.int32) == target.view(torch.int32)).all(-1)
+        codes = torch.round((target - base) / torch.where(scale > 0, scale, 1.0)[:, None]).clamp_(qmin, qmax)
+        codes = codes * (scale > 0)[:, None] + 0.0  # a flat block: d = 0, every code 0; no -0.0 codes
+        rebuilt = scale[:, None] * codes + base if bits == 4 else scale[:, None] * codes
+        ok = (rebuilt.view(torch.int32) == target.view(torch.int32)).all(-1)
         hit = todo[ok]
-        d[hit], q[hit], done[hit] = scale[ok], codes[ok].to(torch.uint8), True
+        d[hit], q[hit], done[hit] = scale[ok], codes[ok].to(q.dtype), True
     if not done.all():
         return None
-    return d.view(N, -1), lo.view(N, -1), q.view(N, -1, _Q4_BLOCK)
+    return d.view(N, -1), lo.view(N, -1), q.view(N, -1, _QK)
 
 
-def _pack_q4(lib: ctypes.CDLL, weight: torch.Tensor, panels_f32: torch.Tensor) -> torch.Tensor | None:
-    """``weight`` as 4-bit panels (csrc/packed_linear.c's layout), or None unless they unpack
-    to exactly ``panels_f32`` (its fp32 panels), bit for bit."""
+def _pack_codes(lib: ctypes.CDLL, weight: torch.Tensor, panels_f32: torch.Tensor, bits: int) -> torch.Tensor | None:
+    """``weight`` as 4- or 8-bit panels (csrc/packed_linear.c's layout), or None unless they
+    unpack to exactly ``panels_f32`` (its fp32 panels), bit for bit."""
     N, K = weight.shape
-    probe = _q4_blocks(weight[:64])  # most matrices that are not 4-bit fail here, cheaply
-    found = _q4_blocks(weight) if probe is not None else None
+    if _code_blocks(weight[:64], bits) is None:  # most matrices that do not fit fail here, cheaply
+        return None
+    found = _code_blocks(weight, bits)
     if found is None:
         return None
     d, m, q = found
@@ -228,14 +236,19 @@ def _pack_q4(lib: ctypes.CDLL, weight: torch.Tensor, panels_f32: torch.Tensor) -
     if pad:
         d, m = F.pad(d, (0, 0, 0, pad)), F.pad(m, (0, 0, 0, pad))
         q = F.pad(q, (0, 0, 0, 0, 0, pad))
-    kb = K // _Q4_BLOCK
-    d = d.view(panels, 16, kb).transpose(1, 2).contiguous().view(torch.uint8)  # [P, kb, 64] bytes
-    m = m.view(panels, 16, kb).transpose(1, 2).contiguous().view(torch.uint8)
-    q = q.view(panels, 16, kb, _Q4_BLOCK).permute(0, 2, 3, 1)                 # [P, kb, 32 k, 16 columns]
-    codes = (q[..., :8] | (q[..., 8:] << 4)).reshape(panels, kb, _Q4_BLOCK * 8)
-    packed = torch.cat([d, m, codes], dim=-1).reshape(-1).contiguous()
+    kb = K // _QK
+
+    def by_block(t: torch.Tensor) -> torch.Tensor:  # [N, kb] fp32 -> [P, kb, 64] bytes
+        return t.view(panels, 16, kb).transpose(1, 2).contiguous().view(torch.uint8)
+
+    q = q.view(panels, 16, kb, _QK).permute(0, 2, 3, 1)                      # [P, kb, 32 k, 16 columns]
+    if bits == 4:
+        parts = [by_block(d), by_block(m), (q[..., :8] | (q[..., 8:] << 4)).reshape(panels, kb, _QK * 8)]
+    else:
+        parts = [by_block(d), q.contiguous().view(torch.uint8).reshape(panels, kb, _QK * 16)]
+    packed = torch.cat(parts, dim=-1).reshape(-1).contiguous()
     back = torch.empty_like(panels_f32)
-    _bind(lib, "unpack_q4", None, _PTR, _PTR, _I64, _I64)(packed.data_ptr(), back.data_ptr(), N, K)
+    _bind(lib, "unpack_quantized", None, _PTR, _PTR, _I64, _I64, _INT)(packed.data_ptr(), back.data_ptr(), N, K, bits)
     return packed if torch.equal(back.view(torch.int32), panels_f32.view(torch.int32)) else None
 
 
@@ -243,10 +256,11 @@ class PackedLinear:
     """``y = x @ weight.T + bias`` for fp32 CPU inputs, with ``weight [N, K]`` copied once into
     the kernel's panel layout. Callable like ``F.linear`` on a 2-D ``[M, K]`` input, for any M.
 
-    ``format`` is ``"q4"`` when the weights are stored as 4-bit block-affine panels, which
-    happens only where those reproduce every fp32 weight bit for bit (the layers of a model
-    dequantized from GGUF Q4_1, for one): 0.75 bytes per weight instead of 4, and the same
-    output bits. Otherwise, and with ``LLMSERVE_PACKED_Q4=0``, ``"f32"``. ``kernel`` is the
+    ``format`` is ``"q4"`` or ``"q8"`` when the weights are stored as 4-bit or 8-bit codes
+    with a scale (and, for 4 bits, an offset) per 32 inputs of a column, which happens only
+    where those reproduce every fp32 weight bit for bit (a model dequantized from GGUF Q4_1
+    or Q8_0 blocks, for one): 0.75 or 1.125 bytes per weight instead of 4, and the same output
+    bits. Otherwise, and with ``LLMSERVE_COMPACT_WEIGHTS=0``, ``"f32"``. ``kernel`` is the
     address of the C function that reads this format (the native decoder step calls it).
     """
 
@@ -259,9 +273,13 @@ class PackedLinear:
         f32 = torch.empty(panels * self.in_features * 16, dtype=torch.float32)
         pack = _bind(lib, "pack_weight_f32", None, _PTR, _PTR, _I64, _I64)
         pack(weight.data_ptr(), f32.data_ptr(), self.out_features, self.in_features)
-        q4 = _pack_q4(lib, weight, f32) if switches.enabled(switches.PACKED_Q4) else None
-        self.format = "f32" if q4 is None else "q4"
-        self.packed = f32 if q4 is None else q4
+        self.format, self.packed = "f32", f32
+        if switches.enabled(switches.COMPACT_WEIGHTS):
+            for bits in (4, 8):
+                codes = _pack_codes(lib, weight, f32, bits)
+                if codes is not None:
+                    self.format, self.packed = f"q{bits}", codes
+                    break
         self.bias = bias.detach().contiguous() if bias is not None else None
         self._fn = _bind(lib, f"packed_linear_{self.format}", None, *[_PTR] * 4, _I64, _I64, _I64, _INT)
         self.kernel: int = ctypes.cast(self._fn, _PTR).value

@@ -185,12 +185,12 @@ class FusedDecoder:
             log.info("fused decoder not used for %s: %s", type(model).__name__, exc)
             return None
         packed = not isinstance(fused.layers[0].qkv, _TorchLinear)
-        q4 = sum(getattr(getattr(lay, p), "format", None) == "q4" for lay in fused.layers
-                 for p in ("qkv", "o", "gu", "down"))
+        compact = sum(getattr(getattr(lay, p), "format", "f32") != "f32" for lay in fused.layers
+                      for p in ("qkv", "o", "gu", "down"))
         log.info("using the fused decoder forward for %s%s", type(model).__name__,
-                 "" if not packed else " with packed CPU linear kernels" if not q4 else
-                 f" with packed CPU linear kernels ({q4} of {4 * len(fused.layers)} projections in "
-                 "lossless 4-bit panels)")
+                 "" if not packed else " with packed CPU linear kernels" if not compact else
+                 f" with packed CPU linear kernels ({compact} of {4 * len(fused.layers)} projections in "
+                 "lossless 4- or 8-bit panels)")
         return fused
 
     def _native_step(self, cache: PagedKVCache) -> Any:

@@ -4,8 +4,8 @@
 ``LLMSERVE_CPU_KERNELS=0`` keeps everything on torch instead of the native CPU kernels (decode
 attention, packed linears, norms, RoPE, greedy picking); ``LLMSERVE_NATIVE_STEP=0`` runs decode
 steps through the fused forward's Python layer loop instead of the one-call native step;
-``LLMSERVE_PACKED_Q4=0`` keeps every packed linear in fp32 panels, even where lossless 4-bit
-panels would reproduce the weights.
+``LLMSERVE_COMPACT_WEIGHTS=0`` keeps every packed linear in fp32 panels, even where lossless
+4- or 8-bit panels would reproduce the weights.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import os
 FUSED_FORWARD = "LLMSERVE_FUSED_FORWARD"
 CPU_KERNELS = "LLMSERVE_CPU_KERNELS"
 NATIVE_STEP = "LLMSERVE_NATIVE_STEP"
-PACKED_Q4 = "LLMSERVE_PACKED_Q4"
+COMPACT_WEIGHTS = "LLMSERVE_COMPACT_WEIGHTS"
 
 
 def enabled(name: str) -> bool:

@@ -9,12 +9,12 @@
  * weight byte is read from memory once per call; rows of x are taken in chunks that stay in
  * L2.
  *
- * ``packed_linear_q4`` takes the same panels stored as 4-bit codes: for each column and each 32
- * consecutive k, w = d * q + m with q in 0..15 and d, m fp32 (the shape of a GGUF Q4_1 block).
- * ``cpu_kernels.py`` uses it only when that storage reproduces every fp32 weight bit for bit,
- * and the kernel rebuilds each weight with the same exact arithmetic (d * q is exact, so one
- * FMA rounds like the dequantizer's multiply-then-add) before the same FMA chain per output:
- * the result is bit for bit the fp32 kernel's, from 0.75 bytes per weight instead of 4.
+ * ``packed_linear_q4`` / ``packed_linear_q8`` take the same panels stored as codes: for each
+ * column and each 32 consecutive k, w = d * q + m with q in 0..15 (the shape of a GGUF Q4_1
+ * block), or w = d * q with q in -128..127 (GGUF Q8_0). ``cpu_kernels.py`` uses them only when
+ * that storage reproduces every fp32 weight bit for bit, and the kernel rebuilds each weight
+ * with the same exact arithmetic before the same FMA chain per output: the result is bit for
+ * bit the fp32 kernel's, from 0.75 or 1.125 bytes per weight instead of 4.
  * Built at run time by ``cpu_kernels.py`` (gcc -O3 -march=native -fopenmp).
  */
 #if !defined(__AVX2__) || !defined(__FMA__)
@@ -128,56 +128,80 @@ void packed_linear_f32(const float *x, const float *wp, const float *bias, float
     }
 }
 
-/* ---- 4-bit block-affine panels ----
- * Panel p (columns 16p .. 16p + 15), block b (k = 32b .. 32b + 31): 16 scales d and 16 offsets
- * m (fp32, one per column), then 32 rows of 8 bytes, byte j of row kk holding the code of
- * column j in its low nibble and of column j + 8 in its high one. */
-#define QK 32                              /* k per block */
-#define QBLOCK (2 * NR * 4 + QK * NR / 2)  /* bytes per panel and block: 384 */
+/* ---- lossless 4-bit and 8-bit panels ----
+ * Panel p (columns 16p .. 16p + 15), block b (k = 32b .. 32b + 31):
+ *  - 4-bit: 16 scales d and 16 offsets m (fp32, one per column), then 32 rows of 8 bytes, byte
+ *    j of row kk holding the code of column j in its low nibble and of column j + 8 in its
+ *    high one; w = d * q + m, q in 0..15 (a GGUF Q4_1 block);
+ *  - 8-bit: 16 scales d, then 32 rows of 16 signed bytes (column j at byte j); w = d * q, q in
+ *    -128..127 (a GGUF Q8_0 block).
+ * ``bits`` is a compile-time constant wherever these helpers are inlined. */
+#define QK 32      /* k per block */
 #define QROWS 4    /* rows per register block when multiplying straight from the codes */
 #define QDIRECT 4  /* up to this many rows, straight from the codes; beyond, via a scratch panel */
 
-/* The 16 weights of one k: ``codes`` is that k's 8 bytes. */
-static inline void dequant_k(const uint8_t *codes, __m256 d0, __m256 d1, __m256 m0, __m256 m1, __m256 *w0,
-                             __m256 *w1) {
-    const __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)codes));
-    *w0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(e, _mm256_set1_epi32(15))), d0, m0);
-    *w1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(e, 4)), d1, m1);
+static inline int64_t qblock_bytes(const int bits) { return bits == 4 ? 2 * NR * 4 + QK * NR / 2 : NR * 4 + QK * NR; }
+
+/* A block's scales (and offsets: zero for 8-bit) and where its codes start. */
+static inline __attribute__((always_inline)) const uint8_t *q_scales(const int bits, const uint8_t *blk, __m256 *d0,
+                                                                    __m256 *d1, __m256 *m0, __m256 *m1) {
+    const float *dm = (const float *)blk;
+    *d0 = _mm256_loadu_ps(dm);
+    *d1 = _mm256_loadu_ps(dm + 8);
+    if (bits == 4) {
+        *m0 = _mm256_loadu_ps(dm + 16);
+        *m1 = _mm256_loadu_ps(dm + 24);
+        return blk + 2 * NR * 4;
+    }
+    *m0 = *m1 = _mm256_setzero_ps();
+    return blk + NR * 4;
 }
 
-/* One 4-bit panel as the fp32 panel ``[K][16]`` it stands for. */
-static void dequant_panel(const uint8_t *qp, int64_t K, float *out) {
+/* The 16 weights of the block's row ``kk``, rebuilt exactly (d * q is exact in fp32, so one
+ * FMA with m rounds like the dequantizer's multiply-then-add). */
+static inline __attribute__((always_inline)) void q_weights(const int bits, const uint8_t *codes, int kk, __m256 d0,
+                                                           __m256 d1, __m256 m0, __m256 m1, __m256 *w0, __m256 *w1) {
+    if (bits == 4) {
+        const __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(codes + kk * NR / 2)));
+        *w0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(e, _mm256_set1_epi32(15))), d0, m0);
+        *w1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(e, 4)), d1, m1);
+    } else {
+        const __m128i e = _mm_loadu_si128((const __m128i *)(codes + kk * NR));
+        *w0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(e)), d0);
+        *w1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(e, 8))), d1);
+    }
+}
+
+/* One quantized panel as the fp32 panel ``[K][16]`` it stands for. */
+static inline __attribute__((always_inline)) void q_unpack_panel(const int bits, const uint8_t *qp, int64_t K,
+                                                                float *out) {
     for (int64_t kb = 0; kb < K / QK; kb++) {
-        const float *dm = (const float *)(qp + kb * QBLOCK);
-        const uint8_t *codes = qp + kb * QBLOCK + 2 * NR * 4;
-        const __m256 d0 = _mm256_loadu_ps(dm), d1 = _mm256_loadu_ps(dm + 8);
-        const __m256 m0 = _mm256_loadu_ps(dm + 16), m1 = _mm256_loadu_ps(dm + 24);
+        __m256 d0, d1, m0, m1;
+        const uint8_t *codes = q_scales(bits, qp + kb * qblock_bytes(bits), &d0, &d1, &m0, &m1);
         float *o = out + kb * QK * NR;
         for (int kk = 0; kk < QK; kk++) {
             __m256 w0, w1;
-            dequant_k(codes + kk * NR / 2, d0, d1, m0, m1, &w0, &w1);
+            q_weights(bits, codes, kk, d0, d1, m0, m1, &w0, &w1);
             _mm256_storeu_ps(o + kk * NR, w0);
             _mm256_storeu_ps(o + kk * NR + 8, w1);
         }
     }
 }
 
-/* ``block`` for a 4-bit panel, rebuilding each k's weights in registers (few rows: the
+/* ``block`` for a quantized panel, rebuilding each k's weights in registers (few rows: the
  * codes are read once, and the weight bytes are what a step of few rows waits for). */
-static inline __attribute__((always_inline)) void qblock(const int rows, const float *restrict x, int64_t K,
-                                                        const uint8_t *restrict qp, const float *bias,
+static inline __attribute__((always_inline)) void qblock(const int bits, const int rows, const float *restrict x,
+                                                        int64_t K, const uint8_t *restrict qp, const float *bias,
                                                         float *restrict y, int64_t ldy, int64_t ncols) {
     __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
     __m256 c30 = c00, c31 = c00;
     for (int64_t kb = 0; kb < K / QK; kb++) {
-        const float *dm = (const float *)(qp + kb * QBLOCK);
-        const uint8_t *codes = qp + kb * QBLOCK + 2 * NR * 4;
-        const __m256 d0 = _mm256_loadu_ps(dm), d1 = _mm256_loadu_ps(dm + 8);
-        const __m256 m0 = _mm256_loadu_ps(dm + 16), m1 = _mm256_loadu_ps(dm + 24);
+        __m256 d0, d1, m0, m1;
+        const uint8_t *codes = q_scales(bits, qp + kb * qblock_bytes(bits), &d0, &d1, &m0, &m1);
         for (int kk = 0; kk < QK; kk++) {
             const int64_t k = kb * QK + kk;
             __m256 w0, w1;
-            dequant_k(codes + kk * NR / 2, d0, d1, m0, m1, &w0, &w1);
+            q_weights(bits, codes, kk, d0, d1, m0, m1, &w0, &w1);
             ROW_FMA(0) ROW_FMA(1) ROW_FMA(2) ROW_FMA(3)
         }
     }
@@ -188,13 +212,10 @@ static inline __attribute__((always_inline)) void qblock(const int rows, const f
 static __thread float *q_scratch = NULL;
 static __thread int64_t q_scratch_len = 0;
 
-/* y = x @ w^T (+ bias) with w as 4-bit panels (``packed`` points at their bytes); K must be a
- * multiple of 32. The same signature as packed_linear_f32, so the decoder step can call
- * either through one pointer type. */
-void packed_linear_q4(const float *x, const float *packed, const float *bias, float *y, int64_t M, int64_t N,
-                      int64_t K, int nthreads) {
-    const uint8_t *qp = (const uint8_t *)packed;
-    const int64_t panels = (N + NR - 1) / NR, pbytes = K / QK * QBLOCK;
+static inline __attribute__((always_inline)) void packed_linear_q(const int bits, const float *x, const uint8_t *qp,
+                                                                 const float *bias, float *y, int64_t M, int64_t N,
+                                                                 int64_t K, int nthreads) {
+    const int64_t panels = (N + NR - 1) / NR, pbytes = K / QK * qblock_bytes(bits);
     const int direct = M <= QDIRECT;
     int64_t chunk = (131072 / (K > 0 ? K : 1)) / MR * MR;
     if (chunk < MR) chunk = MR;
@@ -224,26 +245,43 @@ void packed_linear_q4(const float *x, const float *packed, const float *bias, fl
                 int64_t m = m0;
                 if (direct || panel == NULL) { /* few rows (or no scratch memory): from the codes */
                     for (; m + QROWS <= mend; m += QROWS)
-                        qblock(QROWS, x + m * K, K, q, b, y + m * N + n, N, ncols);
+                        qblock(bits, QROWS, x + m * K, K, q, b, y + m * N + n, N, ncols);
                     switch (mend - m) {
-                    case 3: qblock(3, x + m * K, K, q, b, y + m * N + n, N, ncols); break;
-                    case 2: qblock(2, x + m * K, K, q, b, y + m * N + n, N, ncols); break;
-                    case 1: qblock(1, x + m * K, K, q, b, y + m * N + n, N, ncols); break;
+                    case 3: qblock(bits, 3, x + m * K, K, q, b, y + m * N + n, N, ncols); break;
+                    case 2: qblock(bits, 2, x + m * K, K, q, b, y + m * N + n, N, ncols); break;
+                    case 1: qblock(bits, 1, x + m * K, K, q, b, y + m * N + n, N, ncols); break;
                     }
                     continue;
                 }
-                dequant_panel(q, K, panel);
+                q_unpack_panel(bits, q, K, panel);
                 panel_rows(x, K, panel, b, y, N, n, ncols, m, mend, NULL);
             }
         }
     }
 }
 
-/* The fp32 panels (``[panels][K][16]``, as pack_weight_f32 writes them) that 4-bit panels
- * stand for: the packer's bit-for-bit check. */
-void unpack_q4(const uint8_t *qp, float *wp, int64_t N, int64_t K) {
-    const int64_t panels = (N + NR - 1) / NR, pbytes = K / QK * QBLOCK;
+/* y = x @ w^T (+ bias) with w as 4-bit or 8-bit panels (``packed`` points at their bytes); K
+ * must be a multiple of 32. The same signature as packed_linear_f32, so the decoder step can
+ * call any of them through one pointer type. */
+void packed_linear_q4(const float *x, const float *packed, const float *bias, float *y, int64_t M, int64_t N,
+                      int64_t K, int nthreads) {
+    packed_linear_q(4, x, (const uint8_t *)packed, bias, y, M, N, K, nthreads);
+}
+
+void packed_linear_q8(const float *x, const float *packed, const float *bias, float *y, int64_t M, int64_t N,
+                      int64_t K, int nthreads) {
+    packed_linear_q(8, x, (const uint8_t *)packed, bias, y, M, N, K, nthreads);
+}
+
+/* The fp32 panels (``[panels][K][16]``, as pack_weight_f32 writes them) that quantized panels
+ * of ``bits`` (4 or 8) stand for: the packer's bit-for-bit check. */
+void unpack_quantized(const uint8_t *qp, float *wp, int64_t N, int64_t K, int bits) {
+    const int64_t panels = (N + NR - 1) / NR, pbytes = K / QK * qblock_bytes(bits == 4 ? 4 : 8);
 #pragma omp parallel for schedule(static)
-    for (int64_t p = 0; p < panels; p++)
-        dequant_panel(qp + p * pbytes, K, wp + p * K * NR);
+    for (int64_t p = 0; p < panels; p++) {
+        if (bits == 4)
+            q_unpack_panel(4, qp + p * pbytes, K, wp + p * K * NR);
+        else
+            q_unpack_panel(8, qp + p * pbytes, K, wp + p * K * NR);
+    }
 }
