@@ -258,7 +258,7 @@ def q8_0_weights(N: int, K: int, seed: int = 0) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     d = (torch.rand(N, K // 32, 1, generator=gen) * 0.01 + 1e-4).half().float()
     q = torch.randint(-127, 128, (N, K // 32, 32), generator=gen).float()
-    q[..., 0] = 127 * torch.sign(torch.randn(N, K // 32, generator=gen)).clamp(min=0).mul(2).sub(1)
+    q[..., 0] = 127 * (2 * torch.randint(0, 2, (N, K // 32), generator=gen) - 1)  # +-127
     q.view(-1, 32)[::3] = q.view(-1, 32)[::3].clamp(-125, 125)
     return (d * q).reshape(N, K)
 

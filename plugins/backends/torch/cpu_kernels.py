@@ -226,7 +226,7 @@ def _pack_codes(lib: ctypes.CDLL, weight: torch.Tensor, panels_f32: torch.Tensor
     """``weight`` as 4- or 8-bit panels (csrc/packed_linear.c's layout), or None unless they
     unpack to exactly ``panels_f32`` (its fp32 panels), bit for bit."""
     N, K = weight.shape
-    if _code_blocks(weight[:64], bits) is None:  # most matrices that do not fit fail here, cheaply
+    if N > 64 and _code_blocks(weight[:64], bits) is None:  # most matrices that do not fit fail here, cheaply
         return None
     found = _code_blocks(weight, bits)
     if found is None:
