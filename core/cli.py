@@ -17,7 +17,7 @@ import typer
 from llmserve import __version__
 from llmserve.config import FIELDS, ServerConfig, _kind, flag_name, load_config
 from llmserve.errors import ConfigError
-from llmserve.plugin_manager import PluginManager
+from llmserve.hooks.manager import PluginManager
 
 cli = typer.Typer(no_args_is_help=True, add_completion=False, help="llmserve: serve LLMs in every major dialect.")
 config_cli = typer.Typer(no_args_is_help=True, help="Inspect the effective configuration.")
@@ -111,7 +111,7 @@ def serve(model: Optional[str] = typer.Argument(None, help="Model directory or .
 def plugins_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON."),
                 plugin: Optional[list[str]] = typer.Option(None, "--plugin", help="Extra plugin spec; repeatable.")) -> None:
     """List every plugin, its distribution and version, and what it contributes."""
-    from llmserve.registry import Registry
+    from llmserve.hooks.registry import Registry
 
     pm = plugin_manager()
     try:
@@ -142,9 +142,9 @@ def parse_cmd(tool_parser: Optional[str] = typer.Option(None, "--tool-parser", h
                                                             help='JSON object, e.g. \'{"enable_thinking": false}\'.'),
               plugin: Optional[list[str]] = typer.Option(None, "--plugin", help="Extra plugin spec; repeatable.")) -> None:
     """Parse one model output from stdin; print {"content", "reasoning_content", "tool_calls"} as JSON."""
-    from llmserve.parse_chain import StreamContractError
-    from llmserve.parse_cli import load_tools, parse_output
-    from llmserve.registry import Registry
+    from llmserve.parsing.chain import StreamContractError
+    from llmserve.parsing.cli import load_tools, parse_output
+    from llmserve.hooks.registry import Registry
 
     pm = plugin_manager()
     try:

@@ -93,7 +93,7 @@ def echo_app():
     from fastapi.testclient import TestClient
 
     from llmserve.config import load_config
-    from llmserve.plugin_manager import PluginManager
+    from llmserve.hooks.manager import PluginManager
     from llmserve.server.serve import build_server
 
     def make(**flags):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from llmserve import hookspecs
+from llmserve.hooks import specs as hookspecs
 from llmserve.config import FIELDS, flag_name
 
 ROOT = Path(__file__).resolve().parent.parent

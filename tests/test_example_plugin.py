@@ -47,8 +47,8 @@ def test_running_server_serves_the_plugin_route_and_no_blocks_it(installed, serv
 
 def test_the_example_tool_parser_through_the_registry(installed, monkeypatch):
     monkeypatch.syspath_prepend(installed["PYTHONPATH"])
-    from llmserve.plugin_manager import PluginManager
-    from llmserve.registry import Registry
+    from llmserve.hooks.manager import PluginManager
+    from llmserve.hooks.registry import Registry
 
     pm = PluginManager().load([("acme", "cli")], autoload=False)
     parser_cls = Registry.collect(pm).load("tool_parser", "acme")

@@ -27,7 +27,7 @@ def app():
     from fastapi.testclient import TestClient
 
     from llmserve.config import load_config
-    from llmserve.plugin_manager import PluginManager
+    from llmserve.hooks.manager import PluginManager
     from llmserve.server.serve import build_server
 
     config, _ = load_config({"backend": "echo", "plugins": [ECHO_PLUGIN]}, environ={})

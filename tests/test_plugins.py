@@ -7,10 +7,10 @@ import textwrap
 import pytest
 
 from conftest import ECHO_PLUGIN, run_cli
-from llmserve.contributions import ToolParserSpec
+from llmserve.hooks.records import ToolParserSpec
 from llmserve.errors import ConfigError, PluginLoadError
-from llmserve.plugin_manager import PluginManager
-from llmserve.registry import Registry
+from llmserve.hooks.manager import PluginManager
+from llmserve.hooks.registry import Registry
 
 
 def make_plugin(tmp_path, name, body):
@@ -21,7 +21,7 @@ def make_plugin(tmp_path, name, body):
 
 PARSER_PLUGIN = """
 from llmserve import hookimpl
-from llmserve.contributions import ToolParserSpec
+from llmserve.hooks.records import ToolParserSpec
 
 @hookimpl
 def register_tool_parsers():
@@ -48,7 +48,7 @@ def test_plugin_from_module_and_module_attr(tmp_path, monkeypatch):
     make_plugin(tmp_path, "modplug", PARSER_PLUGIN.format(name="modparser", extra=""))
     (tmp_path / "objplug.py").write_text(textwrap.dedent("""
         from llmserve import hookimpl
-        from llmserve.contributions import ToolParserSpec
+        from llmserve.hooks.records import ToolParserSpec
         class Plugin:
             @hookimpl
             def register_tool_parsers(self):
@@ -178,7 +178,7 @@ def test_register_commands_from_an_entry_point_plugin(tmp_path):
 def test_register_reasoning_parsers_and_aliases(tmp_path):
     plugin = make_plugin(tmp_path, "think", """
         from llmserve import hookimpl
-        from llmserve.contributions import ReasoningParserSpec
+        from llmserve.hooks.records import ReasoningParserSpec
 
         @hookimpl
         def register_reasoning_parsers():

@@ -7,7 +7,7 @@ import pytest
 from conftest import ECHO_PLUGIN, EXAMPLE_PLUGIN
 from llmserve.config import load_config
 from llmserve.errors import ConfigError
-from llmserve.plugin_manager import PluginManager
+from llmserve.hooks.manager import PluginManager
 from llmserve.server.serve import build_server
 
 
@@ -71,8 +71,8 @@ def test_two_protocols_claiming_one_route_refuse_to_start(tmp_path, monkeypatch)
     clash.write_text(textwrap.dedent("""
         from fastapi import APIRouter
         from llmserve import hookimpl
-        from llmserve.contributions import ProtocolSpec
-        from llmserve.protocol import Protocol
+        from llmserve.hooks.records import ProtocolSpec
+        from llmserve.server.protocol import Protocol
 
         class Clash(Protocol):
             def router(self):
@@ -153,9 +153,9 @@ def test_shared_route_dispatches_by_body(tmp_path):
         from pydantic import BaseModel
         from starlette.responses import JSONResponse
         from llmserve import hookimpl
-        from llmserve.contributions import ProtocolSpec
+        from llmserve.hooks.records import ProtocolSpec
         from llmserve.errors import InvalidRequestError
-        from llmserve.protocol import Protocol
+        from llmserve.server.protocol import Protocol
         from llmserve.server.shared import SharedRoute
 
         class ABody(BaseModel):

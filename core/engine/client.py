@@ -18,7 +18,7 @@ from llmserve.engine.engine import LLMEngine
 from llmserve.errors import EngineDeadError, InvalidRequestError, LLMServeError, RequestTimeoutError
 from llmserve.outputs import RequestOutput
 from llmserve.request import GenerateRequest
-from llmserve.request_scope import current_scope
+from llmserve.request_context import current_scope
 from llmserve.request_log import note_output
 
 log = logging.getLogger("llmserve.engine")

@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from llmserve.errors import EngineDeadError, InvalidRequestError, OverloadedError
-from llmserve.request_scope import RequestScope, current_scope
+from llmserve.request_context import RequestScope, current_scope
 
 log = logging.getLogger("llmserve.server")
 

@@ -19,7 +19,7 @@ from llmserve.server.openapi import OPENAI_ERROR_SCHEMA, declare_errors
 from llmserve.server.shared import mount_shared
 
 if TYPE_CHECKING:
-    from llmserve.protocol import Protocol
+    from llmserve.server.protocol import Protocol
     from llmserve.server.context import ServerContext
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from llmserve.request_scope import reset_scope, set_scope
+from llmserve.request_context import reset_scope, set_scope
 
 
 class RequestGuard:

@@ -10,10 +10,10 @@ from typing import Any, AsyncIterator, Callable, TypeVar
 from pydantic import ValidationError
 
 from llmserve.config import ServerConfig, unknown_key_message, validation_message
-from llmserve.contributions import resolve
+from llmserve.hooks.records import resolve
 from llmserve.errors import ConfigError
-from llmserve.plugin_manager import PluginManager
-from llmserve.registry import Registry
+from llmserve.hooks.manager import PluginManager
+from llmserve.hooks.registry import Registry
 from llmserve.server.context import ServerContext
 
 log = logging.getLogger("llmserve.server")

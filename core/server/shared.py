@@ -20,7 +20,7 @@ from llmserve.server.errors import to_error
 from llmserve.server.openapi import stream_responses
 
 if TYPE_CHECKING:
-    from llmserve.protocol import Protocol
+    from llmserve.server.protocol import Protocol
 
 
 @dataclass

@@ -5,7 +5,7 @@ guided request.
 """
 
 from llmserve import hookimpl
-from llmserve.contributions import GuidedDecoderSpec
+from llmserve.hooks.records import GuidedDecoderSpec
 
 
 @hookimpl

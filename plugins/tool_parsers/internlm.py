@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmserve.plugins.tool_parsers.base import RegionToolParser
-from llmserve.plugins.tool_parsers.json_calls import CallObject
+from llmserve.parsing.streaming import RegionToolParser
+from llmserve.parsing.json_calls import CallObject
 
 
 class InternLMToolParser(RegionToolParser):

@@ -17,9 +17,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from llmserve.plugins.tool_parsers.base import RegionToolParser
-from llmserve.plugins.tool_parsers.json_calls import CallList
-from llmserve.plugins.tool_parsers.json_scan import JsonScanner
+from llmserve.parsing.streaming import RegionToolParser
+from llmserve.parsing.json_calls import CallList
+from llmserve.parsing.json_scan import JsonScanner
 
 _NAME = re.compile(r"[A-Za-z0-9_.\-]+")
 _WS = re.compile(r"\s*")

@@ -21,7 +21,7 @@ import json
 import math
 from typing import Any
 
-from llmserve.plugins.tool_parsers.base import RegionToolParser
+from llmserve.parsing.streaming import RegionToolParser
 
 
 def _jsonable(value: Any) -> Any:

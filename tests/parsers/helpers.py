@@ -7,9 +7,9 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmserve.parse_chain import ParseChain
-from llmserve.plugin_manager import PluginManager
-from llmserve.registry import Registry
+from llmserve.parsing.chain import ParseChain
+from llmserve.hooks.manager import PluginManager
+from llmserve.hooks.registry import Registry
 
 _REGISTRY: Registry | None = None
 

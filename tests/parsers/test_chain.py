@@ -7,8 +7,8 @@ import re
 import pytest
 
 from llmserve.errors import ConfigError
-from llmserve.parse_chain import Assembler, ParseChain, StreamContractError, openai_delta
-from llmserve.parsing import ParseDelta, ToolCallDelta, new_call_id, seed_call_ids
+from llmserve.parsing.chain import Assembler, ParseChain, StreamContractError, openai_delta
+from llmserve.parsing.contract import ParseDelta, ToolCallDelta, new_call_id, seed_call_ids
 from llmserve.plugins.tool_parsers.hermes import HermesToolParser
 from llmserve.plugins.tool_parsers.mistral import MistralToolParser
 from llmserve.plugins.tool_parsers.pythonic import PythonicToolParser

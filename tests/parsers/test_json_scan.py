@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from llmserve.plugins.tool_parsers.json_scan import JsonScanner
+from llmserve.parsing.json_scan import JsonScanner
 
 
 def random_value(rng: random.Random, depth: int = 0):

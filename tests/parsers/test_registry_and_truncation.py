@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from llmserve.parsing import ReasoningParser, ToolParser
-from llmserve.plugin_manager import PluginManager
-from llmserve.registry import Registry
+from llmserve.parsing.contract import ReasoningParser, ToolParser
+from llmserve.hooks.manager import PluginManager
+from llmserve.hooks.registry import Registry
 
 from .cases import ALL_CASES, case_id
 from .helpers import Case, check_arguments, pieces, random_chunks, whole

@@ -1,4 +1,4 @@
-"""``llmserve.tool_choice``: the plan for each tool_choice, the forced schemas, and the parsers
+"""``llmserve.parsing.tool_choice``: the plan for each tool_choice, the forced schemas, and the parsers
 that read forced output, split at every position."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import jsonschema
 import pytest
 
 from llmserve.errors import InvalidRequestError
-from llmserve.parse_chain import ParseChain
-from llmserve.tool_choice import CallArrayParser, NamedCallParser, plan_tools
+from llmserve.parsing.chain import ParseChain
+from llmserve.parsing.tool_choice import CallArrayParser, NamedCallParser, plan_tools
 
 from .helpers import structure
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from llmserve.parse_chain import ParseChain
-from llmserve.plugin_manager import PluginManager
-from llmserve.registry import Registry
+from llmserve.parsing.chain import ParseChain
+from llmserve.hooks.manager import PluginManager
+from llmserve.hooks.registry import Registry
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "writing-a-parser.md"
 

@@ -10,7 +10,7 @@ import os
 import time
 
 from llmserve import hookimpl
-from llmserve.contributions import BackendSpec
+from llmserve.hooks.records import BackendSpec
 from llmserve.engine.backend import Backend, KVCacheSpec, ModelInfo, StepItem, StepResult
 
 EOS = 256

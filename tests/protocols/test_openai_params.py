@@ -100,7 +100,7 @@ def client():
 
     from conftest import ECHO_PLUGIN
     from llmserve.config import load_config
-    from llmserve.plugin_manager import PluginManager
+    from llmserve.hooks.manager import PluginManager
     from llmserve.server.serve import build_server
 
     config, _ = load_config({"backend": "echo", "plugins": [ECHO_PLUGIN], "trust_request_chat_template": True},

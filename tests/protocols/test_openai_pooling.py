@@ -12,7 +12,7 @@ def embed_client():
     from fastapi.testclient import TestClient
 
     from llmserve.config import load_config
-    from llmserve.plugin_manager import PluginManager
+    from llmserve.hooks.manager import PluginManager
     from llmserve.server.serve import build_server
 
     config, _ = load_config({"task": "embed", "protocols": ["openai", "ops"], "served_model_name": ["mini"]},

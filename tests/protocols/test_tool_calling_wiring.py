@@ -190,8 +190,8 @@ def test_tool_parser_plugin_file_contributes_a_parser(echo_app, tmp_path):
     plugin = tmp_path / "bang_parser.py"
     plugin.write_text('''
 from llmserve import hookimpl
-from llmserve.contributions import ToolParserSpec
-from llmserve.parsing import ParseDelta, ToolCallDelta, ToolParser, new_call_id
+from llmserve.hooks.records import ToolParserSpec
+from llmserve.parsing.contract import ParseDelta, ToolCallDelta, ToolParser, new_call_id
 
 
 class BangParser(ToolParser):

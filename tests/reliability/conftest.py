@@ -22,7 +22,7 @@ from conftest import ECHO_PLUGIN, free_port
 class InProcServer:
     def __init__(self, **flags: Any) -> None:
         from llmserve.config import load_config
-        from llmserve.plugin_manager import PluginManager
+        from llmserve.hooks.manager import PluginManager
         from llmserve.server.lifecycle import make_server
         from llmserve.server.serve import build_server
 

@@ -2,7 +2,7 @@
 only records are built here; the implementations load when used."""
 
 from llmserve import hookimpl
-from llmserve.contributions import ProtocolSpec, ToolParserSpec
+from llmserve.hooks.records import ProtocolSpec, ToolParserSpec
 
 
 @hookimpl

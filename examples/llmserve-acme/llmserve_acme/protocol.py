@@ -4,7 +4,7 @@ from fastapi import APIRouter
 from pydantic import BaseModel
 from starlette.responses import JSONResponse
 
-from llmserve.protocol import Protocol
+from llmserve.server.protocol import Protocol
 from llmserve.request import GenerateRequest
 from llmserve.sampling import SamplingParams
 

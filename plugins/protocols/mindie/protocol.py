@@ -8,7 +8,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
 from llmserve.errors import EngineDeadError, InvalidRequestError, LLMServeError
-from llmserve.protocol import Protocol
+from llmserve.server.protocol import Protocol
 from llmserve.request import GenerateRequest
 from llmserve.server.errors import error_headers, to_error
 from llmserve.server.openapi import SSE_RESPONSES

@@ -11,9 +11,9 @@ from starlette.responses import JSONResponse
 
 from llmserve.errors import InvalidRequestError
 from llmserve.guided import GuidedSpec
-from llmserve.parse_chain import ParseChain, openai_delta
+from llmserve.parsing.chain import ParseChain, openai_delta
 from llmserve.text.chat_template import message_text, render_chat
-from llmserve.tool_choice import ToolPlan, first_call_only, plan_tools
+from llmserve.parsing.tool_choice import ToolPlan, first_call_only, plan_tools
 
 from .params import chat_sampling, guided_mask, guided_spec, new_request, now
 from .streaming import SSE_HEADERS, TokenText, chat_logprobs, sse, sse_error, to_error, usage_dict

@@ -10,7 +10,7 @@ from starlette.responses import JSONResponse
 
 from llmserve.errors import InvalidRequestError
 from llmserve.outputs import TokenLogprob
-from llmserve.parse_chain import ParseChain
+from llmserve.parsing.chain import ParseChain
 
 from .params import completion_sampling, guided_mask, new_request, now
 from .streaming import SSE_HEADERS, TokenText, completion_logprobs, sse, sse_error, to_error, usage_dict

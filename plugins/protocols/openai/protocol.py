@@ -11,7 +11,7 @@ from llmserve import __version__
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
-from llmserve.protocol import Protocol
+from llmserve.server.protocol import Protocol
 from llmserve.server.openapi import SSE_RESPONSES
 from llmserve.server.shared import SharedRoute
 from llmserve.server.errors import openai_error_response

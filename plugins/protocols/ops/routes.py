@@ -10,7 +10,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from llmserve.protocol import Protocol
+from llmserve.server.protocol import Protocol
 from llmserve.server.metrics import CONTENT_TYPE
 from llmserve.server.middleware import public_route
 

@@ -28,7 +28,7 @@ from llmserve.errors import (
     PayloadTooLargeError,
     UnauthorizedError,
 )
-from llmserve.protocol import Protocol
+from llmserve.server.protocol import Protocol
 from llmserve.server.errors import error_headers, to_error, validation_to_error
 from llmserve.server.openapi import SSE_RESPONSES
 from llmserve.server.shared import SharedRoute

@@ -2,7 +2,7 @@
 tensor extension tritonclient uses by default, and MindIE's flavour of the generate extension."""
 
 from llmserve import hookimpl
-from llmserve.contributions import ProtocolSpec
+from llmserve.hooks.records import ProtocolSpec
 
 
 @hookimpl

@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, Response
 from llmserve import __version__
 from llmserve.errors import EngineDeadError, InvalidRequestError, LLMServeError, NotFoundError
 from llmserve.outputs import RequestOutput
-from llmserve.protocol import Protocol
+from llmserve.server.protocol import Protocol
 from llmserve.request import GenerateRequest
 from llmserve.server.errors import error_headers, to_error
 from llmserve.server.openapi import SSE_RESPONSES

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from llmserve.errors import InvalidRequestError, LLMServeError
-from llmserve.protocol import Protocol
+from llmserve.server.protocol import Protocol
 from llmserve.request import GenerateRequest
 from llmserve.sampling import SamplingParams
 from llmserve.server.errors import openai_error_response, to_error, validation_to_error

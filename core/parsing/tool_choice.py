@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from llmserve.errors import InvalidRequestError
-from llmserve.parsing import ParseDelta, ToolCallDelta, ToolParser, new_call_id
+from llmserve.parsing.contract import ParseDelta, ToolCallDelta, ToolParser, new_call_id
 
 Mode = Literal["none", "auto", "forced"]
 AUTO_FLAGS = "--enable-auto-tool-choice and --tool-call-parser"

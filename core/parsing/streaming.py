@@ -23,7 +23,7 @@ import re
 from abc import abstractmethod
 from typing import Any
 
-from llmserve.parsing import ParseDelta, ToolCallDelta, ToolParser, new_call_id
+from llmserve.parsing.contract import ParseDelta, ToolCallDelta, ToolParser, new_call_id
 
 _LEAD_WS = re.compile(r"\s*")
 

@@ -6,7 +6,7 @@ path: ``feed`` each new piece of model output, then ``finish`` once; the non-str
 is simply "feed everything, then finish". A parser must give the same assembled result
 whatever the chunking (whole output, one character or one token at a time, any pieces).
 
-``llmserve.parse_chain`` runs a reasoning parser and a tool parser one after the other and
+``llmserve.parsing.chain`` runs a reasoning parser and a tool parser one after the other and
 assembles their deltas into the OpenAI message shape.
 """
 
@@ -151,7 +151,7 @@ class ReasoningParser(ABC):
     ``enable_thinking``). ``feed``/``finish`` work like ``ToolParser``'s but release
     ``reasoning`` (the thinking text, tags removed) and ``content`` (the answer). When a
     tool parser is also configured, the content is fed on to it (see
-    ``llmserve.parse_chain.ParseChain``), so a call written after the thinking is parsed.
+    ``llmserve.parsing.chain.ParseChain``), so a call written after the thinking is parsed.
     """
 
     #: Whether the parser needs special tokens kept in the text (skip_special_tokens off).

@@ -37,7 +37,7 @@ def parse_output(text: str, registry: Any, *, tool_parser: str | None = None, re
     Raises ``ConfigError`` for unknown parsers and ``StreamContractError`` when a parser
     breaks the streaming contract (checked strictly here).
     """
-    from llmserve.parse_chain import ParseChain
+    from llmserve.parsing.chain import ParseChain
 
     for kind, name in (("tool_parser", tool_parser), ("reasoning_parser", reasoning_parser)):
         if name:

@@ -50,7 +50,7 @@ class Contribution:
 
 @dataclass(frozen=True)
 class ProtocolSpec(Contribution):
-    """A serving dialect. ``target`` is a ``Protocol`` subclass (see ``llmserve.protocol``).
+    """A serving dialect. ``target`` is a ``Protocol`` subclass (see ``llmserve.server.protocol``).
 
     ``default_enabled`` says whether the dialect is served when ``--protocols`` is not given.
     ``aliases`` are extra names accepted by ``--protocols``.

@@ -13,7 +13,7 @@ import json
 import re
 from typing import Any, Callable
 
-from llmserve.plugins.tool_parsers.json_scan import JsonScanner
+from llmserve.parsing.json_scan import JsonScanner
 
 _WS_RUN = re.compile(r"[ \t\n\r]+")
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmserve.contributions import Contribution
+from llmserve.hooks.records import Contribution
 from llmserve.errors import ConfigError, PluginLoadError
-from llmserve.plugin_manager import PluginManager
+from llmserve.hooks.manager import PluginManager
 
 HOOKS = {
     "protocol": "register_protocols",

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmserve.parsing import ParseDelta, ReasoningParser, ToolParser
+from llmserve.parsing.contract import ParseDelta, ReasoningParser, ToolParser
 
 
 class ParseChain:
@@ -40,7 +40,7 @@ class ParseChain:
     def create(cls, registry: Any, *, tool_parser: str | None = None, reasoning_parser: str | None = None,
                tokenizer: Any = None, tools: list[dict[str, Any]] | None = None,
                chat_template_kwargs: dict[str, Any] | None = None, strict: bool = False) -> "ParseChain":
-        """Build fresh parsers named in ``registry`` (``llmserve.registry.Registry``).
+        """Build fresh parsers named in ``registry`` (``llmserve.hooks.registry.Registry``).
 
         Unknown names raise ``ConfigError``; an implementation that fails to import raises
         ``PluginLoadError`` (both one clear line).

@@ -5,7 +5,7 @@ names match the specs below. Plugins are found through the ``llmserve`` entry-po
 the YAML ``plugins:`` list and ``--plugin``. Keep hook arguments plain positional names:
 pluggy passes arguments by name and silently ignores keyword-only or defaulted ones.
 
-Contribution hooks (``register_*``) return records (see ``llmserve.contributions``) whose
+Contribution hooks (``register_*``) return records (see ``llmserve.hooks.records``) whose
 ``target`` is imported only when used, so keep plugin modules import-light.
 """
 
@@ -18,7 +18,7 @@ import pluggy
 if TYPE_CHECKING:
     import typer
 
-    from llmserve.contributions import (BackendSpec, GuidedDecoderSpec, ProtocolSpec, ReasoningParserSpec,
+    from llmserve.hooks.records import (BackendSpec, GuidedDecoderSpec, ProtocolSpec, ReasoningParserSpec,
                                          ToolParserSpec)
 
 hookspec = pluggy.HookspecMarker("llmserve")
@@ -28,7 +28,7 @@ hookspec = pluggy.HookspecMarker("llmserve")
 def register_protocols() -> "list[ProtocolSpec]":
     """Contribute serving dialects.
 
-    Return a list of ``ProtocolSpec`` records. Each ``target`` names a ``llmserve.protocol.Protocol``
+    Return a list of ``ProtocolSpec`` records. Each ``target`` names a ``llmserve.server.protocol.Protocol``
     subclass whose ``router()`` holds the dialect's routes and whose ``error_response()``
     renders errors in the dialect's own format. Enabled dialects are chosen with
     ``--protocols``; two enabled dialects may not claim the same method and path.

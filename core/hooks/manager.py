@@ -20,8 +20,8 @@ from typing import Any
 
 import pluggy
 
-from llmserve import hookspecs
-from llmserve.contributions import resolve
+from llmserve.hooks import specs as hookspecs
+from llmserve.hooks.records import resolve
 from llmserve.errors import PluginLoadError
 
 log = logging.getLogger("llmserve.plugins")
