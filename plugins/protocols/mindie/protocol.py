@@ -13,7 +13,7 @@ from llmserve.request import GenerateRequest
 from llmserve.server.errors import error_headers, to_error
 from llmserve.server.openapi import SSE_RESPONSES
 
-from .._mindie_common import (
+from .params import (
     MAX_INPUT_CHARS,
     SSE_HEADERS,
     MalformedBodyError,

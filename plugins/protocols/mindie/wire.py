@@ -7,7 +7,7 @@ from typing import Any, Union
 
 from pydantic import Field
 
-from .._mindie_common import INT32_MAX, UINT64_MAX, WireModel
+from .params import INT32_MAX, UINT64_MAX, WireModel
 
 
 class InferParameters(WireModel):

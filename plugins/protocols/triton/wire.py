@@ -1,7 +1,7 @@
 """Triton / KServe v2 request models (MindIE's flavour of the generate and token-infer routes).
 
 Ranges follow the MindIE service spec; unknown fields are ignored and explicit nulls mean
-"default" (see ``_mindie_common.WireModel``).
+"default" (see ``mindie.params.WireModel``).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Annotated, Any, Union
 
 from pydantic import Field
 
-from .._mindie_common import INT32_MAX, UINT64_MAX, WireModel
+from ..mindie.params import INT32_MAX, UINT64_MAX, WireModel
 
 ID_DESCRIPTION = "Request id: 1-256 characters of letters, digits, '_' and '-'; echoed in the reply."
 
