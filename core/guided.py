@@ -172,7 +172,7 @@ class GuidedDecoding:
             if cls is not None and kind in cls.kinds:
                 return name
         order = {k: i for i, k in enumerate(KINDS)}
-        shown = [f"{n} ({', '.join(sorted(k, key=order.get))})" if k is not None else f"{n} (failed to load)"
+        shown = [f"{n} ({', '.join(sorted(k, key=lambda kind: order[kind]))})" if k is not None else f"{n} (failed to load)"
                  for n, k in self.installed()]
         raise InvalidRequestError(
             f"{_NOUN[kind]} decoding needs a guided-decoding plugin that supports {_PLURAL[kind]}; "

@@ -16,7 +16,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import pluggy
 
@@ -79,7 +79,7 @@ class PluginManager:
         self.blocked: set[str] = set()
 
     # -- loading -----------------------------------------------------------------------------
-    def load(self, specs: list[tuple[str, str]] = (), autoload: bool | None = None) -> "PluginManager":
+    def load(self, specs: Sequence[tuple[str, str]] = (), autoload: bool | None = None) -> "PluginManager":
         """Load built-ins, entry points and explicit ``(spec, source)`` pairs, in that order."""
         explicit = []
         for spec, source in specs:

@@ -116,9 +116,9 @@ def compile_template(source: str) -> Any:
     # The sandbox stops attribute escapes but not CPU or memory bombs: cap the two operators
     # that build huge values in one step (the render deadline covers loops).
     env.intercepted_binops = frozenset({"*", "**"})
-    env.call_binop = lambda context, op, left, right: (  # type: ignore[method-assign]
-        _checked_repeat(left, right) if op == "*" else _checked_power(left, right) if op == "**"
-        else env.binop_table[op](left, right))
+    env.call_binop = lambda context, operator, left, right: (  # type: ignore[method-assign]
+        _checked_repeat(left, right) if operator == "*" else _checked_power(left, right) if operator == "**"
+        else env.binop_table[operator](left, right))
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
