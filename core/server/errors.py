@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+from typing import Any, Sequence
 
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
@@ -31,20 +32,31 @@ def _clean(text: str) -> str:
 
 
 def validation_to_error(exc: RequestValidationError) -> InvalidRequestError:
+    """FastAPI's body validation failure as an InvalidRequestError naming the field."""
     errors = exc.errors()
+    if errors and errors[0].get("type") == "json_invalid":
+        return InvalidRequestError("request body is not valid JSON")
+    return field_error(errors)
+
+
+def field_error(errors: Sequence[Any], prefix: str = "") -> InvalidRequestError:
+    """The first pydantic error as an InvalidRequestError naming the field (``prefix.a.b: msg``).
+
+    The one wording every dialect shows for a bad field, whether FastAPI validated the body
+    (its locations start with ``body``) or a route validated a body it parsed itself.
+    """
     if not errors:
         return InvalidRequestError("invalid request")
     err = errors[0]
-    loc = []
-    for part in err.get("loc", ())[1:] if err.get("loc", ("",))[0] == "body" else err.get("loc", ()):
+    loc = tuple(err.get("loc", ()))
+    fields: list[str] = []
+    for part in loc[1:] if loc[:1] == ("body",) else loc:
         if isinstance(part, str) and (part in _TYPE_TAGS or "[" in part or "-" in part):
             break  # pydantic names the union member it tried; the field is what users need
-        loc.append(str(part))
-    if err.get("type") == "json_invalid":
-        return InvalidRequestError("request body is not valid JSON")
-    if not loc and err.get("type") in ("model_attributes_type", "dict_type", "model_type"):
+        fields.append(str(part))
+    if not fields and not prefix and err.get("type") in ("model_attributes_type", "dict_type", "model_type"):
         return InvalidRequestError("request body must be a JSON object")
-    param = ".".join(loc) or None
+    param = ".".join([prefix, *fields] if prefix else fields) or None
     msg = _clean(str(err.get("msg", "invalid value"))).removeprefix("Value error, ")
     if err.get("type") == "missing":
         msg = "field required"
@@ -67,11 +79,14 @@ def to_error(exc: BaseException) -> LLMServeError:
     return GenerationError("internal server error")
 
 
+def openai_error_body(error: LLMServeError) -> dict[str, Any]:
+    """``{"error": {"message", "type", "param", "code"}}``: the OpenAI envelope."""
+    return {"error": {"message": error.message, "type": error.type, "param": error.param, "code": error.status}}
+
+
 def openai_error_response(error: LLMServeError, headers: dict[str, str] | None = None) -> JSONResponse:
-    """``{"error": {"message", "type", "param", "code"}}`` with the error's status."""
-    body = {"error": {"message": error.message, "type": error.type, "param": error.param,
-                      "code": error.status}}
-    return JSONResponse(body, status_code=error.status, headers=error_headers(error, headers))
+    """The OpenAI envelope with the error's status (paths no dialect owns answer with it)."""
+    return JSONResponse(openai_error_body(error), status_code=error.status, headers=error_headers(error, headers))
 
 
 def error_headers(error: LLMServeError, headers: dict[str, str] | None = None) -> dict[str, str]:

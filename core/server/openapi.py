@@ -5,7 +5,8 @@ and the event streams of routes that stream.
 ``error_schema`` (an ``anyOf`` of the dialects' schemas on shared routes), which also replaces
 FastAPI's own 422 ``HTTPValidationError`` (no dialect answers with that shape). Protocols mark
 routes that may answer with Server-Sent Events with ``SSE_RESPONSES`` (``responses=`` of the
-route decorator), so the document lists ``text/event-stream`` beside JSON.
+route decorator), so the document lists ``text/event-stream`` beside JSON. Routes that read
+their body by hand declare it with ``openapi_body``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi.routing import APIRoute
+from pydantic import BaseModel
 
 OPENAI_ERROR_SCHEMA: dict[str, Any] = {
     "title": "OpenAIError", "type": "object", "required": ["error"],
@@ -51,3 +53,29 @@ def declare_errors(route: Any, schemas: list[dict[str, Any]]) -> None:
         return
     for key, value in error_responses(schemas).items():
         route.responses.setdefault(key, value)
+
+
+def inline_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """The model's JSON schema with every ``$ref`` inlined (wire models are not recursive),
+    usable directly in an OpenAPI ``requestBody``."""
+    schema = model.model_json_schema()
+    return _inline(schema, schema.get("$defs", {}))
+
+
+def _inline(schema: Any, defs: dict[str, Any]) -> Any:
+    if isinstance(schema, dict):
+        ref = schema.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/$defs/"):
+            return _inline(defs[ref.rsplit("/", 1)[1]], defs)
+        return {k: _inline(v, defs) for k, v in schema.items() if k != "$defs"}
+    if isinstance(schema, list):
+        return [_inline(v, defs) for v in schema]
+    return schema
+
+
+def openapi_body(model: type[BaseModel], extra_content: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``openapi_extra`` declaring a JSON request body for a route that parses its body by
+    hand (FastAPI documents only the bodies it validates itself); ``extra_content`` adds
+    other media types (``{media type: OpenAPI media object}``)."""
+    content: dict[str, Any] = {"application/json": {"schema": inline_schema(model)}, **(extra_content or {})}
+    return {"requestBody": {"required": True, "content": content}}

@@ -22,28 +22,34 @@ class Protocol(ABC):
     options of the dialect's YAML section (``None`` when the record declares no options).
     Routes translate the dialect's wire models to kernel requests (``GenerateRequest``),
     call ``context.engine.generate(...)`` and translate events back. Wire models live in the
-    plugin, never in the kernel.
+    plugin, never in the kernel; ``llmserve.server.dialect_kit`` has the shared plumbing
+    (``WireModel``, ``sse``, ``dialect_router``, ``in_band_errors``).
 
     Any exception raised while serving one of this protocol's routes reaches
     ``error_response``: kernel errors (``LLMServeError`` subclasses) as they are, request
     validation failures as ``InvalidRequestError`` naming the parameter, anything else as a
-    ``GenerationError`` with a generic message (the traceback goes to the log only).
+    ``GenerationError`` with a generic message (the traceback goes to the log only). A
+    dialect states its format once, in ``error_body``; the default ``error_response`` sends
+    that body with its status, and streams send the same body in-band once their 200 is gone.
 
     Example::
 
         class AcmeProtocol(Protocol):
+            error_schema = {"type": "object", "required": ["acme_error"],
+                            "properties": {"acme_error": {"type": "string"}}}
+
             def router(self):
-                r = APIRouter()
+                r = dialect_router(self)
                 @r.post("/acme/generate")
                 async def generate(body: AcmeRequest): ...
                 return r
 
-            def error_response(self, error, request):
-                return JSONResponse({"acme_error": error.message}, status_code=error.status)
+            def error_body(self, error):
+                return error.status, {"acme_error": error.message}
     """
 
     #: JSON schema of this dialect's error body, declared as every route's 4XX/5XX response in
-    #: the OpenAPI document. ``None`` means the OpenAI envelope (the default ``error_response``).
+    #: the OpenAPI document. ``None`` means the OpenAI envelope (the default ``error_body``).
     error_schema: ClassVar[dict[str, Any] | None] = None
 
     def __init__(self, context: "ServerContext", options: Any = None) -> None:
@@ -58,8 +64,24 @@ class Protocol(ABC):
         """Routes this dialect shares with others, dispatched by body (see ``llmserve.server.shared``)."""
         return []
 
-    def error_response(self, error: "LLMServeError", request: "Request | None") -> "Response":
-        """Render ``error`` in this dialect's format. Default: the OpenAI error envelope."""
-        from llmserve.server.errors import openai_error_response
+    def error_body(self, error: "LLMServeError") -> "tuple[int, dict[str, Any]]":
+        """``(HTTP status, JSON body)`` of ``error`` in this dialect's format.
 
-        return openai_error_response(error)
+        Default: the OpenAI envelope ``{"error": {"message", "type", "param", "code"}}``
+        with the error's own status. Streams whose 200 has gone send the body in-band
+        (``dialect_kit.in_band_errors``).
+        """
+        from llmserve.server.errors import openai_error_body
+
+        return error.status, openai_error_body(error)
+
+    def error_response(self, error: "LLMServeError", request: "Request | None") -> "Response":
+        """Render ``error`` as this dialect's error reply: ``error_body`` as JSON, with
+        ``Retry-After`` / ``WWW-Authenticate`` where the error calls for them. Override it
+        to add headers (or for a reply that is not JSON)."""
+        from starlette.responses import JSONResponse
+
+        from llmserve.server.errors import error_headers
+
+        status, body = self.error_body(error)
+        return JSONResponse(body, status_code=status, headers=error_headers(error))

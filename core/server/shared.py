@@ -8,7 +8,6 @@ parses the body once and hands it to the first protocol that accepts it.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
@@ -16,7 +15,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from llmserve.errors import InvalidRequestError
-from llmserve.server.errors import to_error
+from llmserve.server.dialect_kit import MalformedBodyError, load_json, render_error
 from llmserve.server.openapi import stream_responses
 
 if TYPE_CHECKING:
@@ -48,24 +47,20 @@ def mount_shared(router: APIRouter, method: str, path: str,
     """Add the dispatcher for one shared route to ``router``; return its endpoint."""
 
     async def dispatch(request: Request) -> Response:
-        raw = await request.body()
+        first = entries[0][0]
         try:
-            body = json.loads(raw) if raw.strip() else {}
-        except (ValueError, UnicodeDecodeError):
-            body = None
+            body = load_json(await request.body())
+        except MalformedBodyError as exc:
+            return first.error_response(exc, request)
+        body = {} if body is None else body  # an empty body is an empty object, which no dialect claims
         for protocol, route in entries:
-            if body is not None and route.accepts(body):
+            if route.accepts(body):
                 try:
                     return await route.handler(request, body)
                 except Exception as exc:  # noqa: BLE001 - rendered in the chosen dialect's format
-                    return protocol.error_response(to_error(exc), request)
-        first = entries[0][0]
-        if body is None:
-            error = InvalidRequestError("request body is not valid JSON")
-        else:
-            shapes = "; or ".join(r.describe for _, r in entries if r.describe)
-            error = InvalidRequestError(f"request body not understood: expected {shapes}")
-        return first.error_response(error, request)
+                    return render_error(protocol, exc, request)
+        shapes = "; or ".join(r.describe for _, r in entries if r.describe)
+        return first.error_response(InvalidRequestError(f"request body not understood: expected {shapes}"), request)
 
     schemas = [r.body_schema for _, r in entries if r.body_schema is not None]
     extra = None

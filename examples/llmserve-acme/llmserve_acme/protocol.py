@@ -2,11 +2,11 @@
 
 from fastapi import APIRouter
 from pydantic import BaseModel
-from starlette.responses import JSONResponse
 
-from llmserve.server.protocol import Protocol
 from llmserve.request import GenerateRequest
 from llmserve.sampling import SamplingParams
+from llmserve.server.dialect_kit import WireModel, dialect_router
+from llmserve.server.protocol import Protocol
 
 
 class AcmeOptions(BaseModel):
@@ -15,14 +15,16 @@ class AcmeOptions(BaseModel):
     exclamations: int = 1
 
 
-class ShoutRequest(BaseModel):
+class ShoutRequest(WireModel):
     text: str
     max_tokens: int = 16
 
 
 class AcmeProtocol(Protocol):
+    error_schema = {"type": "object", "required": ["acme_error"], "properties": {"acme_error": {"type": "string"}}}
+
     def router(self) -> APIRouter:
-        router = APIRouter()
+        router = dialect_router(self)
         bangs = "!" * (self.options.exclamations if self.options else 1)
 
         @router.post("/acme/shout")
@@ -36,5 +38,5 @@ class AcmeProtocol(Protocol):
 
         return router
 
-    def error_response(self, error, request):
-        return JSONResponse({"acme_error": error.message}, status_code=error.status)
+    def error_body(self, error):
+        return error.status, {"acme_error": error.message}

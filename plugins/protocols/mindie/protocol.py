@@ -2,31 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator
+from typing import Any, AsyncGenerator
 
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
 from llmserve.errors import EngineDeadError, InvalidRequestError, LLMServeError
-from llmserve.server.protocol import Protocol
 from llmserve.request import GenerateRequest
-from llmserve.server.errors import error_headers, to_error
-from llmserve.server.openapi import SSE_RESPONSES
-
-from .params import (
-    MAX_INPUT_CHARS,
-    SSE_HEADERS,
+from llmserve.server.dialect_kit import (
+    STREAM_HEADERS,
     MalformedBodyError,
-    TokenClock,
-    build_sampling,
-    deadline,
-    finish_reason,
-    guarded,
-    openapi_body,
+    dialect_router,
+    in_band_errors,
     parse_body,
-    priority,
     sse,
 )
+from llmserve.server.openapi import SSE_RESPONSES, openapi_body
+from llmserve.server.protocol import Protocol
+
+from .params import MAX_INPUT_CHARS, new_request
+from .events import TokenClock, first_sequence
 from .wire import InferBody, InferParameters, TokenizerBody
 
 
@@ -75,55 +70,41 @@ class MindIEProtocol(Protocol):
         p = body.parameters or InferParameters()
         engine = self._engine()
         self.context.admission.check(1)  # before tokenizing
-        ids = engine.encode(prompt)
-        sampling, seed = build_sampling(p, len(ids), engine.max_model_len)
-        req = GenerateRequest(prompt=prompt, prompt_token_ids=ids, sampling=sampling,
-                              priority=priority(p.priority), deadline=deadline(p.timeout))
-        engine.prepare(req, param="inputs")
+        req, seed = new_request(engine, p, text=prompt)
         if body.stream:
-            return self.context.sse_response(self._stream(req, p, seed), headers=SSE_HEADERS)
+            return self.context.sse_response(in_band_errors(self, self._stream(req, p, seed), sse),
+                                             headers=STREAM_HEADERS)
         text, generated, reason = "", 0, None
         async for event in engine.generate(req):
-            for d in event.outputs:
-                if d.index == 0:
-                    text += d.text
-                    generated += len(d.token_ids)
-                    reason = finish_reason(d) or reason
+            ids, delta, ended = first_sequence(event)
+            text += delta
+            generated += len(ids)
+            reason = ended or reason
         out: dict[str, Any] = {"generated_text": text}
         if p.details:
             out["details"] = {"finish_reason": reason or "length", "generated_tokens": generated, "seed": seed}
         return JSONResponse(out)
 
-    async def _stream(self, req: GenerateRequest, p: InferParameters, seed: int | None) -> AsyncIterator[str]:
+    async def _stream(self, req: GenerateRequest, p: InferParameters, seed: int | None) -> AsyncGenerator[str, None]:
         clock = TokenClock()
         text_all, generated = "", 0
-        try:
-            engine = self._engine()
-            async for event in engine.generate(req):
-                ids: list[int] = []
-                text, reason = "", None
-                for d in event.outputs:
-                    if d.index == 0:
-                        ids += d.token_ids
-                        text += d.text
-                        reason = finish_reason(d) or reason
-                generated += len(ids)
-                text_all += text
-                prefill_ms, decode_ms = clock.add(event, ids, engine)
-                out: dict[str, Any] = {"prefill_time": prefill_ms, "decode_time": decode_ms}
-                if event.finished:
-                    # The last event carries the whole text; its token's text is null (MindIE's shape).
-                    out["generated_text"] = text_all
-                    if p.details:
-                        out["details"] = {"finish_reason": reason or "length", "generated_tokens": generated,
-                                          "seed": seed}
-                    out["token"] = {"id": ids, "text": None}
-                else:
-                    out["token"] = {"id": ids, "text": text}
-                yield sse(out)
-        except Exception as exc:  # noqa: BLE001 - after the 200, errors travel in-band
-            error = to_error(exc)
-            yield sse({"error": error.message, "error_type": mindie_status(error)[1]})
+        engine = self._engine()
+        async for event in engine.generate(req):
+            ids, text, reason = first_sequence(event)
+            generated += len(ids)
+            text_all += text
+            prefill_ms, decode_ms = clock.add(event, ids, engine)
+            out: dict[str, Any] = {"prefill_time": prefill_ms, "decode_time": decode_ms}
+            if event.finished:
+                # The last event carries the whole text; its token's text is null (MindIE's shape).
+                out["generated_text"] = text_all
+                if p.details:
+                    out["details"] = {"finish_reason": reason or "length", "generated_tokens": generated,
+                                      "seed": seed}
+                out["token"] = {"id": ids, "text": None}
+            else:
+                out["token"] = {"id": ids, "text": text}
+            yield sse(out)
 
     async def tokenizer(self, request: Request) -> Response:
         body = parse_body(TokenizerBody, await request.body())
@@ -141,25 +122,19 @@ class MindIEProtocol(Protocol):
         return JSONResponse({"token_number": len(ids), "tokens": tokens})
 
     def router(self) -> APIRouter:
-        r = APIRouter()
+        r = dialect_router(self)
 
         @r.post("/infer", openapi_extra=openapi_body(InferBody), responses=SSE_RESPONSES)
-        @self._guard
         async def mindie_infer(request: Request) -> Response:
             return await self.infer(request)
 
         @r.post("/v1/tokenizer", openapi_extra=openapi_body(TokenizerBody))
-        @self._guard
         async def mindie_tokenizer(request: Request) -> Response:
             return await self.tokenizer(request)
 
         return r
 
-    def _guard(self, endpoint: Any) -> Any:
-        return guarded(self, endpoint)
-
-    def error_response(self, error: LLMServeError, request: Request | None) -> Response:
+    def error_body(self, error: LLMServeError) -> tuple[int, dict[str, Any]]:
         """``{"error": msg, "error_type": "Input Validation Error" | ...}`` with MindIE's statuses."""
         status, kind = mindie_status(error)
-        return JSONResponse({"error": error.message, "error_type": kind}, status_code=status,
-                            headers=error_headers(error))
+        return status, {"error": error.message, "error_type": kind}

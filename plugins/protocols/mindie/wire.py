@@ -7,7 +7,9 @@ from typing import Any, Union
 
 from pydantic import Field
 
-from .params import INT32_MAX, UINT64_MAX, WireModel
+from llmserve.server.dialect_kit import WireModel
+
+from .params import INT32_MAX, UINT64_MAX
 
 
 class InferParameters(WireModel):
@@ -28,7 +30,8 @@ class InferParameters(WireModel):
 
 
 class InferBody(WireModel):
-    inputs: Union[str, list[Any]] = Field(description="The prompt (non-empty text; multimodal lists are not supported).")
+    inputs: Union[str, list[Any]] = Field(
+        description="The prompt (non-empty text; multimodal lists are not supported).")
     stream: bool | None = Field(False, description="true: SSE stream, one event per token.")
     parameters: InferParameters | None = None
 

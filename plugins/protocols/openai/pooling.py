@@ -12,9 +12,9 @@ from pydantic import Field
 from starlette.responses import JSONResponse
 
 from llmserve.errors import InvalidRequestError
+from llmserve.server.dialect_kit import WireModel
 
 from .params import now
-from .wire import WireModel
 
 Inputs = Union[str, list[str], list[int], list[list[int]]]
 

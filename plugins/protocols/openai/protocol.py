@@ -1,4 +1,6 @@
-"""The OpenAI protocol: routes, request-id echo and the OpenAI error envelope."""
+"""The OpenAI protocol: routes (chat and completions in ``chat.py`` and ``completions.py``,
+embeddings/score/rerank in ``pooling.py``, tokenizer routes in ``tokens.py``), request-id echo
+and the OpenAI error envelope."""
 
 from __future__ import annotations
 
@@ -8,13 +10,11 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
 from llmserve import __version__
-from fastapi.exceptions import RequestValidationError
-from pydantic import ValidationError
-
-from llmserve.server.protocol import Protocol
+from llmserve.errors import LLMServeError
+from llmserve.server.dialect_kit import dialect_router, parse_model
 from llmserve.server.openapi import SSE_RESPONSES
+from llmserve.server.protocol import Protocol
 from llmserve.server.shared import SharedRoute
-from llmserve.server.errors import openai_error_response
 
 from .chat import Chat
 from .completions import Completions
@@ -43,7 +43,7 @@ class OpenAIProtocol(Protocol):
                 "max_model_len": info.max_model_len if info else None}
 
     def router(self) -> APIRouter:
-        router = APIRouter()
+        router = dialect_router(self)
         chat, completions = Chat(self), Completions(self)
 
         def with_id(request: Request, response: Response) -> Response:
@@ -119,18 +119,17 @@ class OpenAIProtocol(Protocol):
 
     def shared_routes(self) -> list[SharedRoute]:
         async def tokenize(request: Request, body: Any) -> Response:
-            try:
-                parsed = TokenizeRequest.model_validate(body)
-            except ValidationError as exc:
-                raise RequestValidationError(exc.errors()) from None
-            return await self.tokens.tokenize(parsed)
+            return await self.tokens.tokenize(parse_model(TokenizeRequest, body))
 
         return [SharedRoute("POST", "/tokenize", accepts_tokenize, tokenize,
                             "a vLLM body with `prompt` or `messages`", TokenizeRequest)]
 
-    def error_response(self, error: Any, request: Request | None) -> Response:
-        headers = {"x-should-retry": "false"} if error.status < 500 and error.status != 429 else {}
-        response = openai_error_response(error, headers)
+    def error_response(self, error: LLMServeError, request: Request | None) -> Response:
+        """The OpenAI envelope (the default ``error_body``), telling the openai client whether to
+        retry and echoing the request id."""
+        response = super().error_response(error, request)
+        if error.status < 500 and error.status != 429:
+            response.headers["x-should-retry"] = "false"
         if request is not None and request.headers.get("x-request-id"):
             response.headers["X-Request-Id"] = request.headers["x-request-id"]
         return response

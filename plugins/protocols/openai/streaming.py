@@ -1,38 +1,26 @@
-"""Helpers shared by the OpenAI routes: running several requests at once, SSE, logprob shapes."""
+"""What the chat and completions routes share: their streams' framing and in-band errors
+(the kit's ``sse``; the OpenAI envelope), logprob shapes and usage."""
 
 from __future__ import annotations
 
-import json
 import math
 from functools import lru_cache
 from typing import Any
 
 from llmserve.errors import LLMServeError
 from llmserve.outputs import TokenLogprob
-from llmserve.server.errors import to_error
-
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-
-
-def dumps(obj: Any) -> str:
-    """JSON without NaN/Infinity (clients reject them)."""
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False, default=_finite)
+from llmserve.server.dialect_kit import STREAM_HEADERS as SSE_HEADERS
+from llmserve.server.dialect_kit import dumps, sse
+from llmserve.server.errors import openai_error_body, to_error
 
 
-def _finite(obj: Any) -> Any:
-    raise TypeError(f"not JSON serializable: {type(obj).__name__}")
+def sse_error(error: LLMServeError) -> str:
+    """An error after the 200: the OpenAI envelope as one more event."""
+    return sse(openai_error_body(error))
 
 
 def clamp(x: float) -> float:
     return -9999.0 if not math.isfinite(x) else x
-
-
-def sse(obj: Any) -> str:
-    return f"data: {dumps(obj)}\n\n"
-
-
-def sse_error(error: LLMServeError) -> str:
-    return sse({"error": {"message": error.message, "type": error.type, "param": error.param, "code": error.status}})
 
 
 class TokenText:

@@ -8,9 +8,10 @@ from pydantic import Field
 from starlette.responses import JSONResponse
 
 from llmserve.errors import InvalidRequestError
+from llmserve.server.dialect_kit import WireModel
 from llmserve.text.chat_template import message_text, render_chat
 
-from .wire import ChatMessage, WireModel
+from .wire import ChatMessage
 
 
 class TokenizeRequest(WireModel):

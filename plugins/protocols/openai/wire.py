@@ -1,15 +1,13 @@
-"""OpenAI request models. Unknown fields are ignored and explicit nulls mean "default"."""
+"""OpenAI request models. Unknown fields are ignored (real clients send vLLM, FastDeploy and
+TGI extras), explicit nulls mean "default", NaN and Infinity are refused (``dialect_kit.WireModel``)."""
 
 from __future__ import annotations
 
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
-
-class WireModel(BaseModel):
-    # Real clients send extras (vLLM/FastDeploy/TGI fields we do not know): accept and ignore.
-    model_config = ConfigDict(extra="ignore", protected_namespaces=())
+from llmserve.server.dialect_kit import WireModel
 
 
 class StreamOptions(WireModel):

@@ -1,8 +1,9 @@
 """TGI request models and the ``tgi:`` options section.
 
 Every parameter is optional and nullable (text-generation sends all of them, most as null);
-unknown keys are ignored. Types are checked here; TGI's range rules (with TGI's wording) are
-checked in ``params.py`` so that their messages match TGI's exactly.
+unknown keys are ignored, NaN and Infinity refused (``dialect_kit.WireModel``). Types are
+checked here; TGI's range rules (with TGI's wording) are checked in ``params.py`` so that
+their messages match TGI's exactly.
 """
 
 from __future__ import annotations
@@ -11,9 +12,7 @@ from typing import Any, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-
-class WireModel(BaseModel):
-    model_config = ConfigDict(extra="ignore", protected_namespaces=())
+from llmserve.server.dialect_kit import WireModel
 
 
 class TGIOptions(BaseModel):

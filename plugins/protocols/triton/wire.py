@@ -1,18 +1,33 @@
 """Triton / KServe v2 request models (MindIE's flavour of the generate and token-infer routes).
 
 Ranges follow the MindIE service spec; unknown fields are ignored and explicit nulls mean
-"default" (see ``mindie.params.WireModel``).
+"default" (``dialect_kit.WireModel``). Also the names of the tensors this server serves.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Union
 
 from pydantic import Field
 
-from ..mindie.params import INT32_MAX, UINT64_MAX, WireModel
+from llmserve.errors import InvalidRequestError
+from llmserve.server.dialect_kit import WireModel
+
+from ..mindie.params import INT32_MAX, UINT64_MAX
 
 ID_DESCRIPTION = "Request id: 1-256 characters of letters, digits, '_' and '-'; echoed in the reply."
+VERSION = "1"  # the one version of the one model served
+_ID = re.compile(r"^[A-Za-z0-9_-]{1,256}$")
+TOKEN_INPUT, TOKEN_OUTPUT = "input0", "output0"      # UINT32 token ids in, token ids out
+TEXT_INPUT, TEXT_OUTPUT = "text_input", "text_output"  # BYTES text in, text out
+
+
+def check_id(value: str | None) -> str | None:
+    """A request ``id`` as KServe allows it (it is echoed in replies and logs)."""
+    if value is not None and not _ID.match(value):
+        raise InvalidRequestError("id: must be 1-256 characters of letters, digits, '_' and '-'", param="id")
+    return value
 
 
 class SamplingParameters(WireModel):

@@ -10,15 +10,16 @@ from __future__ import annotations
 from fastapi import APIRouter
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from llmserve.server.protocol import Protocol
+from llmserve.server.dialect_kit import dialect_router
 from llmserve.server.metrics import CONTENT_TYPE
 from llmserve.server.middleware import public_route
+from llmserve.server.protocol import Protocol
 
 
 class OpsProtocol(Protocol):
     def _health(self) -> Response:
         engine = self.context.engine
-        if engine is not None and getattr(engine, "is_dead", False):
+        if engine is not None and engine.is_dead:
             return JSONResponse({"error": "unhealthy", "error_type": "healthcheck"}, status_code=503)
         return Response(status_code=200)
 
@@ -30,11 +31,11 @@ class OpsProtocol(Protocol):
 
     def _metrics(self) -> Response:
         ctx = self.context
-        text = ctx.metrics.render(ctx.model_name, getattr(ctx.engine, "engine", None))
+        text = ctx.metrics.render(ctx.model_name, ctx.engine.stats() if ctx.engine is not None else None)
         return Response(text, media_type=CONTENT_TYPE)
 
     def router(self) -> APIRouter:
-        router = APIRouter()
+        router = dialect_router(self)
         # Liveness answers 200 with an empty body (what load balancers and vLLM clients expect).
         HEALTH = {200: {"description": "Alive (empty body)"}}
 

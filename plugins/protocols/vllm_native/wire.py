@@ -1,0 +1,49 @@
+"""vLLM-native request model (``POST /generate`` with ``prompt``) and the ``vllm_native:``
+options section. Ranges are checked in ``params.py``, in vLLM's wording."""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from llmserve.server.dialect_kit import WireModel
+
+
+class VLLMNativeOptions(BaseModel):
+    """Options from the ``vllm_native:`` section of the YAML config."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    default_max_tokens: int | None = Field(
+        16, ge=1, description="max_tokens when a request gives none (vLLM's SamplingParams default: 16; "
+                              "null: up to the context length).")
+
+
+class VLLMGenerateRequest(WireModel):
+    """Body of vLLM-native ``POST /generate``. Unknown keys are ignored; nulls mean the default."""
+
+    prompt: Union[str, list[dict[str, Any]]] = Field(
+        description="The prompt (text only; multimodal lists are rejected).")
+    stream: bool | None = Field(False, description="true: `\\0`-separated JSON records instead of one JSON object.")
+    n: int | None = Field(None, description="Sequences returned (default 1).")
+    best_of: int | None = Field(None, description="Sequences generated; the n most likely are returned.")
+    max_tokens: int | None = Field(None, description="Most tokens to generate per sequence (default 16).")
+    min_tokens: int | None = Field(None, description="Generate at least this many tokens before EOS/stop.")
+    temperature: float | None = Field(None, description=">= 0; 0 is greedy (default 1.0).")
+    top_p: float | None = Field(None, description="In (0, 1] (default 1.0).")
+    top_k: int | None = Field(None, description="-1 (off) or >= 1.")
+    min_p: float | None = Field(None, description="In [0, 1].")
+    repetition_penalty: float | None = Field(None, description="In (0, 2] (default 1.0).")
+    presence_penalty: float | None = Field(None, description="In [-2, 2] (default 0).")
+    frequency_penalty: float | None = Field(None, description="In [-2, 2] (default 0).")
+    seed: int | None = Field(None, description="Random seed, 0 .. 2^64-1.")
+    stop: Union[str, list[str], None] = Field(None, description="Stop strings (1+ characters each, 32768 in all).")
+    stop_token_ids: list[int] | None = Field(None, description="Stop token ids (ids outside int32 are ignored).")
+    bad_words: list[str] | None = Field(None, description="Words never generated.")
+    include_stop_str_in_output: bool | None = Field(None, description="Keep the matched stop string (default false).")
+    skip_special_tokens: bool | None = Field(None, description="Drop special tokens from the text (default true).")
+    spaces_between_special_tokens: bool | None = None
+    ignore_eos: bool | None = Field(None, description="Keep generating after EOS (default false).")
+    model: str | None = Field(None, description="LoRA id in MindIE: null, \"None\" or a served model name.")
+    use_beam_search: bool | None = Field(None, description="Not supported: only false / null.")
