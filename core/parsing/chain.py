@@ -1,14 +1,19 @@
 """Running a reasoning parser and a tool parser together, and assembling what they release.
 
-The chat route makes one ``ParseChain`` per choice::
+``ParseChain.factory`` is the one place that turns configuration into parsers: the chat and
+completions routes and ``llmserve parse`` all build their chains through it. A route makes
+one factory per request and one chain per choice::
 
-    chain = ParseChain.create(context.registry, tool_parser=cfg.tool_call_parser,
-                              reasoning_parser=cfg.reasoning_parser, tokenizer=tokenizer,
-                              tools=body.tools, chat_template_kwargs=body.chat_template_kwargs)
-    body = chain.adjust_request(body)               # e.g. keep special tokens
+    make_chain = ParseChain.factory(context.registry, tool_parser=cfg.tool_call_parser,
+                                    reasoning_parser=cfg.reasoning_parser, tokenizer=tokenizer,
+                                    plan=plan, chat_template_kwargs=body.chat_template_kwargs,
+                                    constrained=mask_factory is not None)
+    chain = make_chain()                            # None factory: nothing to parse
+    if chain.needs_special_tokens:                  # declared by the parsers; the route acts
+        sampling.skip_special_tokens = False
     for text, ids in deltas:                        # streaming
-        message = openai_delta(chain.feed(text, ids))    # None: nothing to send yet
-    message = openai_delta(chain.finish())
+        delta = chain.feed(text, ids)               # a ParseDelta; the route renders its dialect
+    delta = chain.finish()
     finish_reason = "tool_calls" if chain.tools_called else finish_reason
 
 Non-streaming is the same path: ``chain.parse(text)`` feeds everything, finishes and returns
@@ -17,9 +22,13 @@ the assembled ``{"content", "reasoning_content", "tool_calls"}``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from llmserve.parsing.contract import ParseDelta, ReasoningParser, ToolParser
+from llmserve.parsing.forced import forced_parser
+
+if TYPE_CHECKING:
+    from llmserve.parsing.tool_choice import ToolPlan
 
 
 class ParseChain:
@@ -37,34 +46,64 @@ class ParseChain:
         self.assembled = Assembler(strict=strict)
 
     @classmethod
+    def factory(cls, registry: Any, *, tool_parser: str | None = None, reasoning_parser: str | None = None,
+                tokenizer: Any = None, tools: list[dict[str, Any]] | None = None,
+                chat_template_kwargs: dict[str, Any] | None = None, plan: "ToolPlan | None" = None,
+                constrained: bool = False, strict: bool = False) -> ChainMaker | None:
+        """A maker of fresh chains (one per choice), or ``None`` when nothing is to be parsed.
+
+        Parsers are named in ``registry`` (``llmserve.hooks.registry.Registry``) and loaded here,
+        once: unknown names raise ``ConfigError``, an implementation that fails to import
+        ``PluginLoadError`` (both one clear line). Tool parsers are built as
+        ``cls(tokenizer, tools)``, reasoning parsers as ``cls(tokenizer, chat_template_kwargs)``.
+
+        ``plan`` (a chat request's ``llmserve.parsing.tool_choice.ToolPlan``) decides the tool
+        parser when given: none for ``none``, ``tool_parser`` over the offered tools for
+        ``auto``, the forced-output parser (``llmserve.parsing.forced``) for ``forced``. The
+        reasoning parser stays out of ``constrained`` output (guided decoding, forced calls):
+        such output has no thinking to separate.
+        """
+        forced = plan is not None and plan.mode == "forced"
+        if plan is not None:
+            tool_parser = tool_parser if plan.mode == "auto" else None
+            tools = plan.offered
+        tool_cls = registry.load("tool_parser", tool_parser) if tool_parser else None
+        reasoning_cls = (registry.load("reasoning_parser", reasoning_parser)
+                         if reasoning_parser and not (constrained or forced) else None)
+        if tool_cls is None and reasoning_cls is None and not forced:
+            return None
+        tools, template_kwargs = tools or [], chat_template_kwargs or {}
+
+        def make() -> ParseChain:
+            tool: ToolParser | None = None
+            if forced:
+                tool = forced_parser(plan)
+            elif tool_cls is not None:
+                tool = tool_cls(tokenizer, tools)
+            reasoning = reasoning_cls(tokenizer, template_kwargs) if reasoning_cls is not None else None
+            return cls(tool, reasoning, strict=strict)
+        return make
+
+    @classmethod
     def create(cls, registry: Any, *, tool_parser: str | None = None, reasoning_parser: str | None = None,
                tokenizer: Any = None, tools: list[dict[str, Any]] | None = None,
                chat_template_kwargs: dict[str, Any] | None = None, strict: bool = False) -> "ParseChain":
-        """Build fresh parsers named in ``registry`` (``llmserve.hooks.registry.Registry``).
-
-        Unknown names raise ``ConfigError``; an implementation that fails to import raises
-        ``PluginLoadError`` (both one clear line).
-        """
-        tool = registry.load("tool_parser", tool_parser)(tokenizer, tools or []) if tool_parser else None
-        reasoning = (registry.load("reasoning_parser", reasoning_parser)(tokenizer, chat_template_kwargs or {})
-                     if reasoning_parser else None)
-        return cls(tool, reasoning, strict=strict)
+        """One chain from ``factory`` (an empty chain, passing text through, when no parser is named)."""
+        make = cls.factory(registry, tool_parser=tool_parser, reasoning_parser=reasoning_parser,
+                           tokenizer=tokenizer, tools=tools, chat_template_kwargs=chat_template_kwargs,
+                           strict=strict)
+        return make() if make is not None else cls(strict=strict)
 
     @property
     def needs_special_tokens(self) -> bool:
+        """Whether a parser declared that it needs special tokens kept in the text; the route
+        then turns ``skip_special_tokens`` off (parsers never touch the request)."""
         return any(p is not None and p.needs_special_tokens for p in (self.tool_parser, self.reasoning_parser))
 
     @property
     def tools_called(self) -> bool:
         """Whether any tool call was released so far (finish_reason ``tool_calls``)."""
         return self.assembled.tools_called
-
-    def adjust_request(self, request: Any) -> Any:
-        """Let both parsers adjust the request before generation."""
-        for parser in (self.reasoning_parser, self.tool_parser):
-            if parser is not None:
-                request = parser.adjust_request(request)
-        return request
 
     def feed(self, text: str, token_ids: list[int] | tuple[int, ...] = ()) -> ParseDelta:
         """The next piece of model output (and its token ids); returns what can be sent now."""
@@ -101,6 +140,10 @@ class ParseChain:
                 out.extend(self.tool_parser.finish())
         self.assembled.add(out)
         return out
+
+
+#: What ``ParseChain.factory`` returns (when something is to be parsed): a fresh chain per call.
+ChainMaker = Callable[[], ParseChain]
 
 
 class StreamContractError(ValueError):
@@ -150,27 +193,3 @@ class Assembler:
         return {"content": content or None, "reasoning_content": reasoning or None,
                 "tool_calls": [{**c, "function": dict(c["function"])} for c in self.calls]}
 
-
-def openai_delta(delta: ParseDelta, reasoning_key: str = "reasoning_content") -> dict[str, Any] | None:
-    """A ``ParseDelta`` as the ``delta`` object of an OpenAI chat chunk; ``None`` when empty.
-
-    A call's first piece becomes ``{"index", "id", "type": "function", "function": {"name",
-    "arguments"}}``, later pieces ``{"index", "function": {"arguments"}}``.
-    """
-    if delta.is_empty():
-        return None
-    out: dict[str, Any] = {}
-    if delta.reasoning:
-        out[reasoning_key] = delta.reasoning
-    if delta.content:
-        out["content"] = delta.content
-    if delta.tool_calls:
-        calls = []
-        for c in delta.tool_calls:
-            if c.name is not None:
-                calls.append({"index": c.index, "id": c.id, "type": "function",
-                              "function": {"name": c.name, "arguments": c.arguments}})
-            else:
-                calls.append({"index": c.index, "function": {"arguments": c.arguments}})
-        out["tool_calls"] = calls
-    return out

@@ -78,15 +78,6 @@ def new_call_id(length: int = 24, prefix: str = "call_") -> str:
     return prefix + "".join(_ids.choice(_ALNUM) for _ in range(length))
 
 
-def set_request_field(request: Any, name: str, value: Any) -> Any:
-    """Set ``name`` on a request object or dict (used by ``adjust_request``); returns it."""
-    if isinstance(request, dict):
-        request[name] = value
-    elif request is not None:
-        setattr(request, name, value)
-    return request
-
-
 class ToolParser(ABC):
     """Base class of tool-call parsers, contributed through ``register_tool_parsers``.
 
@@ -116,23 +107,15 @@ class ToolParser(ABC):
                 ...  # flush what is buffered
     """
 
-    #: Whether the parser needs special tokens kept in the text (skip_special_tokens off).
+    #: Whether the parser needs special tokens kept in the text, so that markers such as
+    #: ``[TOOL_CALLS]`` survive detokenization. A declared need: parsers never see the request;
+    #: the route reads ``ParseChain.needs_special_tokens`` and turns ``skip_special_tokens`` off.
     needs_special_tokens: bool = False
 
     def __init__(self, tokenizer: Any = None, tools: list[dict[str, Any]] | None = None) -> None:
         self.tokenizer = tokenizer
         self.tools = tools or []
         self.tool_names = {t.get("function", {}).get("name") for t in self.tools if isinstance(t, dict)} - {None}
-
-    def adjust_request(self, request: Any) -> Any:
-        """Called once before generation with the request (an object or a dict); return it.
-
-        The default turns ``skip_special_tokens`` off when ``needs_special_tokens`` is set, so
-        markers such as ``[TOOL_CALLS]`` survive detokenization.
-        """
-        if self.needs_special_tokens:
-            set_request_field(request, "skip_special_tokens", False)
-        return request
 
     @abstractmethod
     def feed(self, text: str, token_ids: list[int] | tuple[int, ...] = ()) -> ParseDelta:
@@ -154,18 +137,12 @@ class ReasoningParser(ABC):
     ``llmserve.parsing.chain.ParseChain``), so a call written after the thinking is parsed.
     """
 
-    #: Whether the parser needs special tokens kept in the text (skip_special_tokens off).
+    #: Like ``ToolParser.needs_special_tokens``.
     needs_special_tokens: bool = False
 
     def __init__(self, tokenizer: Any = None, chat_template_kwargs: dict[str, Any] | None = None) -> None:
         self.tokenizer = tokenizer
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
-
-    def adjust_request(self, request: Any) -> Any:
-        """Like ``ToolParser.adjust_request``."""
-        if self.needs_special_tokens:
-            set_request_field(request, "skip_special_tokens", False)
-        return request
 
     @abstractmethod
     def feed(self, text: str, token_ids: list[int] | tuple[int, ...] = ()) -> ParseDelta:

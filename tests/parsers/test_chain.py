@@ -1,4 +1,4 @@
-"""The chain, the assembler, OpenAI deltas, call ids, request adjustment, per-request state."""
+"""The chain and its factory, the assembler, OpenAI deltas, call ids, declared needs, per-request state."""
 
 from __future__ import annotations
 
@@ -7,8 +7,11 @@ import re
 import pytest
 
 from llmserve.errors import ConfigError
-from llmserve.parsing.chain import Assembler, ParseChain, StreamContractError, openai_delta
+from llmserve.parsing.chain import Assembler, ParseChain, StreamContractError
 from llmserve.parsing.contract import ParseDelta, ToolCallDelta, new_call_id, seed_call_ids
+from llmserve.parsing.forced import NamedCallParser, RequiredCallsParser
+from llmserve.parsing.tool_choice import plan_tools
+from llmserve.plugins.protocols.openai.deltas import openai_delta
 from llmserve.plugins.tool_parsers.hermes import HermesToolParser
 from llmserve.plugins.tool_parsers.mistral import MistralToolParser
 from llmserve.plugins.tool_parsers.pythonic import PythonicToolParser
@@ -90,15 +93,17 @@ def test_seeded_ids_are_deterministic(seeded_ids):
     assert ParseChain(HermesToolParser()).parse(CALL)["tool_calls"][0]["id"] == one
 
 
-def test_adjust_request_keeps_special_tokens_when_needed():
-    class Request:
-        skip_special_tokens = True
-
-    assert HermesToolParser().adjust_request({"skip_special_tokens": True}) == {"skip_special_tokens": False}
-    assert HermesToolParser().adjust_request(Request()).skip_special_tokens is False
-    assert PythonicToolParser().adjust_request({"skip_special_tokens": True}) == {"skip_special_tokens": True}
-    c = ParseChain(MistralToolParser(), Qwen3ReasoningParser())
-    assert c.needs_special_tokens and c.adjust_request({})["skip_special_tokens"] is False
+def test_parsers_declare_special_tokens_and_never_touch_the_request():
+    assert HermesToolParser().needs_special_tokens and MistralToolParser().needs_special_tokens
+    assert not PythonicToolParser().needs_special_tokens and not Qwen3ReasoningParser().needs_special_tokens
+    assert not hasattr(HermesToolParser(), "adjust_request")
+    assert ParseChain(MistralToolParser(), Qwen3ReasoningParser()).needs_special_tokens
+    assert ParseChain(None, Qwen3ReasoningParser()).needs_special_tokens is False
+    assert ParseChain(PythonicToolParser()).needs_special_tokens is False
+    assert ParseChain().needs_special_tokens is False
+    # Forced output is JSON: neither forced parser asks for special tokens.
+    assert not ParseChain(RequiredCallsParser()).needs_special_tokens
+    assert not ParseChain(NamedCallParser("f")).needs_special_tokens
 
 
 def test_create_from_registry_and_unknown_names():
@@ -111,6 +116,43 @@ def test_create_from_registry_and_unknown_names():
     with pytest.raises(ConfigError, match="unknown reasoning parser 'nope'"):
         ParseChain.create(registry(), reasoning_parser="nope")
     assert ParseChain().parse("plain") == {"content": "plain", "reasoning_content": None, "tool_calls": []}
+
+
+FACTORY_TOOLS = [{"type": "function", "function": {"name": "search"}}]
+
+
+def factory_plan(tool_choice):
+    return plan_tools(FACTORY_TOOLS, tool_choice, None, auto_enabled=True, tool_parser="hermes")
+
+
+def make(**kwargs):
+    return ParseChain.factory(registry(), tool_parser="hermes", reasoning_parser="qwen3", **kwargs)
+
+
+def test_factory_follows_the_tool_plan():
+    auto = make(plan=factory_plan("auto"))()
+    assert type(auto.tool_parser).__name__ == "HermesToolParser" and auto.tool_parser.tools == FACTORY_TOOLS
+    assert type(auto.reasoning_parser).__name__ == "Qwen3ReasoningParser"
+    none = make(plan=factory_plan("none"))()
+    assert none.tool_parser is None and type(none.reasoning_parser).__name__ == "Qwen3ReasoningParser"
+    required = make(plan=factory_plan("required"))()
+    assert type(required.tool_parser) is RequiredCallsParser and required.reasoning_parser is None
+    named = make(plan=factory_plan({"type": "function", "function": {"name": "search"}}))()
+    assert type(named.tool_parser) is NamedCallParser and named.tool_parser.name == "search"
+    assert named.parse('{"q": 1}')["tool_calls"][0]["function"] == {"name": "search", "arguments": '{"q": 1}'}
+
+
+def test_factory_leaves_reasoning_out_of_constrained_output_and_says_when_nothing_parses():
+    constrained = make(plan=factory_plan("auto"), constrained=True)()
+    assert constrained.reasoning_parser is None and constrained.tool_parser is not None
+    assert make(plan=factory_plan("none"), constrained=True) is None
+    assert ParseChain.factory(registry()) is None
+    assert ParseChain.factory(registry(), reasoning_parser="qwen3", constrained=True) is None
+    chains = [make(chat_template_kwargs={"enable_thinking": False})() for _ in range(2)]
+    assert chains[0].reasoning_parser is not chains[1].reasoning_parser  # fresh parsers per choice
+    assert chains[0].reasoning_parser.chat_template_kwargs == {"enable_thinking": False}
+    with pytest.raises(ConfigError, match="unknown tool parser 'nope'"):
+        ParseChain.factory(registry(), tool_parser="nope", plan=factory_plan("auto"))
 
 
 def test_tools_are_passed_to_the_parser():

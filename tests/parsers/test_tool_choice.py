@@ -1,5 +1,5 @@
-"""``llmserve.parsing.tool_choice``: the plan for each tool_choice, the forced schemas, and the parsers
-that read forced output, split at every position."""
+"""``llmserve.parsing.tool_choice``: the plan for each tool_choice and the forced schemas; and
+``llmserve.parsing.forced``: the parsers that read forced output, split at every position."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import pytest
 
 from llmserve.errors import InvalidRequestError
 from llmserve.parsing.chain import ParseChain
-from llmserve.parsing.tool_choice import CallArrayParser, NamedCallParser, plan_tools
+from llmserve.parsing.forced import NamedCallParser, RequiredCallsParser
+from llmserve.parsing.tool_choice import plan_tools
 
 from .helpers import structure
 
@@ -69,32 +70,46 @@ ARRAY_OUTPUTS = [
     ('[ {"arguments": {"city": "Zürich", "n": [1, {"a": "}"}]}, "name": "get_weather"} ,\n'
      ' {"name":"ping","arguments":{}} ]',
      [("get_weather", '{"city": "Zürich", "n": [1, {"a": "}"}]}'), ("ping", "{}")]),
-    ('[{"name": "ping", "arguments": null}]', [("ping", "null")]),
+    # The free-text parsers' rule (json_calls.arguments_from_value): null arguments are "{}".
+    ('[{"name": "ping", "arguments": null}]', [("ping", "{}")]),
 ]
 
 
 @pytest.mark.parametrize("text, calls", ARRAY_OUTPUTS)
-def test_call_array_parser_same_result_for_every_split(text, calls):
+def test_required_calls_parser_same_result_for_every_split(text, calls):
     expected = {"content": None, "reasoning_content": None, "tool_calls": calls}
-    assert structure(ParseChain(CallArrayParser(), strict=True).parse(text)) == expected
+    assert structure(ParseChain(RequiredCallsParser(), strict=True).parse(text)) == expected
     for cut in range(1, len(text)):
-        ch = ParseChain(CallArrayParser(), strict=True)
+        ch = ParseChain(RequiredCallsParser(), strict=True)
         ch.feed(text[:cut])
         ch.feed(text[cut:])
         ch.finish()
         assert structure(ch.result()) == expected, cut
     for size in (1, 3, 7):
-        ch = ParseChain(CallArrayParser(), strict=True)
+        ch = ParseChain(RequiredCallsParser(), strict=True)
         for i in range(0, len(text), size):
             ch.feed(text[i:i + size])
         ch.finish()
         assert structure(ch.result()) == expected
 
 
-def test_call_array_parser_streams_arguments_before_the_call_ends():
-    ch = ParseChain(CallArrayParser(), strict=True)
+def test_required_calls_parser_streams_arguments_before_the_call_ends():
+    ch = ParseChain(RequiredCallsParser(), strict=True)
     first = ch.feed('[{"name": "get_weather", "arguments": {"ci')
-    assert [(c.index, c.name, c.arguments) for c in first.tool_calls] == [(0, "get_weather", '{"ci')]
+    # Arguments go out up to the last point that can still be closed into valid JSON.
+    assert [(c.index, c.name, c.arguments) for c in first.tool_calls] == [(0, "get_weather", "{")]
+    second = ch.feed('ty": "Pa')
+    assert [(c.index, c.name, c.arguments) for c in second.tool_calls] == [(0, None, '"city": "Pa')]
+
+
+def test_required_calls_parser_closes_cut_off_arguments_and_drops_the_rest():
+    ch = ParseChain(RequiredCallsParser(), strict=True)
+    assert structure(ch.parse('[{"name": "ping", "arguments": {}}, {"name": "get_weather", "arguments": {"city": "Pa')) \
+        == {"content": None, "reasoning_content": None,
+            "tool_calls": [("ping", "{}"), ("get_weather", '{"city": "Pa"}')]}
+    # Cut off before any name: nothing to call, and forced JSON is never content.
+    assert ParseChain(RequiredCallsParser()).parse('[{"arguments": {"city": "Pa') == \
+        {"content": None, "reasoning_content": None, "tool_calls": []}
 
 
 def test_named_call_parser_every_split():

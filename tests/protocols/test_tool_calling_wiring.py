@@ -250,3 +250,54 @@ def test_tools_and_tool_history_reach_the_template(echo_app):
                     "<tool>[call_1] -3 C")
     none = client.post("/v1/chat/completions", json={**body, "tool_choice": "none"})
     assert not none.json()["choices"][0]["message"]["content"].startswith("[tool")
+
+
+def kept_special_tokens(context, monkeypatch) -> dict[str, bool]:
+    """Per request id, in order: whether the request keeps special tokens in its text."""
+    seen: dict[str, bool] = {}
+    prepare = context.engine.prepare
+
+    def spy(req, *args, **kwargs):  # the route prepares, then generation prepares again
+        seen.setdefault(req.request_id, not req.sampling.skip_special_tokens)
+        return prepare(req, *args, **kwargs)
+
+    monkeypatch.setattr(context.engine, "prepare", spy)
+    return seen
+
+
+def test_routes_keep_special_tokens_when_a_parser_declares_the_need(echo_app, monkeypatch, tmp_path):
+    client, context = echo_app(enable_auto_tool_choice=True, tool_call_parser="hermes")
+    seen = kept_special_tokens(context, monkeypatch)
+    chat(client, "hi", tools=TOOLS)                       # hermes' markers are special tokens
+    chat(client, "hi", tools=TOOLS, tool_choice="none")   # nothing parsed
+    chat(client, "hi")
+    chat(client, "hi", tools=TOOLS, skip_special_tokens=False)
+    assert list(seen.values()) == [True, False, False, True]
+    client, context = echo_app(enable_auto_tool_choice=True, tool_call_parser="pythonic")
+    seen = kept_special_tokens(context, monkeypatch)
+    chat(client, "hi", tools=TOOLS)                       # pythonic needs none
+    assert list(seen.values()) == [False]
+
+    plugin = tmp_path / "marked_reasoning.py"
+    plugin.write_text('''
+from llmserve import hookimpl
+from llmserve.hooks.records import ReasoningParserSpec
+from llmserve.plugins.tool_parsers.reasoning import ThinkReasoningParser
+
+
+class MarkedThink(ThinkReasoningParser):
+    needs_special_tokens = True
+
+
+@hookimpl
+def register_reasoning_parsers():
+    return [ReasoningParserSpec(name="marked", target=__name__ + ":MarkedThink")]
+''')
+    client, context = echo_app(reasoning_parser="marked", tool_parser_plugin=[str(plugin)])
+    seen = kept_special_tokens(context, monkeypatch)
+    said = "<think>hm</think>Yes."
+    assert chat(client, said).json()["choices"][0]["message"]["reasoning_content"] == "hm"
+    assert client.post("/v1/completions", json={"prompt": said, "max_tokens": 50}).json()[
+        "choices"][0]["reasoning_content"] == "hm"
+    chat(client, said, guided_regex="[a-z]+")             # constrained: no reasoning parser, no need
+    assert list(seen.values()) == [True, True, False]

@@ -5,16 +5,18 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator
 
 from starlette.responses import JSONResponse
 
 from llmserve.errors import InvalidRequestError
 from llmserve.guided import GuidedSpec
-from llmserve.parsing.chain import ParseChain, openai_delta
+from llmserve.parsing.chain import ChainMaker, ParseChain
+from llmserve.parsing.forced import first_call_only
+from llmserve.parsing.tool_choice import ToolPlan, plan_tools
 from llmserve.text.chat_template import message_text, render_chat
-from llmserve.parsing.tool_choice import ToolPlan, first_call_only, plan_tools
 
+from .deltas import openai_delta
 from .params import chat_sampling, guided_mask, guided_spec, new_request, now
 from .streaming import SSE_HEADERS, TokenText, chat_logprobs, sse, sse_error, to_error, usage_dict
 from .wire import ChatCompletionRequest
@@ -36,26 +38,14 @@ class Chat:
         return plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls,
                           auto_enabled=cfg.enable_auto_tool_choice, tool_parser=cfg.tool_call_parser)
 
-    def parsers(self, body: ChatCompletionRequest, plan: ToolPlan, constrained: bool) -> Callable[[], ParseChain | None]:
-        """A factory of fresh parse chains (one per choice), or of None when nothing is parsed.
-
-        The reasoning parser stays out when the output is constrained (guided decoding or forced
-        tool calls): such output has no thinking to separate.
-        """
+    def parsers(self, body: ChatCompletionRequest, plan: ToolPlan, constrained: bool) -> ChainMaker | None:
+        """A maker of fresh parse chains (one per choice), or None when nothing is parsed."""
         ctx = self.p.context
-        cfg, tokenizer = ctx.config, ctx.engine.tokenizer
-        tool_cls = (ctx.registry.load("tool_parser", cfg.tool_call_parser) if plan.mode == "auto" else None)
-        reasoning_cls = (ctx.registry.load("reasoning_parser", cfg.reasoning_parser)
-                         if cfg.reasoning_parser and not constrained else None)
-        if plan.mode == "none" and reasoning_cls is None:
-            return lambda: None
-
-        def make() -> ParseChain:
-            tool = plan.forced_parser() if plan.mode == "forced" else (
-                tool_cls(tokenizer, plan.offered) if tool_cls is not None else None)
-            reasoning = reasoning_cls(tokenizer, body.chat_template_kwargs or {}) if reasoning_cls else None
-            return ParseChain(tool, reasoning)
-        return make
+        cfg = ctx.config
+        return ParseChain.factory(ctx.registry, tool_parser=cfg.tool_call_parser,
+                                  reasoning_parser=cfg.reasoning_parser, tokenizer=ctx.engine.tokenizer,
+                                  chat_template_kwargs=body.chat_template_kwargs, plan=plan,
+                                  constrained=constrained)
 
     def render(self, body: ChatCompletionRequest, plan: ToolPlan) -> tuple[str | None, list[int] | None]:
         if body.prompt_token_ids:
@@ -94,10 +84,9 @@ class Chat:
         else:
             mask_factory = await guided_mask(ctx, body)
         make_chain = self.parsers(body, plan, constrained=mask_factory is not None)
-        probe = make_chain()
-        if probe is not None:
-            body = probe.adjust_request(body)  # e.g. keep the special tokens a parser looks for
         sampling = chat_sampling(body)
+        if make_chain is not None and make_chain().needs_special_tokens:
+            sampling.skip_special_tokens = False  # the markers a parser looks for must reach it
         if body.stream and sampling.num_sequences > sampling.n:
             raise InvalidRequestError("best_of > n is not supported when streaming", param="best_of")
         # In a worker thread: rendering is capped (--chat-template-render-timeout), but even a
@@ -119,7 +108,7 @@ class Chat:
         return JSONResponse(await self._complete(body, req, head, make_chain, plan.parallel))
 
     async def _complete(self, body: ChatCompletionRequest, req: Any, head: dict,
-                        make_chain: Callable[[], ParseChain | None], parallel: bool) -> dict:
+                        make_chain: ChainMaker | None, parallel: bool) -> dict:
         n = req.sampling.n
         acc: dict[int, dict] = {}
         usage = (0, 0, 0)
@@ -138,7 +127,8 @@ class Chat:
         for index in sorted(acc):
             c = acc[index]
             prefix = (body.messages[-1].content or "") if body.echo and isinstance(body.messages[-1].content, str) else ""
-            message, called = _message(make_chain(), c["text"], c["ids"], prefix, parallel)
+            chain = make_chain() if make_chain is not None else None
+            message, called = _message(chain, c["text"], c["ids"], prefix, parallel)
             choice = {"index": index, "message": message,
                       "logprobs": {"content": chat_logprobs(c["lps"], self.tt), "refusal": None}
                       if body.logprobs else None,
@@ -150,7 +140,7 @@ class Chat:
         return {**head, "choices": choices, "usage": usage_dict(*usage)}
 
     async def _stream(self, body: ChatCompletionRequest, req: Any, head: dict,
-                      make_chain: Callable[[], ParseChain | None], parallel: bool) -> AsyncIterator[str]:
+                      make_chain: ChainMaker | None, parallel: bool) -> AsyncIterator[str]:
         opts = body.stream_options
         include_usage = bool(opts and opts.include_usage)
         continuous = bool(opts and opts.continuous_usage_stats)
@@ -168,7 +158,7 @@ class Chat:
                 usage = (event.usage.prompt_tokens, event.usage.completion_tokens, event.usage.cached_tokens)
                 for d in event.outputs:
                     if d.index not in chains:
-                        chains[d.index] = make_chain()
+                        chains[d.index] = make_chain() if make_chain is not None else None
                         first = {"role": "assistant", "content": ""}
                         if body.echo and isinstance(body.messages[-1].content, str):
                             first["content"] = body.messages[-1].content

@@ -10,7 +10,7 @@ from starlette.responses import JSONResponse
 
 from llmserve.errors import InvalidRequestError
 from llmserve.outputs import TokenLogprob
-from llmserve.parsing.chain import ParseChain
+from llmserve.parsing.chain import ChainMaker, ParseChain
 
 from .params import completion_sampling, guided_mask, new_request, now
 from .streaming import SSE_HEADERS, TokenText, completion_logprobs, sse, sse_error, to_error, usage_dict
@@ -62,6 +62,11 @@ class Completions:
             raise InvalidRequestError("best_of > n is not supported when streaming", param="best_of")
         prompts = split_prompts(body.prompt)
         mask_factory = await guided_mask(ctx, body)
+        # With --reasoning-parser the thinking moves to reasoning_content (not for constrained output).
+        make_chain = ParseChain.factory(ctx.registry, reasoning_parser=ctx.config.reasoning_parser,
+                                        tokenizer=engine.tokenizer, constrained=mask_factory is not None)
+        if make_chain is not None and make_chain().needs_special_tokens:
+            sampling.skip_special_tokens = False  # the markers a parser looks for must reach it
         base = body.request_id or request_id or uuid.uuid4().hex
         reqs = []
         for i, (text, ids) in enumerate(prompts):
@@ -72,12 +77,9 @@ class Completions:
             reqs.append(req)
         rid = f"cmpl-{base}"
         head = {"id": rid, "object": "text_completion", "created": now(), "model": model}
-        # With --reasoning-parser the thinking moves to reasoning_content (not for constrained output).
-        reasoner = (ctx.registry.load("reasoning_parser", ctx.config.reasoning_parser)
-                    if ctx.config.reasoning_parser and mask_factory is None else None)
         if body.stream:
-            return ctx.sse_response(self._stream(body, reqs, head, reasoner), headers=SSE_HEADERS)
-        return JSONResponse(await self._complete(body, reqs, head, reasoner))
+            return ctx.sse_response(self._stream(body, reqs, head, make_chain), headers=SSE_HEADERS)
+        return JSONResponse(await self._complete(body, reqs, head, make_chain))
 
     def _prompt_text(self, req: Any) -> str:
         return req.prompt if req.prompt is not None else self.p.context.engine.decode(req.prompt_token_ids, False)
@@ -87,7 +89,7 @@ class Completions:
         lps += [None] * (len(req.prompt_token_ids) - len(lps))
         return list(zip(req.prompt_token_ids, lps))
 
-    async def _complete(self, body: CompletionRequest, reqs: list, head: dict, reasoner: Any) -> dict:
+    async def _complete(self, body: CompletionRequest, reqs: list, head: dict, make_chain: ChainMaker | None) -> dict:
         n = reqs[0].sampling.n
         choices: dict[int, Choice] = {}
         prompt_lps: dict[int, list] = {}
@@ -114,8 +116,8 @@ class Completions:
             prefix = self._prompt_text(req) if body.echo else ""
             item = {"index": index, "text": prefix + c.text, "logprobs": None,
                     "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
-            if reasoner is not None:
-                parsed = ParseChain(None, reasoner(self.p.context.engine.tokenizer, {})).parse(c.text)
+            if make_chain is not None:
+                parsed = make_chain().parse(c.text)
                 item["text"] = prefix + (parsed["content"] or "")
                 item["reasoning_content"] = parsed["reasoning_content"]
             if body.logprobs is not None:
@@ -128,7 +130,8 @@ class Completions:
             out.append(item)
         return {**head, "choices": out, "usage": usage_dict(*usage)}
 
-    async def _stream(self, body: CompletionRequest, reqs: list, head: dict, reasoner: Any) -> AsyncIterator[str]:
+    async def _stream(self, body: CompletionRequest, reqs: list, head: dict,
+                      make_chain: ChainMaker | None) -> AsyncIterator[str]:
         n = reqs[0].sampling.n
         opts = body.stream_options
         include_usage = bool(opts and opts.include_usage)
@@ -145,9 +148,8 @@ class Completions:
                     index = i * n + d.index
                     text, items = d.text, list(zip(d.token_ids, d.logprobs or []))
                     reasoning = None
-                    if reasoner is not None:
-                        chain = chains.get(index) or chains.setdefault(
-                            index, ParseChain(None, reasoner(self.p.context.engine.tokenizer, {})))
+                    if make_chain is not None:
+                        chain = chains.get(index) or chains.setdefault(index, make_chain())
                         parsed = chain.feed(text, d.token_ids)
                         if d.finish_reason:
                             parsed.extend(chain.finish())
@@ -159,7 +161,7 @@ class Completions:
                             items = self._echo_items(req, event.prompt_logprobs) + items
                     choice = {"index": index, "text": text, "logprobs": None,
                               "finish_reason": d.finish_reason, "stop_reason": d.stop_reason}
-                    if reasoner is not None:
+                    if make_chain is not None:
                         choice["reasoning_content"] = reasoning
                     if body.logprobs is not None:
                         choice["logprobs"] = completion_logprobs(items, self.tt, offsets.get(index, 0), body.logprobs)

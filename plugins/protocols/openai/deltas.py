@@ -1,0 +1,36 @@
+"""Parsed model output as OpenAI chat-chunk ``delta`` objects.
+
+The parse chain (``llmserve.parsing.chain``) releases dialect-neutral ``ParseDelta``s; this is
+the OpenAI rendering of one, so the kernel knows nothing of the wire shape.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmserve.parsing.contract import ParseDelta
+
+
+def openai_delta(delta: ParseDelta, reasoning_key: str = "reasoning_content") -> dict[str, Any] | None:
+    """A ``ParseDelta`` as the ``delta`` object of an OpenAI chat chunk; ``None`` when empty.
+
+    A call's first piece becomes ``{"index", "id", "type": "function", "function": {"name",
+    "arguments"}}``, later pieces ``{"index", "function": {"arguments"}}``.
+    """
+    if delta.is_empty():
+        return None
+    out: dict[str, Any] = {}
+    if delta.reasoning:
+        out[reasoning_key] = delta.reasoning
+    if delta.content:
+        out["content"] = delta.content
+    if delta.tool_calls:
+        calls = []
+        for c in delta.tool_calls:
+            if c.name is not None:
+                calls.append({"index": c.index, "id": c.id, "type": "function",
+                              "function": {"name": c.name, "arguments": c.arguments}})
+            else:
+                calls.append({"index": c.index, "function": {"arguments": c.arguments}})
+        out["tool_calls"] = calls
+    return out
