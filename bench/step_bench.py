@@ -13,7 +13,7 @@ of the most expensive operators for a few of those steps.
 sampling...) in wall-clock timers and prints where a step goes; unlike a sampling profiler it
 barely perturbs the OpenMP threads, whose barriers a profiler's pauses stretch. Its parts are
 Python calls, so it runs decode steps through the fused forward's Python layer loop; the
-default is the one-call native step (``native_step.py``), and ``--layer-loop`` times the loop
+default is the one-call native step (``native/step.py``), and ``--layer-loop`` times the loop
 without the timers, for comparison.
 """
 
@@ -56,13 +56,14 @@ class PartTimers:
 
 
 def report_parts(backend: TorchBackend, step, steps: int) -> None:  # noqa: ANN001 - the step closure
-    from llmserve.plugins.backends.torch import cpu_kernels, fused, runner
+    from llmserve.plugins.backends.torch import fused, runner
+    from llmserve.plugins.backends.torch.native import ops
 
     timers = PartTimers()
-    timers.patch(cpu_kernels.PackedLinear, "__call__", "linear (packed)")
+    timers.patch(ops.PackedLinear, "__call__", "linear (packed)")
     timers.patch(fused._TorchLinear, "__call__", "linear (torch)")
     for op in ("add_rms_norm", "silu_mul", "rope"):
-        for cls in (cpu_kernels.ElementwiseOps, fused.TorchOps):
+        for cls in (ops.ElementwiseOps, fused.TorchOps):
             timers.patch(cls, op, op)
     timers.patch(fused, "paged_attention", "attention (KV write + kernel)")
     if backend.cache is not None and backend.cache.decode_kernel is not None:

@@ -1,7 +1,9 @@
 """The ``llmserve`` command line (typer): serve, plugins, parse, config show, and plugin commands.
 
 Options of ``serve`` and ``config show`` are generated from ``ServerConfig`` so the flags,
-YAML keys and environment variables can never drift apart.
+YAML keys and environment variables can never drift apart; ``main()`` adds one flag per field
+of each installed backend's options model (``--torch-fused-forward``), read through the
+registry, so the core never names a backend.
 """
 
 from __future__ import annotations
@@ -10,20 +12,28 @@ import inspect
 import json
 import sys
 from pathlib import Path
-from typing import Any, Callable, Literal, Optional, get_args, get_type_hints
+from typing import TYPE_CHECKING, Any, Callable, Literal, Optional, get_args, get_type_hints
 
 import typer
+from pydantic import BaseModel
 
 from llmserve import __version__
-from llmserve.config import FIELDS, ServerConfig, _kind, flag_name, load_config
+from llmserve.config import FIELDS, ServerConfig, _kind, flag_name, load_config, load_options, option_flag
 from llmserve.errors import ConfigError
 from llmserve.hooks.manager import PluginManager
+
+if TYPE_CHECKING:
+    from llmserve.hooks.registry import Registry
 
 cli = typer.Typer(no_args_is_help=True, add_completion=False, help="llmserve: serve LLMs in every major dialect.")
 config_cli = typer.Typer(no_args_is_help=True, help="Inspect the effective configuration.")
 cli.add_typer(config_cli, name="config")
 
 _plugins: PluginManager | None = None
+# Commands that take the config options, and the backend option flags they were given:
+# parameter name -> (backend name, option field).
+_CONFIG_COMMANDS: list[Callable[..., Any]] = []
+_BACKEND_PARAMS: dict[str, tuple[str, str]] = {}
 
 
 def plugin_manager() -> PluginManager:
@@ -34,20 +44,27 @@ def plugin_manager() -> PluginManager:
     return _plugins
 
 
+def plugin_registry() -> "Registry":
+    """The contributions of ``plugin_manager()``'s plugins."""
+    from llmserve.hooks.registry import Registry
+
+    return Registry.collect(plugin_manager())
+
+
 def fail(message: str, code: int = 2) -> None:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
 
 
-def _option(field: str) -> inspect.Parameter:
-    info = ServerConfig.model_fields[field]
-    kind = _kind(field)
+def _option(name: str, model: type[BaseModel], field: str, flag: str) -> inspect.Parameter:
+    """The typer parameter ``name`` for ``model.field`` as the long option ``flag``."""
+    info = model.model_fields[field]
+    kind = _kind(field, model)
     help_text = info.description or ""
     literal = [a for a in get_args(info.annotation) if a is not type(None)]
     choices = get_args(info.annotation) if getattr(info.annotation, "__origin__", None) is Literal else ()
     if choices:
         help_text += f" One of: {', '.join(choices)}."
-    flag = flag_name(field)
     if kind == "bool":
         default = typer.Option(None, f"{flag}/--no-{flag[2:]}", help=help_text, show_default=False)
         annotation: Any = Optional[bool]
@@ -58,25 +75,65 @@ def _option(field: str) -> inspect.Parameter:
         base = literal[0] if literal else info.annotation
         annotation = Optional[base] if base in (int, float) else Optional[str]
         default = typer.Option(None, flag, help=help_text, show_default=False)
-    return inspect.Parameter(field, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
 
 
 def with_config_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Give ``fn`` one option per config field; it receives them as a dict in ``flags``."""
+    """Give ``fn`` one option per config field; it receives them as a dict in ``flags``.
+
+    Backend option flags (added by ``add_backend_options``) arrive there as
+    ``flags[backend][field]``, the shape ``load_config`` takes them in.
+    """
     hints = get_type_hints(fn)  # annotations are strings here (postponed evaluation)
     own = [p.replace(annotation=hints.get(p.name, p.annotation))
            for p in inspect.signature(fn).parameters.values() if p.name != "flags"]
     own_names = {p.name for p in own}
-    extra = [_option(f) for f in FIELDS if f not in own_names]
+    extra = [_option(f, ServerConfig, f, flag_name(f)) for f in FIELDS if f not in own_names]
 
     def wrapper(**kwargs: Any) -> Any:
-        flags = {f: kwargs.pop(f) for f in FIELDS if f in kwargs and f not in own_names}
+        flags: dict[str, Any] = {f: kwargs.pop(f) for f in FIELDS if f in kwargs and f not in own_names}
+        for param, (section, field) in _BACKEND_PARAMS.items():
+            if param in kwargs:
+                flags.setdefault(section, {})[field] = kwargs.pop(param)
         return fn(flags=flags, **kwargs)
 
     wrapper.__signature__ = inspect.Signature(own + extra)  # type: ignore[attr-defined]
     wrapper.__name__ = fn.__name__
     wrapper.__doc__ = fn.__doc__
+    _CONFIG_COMMANDS.append(wrapper)
     return wrapper
+
+
+def backend_option_models(registry: "Registry") -> dict[str, type[BaseModel]]:
+    """``backend name -> options model`` of every backend whose record declares one."""
+    from llmserve.hooks.records import resolve
+
+    models = {}
+    for name in registry.names("backend"):
+        options = registry.get("backend", name).record.options
+        if options:
+            models[name] = resolve(options)
+    return models
+
+
+def add_backend_options(registry: "Registry") -> None:
+    """Add ``--<backend>-<field>`` to ``serve`` and ``config show`` for each backend option.
+
+    A flag that would shadow a server setting is left out (YAML and environment still set it).
+    """
+    taken = {flag_name(f) for f in FIELDS}
+    params = []
+    for section, model in backend_option_models(registry).items():
+        for field in model.model_fields:
+            flag = option_flag(section, field)
+            param = f"{section}__{field}".replace("-", "_")
+            if flag in taken or param in _BACKEND_PARAMS:
+                continue
+            _BACKEND_PARAMS[param] = (section, field)
+            params.append(_option(param, model, field, flag))
+    for command in _CONFIG_COMMANDS:
+        sig = inspect.signature(command)
+        command.__signature__ = sig.replace(parameters=[*sig.parameters.values(), *params])  # type: ignore[attr-defined]
 
 
 def resolve_config(flags: dict[str, Any], config_file: Optional[Path]) -> tuple[ServerConfig, dict[str, str]]:
@@ -174,16 +231,28 @@ def parse_cmd(tool_parser: Optional[str] = typer.Option(None, "--tool-parser", h
 @with_config_options
 def config_show(config: Optional[Path] = CONFIG_OPTION,
                 as_json: bool = typer.Option(False, "--json", help="Print JSON."), *, flags: dict[str, Any]) -> None:
-    """Print the effective configuration and where each value came from."""
+    """Print the effective configuration and where each value came from.
+
+    The selected backend's options follow the settings, as ``<backend>.<field>``.
+    """
     cfg, sources = resolve_config(flags, config)
     values = cfg.model_dump(mode="json")
     values["api_key"] = ["***"] * len(values["api_key"])  # secrets are never printed
+    rows = {k: (values[k], sources[k]) for k in FIELDS}
+    try:
+        model = backend_option_models(plugin_registry()).get(cfg.backend)
+        if model is not None:
+            options, option_sources = load_options(cfg.backend, model, cfg)
+            for field, value in options.model_dump(mode="json").items():
+                rows[f"{cfg.backend}.{field}"] = (value, option_sources[field])
+    except ConfigError as exc:
+        fail(str(exc))
     if as_json:
-        typer.echo(json.dumps({k: {"value": values[k], "source": sources[k]} for k in FIELDS}, indent=2))
+        typer.echo(json.dumps({k: {"value": v, "source": src} for k, (v, src) in rows.items()}, indent=2))
         return
-    width = max(len(k) for k in FIELDS) + 2
-    for key in FIELDS:
-        typer.echo(f"{key.replace('_', '-'):<{width}}{json.dumps(values[key]):<40} {sources[key]}")
+    width = max(len(k) for k in rows) + 2
+    for key, (value, source) in rows.items():
+        typer.echo(f"{key.replace('_', '-'):<{width}}{json.dumps(value):<40} {source}")
 
 
 @cli.command("version")
@@ -200,4 +269,8 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as exc:
         typer.echo(f"error: {exc}", err=True)
         sys.exit(2)
+    try:
+        add_backend_options(plugin_registry())
+    except (ConfigError, ImportError, AttributeError, ValueError):
+        pass  # a broken plugin is reported by the command that uses it, in one line
     cli(args=argv, prog_name="llmserve")

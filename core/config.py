@@ -2,7 +2,9 @@
 
 Every field is a long CLI flag (``max_model_len`` <-> ``--max-model-len``), a YAML key (either
 spelling), and an environment variable (``LLMSERVE_MAX_MODEL_LEN``). ``load_config`` records
-where each value came from so ``llmserve config show`` can say it.
+where each value came from so ``llmserve config show`` can say it. A backend's options model
+(``BackendSpec(options=...)``) is filled the same way by ``load_options``: a YAML section named
+after the backend, ``LLMSERVE_<BACKEND>_<FIELD>`` variables and ``--<backend>-<field>`` flags.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import json
 import os
 from pathlib import Path
 from types import UnionType
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Any, Literal, Mapping, Sequence, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -73,11 +75,15 @@ class ServerConfig(BaseModel):
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
     plugins: list[str] = Field(default_factory=list, description="Extra plugins: pkg.mod, pkg.mod:attr, file.py, entry-point name, or no:NAME; repeatable (CLI flag --plugin).")
 
-    # Options of plugins, keyed by contribution name; validated once plugins are loaded.
+    # Options of plugins, keyed by contribution name: the YAML sections (validated once plugins
+    # are loaded), the file they came from, and the values of plugin option flags.
     plugin_sections: dict[str, dict[str, Any]] = Field(default_factory=dict, exclude=True)
+    config_file: str | None = Field(None, exclude=True)
+    plugin_flags: dict[str, dict[str, Any]] = Field(default_factory=dict, exclude=True)
 
 
-FIELDS = [name for name in ServerConfig.model_fields if name != "plugin_sections"]
+_PLUGIN_INPUTS = ("plugin_sections", "config_file", "plugin_flags")
+FIELDS = [name for name in ServerConfig.model_fields if name not in _PLUGIN_INPUTS]
 # YAML keys that are spelled differently from the field.
 ALIASES = {"plugin": "plugins"}
 
@@ -86,8 +92,9 @@ def flag_name(field: str) -> str:
     return "--plugin" if field == "plugins" else "--" + field.replace("_", "-")
 
 
-def _kind(field: str) -> str:
-    ann = ServerConfig.model_fields[field].annotation
+def _kind(field: str, model: type[BaseModel] = ServerConfig) -> str:
+    """``list``, ``dict``, ``bool`` or ``scalar``: how a text value of the field is read."""
+    ann = model.model_fields[field].annotation
     base = ann
     if get_origin(ann) in (Union, UnionType):  # Optional[X] -> X
         base = next(a for a in get_args(ann) if a is not type(None))
@@ -101,9 +108,9 @@ def _kind(field: str) -> str:
     return "scalar"
 
 
-def parse_text(field: str, value: Any) -> Any:
+def parse_text(field: str, value: Any, model: type[BaseModel] = ServerConfig) -> Any:
     """Turn a string from the CLI or the environment into what the field expects."""
-    kind = _kind(field)
+    kind = _kind(field, model)
     if kind == "list":
         items = value if isinstance(value, (list, tuple)) else [value]
         out: list[str] = []
@@ -147,16 +154,18 @@ def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def load_config(cli: dict[str, Any] | None = None, config_file: str | None = None,
-                environ: dict[str, str] | None = None) -> tuple[ServerConfig, dict[str, str]]:
+                environ: Mapping[str, str] | None = None) -> tuple[ServerConfig, dict[str, str]]:
     """Merge the sources and validate. Returns the config and ``field -> source``.
 
-    ``cli`` holds only the flags the user gave (already parsed by the CLI, None = not given).
-    YAML keys that are not fields are kept in ``plugin_sections`` for plugins to validate.
+    ``cli`` holds only the flags the user gave (already parsed by the CLI, None = not given);
+    a plugin's option flags come as ``{section: {field: value}}``. YAML keys that are not fields
+    are kept in ``plugin_sections`` for plugins to validate (see ``load_options``).
     """
-    environ = os.environ if environ is None else environ
+    env: Mapping[str, str] = os.environ if environ is None else environ
     values: dict[str, Any] = {}
     sources: dict[str, str] = {name: "default" for name in FIELDS}
     sections: dict[str, dict[str, Any]] = {}
+    plugin_flags: dict[str, dict[str, Any]] = {}
 
     if config_file:
         for key, value in read_yaml(config_file).items():
@@ -170,10 +179,13 @@ def load_config(cli: dict[str, Any] | None = None, config_file: str | None = Non
                 raise ConfigError(unknown_key_message(str(key), config_file))
     for name in FIELDS:
         env_name = ENV_PREFIX + name.upper()
-        if env_name in environ and environ[env_name] != "":
-            values[name] = parse_text(name, environ[env_name])
+        if env.get(env_name, "") != "":
+            values[name] = parse_text(name, env[env_name])
             sources[name] = f"env:{env_name}"
     for name, value in (cli or {}).items():
+        if name not in FIELDS and isinstance(value, dict):
+            plugin_flags[name] = {k: v for k, v in value.items() if v is not None}
+            continue
         if value is None or (isinstance(value, (list, tuple)) and not value):
             continue
         parsed = parse_text(name, value) if isinstance(value, (str, list, tuple)) else value
@@ -188,11 +200,51 @@ def load_config(cli: dict[str, Any] | None = None, config_file: str | None = Non
         config = ServerConfig(**values)
     except ValidationError as exc:
         raise ConfigError(validation_message(exc, sources)) from None
-    config.plugin_sections = sections
+    config.plugin_sections, config.config_file, config.plugin_flags = sections, config_file, plugin_flags
     return config, sources
 
 
-def unknown_key_message(key: str, where: str, extra: list[str] = ()) -> str:
+def option_env(section: str, model: type[BaseModel], field: str) -> str:
+    """The environment variable of a plugin option: ``LLMSERVE_<SECTION>_<FIELD>``, unless the
+    model sets a class attribute ``env_prefix`` (then ``<env_prefix><FIELD>``)."""
+    prefix = getattr(model, "env_prefix", None) or f"{ENV_PREFIX}{section.replace('-', '_').upper()}_"
+    return prefix + field.upper()
+
+
+def option_flag(section: str, field: str) -> str:
+    """The CLI flag of a plugin option: ``--<section>-<field>`` with dashes."""
+    return f"--{section}-{field}".replace("_", "-")
+
+
+def load_options(section: str, model: type[BaseModel], config: ServerConfig,
+                 environ: Mapping[str, str] | None = None) -> tuple[BaseModel, dict[str, str]]:
+    """The options of the contribution ``section``, merged like the server's settings: its flags
+    (``config.plugin_flags``) > its environment variables > its YAML section > the model's
+    defaults. Returns the validated model and ``field -> source``; pass ``environ={}`` for
+    options that only the YAML file sets."""
+    env: Mapping[str, str] = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    sources = {name: "default" for name in model.model_fields}
+    for key, value in (config.plugin_sections.get(section) or {}).items():
+        name = str(key).replace("-", "_")
+        values[name] = parse_text(name, value, model) if isinstance(value, str) and name in sources else value
+        sources[name] = f"yaml:{config.config_file}" if config.config_file else "yaml"
+    for name in model.model_fields:
+        env_name = option_env(section, model, name)
+        if env.get(env_name, "") != "":
+            values[name] = parse_text(name, env[env_name], model)
+            sources[name] = f"env:{env_name}"
+    for name, value in (config.plugin_flags.get(section) or {}).items():
+        values[name] = parse_text(name, value, model) if isinstance(value, (str, list, tuple)) else value
+        sources[name] = "cli"
+    try:
+        return model(**values), sources
+    except ValidationError as exc:
+        message = validation_message(exc, sources)
+        raise ConfigError(message.replace("invalid configuration:", f"invalid options for '{section}':")) from None
+
+
+def unknown_key_message(key: str, where: str, extra: Sequence[str] = ()) -> str:
     valid = sorted([f.replace("_", "-") for f in FIELDS] + list(extra))
     close = difflib.get_close_matches(key.replace("_", "-"), valid, n=1)
     hint = f" (did you mean '{close[0]}'?)" if close else ""

@@ -1,6 +1,8 @@
 """Configuration: precedence CLI > env > YAML > defaults, unknown keys, wrong types, plugin sections."""
 
 import json
+import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -81,3 +83,85 @@ def test_config_show_bad_value_is_one_clear_line():
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0
     assert "dtype: must be one of" in result.stderr
+
+
+def test_backend_options_cli_over_env_over_yaml_over_default(tmp_path, monkeypatch):
+    """The torch backend's options merge like the settings; its variables keep their names."""
+    from llmserve.hooks.manager import PluginManager
+    from llmserve.hooks.registry import Registry
+    from llmserve.server.serve import plugin_options
+
+    cfg_file = write(tmp_path, "torch:\n  compact-weights: false\n  threads: 3\n  native_step: false\n")
+    for name in ("CPU_KERNELS", "CPU_MATMUL_DECODE", "THREADS", "COMPACT_WEIGHTS"):
+        monkeypatch.delenv(f"LLMSERVE_{name}", raising=False)
+    monkeypatch.setenv("LLMSERVE_FUSED_FORWARD", "0")
+    monkeypatch.setenv("LLMSERVE_NATIVE_STEP", "1")
+    config, _ = load_config({"torch": {"threads": 2, "cpu_kernels": None}}, cfg_file, environ={})
+    options = plugin_options(config, Registry.collect(PluginManager().load(autoload=False)))["torch"]
+    assert options.model_dump() == {"fused_forward": False, "cpu_kernels": True, "native_step": True,
+                                    "compact_weights": False, "cpu_matmul_decode": True, "threads": 2}
+
+
+def test_config_show_lists_backend_options_with_sources(tmp_path):
+    cfg_file = write(tmp_path, "torch:\n  compact-weights: false\n")
+    result = run_cli("config", "show", "--json", "--config", cfg_file, "--no-torch-native-step", "--torch-threads", "2",
+                     env={"LLMSERVE_FUSED_FORWARD": "0", "LLMSERVE_CPU_KERNELS": "", "LLMSERVE_THREADS": "5"})
+    assert result.returncode == 0, result.stderr
+    shown = json.loads(result.stdout)
+    assert shown["torch.native_step"] == {"value": False, "source": "cli"}
+    assert shown["torch.threads"] == {"value": 2, "source": "cli"}
+    assert shown["torch.fused_forward"] == {"value": False, "source": "env:LLMSERVE_FUSED_FORWARD"}
+    assert shown["torch.compact_weights"] == {"value": False, "source": f"yaml:{cfg_file}"}
+    assert shown["torch.cpu_kernels"] == {"value": True, "source": "default"}  # an empty variable is unset
+    text = run_cli("config", "show", "--backend", "torch", env={"LLMSERVE_COMPACT_WEIGHTS": "often"})
+    assert text.returncode == 2 and text.stderr.strip().count("\n") == 0
+    assert "invalid options for 'torch': compact-weights" in text.stderr and "env:LLMSERVE_COMPACT_WEIGHTS" in text.stderr
+
+
+def test_backend_options_reach_the_backend(tmp_path, monkeypatch):
+    """A backend record that declares options gets the validated model as its second argument;
+    YAML, the backend's variables (LLMSERVE_<BACKEND>_<FIELD> by default) and flags set it."""
+    from fastapi.testclient import TestClient
+
+    from conftest import ECHO_PLUGIN
+    from llmserve.hooks.manager import PluginManager
+    from llmserve.server.serve import build_server
+
+    plugin = tmp_path / "tuned_echo.py"
+    plugin.write_text(textwrap.dedent("""
+        from pydantic import BaseModel, ConfigDict
+        from echo_backend import EchoBackend
+        from llmserve import hookimpl
+        from llmserve.hooks.records import BackendSpec
+
+        GOT = []
+
+        class TunedOptions(BaseModel):
+            model_config = ConfigDict(extra="forbid")
+            speed: int = 1
+            label: str = "plain"
+
+        class TunedEcho(EchoBackend):
+            def __init__(self, config, options):
+                super().__init__(config)
+                GOT.append(options)
+
+        @hookimpl
+        def register_backends():
+            return [BackendSpec(name="tuned", target="tuned_echo:TunedEcho", options="tuned_echo:TunedOptions")]
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.syspath_prepend(str(Path(ECHO_PLUGIN).parent))
+    monkeypatch.setenv("LLMSERVE_TUNED_LABEL", "from-env")
+    cfg_file = write(tmp_path, "tuned:\n  speed: 3\n  label: from-yaml\n")
+    config, _ = load_config({"backend": "tuned", "plugins": ["tuned_echo"], "protocols": ["ops"]}, cfg_file, environ={})
+    app, _ = build_server(config, PluginManager().load(autoload=False))
+    with TestClient(app):
+        pass
+    import tuned_echo
+
+    assert [o.model_dump() for o in tuned_echo.GOT] == [{"speed": 3, "label": "from-env"}]
+    config, _ = load_config({"backend": "tuned", "plugins": ["tuned_echo"], "tuned": {"speed": "fast"}}, None,
+                            environ={})
+    with pytest.raises(ConfigError, match="invalid options for 'tuned': speed: .*from cli"):
+        build_server(config, PluginManager().load(autoload=False))

@@ -42,8 +42,9 @@ class Registry:
                 for record in records:
                     reg._add(kind, Entry(record, plugin_name))
                     info = plugins.infos.get(plugin_name)
-                    if info is not None:
-                        info.contributes.setdefault(kind, []).append(record.name)
+                    names = info.contributes.setdefault(kind, []) if info is not None else []
+                    if record.name not in names:  # collecting twice (the CLI does) lists a name once
+                        names.append(record.name)
         return reg
 
     def _add(self, kind: str, entry: Entry) -> None:

@@ -7,9 +7,7 @@ import logging
 import threading
 from typing import Any, AsyncIterator, Callable, TypeVar
 
-from pydantic import ValidationError
-
-from llmserve.config import ServerConfig, unknown_key_message, validation_message
+from llmserve.config import ServerConfig, load_options, unknown_key_message
 from llmserve.hooks.records import resolve
 from llmserve.errors import ConfigError
 from llmserve.hooks.manager import PluginManager
@@ -53,18 +51,25 @@ def setup_logging(level: str) -> None:
 
 
 def plugin_options(config: ServerConfig, registry: Registry) -> dict[str, Any]:
-    """Validate each YAML section named after a contribution against its options model."""
+    """The options of each contribution that has a YAML section, and of the selected backend.
+
+    One path for every kind: ``load_options`` validates the section named after the record
+    against its options model. The selected backend's options are always built; a backend's
+    come from its environment variables and flags too (CLI > env > YAML > defaults), other
+    contributions' from their YAML section only.
+    """
     by_name = {entry.record.name: entry for _, entry in registry.records() if entry.record.options}
+    wanted = dict.fromkeys([*config.plugin_sections, *config.plugin_flags])
+    backend = registry.get("backend", config.backend).record
+    if backend.options:
+        wanted[backend.name] = None
     out: dict[str, Any] = {}
-    for section, raw in config.plugin_sections.items():
+    for section in wanted:
         entry = by_name.get(section)
-        if entry is None:
+        if entry is None or not entry.record.options:
             raise ConfigError(unknown_key_message(section, "the config file", list(by_name)))
-        model = resolve(entry.record.options)
-        try:
-            out[section] = model(**raw)
-        except ValidationError as exc:
-            raise ConfigError(validation_message(exc).replace("invalid configuration:", f"invalid options for '{section}':")) from None
+        environ: dict[str, str] | None = None if entry.record.kind == "backend" else {}
+        out[section], _ = load_options(section, resolve(entry.record.options), config, environ)
     return out
 
 
@@ -102,6 +107,7 @@ def build_server(config: ServerConfig, plugins: PluginManager) -> tuple[Any, Ser
             registry.get(kind, name)  # fail fast on a typo
     if config.guided_decoding_backend != ServerConfig.model_fields["guided_decoding_backend"].default:
         registry.get("guided_decoder", config.guided_decoding_backend)  # an explicit choice must exist
+    backend_record = registry.get("backend", config.backend).record
     backend_cls = registry.load("backend", config.backend)
     context = ServerContext(config=config, registry=registry, plugins=plugins)
     protocols = {name: registry.load("protocol", name)(context, options.get(name))
@@ -121,7 +127,10 @@ def build_server(config: ServerConfig, plugins: PluginManager) -> tuple[Any, Ser
                 context.engine.shutdown()
 
     app = build_app(context, protocols, lifespan=lifespan)  # raises on route conflicts
-    backend = backend_cls(config)
+    # A backend that declares options gets them as a second argument; one that does not keeps
+    # the plain ``cls(config)`` contract.
+    backend = (backend_cls(config, options[backend_record.name]) if backend_record.options
+               else backend_cls(config))
     log.info("loading model with backend '%s'", config.backend)
     from llmserve.engine.client import EngineClient
     from llmserve.engine.engine import LLMEngine

@@ -12,8 +12,9 @@ transformers = pytest.importorskip("transformers")
 
 from llmserve.engine.backend import KVCacheSpec, StepItem  # noqa: E402
 from llmserve.errors import ConfigError  # noqa: E402
-from llmserve.plugins.backends.torch.cpu_kernels import ElementwiseOps, PackedLinear  # noqa: E402
+from llmserve.plugins.backends.torch.native.ops import ElementwiseOps, PackedLinear  # noqa: E402
 from llmserve.plugins.backends.torch.fused import TorchOps  # noqa: E402
+from llmserve.plugins.backends.torch.options import TorchOptions  # noqa: E402
 from llmserve.plugins.backends.torch.runner import TorchBackend  # noqa: E402
 from llmserve.sampling import SamplingParams  # noqa: E402
 
@@ -67,9 +68,9 @@ def make_backend(path: str, num_blocks: int = 64, fused: bool = True, declines: 
                  kernel: bool = True) -> TorchBackend:
     """``fused``: ask for the backend's own forward; ``declines``: the architecture must refuse it;
     ``kernel``: decode attention and linear layers in the native CPU kernels (which must then be
-    built), else torch."""
-    backend = TorchBackend(SimpleNamespace(model=path, dtype="float32", device="cpu", max_model_len=None,
-                                           fused_forward=fused, cpu_kernels=kernel))
+    built), else torch. The other options come from the environment, as without a server."""
+    backend = TorchBackend(SimpleNamespace(model=path, dtype="float32", device="cpu", max_model_len=None),
+                           TorchOptions.from_environ(fused_forward=fused, cpu_kernels=kernel))
     backend.load()
     assert (backend._fused is not None) == (fused and not declines)
     if backend._fused is not None:  # every step must then run the fused forward, never transformers'
@@ -291,10 +292,10 @@ def test_packed_weights_replace_the_unpacked_ones(tiny_dir: str) -> None:
 
 
 def test_native_decode_step_is_bit_identical_to_the_layer_loop(tiny_dir: str, monkeypatch) -> None:
-    """Decode-only steps run every layer in one native call (native_step.py); they must give
+    """Decode-only steps run every layer in one native call (native/step.py); they must give
     exactly the Python layer loop's hidden states and KV writes, step after step.
     LLMSERVE_NATIVE_STEP=0 keeps the loop."""
-    from llmserve.plugins.backends.torch.native_step import NativeDecodeStep
+    from llmserve.plugins.backends.torch.native.step import NativeDecodeStep
 
     monkeypatch.delenv("LLMSERVE_NATIVE_STEP", raising=False)
     native = make_backend(tiny_dir)

@@ -39,7 +39,7 @@ def sampler(request: pytest.FixtureRequest) -> Sampler:
     """The sampler as the backend builds it without and with the native greedy pick (CPU fp32)."""
     s = Sampler(V, [EOS])
     if request.param == "native-greedy":
-        from llmserve.plugins.backends.torch.cpu_kernels import elementwise_ops
+        from llmserve.plugins.backends.torch.native.ops import elementwise_ops
 
         ops = elementwise_ops()
         assert ops is not None, "the CPU elementwise kernels must build wherever the suite runs"
@@ -48,7 +48,7 @@ def sampler(request: pytest.FixtureRequest) -> Sampler:
 
 
 def test_native_greedy_pick_is_used_and_agrees() -> None:
-    from llmserve.plugins.backends.torch.cpu_kernels import elementwise_ops
+    from llmserve.plugins.backends.torch.native.ops import elementwise_ops
 
     plain, native = Sampler(V, [EOS]), Sampler(V, [EOS])
     calls = []

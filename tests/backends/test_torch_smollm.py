@@ -55,10 +55,11 @@ def test_greedy_batch_equals_generate(backend) -> None:
     prompts = [tok(p).input_ids for p in PROMPTS]
     # The reference: a second load, untouched by the fused forward and the packed kernels (which
     # take the weights out of the served model's transformers layers).
+    from llmserve.plugins.backends.torch.options import TorchOptions
     from llmserve.plugins.backends.torch.runner import TorchBackend
 
-    ref = TorchBackend(SimpleNamespace(model=None, dtype="float32", device="cpu", fused_forward=False,
-                                       cpu_kernels=False))
+    ref = TorchBackend(SimpleNamespace(model=None, dtype="float32", device="cpu"),
+                       TorchOptions(fused_forward=False, cpu_kernels=False))
     ref.load()
     model = ref.loaded.model
     model.set_attn_implementation("sdpa")  # plain HF path for the reference

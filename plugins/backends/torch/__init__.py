@@ -11,4 +11,5 @@ from llmserve.hooks.records import BackendSpec
 @hookimpl
 def register_backends() -> list[BackendSpec]:
     return [BackendSpec(name="torch", target="llmserve.plugins.backends.torch.factory:create",
-                        description="transformers models on a paged KV cache (CPU, CUDA); embeddings with --task embed")]
+                        description="transformers models on a paged KV cache (CPU, CUDA); embeddings with --task embed",
+                        options="llmserve.plugins.backends.torch.options:TorchOptions")]

@@ -11,8 +11,6 @@ import torch
 import torch.nn.functional as F
 
 ATTN_IMPL = "llmserve_paged"
-# CPU decode attention as plain matmuls (measured faster than SDPA there); a switch for benchmarks.
-CPU_MATMUL_DECODE = True
 
 
 class PagedKVCache:
@@ -22,10 +20,15 @@ class PagedKVCache:
     head_dim]`` with contiguous rows, the layout attention wants, without a transpose copy.
     Block ``num_blocks`` is a zeroed "null" block that padding points at; other blocks are
     zeroed when a sequence starts filling them (see ``zero_blocks``).
+
+    ``native``: decode attention and the KV write in the native CPU kernels where they apply
+    (CPU fp32); ``matmul_decode``: the torch decode path on the CPU as plain matmuls (measured
+    faster than SDPA there) instead of ``scaled_dot_product_attention``.
     """
 
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, kv_heads: int,
-                 head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+                 head_dim: int, dtype: torch.dtype, device: torch.device, native: bool = True,
+                 matmul_decode: bool = True) -> None:
         self.num_blocks, self.block_size = num_blocks, block_size
         self.kv_heads, self.head_dim = kv_heads, head_dim
         # torch.empty: on CPU the pages are only committed when a block is first written.
@@ -40,8 +43,9 @@ class PagedKVCache:
         self._work = torch.empty(0, dtype=dtype, device=device)
         # Decode attention read straight from the blocks (CPU fp32); None keeps the torch path.
         self.decode_kernel = self.write_kv = None
-        if device.type == "cpu" and dtype == torch.float32:
-            from .cpu_kernels import decode_kernel, kv_writer
+        self.matmul_decode = matmul_decode
+        if native and device.type == "cpu" and dtype == torch.float32:
+            from .native.ops import decode_kernel, kv_writer
 
             self.decode_kernel = decode_kernel()
             # The KV write in the same library: one call per layer instead of cat + transpose +
@@ -189,7 +193,7 @@ def paged_attention(cache: PagedKVCache, meta: StepMetadata, layer: int, q: torc
         keys, vals = keys.view(kvh, nd, -1, D), vals.view(kvh, nd, -1, D)
         # GQA without repeating K/V: a kv head's query group acts as a short query sequence.
         qd = q[:nd].view(nd, kvh, group, D).transpose(0, 1)                # [kvh, nd, G, D]
-        if qd.device.type == "cpu" and CPU_MATMUL_DECODE:
+        if qd.device.type == "cpu" and cache.matmul_decode:
             # Plain matmuls beat the CPU flash kernel on these many tiny (G x L) problems.
             scores = torch.matmul(qd, keys.transpose(-1, -2))
             scores.mul_(D ** -0.5 if scaling is None else scaling).add_(meta.decode_mask(window, bs, scores.dtype))

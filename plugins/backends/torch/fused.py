@@ -5,7 +5,7 @@ are built once and the original parameters become views of them, so memory does 
 its rotary embedding (every RoPE scaling variant it knows).
 
 With ``pack=True`` (fp32 on a CPU where the native kernel builds) each projection is copied into
-the packed layout of ``cpu_kernels.PackedLinear`` and the unpacked copy is released: the layers
+the packed layout of ``native.ops.PackedLinear`` and the unpacked copy is released: the layers
 of the transformers model are then left without weights (empty tensors, so calling them fails
 loudly instead of computing garbage) and only this forward can run them.
 
@@ -21,7 +21,6 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from . import switches
 from .attention import PagedKVCache, StepMetadata, paged_attention
 
 log = logging.getLogger("llmserve.backend.torch")
@@ -65,12 +64,13 @@ class _TorchLinear:
 Linear = Callable[[torch.Tensor], torch.Tensor]
 
 
-def _packed(unpacked: _TorchLinear, owners: list[torch.nn.Linear]) -> Linear:
-    """The projection packed for the native CPU kernel, the ``owners``' parameters emptied so
-    the unpacked weight is freed; ``unpacked`` itself where the kernel does not apply."""
-    from .cpu_kernels import packed_linear
+def _packed(unpacked: _TorchLinear, owners: list[torch.nn.Linear], compact: bool) -> Linear:
+    """The projection packed for the native CPU kernel (``compact``: lossless 4- or 8-bit panels
+    where they apply), the ``owners``' parameters emptied so the unpacked weight is freed;
+    ``unpacked`` itself where the kernel does not apply."""
+    from .native.ops import packed_linear
 
-    packed = packed_linear(unpacked.weight, unpacked.bias)
+    packed = packed_linear(unpacked.weight, unpacked.bias, compact)
     if packed is None:
         return unpacked
     for m in owners:
@@ -82,7 +82,7 @@ def _packed(unpacked: _TorchLinear, owners: list[torch.nn.Linear]) -> Linear:
 
 class TorchOps:
     """The forward's small per-layer operations in plain torch (any device and dtype); the
-    native ``cpu_kernels.ElementwiseOps`` has the same three methods for CPU fp32."""
+    native ``native.ops.ElementwiseOps`` has the same three methods for CPU fp32."""
 
     @staticmethod
     def add_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -119,7 +119,8 @@ class _Layer:
 class FusedDecoder:
     """Runs the decoder stack of a Llama-style model over one packed step."""
 
-    def __init__(self, model: Any, cfg: Any, pack: bool = False, ops: Any = None) -> None:
+    def __init__(self, model: Any, cfg: Any, pack: bool = False, ops: Any = None, compact: bool = True,
+                 native_decode: bool = True) -> None:
         base = model.get_decoder()
         self.embed = base.embed_tokens
         self.rotary = base.rotary_emb
@@ -129,9 +130,9 @@ class FusedDecoder:
         self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads)
         self.layers: list[_Layer] = []
         self.ops = ops if ops is not None else TorchOps()  # norms, SiLU-mul and RoPE
-        # Decode-only steps as one native call when every part is native (native_step.py);
-        # LLMSERVE_NATIVE_STEP=0 keeps the Python layer loop for every step.
-        self.native_decode = switches.enabled(switches.NATIVE_STEP)
+        # Decode-only steps as one native call when every part is native (native/step.py);
+        # False keeps the Python layer loop for every step.
+        self.native_decode = native_decode
         self._native: tuple[Any, Any] | None = None  # (cache, NativeDecodeStep or None)
         owners: list[tuple[_Layer, dict[str, list[torch.nn.Linear]]]] = []
         for i, dec in enumerate(base.layers):
@@ -154,13 +155,16 @@ class FusedDecoder:
         # been understood: a refusal above leaves the model intact for transformers' forward.
         for lay, parts in owners if pack else ():
             for name, mods in parts.items():
-                setattr(lay, name, _packed(getattr(lay, name), mods))
+                setattr(lay, name, _packed(getattr(lay, name), mods, compact))
 
     @classmethod
-    def build(cls, model: Any, pack: bool = False, ops: Any = None) -> "FusedDecoder | None":
+    def build(cls, model: Any, pack: bool = False, ops: Any = None, compact: bool = True,
+              native_decode: bool = True) -> "FusedDecoder | None":
         """A fused decoder for ``model``, or None when it is not a plain Llama-style stack.
-        ``pack``: move the projections into the native CPU kernel's layout where it applies;
-        ``ops``: the per-layer small operations (default: ``TorchOps``)."""
+        ``pack``: move the projections into the native CPU kernel's layout where it applies
+        (``compact``: as lossless 4- or 8-bit panels where those fit); ``ops``: the per-layer
+        small operations (default: ``TorchOps``); ``native_decode``: run decode-only steps as
+        one native call where every part is native."""
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         if getattr(cfg, "model_type", None) not in _ARCHITECTURES or getattr(cfg, "hidden_act", None) != "silu":
             return None
@@ -180,22 +184,21 @@ class FusedDecoder:
             ok = ok and type(base.norm).__name__.endswith("RMSNorm")
             if not ok:
                 return None
-            fused = cls(model, cfg, pack, ops)
+            fused = cls(model, cfg, pack, ops, compact, native_decode)
         except (AttributeError, TypeError, ValueError) as exc:
             log.info("fused decoder not used for %s: %s", type(model).__name__, exc)
             return None
-        packed = not isinstance(fused.layers[0].qkv, _TorchLinear)
-        compact = sum(getattr(getattr(lay, p), "format", "f32") != "f32" for lay in fused.layers
-                      for p in ("qkv", "o", "gu", "down"))
-        log.info("using the fused decoder forward for %s%s", type(model).__name__,
-                 "" if not packed else " with packed CPU linear kernels" if not compact else
-                 f" with packed CPU linear kernels ({compact} of {4 * len(fused.layers)} projections in "
-                 "lossless 4- or 8-bit panels)")
+        # The backend logs the whole execution plan (panels included) once the KV cache exists.
+        log.debug("using the fused decoder forward for %s", type(model).__name__)
         return fused
 
-    def _native_step(self, cache: PagedKVCache) -> Any:
+    def native_step(self, cache: PagedKVCache) -> Any:
+        """The one-call native decode step over ``cache`` (built once per cache), or None when
+        it is turned off or some part of the forward is not native."""
+        if not self.native_decode:
+            return None
         if self._native is None or self._native[0] is not cache:
-            from .native_step import NativeDecodeStep
+            from .native.step import NativeDecodeStep
 
             self._native = (cache, NativeDecodeStep.build(self, cache))
         return self._native[1]
@@ -209,8 +212,8 @@ class FusedDecoder:
         h = self.embed(input_ids)
         cos, sin = self.rotary(h, positions[None])
         cos, sin = cos[0].contiguous(), sin[0].contiguous()   # [T, D]
-        if self.native_decode and meta.num_decode == T and not meta.prefills:
-            native = self._native_step(cache)
+        if meta.num_decode == T and not meta.prefills:
+            native = self.native_step(cache)
             if native is not None:
                 return native(h, cos, sin, meta)
         ops = self.ops

@@ -12,10 +12,10 @@ import torch
 from llmserve.engine.backend import Backend, KVCacheSpec, ModelInfo, StepItem, StepResult
 from llmserve.errors import ConfigError
 
-from . import switches
 from .attention import PagedKVCache, PrefillSegment, StepMetadata, step_context
 from .fused import FusedDecoder
 from .loader import LoadedModel, load_model
+from .options import TorchOptions
 from .sampler import Sampler, prompt_logprobs
 
 log = logging.getLogger("llmserve.backend.torch")
@@ -34,19 +34,25 @@ def _available_cpu_memory() -> int:
     raise ConfigError("cannot determine available memory; pass an explicit number of KV blocks")
 
 
-def _set_cpu_threads() -> None:
-    # Intra-op threads on every core we may run on (affinity-aware), unless the user pinned it.
-    if os.environ.get("OMP_NUM_THREADS"):
+def _set_cpu_threads(threads: int | None) -> None:
+    # The configured count; else every core we may run on (affinity-aware), unless the user
+    # pinned it with OMP_NUM_THREADS.
+    if threads is None and os.environ.get("OMP_NUM_THREADS"):
         return
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    torch.set_num_threads(max(1, cores))
+    torch.set_num_threads(threads or max(1, cores))
 
 
 class TorchBackend(Backend):
-    """Backend over PyTorch + transformers; works on CPU and CUDA (no CUDA graphs)."""
+    """Backend over PyTorch + transformers; works on CPU and CUDA (no CUDA graphs).
 
-    def __init__(self, config: Any) -> None:
+    ``options`` decide the execution plan; without them (a backend built outside the server)
+    the ``LLMSERVE_*`` variables and the defaults do, as ``TorchOptions.from_environ`` says.
+    """
+
+    def __init__(self, config: Any, options: TorchOptions | None = None) -> None:
         super().__init__(config)
+        self.options = options if options is not None else TorchOptions.from_environ()
         self.loaded: LoadedModel | None = None
         self.cache: PagedKVCache | None = None
         self.sampler: Sampler | None = None
@@ -54,30 +60,32 @@ class TorchBackend(Backend):
         self._lm_head: Any = None
         self._packed_head: Any = None  # lm_head in the native CPU kernel's layout, when it applies
         self._fused: FusedDecoder | None = None  # our own forward, when the architecture allows
+        self._ops: Any = None  # the native elementwise operations, when they apply
+        self._native = False  # native CPU kernels apply (CPU, fp32, options.cpu_kernels)
 
     # ------------------------------------------------------------------ lifecycle
     def load(self) -> ModelInfo:
+        opts = self.options
         if str(getattr(self.config, "device", "auto")).lower() != "cuda":
-            _set_cpu_threads()
+            _set_cpu_threads(opts.threads)
         lm = self.loaded = load_model(self.config)
         model = lm.model
         self._decoder = (model.get_decoder() if hasattr(model, "get_decoder")
                          else getattr(model, model.base_model_prefix))
         self._lm_head = model.get_output_embeddings()
-        # Native CPU kernels (fp32 on the CPU only; LLMSERVE_CPU_KERNELS=0 turns them off, and
-        # callers that build the backend themselves can pass ``cpu_kernels=False``).
-        pack = (lm.device.type == "cpu" and lm.dtype == torch.float32
-                and bool(getattr(self.config, "cpu_kernels", True)))
+        # Native CPU kernels: fp32 on the CPU only, unless the options turn them off.
+        pack = self._native = lm.device.type == "cpu" and lm.dtype == torch.float32 and opts.cpu_kernels
         ops = None
         if pack:
-            from .cpu_kernels import elementwise_ops, packed_linear
+            from .native.ops import elementwise_ops, packed_linear
 
-            ops = elementwise_ops()
+            ops = self._ops = elementwise_ops()
             if type(self._lm_head) is torch.nn.Linear:
                 # A copy: the weight is usually tied to the input embedding, which keeps its layout.
-                self._packed_head = packed_linear(self._lm_head.weight, self._lm_head.bias)
-        if getattr(self.config, "fused_forward", switches.enabled(switches.FUSED_FORWARD)):
-            self._fused = FusedDecoder.build(model, pack=pack, ops=ops)
+                self._packed_head = packed_linear(self._lm_head.weight, self._lm_head.bias, opts.compact_weights)
+        if opts.fused_forward:
+            self._fused = FusedDecoder.build(model, pack=pack, ops=ops, compact=opts.compact_weights,
+                                             native_decode=opts.native_step)
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self._num_layers = int(cfg.num_hidden_layers)
         heads = int(cfg.num_attention_heads)
@@ -116,7 +124,8 @@ class TorchBackend(Backend):
             )
         try:
             self.cache = PagedKVCache(self._num_layers, num_blocks, spec.block_size, self._kv_heads,
-                                      self._head_dim, lm.dtype, lm.device)
+                                      self._head_dim, lm.dtype, lm.device, native=self._native,
+                                      matmul_decode=self.options.cpu_matmul_decode)
         except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
             raise ConfigError(
                 f"cannot allocate a KV cache of {num_blocks} blocks ({num_blocks * per_block / 2**30:.1f} GiB): "
@@ -124,7 +133,27 @@ class TorchBackend(Backend):
             ) from None
         log.info("KV cache: %d blocks x %d tokens (%.2f GiB, %s)", num_blocks, spec.block_size,
                  num_blocks * per_block / 2**30, lm.device)
+        log.info("execution plan: %s", self.plan())
         return num_blocks
+
+    def plan(self) -> str:
+        """What runs each part of a step, as ``key=value`` pairs (logged once the KV cache exists,
+        when every choice is known): forward, decode attention, linears, small per-layer
+        operations, the one-call native step and the packed panels per format."""
+        lm, cache, fused = self._require_loaded(), self.cache, self._fused
+        linears = [self._packed_head, *(getattr(lay, p) for lay in (fused.layers if fused else ())
+                                        for p in ("qkv", "o", "gu", "down"))]
+        formats = [getattr(lin, "format", None) for lin in linears if lin is not None]
+        if cache is not None and cache.decode_kernel is not None:
+            attention = "native"
+        else:
+            attention = "matmul" if lm.device.type == "cpu" and self.options.cpu_matmul_decode else "sdpa"
+        step = fused is not None and cache is not None and fused.native_step(cache) is not None
+        return (f"device={lm.device.type} dtype={str(lm.dtype).removeprefix('torch.')} "
+                f"threads={torch.get_num_threads()} forward={'fused' if fused else 'transformers'} "
+                f"decode_attention={attention} linears={'packed' if any(formats) else 'torch'} "
+                f"elementwise={'native' if self._ops is not None else 'torch'} native_step={'on' if step else 'off'} "
+                f"panels=f32:{formats.count('f32')},q4:{formats.count('q4')},q8:{formats.count('q8')}")
 
     def release(self, seq_ids: list[int]) -> None:
         if self.sampler is not None:
@@ -133,7 +162,7 @@ class TorchBackend(Backend):
     def close(self) -> None:
         device = self.loaded.device if self.loaded else None
         self.cache = self.loaded = self.sampler = None
-        self._decoder = self._lm_head = self._fused = self._packed_head = None
+        self._decoder = self._lm_head = self._fused = self._packed_head = self._ops = None
         if device is not None and device.type == "cuda":
             torch.cuda.empty_cache()
 

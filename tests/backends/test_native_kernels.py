@@ -11,20 +11,21 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from llmserve.plugins.backends.torch import cpu_kernels  # noqa: E402
+from llmserve.plugins.backends.torch.native import build  # noqa: E402
+from llmserve.plugins.backends.torch.native import ops as kernels  # noqa: E402
 
 
 @pytest.fixture()
 def fresh_cache(tmp_path, monkeypatch):
     """An empty kernel cache and no memoised library, so each test builds (or fails) itself."""
     monkeypatch.setenv("LLMSERVE_KERNEL_CACHE", str(tmp_path / "kernels"))
-    monkeypatch.setattr(cpu_kernels, "_loaded", {})
+    monkeypatch.setattr(build, "_loaded", {})
     return tmp_path / "kernels"
 
 
 @pytest.fixture(scope="module")
 def kernel():
-    fn = cpu_kernels.decode_kernel()
+    fn = kernels.decode_kernel()
     assert fn is not None, "the kernel must build wherever the test suite runs (gcc is part of the set-up)"
     return fn
 
@@ -110,7 +111,7 @@ def test_kernel_reads_strided_queries_and_writes_rows_of_a_larger_output(kernel)
 
 @pytest.fixture(scope="module")
 def write_kv():
-    fn = cpu_kernels.kv_writer()
+    fn = kernels.kv_writer()
     assert fn is not None, "the kernel must build wherever the test suite runs"
     return fn
 
@@ -155,23 +156,31 @@ def test_kv_write_refuses_a_slot_outside_the_pool(write_kv) -> None:
 
 
 def test_built_once_then_loaded_from_the_cache(fresh_cache, monkeypatch) -> None:
-    assert cpu_kernels.decode_kernel() is not None
+    assert kernels.decode_kernel() is not None
     built = list(fresh_cache.glob("paged_decode-*.so"))
     assert len(built) == 1
     # A second process (here: a cleared memo) must not compile again.
-    monkeypatch.setattr(cpu_kernels, "_loaded", {})
+    monkeypatch.setattr(build, "_loaded", {})
 
     def no_compiler(*args, **kwargs):
         raise AssertionError("compiled again")
 
-    monkeypatch.setattr(cpu_kernels.subprocess, "run", no_compiler)
-    assert cpu_kernels.decode_kernel() is not None
+    monkeypatch.setattr(build.subprocess, "run", no_compiler)
+    assert kernels.decode_kernel() is not None
     assert list(fresh_cache.glob("paged_decode-*.so")) == built
 
 
 def test_disabled_by_environment(fresh_cache, monkeypatch) -> None:
+    """LLMSERVE_CPU_KERNELS=0 turns the backend's option off, and a cache built with it neither
+    builds nor uses a kernel (the linear and elementwise kernels: test_torch_paged.py)."""
+    from llmserve.plugins.backends.torch.attention import PagedKVCache
+    from llmserve.plugins.backends.torch.options import TorchOptions
+
     monkeypatch.setenv("LLMSERVE_CPU_KERNELS", "0")
-    assert cpu_kernels.decode_kernel() is None
+    options = TorchOptions.from_environ()
+    assert options.cpu_kernels is False
+    cache = PagedKVCache(2, 8, 4, 2, 16, torch.float32, torch.device("cpu"), native=options.cpu_kernels)
+    assert cache.decode_kernel is None and cache.write_kv is None
     assert not fresh_cache.exists()
 
 
@@ -181,7 +190,7 @@ def test_a_failing_compiler_falls_back_with_a_warning(fresh_cache, monkeypatch, 
     broken.chmod(0o755)
     monkeypatch.setenv("CC", str(broken))
     with caplog.at_level(logging.WARNING, logger="llmserve.backend.torch"):
-        assert cpu_kernels.decode_kernel() is None
+        assert kernels.decode_kernel() is None
     assert "out of cheese" in caplog.text and "torch path" in caplog.text
     assert not list(fresh_cache.glob("*.so"))
 
@@ -189,10 +198,10 @@ def test_a_failing_compiler_falls_back_with_a_warning(fresh_cache, monkeypatch, 
 def test_the_backend_falls_back_to_torch_without_the_kernel(monkeypatch) -> None:
     from llmserve.plugins.backends.torch.attention import PagedKVCache
 
-    monkeypatch.setattr(cpu_kernels, "_loaded", {"paged_decode": None})
+    monkeypatch.setattr(build, "_loaded", {"paged_decode": None})
     cache = PagedKVCache(2, 8, 4, 2, 16, torch.float32, torch.device("cpu"))
     assert cache.decode_kernel is None
-    monkeypatch.setattr(cpu_kernels, "_loaded", {})
+    monkeypatch.setattr(build, "_loaded", {})
     assert PagedKVCache(2, 8, 4, 2, 16, torch.float32, torch.device("cpu")).decode_kernel is not None
     # Only fp32 on the CPU uses it.
     assert PagedKVCache(2, 8, 4, 2, 16, torch.bfloat16, torch.device("cpu")).decode_kernel is None
@@ -202,9 +211,9 @@ def test_cache_falls_back_to_temp_when_home_is_not_writable(monkeypatch, tmp_pat
     monkeypatch.delenv("LLMSERVE_KERNEL_CACHE", raising=False)
     not_a_dir = tmp_path / "home"
     not_a_dir.write_text("")  # ~/.cache cannot be created under a file, whoever runs the test
-    monkeypatch.setattr(cpu_kernels.Path, "home", staticmethod(lambda: not_a_dir))
-    monkeypatch.setattr(cpu_kernels.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
-    where = cpu_kernels._cache_dir()
+    monkeypatch.setattr(build.Path, "home", staticmethod(lambda: not_a_dir))
+    monkeypatch.setattr(build.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
+    where = build._cache_dir()
     assert where.parent == tmp_path / "tmp" and where.name.startswith("llmserve-kernels-")
 
 
@@ -216,7 +225,7 @@ def test_packed_linear_equals_torch(M, N, K, bias) -> None:
     w = torch.randn(N, K, generator=gen)
     b = torch.randn(N, generator=gen) if bias else None
     x = torch.randn(M, K, generator=gen)
-    lin = cpu_kernels.packed_linear(w, b)
+    lin = kernels.packed_linear(w, b)
     assert lin is not None, "the kernel must build wherever the test suite runs"
     want = torch.nn.functional.linear(x.double(), w.double(), b.double() if b is not None else None)
     got = lin(x)
@@ -229,13 +238,8 @@ def test_packed_linear_equals_torch(M, N, K, bias) -> None:
 
 
 def test_packed_linear_declines_what_it_cannot_do() -> None:
-    assert cpu_kernels.packed_linear(torch.zeros(4, 4, dtype=torch.bfloat16)) is None
-    assert cpu_kernels.packed_linear(torch.zeros(4)) is None
-
-
-def test_packed_linear_disabled_by_environment(fresh_cache, monkeypatch) -> None:
-    monkeypatch.setenv("LLMSERVE_CPU_KERNELS", "0")
-    assert cpu_kernels.packed_linear(torch.zeros(4, 4)) is None
+    assert kernels.packed_linear(torch.zeros(4, 4, dtype=torch.bfloat16)) is None
+    assert kernels.packed_linear(torch.zeros(4)) is None
 
 
 def q4_1_weights(N: int, K: int, seed: int = 0) -> torch.Tensor:
@@ -265,14 +269,13 @@ def q8_0_weights(N: int, K: int, seed: int = 0) -> torch.Tensor:
 
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("N,K,bias", [(16, 32, False), (45, 96, True), (960, 576, False), (7, 1536, True)])
-def test_quantized_panels_are_bit_for_bit_the_fp32_panels(bits, N, K, bias, monkeypatch) -> None:
+def test_quantized_panels_are_bit_for_bit_the_fp32_panels(bits, N, K, bias) -> None:
     """Every row count through both paths (straight from the codes up to 4 rows, a
     dequantized scratch panel beyond), partial panels and the bias: the same bits as fp32."""
     w = (q4_1_weights if bits == 4 else q8_0_weights)(N, K, seed=N + K)
     b = torch.randn(N) if bias else None
-    coded = cpu_kernels.packed_linear(w, b)
-    monkeypatch.setenv("LLMSERVE_COMPACT_WEIGHTS", "0")
-    f32 = cpu_kernels.packed_linear(w, b)
+    coded = kernels.packed_linear(w, b)
+    f32 = kernels.packed_linear(w, b, compact=False)
     assert (coded.format, f32.format) == (f"q{bits}", "f32")
     block_bytes = 384 if bits == 4 else 576  # 0.75 or 1.125 bytes per weight
     assert coded.packed.dtype == torch.uint8 and coded.packed.numel() == -(-N // 16) * K // 32 * block_bytes
@@ -286,24 +289,24 @@ def test_quantized_panels_are_bit_for_bit_the_fp32_panels(bits, N, K, bias, monk
 
 def test_quantized_panels_only_where_they_are_lossless() -> None:
     w = q4_1_weights(40, 64)
-    assert cpu_kernels.packed_linear(w).format == "q4"
-    assert cpu_kernels.packed_linear(q8_0_weights(40, 64)).format == "q8"  # more than 16 values per block
-    assert cpu_kernels.packed_linear(torch.randn(40, 64)).format == "f32"   # plain fp32 weights
+    assert kernels.packed_linear(w).format == "q4"
+    assert kernels.packed_linear(q8_0_weights(40, 64)).format == "q8"  # more than 16 values per block
+    assert kernels.packed_linear(torch.randn(40, 64)).format == "f32"   # plain fp32 weights
     nudged = w.clone()
     nudged[37, 50] = torch.nextafter(nudged[37, 50], torch.tensor(1.0))       # one weight one ulp off
-    assert cpu_kernels.packed_linear(nudged).format == "f32"
-    assert cpu_kernels.packed_linear(q4_1_weights(40, 96)[:, :80]).format == "f32"  # K not a multiple of 32
+    assert kernels.packed_linear(nudged).format == "f32"
+    assert kernels.packed_linear(q4_1_weights(40, 96)[:, :80]).format == "f32"  # K not a multiple of 32
     flat = torch.full((16, 32), -0.0)  # a flat block of -0.0: d * 0 + m would give +0.0
-    assert cpu_kernels.packed_linear(flat).format == "f32"
+    assert kernels.packed_linear(flat).format == "f32"
     signed_zero = q8_0_weights(16, 64)
     signed_zero[3, 10] = -0.0  # 8-bit codes have no -0 (d * 0 is +0.0)
-    assert cpu_kernels.packed_linear(signed_zero).format == "f32"
-    assert cpu_kernels.packed_linear(torch.full((16, 32), 0.25)).format == "q4"
+    assert kernels.packed_linear(signed_zero).format == "f32"
+    assert kernels.packed_linear(torch.full((16, 32), 0.25)).format == "q4"
 
 
 @pytest.mark.parametrize("T,D", [(1, 576), (7, 13), (40, 64), (3, 8)])
 def test_add_rms_norm_equals_torch(T, D) -> None:
-    ops = cpu_kernels.elementwise_ops()
+    ops = kernels.elementwise_ops()
     assert ops is not None, "the kernel must build wherever the test suite runs"
     gen = torch.Generator().manual_seed(T * D)
     h, delta, w = torch.randn(T, D, generator=gen) * 3, torch.randn(T, D, generator=gen), torch.randn(D, generator=gen)
@@ -319,7 +322,7 @@ def test_add_rms_norm_equals_torch(T, D) -> None:
 
 @pytest.mark.parametrize("T,I", [(1, 1536), (5, 13), (32, 64)])
 def test_silu_mul_equals_torch(T, I) -> None:
-    ops = cpu_kernels.elementwise_ops()
+    ops = kernels.elementwise_ops()
     gen = torch.Generator().manual_seed(T + I)
     gu = torch.randn(T, 2 * I, generator=gen) * 6
     gu[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -0.0])  # saturation and zeros
@@ -329,27 +332,22 @@ def test_silu_mul_equals_torch(T, I) -> None:
         ops.silu_mul(gu[:, :-1])
 
 
-def test_elementwise_disabled_by_environment(fresh_cache, monkeypatch) -> None:
-    monkeypatch.setenv("LLMSERVE_CPU_KERNELS", "0")
-    assert cpu_kernels.elementwise_ops() is None
-
-
 def test_a_changed_header_rebuilds(fresh_cache, monkeypatch, tmp_path) -> None:
     """The cache key covers the shared headers, not only the kernel's own source."""
     csrc = tmp_path / "csrc"
     csrc.mkdir()
-    for f in cpu_kernels._CSRC.iterdir():
+    for f in build.CSRC.iterdir():
         (csrc / f.name).write_bytes(f.read_bytes())
-    monkeypatch.setattr(cpu_kernels, "_CSRC", csrc)
-    assert cpu_kernels.elementwise_ops() is not None
+    monkeypatch.setattr(build, "CSRC", csrc)
+    assert kernels.elementwise_ops() is not None
     (csrc / "vec_math.h").write_text((csrc / "vec_math.h").read_text() + "\n/* changed */\n")
-    monkeypatch.setattr(cpu_kernels, "_loaded", {})
-    assert cpu_kernels.elementwise_ops() is not None
+    monkeypatch.setattr(build, "_loaded", {})
+    assert kernels.elementwise_ops() is not None
     assert len(list(fresh_cache.glob("elementwise-*.so"))) == 2
 
 
 def test_greedy_pick_equals_argmax_and_log_softmax() -> None:
-    ops = cpu_kernels.elementwise_ops()
+    ops = kernels.elementwise_ops()
     gen = torch.Generator().manual_seed(7)
     logits = torch.randn(6, 1003, generator=gen) * 4    # V not a multiple of 8: the tails
     logits[1, 5] = logits[1, 900] = 50.0                # a tie: the first index wins, as argmax
@@ -363,7 +361,7 @@ def test_greedy_pick_equals_argmax_and_log_softmax() -> None:
 
 @pytest.mark.parametrize("poison", ["nan", "all -inf"])
 def test_greedy_pick_leaves_undecidable_rows_to_the_caller(poison) -> None:
-    ops = cpu_kernels.elementwise_ops()
+    ops = kernels.elementwise_ops()
     logits = torch.randn(3, 64)
     if poison == "nan":
         logits[1, 17] = float("nan")
@@ -375,7 +373,7 @@ def test_greedy_pick_leaves_undecidable_rows_to_the_caller(poison) -> None:
 @pytest.mark.parametrize("T,heads,extra,D", [(1, 12, 3, 64), (5, 2, 0, 20), (3, 1, 1, 6)])
 def test_rope_equals_rotate_half(T, heads, extra, D) -> None:
     """In place on the first ``heads`` heads of wider rows (values after them stay untouched)."""
-    ops = cpu_kernels.elementwise_ops()
+    ops = kernels.elementwise_ops()
     gen = torch.Generator().manual_seed(T * heads + D)
     x = torch.randn(T, (heads + extra) * D, generator=gen)
     cos, sin = torch.randn(T, D, generator=gen), torch.randn(T, D, generator=gen)

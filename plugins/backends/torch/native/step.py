@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from .cpu_kernels import ElementwiseOps, PackedLinear, _library
+from .build import library
+from .ops import ElementwiseOps, PackedLinear
 
 _P, _I64, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 
@@ -103,9 +104,9 @@ class NativeDecodeStep:
                 return None
         if fused.norm_w.dtype != torch.float32 or not fused.norm_w.is_contiguous():
             return None
-        step_lib = _library("decoder_step", "decoder-step")
-        ew_lib = _library("elementwise", "elementwise")
-        attn_lib = _library("paged_decode", "decode-attention")
+        step_lib = library("decoder_step", "decoder-step")
+        ew_lib = library("elementwise", "elementwise")
+        attn_lib = library("paged_decode", "decode-attention")
         if None in (step_lib, ew_lib, attn_lib):
             return None
         kernels = _Kernels(_fn(ew_lib, "add_rms_norm_f32"),

@@ -1,0 +1,197 @@
+"""ctypes wrappers of the native CPU kernels: decode attention and the KV write
+(``csrc/paged_decode.c``), packed linear layers (``csrc/packed_linear.c``) and the fused
+forward's small per-layer operations (``csrc/elementwise.c``).
+
+Each factory returns None when its library cannot be had here (``build.library``); the
+backend then keeps its torch path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Callable
+
+import torch
+
+from .build import F32, I64, INT, PTR, bind, library
+from .panels import pack_codes
+
+DecodeKernel = Callable[..., None]
+
+
+def _row_head_strides(t: torch.Tensor, name: str) -> tuple[int, int]:
+    """Row and head strides of a ``[rows, heads, D]`` fp32 CPU view whose head vectors are contiguous."""
+    if t.dim() != 3 or t.stride(2) != 1 or t.dtype != torch.float32 or t.device.type != "cpu":
+        raise ValueError(f"{name}: expected a [rows, heads, D] fp32 CPU view with contiguous head vectors")
+    return t.stride(0), t.stride(1)
+
+
+def decode_kernel() -> DecodeKernel | None:
+    """The paged decode-attention function, or None when it cannot be had here."""
+    lib = library("paged_decode", "decode-attention")
+    if lib is None:
+        return None
+    cfn = bind(lib, "paged_decode_f32", INT, PTR, I64, I64, *[PTR] * 4, I64, *[I64] * 7, F32, I64, INT)
+
+    def paged_decode(q: torch.Tensor, blocks_view: torch.Tensor, tables: torch.Tensor, ctx: torch.Tensor,
+                     out: torch.Tensor, scale: float, window: int | None) -> None:
+        """``q``/``out [nd, H, D]`` (any row and head strides for q, e.g. a view of a fused QKV
+        output; ``out`` with contiguous rows), ``blocks_view [2*kvh, nblocks, bs, D]``,
+        ``tables [nd * max_blocks]`` and ``ctx [nd]`` (int64), all on the CPU."""
+        nd, H, D = q.shape
+        q_row, q_head = _row_head_strides(q, "q")
+        out_row, out_head = _row_head_strides(out, "out")
+        if out_head != D or out.shape != q.shape:
+            raise ValueError("out: expected [nd, H, D] with contiguous heads")
+        two_kvh, nblocks, bs, pool_d = blocks_view.shape
+        if pool_d != D or H % max(two_kvh // 2, 1) or not blocks_view.is_contiguous():
+            raise ValueError("paged_decode: the pool's head size or KV heads do not match the queries")
+        rc = cfn(q.data_ptr(), q_row, q_head, blocks_view.data_ptr(), tables.data_ptr(), ctx.data_ptr(),
+                 out.data_ptr(), out_row, nd, H, two_kvh // 2, D, nblocks, bs, tables.numel() // max(nd, 1),
+                 scale, window or 0, torch.get_num_threads())
+        if rc != 0:
+            raise MemoryError("the decode-attention kernel could not allocate its scratch memory")
+
+    return paged_decode
+
+
+def kv_writer() -> Callable[..., None] | None:
+    """The native KV write (the step's keys and values into their pool slots), or None."""
+    lib = library("paged_decode", "decode-attention")
+    if lib is None:
+        return None
+    cfn = bind(lib, "write_kv_f32", INT, PTR, I64, I64, PTR, I64, I64, PTR, *[I64] * 4, PTR)
+
+    def write_kv(slots_view: torch.Tensor, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """``slots_view [2*kvh, nslots, D]`` (contiguous) gets ``k``/``v [T, kvh, D]`` at
+        ``slot_mapping [T]`` (int64); k and v may be strided views with contiguous heads."""
+        two_kvh, nslots, D = slots_view.shape
+        T, kvh, head_dim = k.shape
+        k_row, k_head = _row_head_strides(k, "k")
+        v_row, v_head = _row_head_strides(v, "v")
+        if (v.shape != k.shape or two_kvh != 2 * kvh or head_dim != D or not slots_view.is_contiguous()
+                or slot_mapping.numel() != T):
+            raise ValueError("write_kv: mismatched shapes")
+        if slot_mapping.dtype != torch.int64 or not slot_mapping.is_contiguous():
+            raise ValueError("write_kv: slot_mapping must be contiguous int64")
+        if cfn(k.data_ptr(), k_row, k_head, v.data_ptr(), v_row, v_head, slot_mapping.data_ptr(), T, kvh, D, nslots,
+               slots_view.data_ptr()) != 0:
+            raise IndexError("write_kv: a slot is outside the KV pool")
+
+    return write_kv
+
+
+class PackedLinear:
+    """``y = x @ weight.T + bias`` for fp32 CPU inputs, with ``weight [N, K]`` copied once into
+    the kernel's panel layout. Callable like ``F.linear`` on a 2-D ``[M, K]`` input, for any M.
+
+    ``format`` is ``"q4"`` or ``"q8"`` when the weights are stored as 4-bit or 8-bit codes
+    with a scale (and, for 4 bits, an offset) per 32 inputs of a column, which happens only
+    where those reproduce every fp32 weight bit for bit (a model dequantized from GGUF Q4_1
+    or Q8_0 blocks, for one): 0.75 or 1.125 bytes per weight instead of 4, and the same output
+    bits. Otherwise, and with ``compact=False``, ``"f32"``. ``kernel`` is the
+    address of the C function that reads this format (the native decoder step calls it).
+    """
+
+    __slots__ = ("_fn", "kernel", "format", "packed", "bias", "out_features", "in_features")
+
+    def __init__(self, lib: ctypes.CDLL, weight: torch.Tensor, bias: torch.Tensor | None,
+                 compact: bool = True) -> None:
+        weight = weight.detach().contiguous()
+        self.out_features, self.in_features = weight.shape
+        panels = -(-self.out_features // 16)
+        f32 = torch.empty(panels * self.in_features * 16, dtype=torch.float32)
+        pack = bind(lib, "pack_weight_f32", None, PTR, PTR, I64, I64)
+        pack(weight.data_ptr(), f32.data_ptr(), self.out_features, self.in_features)
+        self.format, self.packed = "f32", f32
+        if compact:
+            for bits in (4, 8):
+                codes = pack_codes(lib, weight, f32, bits)
+                if codes is not None:
+                    self.format, self.packed = f"q{bits}", codes
+                    break
+        self.bias = bias.detach().contiguous() if bias is not None else None
+        self._fn = bind(lib, f"packed_linear_{self.format}", None, *[PTR] * 4, I64, I64, I64, INT)
+        self.kernel: int = ctypes.cast(self._fn, PTR).value
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 2 or x.shape[1] != self.in_features:
+            raise ValueError(f"expected [M, {self.in_features}] input, got {list(x.shape)}")
+        x = x.contiguous()
+        y = torch.empty(x.shape[0], self.out_features, dtype=torch.float32)
+        if x.shape[0]:
+            self._fn(x.data_ptr(), self.packed.data_ptr(), self.bias.data_ptr() if self.bias is not None else None,
+                     y.data_ptr(), x.shape[0], self.out_features, self.in_features, torch.get_num_threads())
+        return y
+
+
+def packed_linear(weight: torch.Tensor, bias: torch.Tensor | None = None, compact: bool = True) -> PackedLinear | None:
+    """``weight`` (and ``bias``) packed for the native linear kernel, or None when the kernel is
+    unavailable here or does not apply (only fp32 weights on the CPU do). ``compact``: try the
+    lossless 4- and 8-bit panels (``panels.py``) before keeping fp32 ones."""
+    if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2:
+        return None
+    if bias is not None and (bias.dtype != torch.float32 or bias.device.type != "cpu"):
+        return None
+    lib = library("packed_linear", "linear-layer")
+    return PackedLinear(lib, weight, bias, compact) if lib is not None else None
+
+
+class ElementwiseOps:
+    """The fused forward's per-layer small operations on contiguous fp32 CPU tensors."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self._norm = bind(lib, "add_rms_norm_f32", None, *[PTR] * 4, I64, I64, F32, INT)
+        self._silu = bind(lib, "silu_mul_f32", None, PTR, PTR, I64, I64, INT)
+        self._rope = bind(lib, "rope_f32", None, PTR, PTR, PTR, I64, I64, I64, I64, INT)
+        self._greedy = bind(lib, "greedy_pick_f32", I64, PTR, I64, I64, PTR, PTR, INT)
+
+    def add_rms_norm(self, h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
+                     eps: float) -> torch.Tensor:
+        """``h += delta`` in place (when given), then RMSNorm of ``h`` scaled by ``weight``."""
+        T, D = h.shape
+        if not h.is_contiguous() or (delta is not None and (delta.shape != h.shape or not delta.is_contiguous())):
+            raise ValueError("add_rms_norm needs contiguous [T, D] tensors of one shape")
+        out = torch.empty_like(h)
+        self._norm(h.data_ptr(), delta.data_ptr() if delta is not None else None, weight.data_ptr(),
+                   out.data_ptr(), T, D, eps, torch.get_num_threads())
+        return out
+
+    def silu_mul(self, gu: torch.Tensor) -> torch.Tensor:
+        """``silu(gate) * up`` of a contiguous ``[T, 2 * I]`` gate-and-up tensor -> ``[T, I]``."""
+        T, two_i = gu.shape
+        if not gu.is_contiguous() or two_i % 2:
+            raise ValueError("silu_mul needs a contiguous [T, 2 * I] tensor")
+        out = gu.new_empty(T, two_i // 2)
+        self._silu(gu.data_ptr(), out.data_ptr(), T, two_i // 2, torch.get_num_threads())
+        return out
+
+    def rope(self, x: torch.Tensor, heads: int, head_dim: int, cos: torch.Tensor, sin: torch.Tensor) -> None:
+        """Rotary embedding ("rotate half") in place on the first ``heads`` heads of each row of
+        the 2-D ``x`` (rows may be wider: e.g. queries and keys followed by values), with
+        contiguous per-row ``cos``/``sin`` ``[T, head_dim]``."""
+        T, width = x.shape
+        if (x.stride(1) != 1 or heads * head_dim > width or head_dim % 2 or cos.shape != (T, head_dim)
+                or sin.shape != cos.shape or not (cos.is_contiguous() and sin.is_contiguous())):
+            raise ValueError("rope needs rows of at least heads * head_dim floats and [T, head_dim] cos/sin")
+        self._rope(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), T, heads, head_dim, x.stride(0),
+                   torch.get_num_threads())
+
+    def greedy(self, logits: torch.Tensor) -> tuple[torch.Tensor, list[float]] | None:
+        """Per row of contiguous fp32 ``[B, V]`` logits: the first index of the maximum (as
+        ``argmax``) and its log-probability. None when a row holds NaN or no finite value
+        (the caller's general path decides those)."""
+        B, V = logits.shape
+        if not logits.is_contiguous() or logits.dtype != torch.float32:
+            return None
+        tokens = torch.empty(B, dtype=torch.long)
+        lps = torch.empty(B, dtype=torch.float32)
+        if self._greedy(logits.data_ptr(), B, V, tokens.data_ptr(), lps.data_ptr(), torch.get_num_threads()):
+            return None
+        return tokens, lps.tolist()
+
+
+def elementwise_ops() -> ElementwiseOps | None:
+    """The native per-layer operations, or None when they cannot be had here."""
+    lib = library("elementwise", "elementwise")
+    return ElementwiseOps(lib) if lib is not None else None

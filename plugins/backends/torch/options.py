@@ -1,0 +1,45 @@
+"""The torch backend's options: the ``torch:`` YAML section, ``--torch-*`` flags and their variables.
+
+Every switch of the execution plan lives here, and nowhere else reads one: the backend hands
+these values down to the fused forward, the KV cache and the native kernels. They are filled
+like the server's own settings (CLI > environment > YAML > defaults, ``llmserve.config.load_options``);
+the variables keep their established names (``LLMSERVE_FUSED_FORWARD=0``, ...), since this model
+sets ``env_prefix``. Import-light on purpose: the CLI reads this model to build its flags.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SECTION = "torch"
+
+
+class TorchOptions(BaseModel):
+    """How the torch backend runs a model (defaults: everything native that applies)."""
+
+    model_config = ConfigDict(extra="forbid")
+    env_prefix: ClassVar[str] = "LLMSERVE_"
+
+    fused_forward: bool = Field(True, description="Run Llama-style decoders through the backend's own fused forward; "
+                                                  "off: transformers' modules (for comparisons and debugging).")
+    cpu_kernels: bool = Field(True, description="Use the native CPU kernels for fp32 on the CPU (decode attention, "
+                                                "packed linears, norms, RoPE, greedy picking); off: torch everywhere.")
+    native_step: bool = Field(True, description="Run decode-only steps of the fused forward as one native call; "
+                                                "off: its Python layer loop.")
+    compact_weights: bool = Field(True, description="Keep packed linears as lossless 4- or 8-bit panels where those "
+                                                    "rebuild every weight bit for bit; off: fp32 panels everywhere.")
+    cpu_matmul_decode: bool = Field(True, description="Torch decode attention on the CPU as plain matmuls "
+                                                      "(faster there); off: scaled_dot_product_attention.")
+    threads: int | None = Field(None, ge=1, description="Intra-op CPU threads (default: OMP_NUM_THREADS when set, "
+                                                        "else every core this process may run on).")
+
+    @classmethod
+    def from_environ(cls, **given: object) -> "TorchOptions":
+        """The options of a backend built without a server: ``given`` values over the
+        environment variables over the defaults (what ``llmserve serve`` does without YAML)."""
+        from llmserve.config import ServerConfig, load_options
+
+        options, _ = load_options(SECTION, cls, ServerConfig(plugin_flags={SECTION: given}))
+        return options  # type: ignore[return-value]

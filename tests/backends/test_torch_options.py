@@ -1,0 +1,91 @@
+"""The torch backend's options decide its execution plan, which it logs as one line at start-up."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from llmserve.engine.backend import KVCacheSpec
+from llmserve.errors import ConfigError
+from llmserve.plugins.backends.torch.native import build
+from llmserve.plugins.backends.torch.options import TorchOptions
+from llmserve.plugins.backends.torch.runner import TorchBackend
+from test_torch_paged import build_tiny_model
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = str(tmp_path_factory.mktemp("tiny-llama"))
+    build_tiny_model(path)
+    return path
+
+
+@pytest.fixture()
+def threads():
+    """Options may set torch's thread count, which is process-wide: put it back afterwards."""
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def plan_lines(tiny_dir: str, options: TorchOptions | None, caplog: pytest.LogCaptureFixture) -> list[str]:
+    backend = TorchBackend(SimpleNamespace(model=tiny_dir, dtype="float32", device="cpu", max_model_len=None), options)
+    with caplog.at_level(logging.INFO, logger="llmserve.backend.torch"):
+        backend.load()
+        backend.init_kv_cache(KVCacheSpec(block_size=4, num_blocks=16))
+    backend.close()
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("execution plan:")]
+
+
+PLANS = [
+    (TorchOptions(threads=1),
+     "device=cpu dtype=float32 threads=1 forward=fused decode_attention=native linears=packed elementwise=native "
+     "native_step=on panels=f32:9,q4:0,q8:0"),
+    (TorchOptions(threads=1, native_step=False, compact_weights=False),
+     "device=cpu dtype=float32 threads=1 forward=fused decode_attention=native linears=packed elementwise=native "
+     "native_step=off panels=f32:9,q4:0,q8:0"),
+    (TorchOptions(threads=2, cpu_kernels=False),
+     "device=cpu dtype=float32 threads=2 forward=fused decode_attention=matmul linears=torch elementwise=torch "
+     "native_step=off panels=f32:0,q4:0,q8:0"),
+    (TorchOptions(threads=1, fused_forward=False, cpu_kernels=False, cpu_matmul_decode=False),
+     "device=cpu dtype=float32 threads=1 forward=transformers decode_attention=sdpa linears=torch elementwise=torch "
+     "native_step=off panels=f32:0,q4:0,q8:0"),
+    (TorchOptions(threads=1, fused_forward=False),  # lm_head is still packed
+     "device=cpu dtype=float32 threads=1 forward=transformers decode_attention=native linears=packed "
+     "elementwise=native native_step=off panels=f32:1,q4:0,q8:0"),
+]
+
+
+@pytest.mark.parametrize("options,plan", PLANS, ids=["all-native", "layer-loop", "torch-kernels", "transformers",
+                                                      "transformers-packed-head"])
+def test_the_plan_is_one_log_line(tiny_dir: str, caplog, threads, options: TorchOptions, plan: str) -> None:
+    """The tiny model: 2 layers x 4 projections + lm_head; its random weights fit no code panel."""
+    assert plan_lines(tiny_dir, options, caplog) == [f"execution plan: {plan}"]
+
+
+def test_the_environment_sets_a_backend_built_without_options(tiny_dir: str, caplog, threads, monkeypatch,
+                                                              tmp_path) -> None:
+    """LLMSERVE_CPU_KERNELS=0 (and no options): torch everywhere, and no kernel is even built."""
+    monkeypatch.setenv("LLMSERVE_CPU_KERNELS", "0")
+    monkeypatch.setenv("LLMSERVE_THREADS", "1")
+    monkeypatch.setenv("LLMSERVE_KERNEL_CACHE", str(tmp_path / "kernels"))
+    monkeypatch.setattr(build, "_loaded", {})
+    assert plan_lines(tiny_dir, None, caplog) == [
+        "execution plan: device=cpu dtype=float32 threads=1 forward=fused decode_attention=matmul linears=torch "
+        "elementwise=torch native_step=off panels=f32:0,q4:0,q8:0"]
+    assert build._loaded == {} and not (tmp_path / "kernels").exists()
+
+
+def test_given_values_win_over_the_environment(monkeypatch) -> None:
+    monkeypatch.setenv("LLMSERVE_FUSED_FORWARD", "0")
+    monkeypatch.setenv("LLMSERVE_NATIVE_STEP", "off")
+    options = TorchOptions.from_environ(fused_forward=True)
+    assert (options.fused_forward, options.native_step, options.cpu_kernels) == (True, False, True)
+    monkeypatch.setenv("LLMSERVE_COMPACT_WEIGHTS", "sometimes")
+    with pytest.raises(ConfigError, match="invalid options for 'torch': compact-weights: .*LLMSERVE_COMPACT_WEIGHTS"):
+        TorchOptions.from_environ()
