@@ -47,7 +47,8 @@ class Tokens:
             messages = [{**m.model_dump(exclude_none=True), "content": message_text(m.content, i) or ""}
                         for i, m in enumerate(body.messages)]
             text = render_chat(engine.tokenizer, messages, tools=body.tools,
-                               add_generation_prompt=bool(body.add_generation_prompt) and not body.continue_final_message,
+                               add_generation_prompt=(bool(body.add_generation_prompt)
+                                                      and not body.continue_final_message),
                                continue_final_message=bool(body.continue_final_message),
                                template_kwargs=body.chat_template_kwargs,
                                timeout=ctx.config.chat_template_render_timeout)

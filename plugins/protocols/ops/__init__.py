@@ -7,4 +7,5 @@ from llmserve.hooks.records import ProtocolSpec
 @hookimpl
 def register_protocols() -> list[ProtocolSpec]:
     return [ProtocolSpec(name="ops", target="llmserve.plugins.protocols.ops.protocol:OpsProtocol",
-                         description="GET /health, GET|POST /ping (liveness), GET /ready (readiness), GET /metrics (Prometheus)")]
+                         description="GET /health, GET|POST /ping (liveness), GET /ready (readiness), "
+                                     "GET /metrics (Prometheus)")]

@@ -90,13 +90,8 @@ def _grammar_spec(grammar: Grammar) -> GuidedSpec:
                   f"json_schema or regex", "grammar")
 
 
-def validate(body: TGIGenerateRequest, opts: TGIOptions, engine: Any, *, stream: bool,
-             default_full_text: bool = False) -> Plan:
-    """Check ``body`` as TGI does and build the plan. Raises InvalidRequestError (-> 422)."""
-    p = body.parameters or GenerateParameters()
-    max_total = engine.max_model_len
-    max_input = min(opts.max_input_tokens or max_total - 1, max_total - 1)
-
+def _server_rules(body: TGIGenerateRequest, p: GenerateParameters, opts: TGIOptions, stream: bool) -> int:
+    """What this server does not serve, then server.rs's best_of and streaming rules; ``best_of``."""
     if not isinstance(body.inputs, str):
         raise invalid("`inputs` must be a string: multimodal inputs are not supported by this server", "inputs")
     if p.adapter_id is not None and p.adapter_id not in NO_ADAPTER:
@@ -104,8 +99,6 @@ def validate(body: TGIGenerateRequest, opts: TGIOptions, engine: Any, *, stream:
                       f"(send null)", "adapter_id")
     if p.watermark:
         raise invalid("`watermark` is not supported by this server (send false or null)", "watermark")
-
-    # server.rs: best_of limits and streaming restrictions come first
     best_of = 1 if p.best_of is None else p.best_of
     if best_of != 1 and opts.max_best_of == 1:
         raise invalid("`best_of` != 1 is not allowed for this endpoint", "best_of")
@@ -116,8 +109,13 @@ def validate(body: TGIGenerateRequest, opts: TGIOptions, engine: Any, *, stream:
     if stream and p.decoder_input_details:
         raise invalid("`decoder_input_details` == true is not supported when streaming tokens",
                       "decoder_input_details")
+    return best_of
 
-    # validation.rs, in its order
+
+def _parameters(body: TGIGenerateRequest, p: GenerateParameters, opts: TGIOptions, best_of: int,
+                max_input: int) -> tuple[bool, float, float, float, list[str], int]:
+    """validation.rs's parameter rules, in its order: (sampled, temperature,
+    repetition_penalty, frequency_penalty, stop, top_n_tokens)."""
     sampled = bool(p.do_sample) or any(v is not None for v in (p.temperature, p.top_k, p.top_p, p.typical_p))
     if best_of > 1 and not sampled:
         raise invalid("you must use sampling when `best_of` is > 1", "best_of")
@@ -155,8 +153,12 @@ def validate(body: TGIGenerateRequest, opts: TGIOptions, engine: Any, *, stream:
     if p.truncate is not None and (p.truncate <= 0 or p.truncate > max_input):
         raise invalid(f"`truncate` must be strictly positive and less than {max_input}. Given: {p.truncate}",
                       "truncate")
+    return sampled, temperature, repetition_penalty, frequency_penalty, stop, top_n
 
-    # validate_input: tokenize, truncate, then the length rules
+
+def _input(body: TGIGenerateRequest, p: GenerateParameters, opts: TGIOptions, engine: Any, max_total: int,
+           max_input: int) -> tuple[list[int], int]:
+    """validate_input: tokenize, truncate, then the length rules; (prompt ids, max_new_tokens)."""
     add_special = body.add_special_tokens is not False
     ids = engine.encode(body.inputs, add_special_tokens=add_special)
     if p.truncate is not None and len(ids) > p.truncate:
@@ -175,6 +177,19 @@ def validate(body: TGIGenerateRequest, opts: TGIOptions, engine: Any, *, stream:
                       f"tokens and {max_new_tokens} `max_new_tokens`", "max_new_tokens")
     if input_length > max_input:
         raise invalid(f"`inputs` must have less than {max_input} tokens. Given: {input_length}", "inputs")
+    return ids, max_new_tokens
+
+
+def validate(body: TGIGenerateRequest, opts: TGIOptions, engine: Any, *, stream: bool,
+             default_full_text: bool = False) -> Plan:
+    """Check ``body`` as TGI does and build the plan. Raises InvalidRequestError (-> 422)."""
+    p = body.parameters or GenerateParameters()
+    max_total = engine.max_model_len
+    max_input = min(opts.max_input_tokens or max_total - 1, max_total - 1)
+    best_of = _server_rules(body, p, opts, stream)
+    sampled, temperature, repetition_penalty, frequency_penalty, stop, top_n = _parameters(body, p, opts, best_of,
+                                                                                            max_input)
+    ids, max_new_tokens = _input(body, p, opts, engine, max_total, max_input)
 
     guided = _grammar_spec(p.grammar) if p.grammar is not None else None
     details = bool(p.details) or bool(p.decoder_input_details)

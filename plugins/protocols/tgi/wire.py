@@ -21,9 +21,11 @@ class TGIOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     max_best_of: int = Field(2, ge=1, description="Largest `best_of` accepted (TGI --max-best-of).")
-    max_stop_sequences: int = Field(4, ge=0, description="Most `stop` sequences per request (TGI --max-stop-sequences).")
+    max_stop_sequences: int = Field(4, ge=0,
+                                    description="Most `stop` sequences per request (TGI --max-stop-sequences).")
     max_top_n_tokens: int = Field(5, ge=0, le=20, description="Largest `top_n_tokens` (TGI --max-top-n-tokens).")
-    max_input_tokens: int | None = Field(None, ge=1, description="Longest prompt in tokens (default: context length - 1).")
+    max_input_tokens: int | None = Field(None, ge=1,
+                                         description="Longest prompt in tokens (default: context length - 1).")
     default_max_new_tokens: int | None = Field(
         20, ge=1, description="`max_new_tokens` when a request gives none. 20 (old TGI, MindIE, the clients' own "
                               "default); null: current TGI's rule, min(context - prompt, 1024).")
@@ -45,7 +47,8 @@ class GenerateParameters(WireModel):
 
     adapter_id: str | None = Field(None, description="LoRA adapter id: not supported (only null / \"None\").")
     best_of: int | None = Field(None, description="Generate best_of sequences, return the best (needs sampling).")
-    decoder_input_details: bool | None = Field(None, description="Return the prompt tokens with logprobs (not on streams).")
+    decoder_input_details: bool | None = Field(
+        None, description="Return the prompt tokens with logprobs (not on streams).")
     details: bool | None = Field(None, description="Return generation details.")
     do_sample: bool | None = Field(None, description="Sample instead of greedy decoding.")
     frequency_penalty: float | None = Field(None, description="In [-2, 2].")
@@ -67,7 +70,8 @@ class GenerateParameters(WireModel):
 class TGIGenerateRequest(WireModel):
     """Body of TGI's ``POST /generate``, ``/generate_stream`` and ``/tokenize``."""
 
-    inputs: Union[str, list[dict[str, Any]]] = Field(description="The prompt (text only; multimodal lists are rejected).")
+    inputs: Union[str, list[dict[str, Any]]] = Field(
+        description="The prompt (text only; multimodal lists are rejected).")
     parameters: GenerateParameters | None = None
     add_special_tokens: bool | None = Field(None, description="Add the tokenizer's special tokens (default true).")
     stream: bool | None = Field(None, description="Ignored on /generate and /generate_stream.")

@@ -100,7 +100,8 @@ def decode_binary(datatype: str, chunk: bytes, name: str) -> list[Any]:
             (size,) = struct.unpack_from("<I", chunk, pos)
             pos += 4
             if pos + size > len(chunk):
-                raise InvalidRequestError(f"input '{name}': BYTES element of {size} bytes runs past the end of its data")
+                raise InvalidRequestError(f"input '{name}': BYTES element of {size} bytes runs past the end of "
+                                          f"its data")
             out.append(bytes(chunk[pos:pos + size]))
             pos += size
         return out
