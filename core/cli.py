@@ -21,6 +21,7 @@ from llmserve import __version__
 from llmserve.config import FIELDS, ServerConfig, _kind, flag_name, load_config, load_options, option_flag
 from llmserve.errors import ConfigError
 from llmserve.hooks.manager import PluginManager
+from llmserve.hooks.records import resolve
 
 if TYPE_CHECKING:
     from llmserve.hooks.registry import Registry
@@ -106,8 +107,6 @@ def with_config_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def backend_option_models(registry: "Registry") -> dict[str, type[BaseModel]]:
     """``backend name -> options model`` of every backend whose record declares one."""
-    from llmserve.hooks.records import resolve
-
     models = {}
     for name in registry.names("backend"):
         options = registry.get("backend", name).record.options

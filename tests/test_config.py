@@ -115,7 +115,8 @@ def test_config_show_lists_backend_options_with_sources(tmp_path):
     assert shown["torch.cpu_kernels"] == {"value": True, "source": "default"}  # an empty variable is unset
     text = run_cli("config", "show", "--backend", "torch", env={"LLMSERVE_COMPACT_WEIGHTS": "often"})
     assert text.returncode == 2 and text.stderr.strip().count("\n") == 0
-    assert "invalid options for 'torch': compact-weights" in text.stderr and "env:LLMSERVE_COMPACT_WEIGHTS" in text.stderr
+    assert "invalid options for 'torch': compact-weights" in text.stderr
+    assert "env:LLMSERVE_COMPACT_WEIGHTS" in text.stderr
 
 
 def test_backend_options_reach_the_backend(tmp_path, monkeypatch):
