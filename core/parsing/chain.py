@@ -63,21 +63,21 @@ class ParseChain:
         reasoning parser stays out of ``constrained`` output (guided decoding, forced calls):
         such output has no thinking to separate.
         """
-        forced = plan is not None and plan.mode == "forced"
+        forced = plan if plan is not None and plan.mode == "forced" else None
         if plan is not None:
             tool_parser = tool_parser if plan.mode == "auto" else None
             tools = plan.offered
         tool_cls = registry.load("tool_parser", tool_parser) if tool_parser else None
         reasoning_cls = (registry.load("reasoning_parser", reasoning_parser)
                          if reasoning_parser and not (constrained or forced) else None)
-        if tool_cls is None and reasoning_cls is None and not forced:
+        if tool_cls is None and reasoning_cls is None and forced is None:
             return None
         tools, template_kwargs = tools or [], chat_template_kwargs or {}
 
         def make() -> ParseChain:
             tool: ToolParser | None = None
-            if forced:
-                tool = forced_parser(plan)
+            if forced is not None:
+                tool = forced_parser(forced)
             elif tool_cls is not None:
                 tool = tool_cls(tokenizer, tools)
             reasoning = reasoning_cls(tokenizer, template_kwargs) if reasoning_cls is not None else None
@@ -175,7 +175,8 @@ class Assembler:
         for piece in delta.tool_calls:
             if piece.index == len(self.calls):
                 if self.strict and (not piece.id or not piece.name):
-                    raise StreamContractError(f"tool call {piece.index}: its first delta needs an id and the whole name")
+                    raise StreamContractError(
+                        f"tool call {piece.index}: its first delta needs an id and the whole name")
                 self.calls.append({"id": piece.id or "", "type": "function",
                                    "function": {"name": piece.name or "", "arguments": piece.arguments}})
             elif 0 <= piece.index < len(self.calls):

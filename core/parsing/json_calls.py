@@ -181,6 +181,7 @@ class CallList:
         i, n = 0, len(s)
         while i < n and not self.done:
             if self.state == "elem":
+                assert self.obj is not None  # the "elem" state always has its call object
                 k = self.obj.feed(s[i:])
                 i += k
                 self.raw += k
@@ -218,7 +219,7 @@ class CallList:
 
     def _after_elem(self) -> None:
         obj = self.obj
-        if not obj.done:
+        if obj is None or not obj.done:
             return
         self.committed = self.committed or obj.committed
         if obj.failed:
@@ -234,6 +235,7 @@ class CallList:
         if self.done:
             return
         if self.state == "elem":
+            assert self.obj is not None  # the "elem" state always has its call object
             self.obj.end()
             self._after_elem()
         if not self.done:

@@ -171,7 +171,9 @@ class RegionToolParser(StreamingToolParser):
     def _normal(self, final: bool) -> bool:
         buf, pos = self._buf, self._pos
         if self._fresh or self._sep:
-            j = _LEAD_WS.match(buf, pos).end()
+            lead = _LEAD_WS.match(buf, pos)
+            assert lead is not None  # \s* always matches
+            j = lead.end()
             self._text(buf[pos:j])
             self._pos = pos = j
             if j == len(buf):
@@ -242,7 +244,7 @@ class RegionToolParser(StreamingToolParser):
 
     def _tail(self, final: bool) -> bool:
         buf, pos = self._buf, self._pos
-        stops = self.start_markers + (self.end_marker,)
+        stops = self.start_markers + ((self.end_marker,) if self.end_marker else ())  # TAIL: always set
         idx, marker = find_first(buf, stops, pos)
         if idx < 0:
             end = len(buf) if final else len(buf) - held_suffix(buf[-self._window:], stops)

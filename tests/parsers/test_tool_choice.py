@@ -104,9 +104,9 @@ def test_required_calls_parser_streams_arguments_before_the_call_ends():
 
 def test_required_calls_parser_closes_cut_off_arguments_and_drops_the_rest():
     ch = ParseChain(RequiredCallsParser(), strict=True)
-    assert structure(ch.parse('[{"name": "ping", "arguments": {}}, {"name": "get_weather", "arguments": {"city": "Pa')) \
-        == {"content": None, "reasoning_content": None,
-            "tool_calls": [("ping", "{}"), ("get_weather", '{"city": "Pa"}')]}
+    cut_off = '[{"name": "ping", "arguments": {}}, {"name": "get_weather", "arguments": {"city": "Pa'
+    assert structure(ch.parse(cut_off)) == {"content": None, "reasoning_content": None,
+                                            "tool_calls": [("ping", "{}"), ("get_weather", '{"city": "Pa"}')]}
     # Cut off before any name: nothing to call, and forced JSON is never content.
     assert ParseChain(RequiredCallsParser()).parse('[{"arguments": {"city": "Pa') == \
         {"content": None, "reasoning_content": None, "tool_calls": []}

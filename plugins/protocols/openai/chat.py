@@ -63,7 +63,8 @@ class Chat:
         if body.disable_chat_template:
             return "\n".join(m["content"] for m in messages), None
         text = render_chat(self.p.context.engine.tokenizer, messages, tools=plan.offered,
-                           add_generation_prompt=body.add_generation_prompt is not False and not body.continue_final_message,
+                           add_generation_prompt=(body.add_generation_prompt is not False
+                                                  and not body.continue_final_message),
                            continue_final_message=bool(body.continue_final_message),
                            chat_template=body.chat_template, template_kwargs=body.chat_template_kwargs,
                            documents=body.documents,
@@ -126,7 +127,8 @@ class Chat:
         choices = []
         for index in sorted(acc):
             c = acc[index]
-            prefix = (body.messages[-1].content or "") if body.echo and isinstance(body.messages[-1].content, str) else ""
+            last = body.messages[-1].content
+            prefix = (last or "") if body.echo and isinstance(last, str) else ""
             chain = make_chain() if make_chain is not None else None
             message, called = _message(chain, c["text"], c["ids"], prefix, parallel)
             choice = {"index": index, "message": message,
@@ -173,7 +175,7 @@ class Chat:
                             parsed.extend(chain.finish())
                         delta = openai_delta(parsed if parallel else first_call_only(parsed)) or {}
                         finish = _finish(d.finish_reason, chain.tools_called)
-                        if not delta and not d.finish_reason and not (body.logprobs and d.logprobs) and not body.return_token_ids:
+                        if not (delta or d.finish_reason or (body.logprobs and d.logprobs) or body.return_token_ids):
                             continue  # the parser holds the text back for now
                     choice = {"index": d.index, "delta": delta, "logprobs": None, "finish_reason": finish}
                     if d.finish_reason:
