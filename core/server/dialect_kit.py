@@ -13,7 +13,7 @@ its own wire format (models, parameter rules, reply shapes, error format).
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, AsyncGenerator, AsyncIterator, Callable, ClassVar, Coroutine, TypeVar
+from typing import Any, AsyncGenerator, AsyncIterator, Callable, ClassVar, Coroutine, Protocol, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.routing import APIRoute
@@ -23,11 +23,17 @@ from starlette.responses import Response
 from llmserve.errors import InvalidRequestError, LLMServeError
 from llmserve.server.errors import field_error, to_error
 
-if TYPE_CHECKING:
-    from llmserve.server.protocol import Protocol
-
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
+
+
+class ErrorFormat(Protocol):
+    """What the kit needs of a dialect: its error format (``llmserve.server.protocol.Protocol``
+    has both methods; typed structurally so that the kit does not import the base class)."""
+
+    def error_body(self, error: LLMServeError) -> tuple[int, dict[str, Any]]: ...
+
+    def error_response(self, error: LLMServeError, request: Request | None) -> Response: ...
 
 #: Headers of every streamed reply: no caching, and no buffering in nginx-style proxies.
 STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -71,7 +77,7 @@ def sse(obj: Any, event: str | None = None) -> str:
 
 
 # -- errors -----------------------------------------------------------------------------------
-def render_error(protocol: "Protocol", exc: BaseException, request: Request | None) -> Response:
+def render_error(protocol: ErrorFormat, exc: BaseException, request: Request | None) -> Response:
     """Any exception raised while serving ``protocol``'s route, as its error response."""
     return protocol.error_response(to_error(exc), request)
 
@@ -86,7 +92,7 @@ class DialectRoute(APIRoute):
     caught here too, so every error of the route takes this one path.
     """
 
-    protocol: ClassVar["Protocol | None"] = None
+    protocol: ClassVar[ErrorFormat | None] = None
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
@@ -103,13 +109,13 @@ class DialectRoute(APIRoute):
         return guarded
 
 
-def dialect_router(protocol: "Protocol", **kwargs: Any) -> APIRouter:
+def dialect_router(protocol: ErrorFormat, **kwargs: Any) -> APIRouter:
     """An ``APIRouter`` (same arguments) whose routes render errors with ``protocol``."""
     route_class = type(f"{type(protocol).__name__}Route", (DialectRoute,), {"protocol": protocol})
     return APIRouter(route_class=route_class, **kwargs)
 
 
-async def in_band_errors(protocol: "Protocol", source: AsyncGenerator[T, None],
+async def in_band_errors(protocol: ErrorFormat, source: AsyncGenerator[T, None],
                          frame: Callable[[Any], T]) -> AsyncIterator[T]:
     """Relay a streamed reply; an exception after the 200 becomes its last item: the
     protocol's ``error_body`` put in the stream's framing by ``frame`` (e.g. ``sse``)."""

@@ -9,17 +9,14 @@ parses the body once and hands it to the first protocol that accepts it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Sequence
 
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from llmserve.errors import InvalidRequestError
-from llmserve.server.dialect_kit import MalformedBodyError, load_json, render_error
+from llmserve.server.dialect_kit import ErrorFormat, MalformedBodyError, load_json, render_error
 from llmserve.server.openapi import stream_responses
-
-if TYPE_CHECKING:
-    from llmserve.server.protocol import Protocol
 
 
 @dataclass
@@ -43,7 +40,7 @@ class SharedRoute:
 
 
 def mount_shared(router: APIRouter, method: str, path: str,
-                 entries: list[tuple["Protocol", SharedRoute]]) -> Callable[..., Any]:
+                 entries: Sequence[tuple[ErrorFormat, SharedRoute]]) -> Callable[..., Any]:
     """Add the dispatcher for one shared route to ``router``; return its endpoint."""
 
     async def dispatch(request: Request) -> Response:
