@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -27,8 +28,9 @@ class GenerateRequest:
 
     Give either ``prompt`` (text, tokenized by the engine) or ``prompt_token_ids``.
     ``priority``: 1 is highest, larger numbers wait longer. ``deadline`` is an absolute
-    ``time.time()`` after which the request is finished (reason "length" if it produced
-    anything, else an error) and its blocks freed.
+    ``time.monotonic()`` (build it with ``deadline_after``) past which the engine client
+    ends the request: finish reason "length" if it produced output, else
+    ``RequestTimeoutError``; its blocks are freed.
     """
 
     prompt: str | None = None
@@ -39,3 +41,12 @@ class GenerateRequest:
     deadline: float | None = None
     add_special_tokens: bool = True
     mask_factory: Any = None  # Callable[[], LogitsMask] | None
+
+
+def deadline_after(seconds: float | None) -> float | None:
+    """The ``deadline`` for a time budget of ``seconds`` from now (None: no deadline).
+
+    Every deadline in the server is on this one clock: monotonic, so a wall-clock step
+    (NTP, a suspended VM) neither fires nor postpones it.
+    """
+    return None if seconds is None else time.monotonic() + seconds

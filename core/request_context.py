@@ -1,36 +1,50 @@
-"""Per-HTTP-request state shared by the server and the engine client.
+"""The one per-HTTP-request context: its id, admission share, server deadline and log counts.
 
-The server opens one ``RequestScope`` per HTTP request (``llmserve.server.guard``) and
-makes it current in a context variable, so code deep inside a dialect's handler, and the
-engine client's ``generate()``, can find it without every dialect passing it along. It
-carries the request's admission reservation (sequences and prompt tokens waiting for their
-prefill) and its server-wide deadline. Tasks created while handling the request (streaming
-bodies, ``generate_many``'s helpers) copy the context and see the same scope.
+The server's request guard (``llmserve.server.guard``) opens one ``RequestContext`` per HTTP
+request and makes it current in the only context variable the server keeps, so code deep
+inside a dialect's handler, and the engine client's ``generate()``, find it without every
+dialect passing it along. Tasks created while handling the request (streaming bodies,
+``generate_many``'s helpers) copy the context and see the same object. Outside HTTP (tests,
+offline use) there is none and every user treats that as "no limits, nothing to record".
+Only numbers and ids go in: never prompts, outputs or headers.
 """
 
 from __future__ import annotations
 
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
-_current: ContextVar["RequestScope | None"] = ContextVar("llmserve_request_scope", default=None)
+if TYPE_CHECKING:
+    from llmserve.outputs import RequestOutput
+    from llmserve.server.admission import Admission
+
+_current: ContextVar["RequestContext | None"] = ContextVar("llmserve_request_context", default=None)
 
 
 @dataclass(eq=False)
-class RequestScope:
-    """One HTTP request's share of the server's capacity.
+class RequestContext:
+    """One HTTP request as the server tracks it.
 
-    ``owner`` is the admission controller whose totals this scope feeds (or None); it is
-    told about every change so that its totals are always the sum over open scopes.
+    ``deadline`` (``time.monotonic()``) is the server's ``--request-timeout`` for this
+    request; the engine client enforces it together with ``GenerateRequest.deadline``.
+    ``sequences`` / ``waiting_tokens`` are this request's share of the admission totals:
+    ``owner`` (the admission controller, once it registered the request) is told about every
+    change, so its totals are always the sum over open requests. The remaining fields feed
+    the one-line request log.
     """
 
-    started: float
+    request_id: str
+    started: float                      # time.monotonic() when the request arrived
     deadline: float | None = None
-    sequences: int = 0          # reserved by admission checks
-    waiting_tokens: int = 0     # prompt tokens submitted but not yet prefilled
-    owner: Any = None
+    sequences: int = 0                  # reserved by admission checks
+    waiting_tokens: int = 0             # prompt tokens submitted but not yet prefilled
+    owner: "Admission | None" = None
     closed: bool = False
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    ttft: float | None = None           # seconds from engine arrival to the first token
+    engine_id: str | None = None        # the first engine request id seen
 
     def add_waiting_tokens(self, count: int) -> None:
         if self.closed or count <= 0:
@@ -47,16 +61,27 @@ class RequestScope:
         if self.owner is not None:
             self.owner.waiting_tokens -= count
 
+    def note_output(self, out: "RequestOutput") -> None:
+        """Add a finished generation's token counts and time to first token."""
+        self.prompt_tokens += out.usage.prompt_tokens
+        self.completion_tokens += out.usage.completion_tokens
+        if self.engine_id is None:
+            self.engine_id = out.request_id
+        t = out.timings
+        if t.first_token is not None and t.arrival:
+            ttft = t.first_token - t.arrival
+            self.ttft = ttft if self.ttft is None else min(self.ttft, ttft)
 
-def current_scope() -> RequestScope | None:
-    """The scope of the HTTP request being served, or None outside of one."""
+
+def current_context() -> RequestContext | None:
+    """The context of the HTTP request being served, or None outside of one."""
     return _current.get()
 
 
-def set_scope(scope: RequestScope | None) -> Any:
-    """Make ``scope`` current; returns the token for ``reset_scope``."""
-    return _current.set(scope)
+def set_context(context: RequestContext | None) -> Token:
+    """Make ``context`` current; returns the token for ``reset_context``."""
+    return _current.set(context)
 
 
-def reset_scope(token: Any) -> None:
+def reset_context(token: Token) -> None:
     _current.reset(token)

@@ -1,108 +1,27 @@
-"""The engine thread and the asyncio client that protocols call.
+"""The asyncio client that protocols call; the engine itself runs on ``EngineLoop``'s thread.
 
-The blocking ``backend.step`` runs only on the engine thread; the event loop only queues
-commands and awaits events. ``generate()`` is an async iterator of ``RequestOutput``;
-leaving it early (client gone, task cancelled) aborts the request on the engine thread.
+The event loop only queues commands and awaits events. ``generate()`` is an async iterator
+of ``RequestOutput``; leaving it early (client gone, task cancelled) aborts the request on
+the engine thread. It is also where deadlines are enforced (see ``generate``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
-from collections import deque
+from dataclasses import replace
 from typing import AsyncIterator, Callable
 
 from llmserve.engine.engine import LLMEngine
+from llmserve.engine.loop import EngineLoop
+from llmserve.engine.stats import EngineStats
 from llmserve.errors import EngineDeadError, InvalidRequestError, LLMServeError, RequestTimeoutError
-from llmserve.outputs import RequestOutput
+from llmserve.outputs import RequestOutput, SequenceDelta
 from llmserve.request import GenerateRequest
-from llmserve.request_context import current_scope
-from llmserve.request_log import note_output
+from llmserve.request_context import current_context
 
 log = logging.getLogger("llmserve.engine")
-
-
-class EngineLoop(threading.Thread):
-    """Runs queued commands and engine steps until stopped or dead.
-
-    ``num_running`` / ``num_waiting`` are the scheduler's sequence counts after the latest
-    step, written by this thread only (admission control reads them without a lock).
-    ``on_death`` callables run on this thread once, right after the loop died.
-    """
-
-    def __init__(self, engine: LLMEngine) -> None:
-        super().__init__(name="llmserve-engine", daemon=True)
-        self.engine = engine
-        self._cv = threading.Condition()
-        self._inbox: deque[Callable[[], None]] = deque()
-        self._stopping = False
-        self._dead = False
-        self.error: BaseException | None = None
-        self.num_running = 0
-        self.num_waiting = 0
-        self.on_death: list[Callable[[BaseException], None]] = []
-
-    def submit(self, command: Callable[[], None]) -> None:
-        with self._cv:
-            if self._dead:  # nobody would ever run it: fail now instead of hanging the caller
-                raise EngineDeadError("the engine is not running; the server is restarting")
-            self._inbox.append(command)
-            self._cv.notify()
-
-    def stop(self) -> None:
-        with self._cv:
-            self._stopping = True
-            self._cv.notify()
-
-    def run(self) -> None:
-        engine = self.engine
-        try:
-            while True:
-                with self._cv:
-                    while not self._inbox and not engine.has_work and not self._stopping:
-                        self._cv.wait()
-                    if self._stopping:
-                        return
-                    commands = list(self._inbox)
-                    self._inbox.clear()
-                for command in commands:
-                    command()
-                if engine.has_work:
-                    engine.step()
-                self.num_running = engine.scheduler.num_running
-                self.num_waiting = engine.scheduler.num_waiting
-        except BaseException as exc:  # noqa: BLE001 - the loop must report, not vanish
-            self._die(exc)
-
-    def _die(self, exc: BaseException) -> None:
-        """Tell the listeners, then fail every request (the queued commands' included)."""
-        self.error = exc
-        log.error("engine loop died: %s: %s", type(exc).__name__, exc, exc_info=exc)
-        engine = self.engine
-        with self._cv:
-            self._dead = True
-            leftover = list(self._inbox)
-            self._inbox.clear()
-        # Listeners first, so anyone who sees a request fail already sees the death recorded.
-        for callback in list(self.on_death):
-            try:
-                callback(exc)
-            except Exception:  # noqa: BLE001
-                log.exception("engine death listener failed")
-        for command in leftover:  # e.g. add_request: run it so the request gets its error below
-            try:
-                command()
-            except Exception:  # noqa: BLE001
-                pass
-        dead = EngineDeadError("the engine failed and is restarting; retry the request")
-        for rid in list(engine.requests):
-            try:
-                engine.abort(rid, error=dead)
-            except Exception:  # noqa: BLE001
-                pass
-        self.num_running = self.num_waiting = 0
 
 
 class EngineClient:
@@ -120,6 +39,17 @@ class EngineClient:
     @property
     def is_dead(self) -> bool:
         return self.loop.error is not None or not self.loop.is_alive()
+
+    def stats(self) -> EngineStats:
+        """The engine's counters as of its latest iteration: cheap, lock-free, one consistent set."""
+        snapshot = self.loop.stats
+        if self.is_dead and not snapshot.dead:
+            return replace(snapshot, running=0, waiting=0, dead=True)
+        return snapshot
+
+    def on_death(self, callback: Callable[[BaseException], None]) -> None:
+        """Call ``callback(error)`` on the engine thread once, if the engine loop dies."""
+        self.loop.on_death.append(callback)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
@@ -213,7 +143,18 @@ class EngineClient:
         return await fut
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
-        """Run ``request``; yield its events until the finished one. Raises kernel errors."""
+        """Run ``request``; yield its events until the finished one. Raises kernel errors.
+
+        Deadlines are enforced here and nowhere else: ``request.deadline`` (the request's own
+        budget, e.g. MindIE's and Triton's ``timeout``) and the HTTP request's
+        ``--request-timeout`` (``RequestContext.deadline``), both on ``time.monotonic()``. Here,
+        not on the engine thread, because this is the one place that sees both, and an asyncio
+        timer fires on time even while the engine thread is inside a long step. At the earlier
+        of the two the request is aborted (its blocks are free before the engine's next step):
+        a request past its own deadline finishes with "length" if it produced output, else
+        fails with ``RequestTimeoutError``; the server's ``--request-timeout`` is a hard limit
+        that fails it with ``RequestTimeoutError`` even after output (in-band on streams).
+        """
         if self.info.task == "embed":
             raise InvalidRequestError("this server runs an embedding model (--task embed); it serves "
                                       "/v1/embeddings, /score and /rerank, not generation", param="model")
@@ -224,8 +165,9 @@ class EngineClient:
         prompt_ids = list(self.prepare(request))
         aio = asyncio.get_running_loop()
         queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
-        scope = current_scope()  # the HTTP request's admission share and deadline, if any
-        deadline = scope.deadline if scope is not None else None
+        ctx = current_context()  # the HTTP request's admission share, deadline and log counts, if any
+        limit = ctx.deadline if ctx is not None else None
+        deadline = min((d for d in (request.deadline, limit) if d is not None), default=None)
 
         def sink(out: RequestOutput) -> None:
             try:
@@ -235,9 +177,10 @@ class EngineClient:
 
         self.loop.submit(lambda: self.engine.add_request(request, prompt_ids, sink))
         pending_tokens = len(prompt_ids)  # waiting for prefill until the first event arrives
-        if scope is not None:
-            scope.add_waiting_tokens(pending_tokens)
-        done = False
+        if ctx is not None:
+            ctx.add_waiting_tokens(pending_tokens)
+        progress = _Progress()
+        done = cut = False
         try:
             while True:
                 if deadline is None:
@@ -246,25 +189,26 @@ class EngineClient:
                     try:
                         out = await asyncio.wait_for(queue.get(), max(0.0, deadline - time.monotonic()))
                     except asyncio.TimeoutError:
-                        raise RequestTimeoutError("the request took longer than the server's request timeout "
-                                                  "and was aborted") from None
-                if scope is not None and pending_tokens:
-                    scope.remove_waiting_tokens(pending_tokens)
+                        out = progress.past_deadline(request, hard=deadline == limit)  # or raises
+                        cut = True
+                if ctx is not None and pending_tokens:
+                    ctx.remove_waiting_tokens(pending_tokens)
                     pending_tokens = 0
                 if out.error is not None:
                     done = True
                     raise out.error
-                done = out.finished
-                if done:
-                    note_output(out)  # token counts and timings for the request log line
+                progress.add(out)
+                if out.finished and ctx is not None:
+                    ctx.note_output(out)  # token counts and timings for the request log line
                 yield out
-                if done:
+                if out.finished:
+                    done = not cut  # a cut request still runs in the engine: abort it below
                     return
         finally:
-            if scope is not None and pending_tokens:
-                scope.remove_waiting_tokens(pending_tokens)
+            if ctx is not None and pending_tokens:
+                ctx.remove_waiting_tokens(pending_tokens)
             if not done:
-                self.abort(request.request_id)
+                self.abort(request.request_id, "length" if cut else "abort")
 
     async def generate_many(self, requests: list[GenerateRequest]) -> AsyncIterator[tuple[int, RequestOutput]]:
         """Run several requests concurrently; yield ``(request index, event)`` as events arrive.
@@ -302,9 +246,10 @@ class EngineClient:
             for task in tasks:
                 task.cancel()
 
-    def abort(self, request_id: str) -> None:
+    def abort(self, request_id: str, reason: str = "abort") -> None:
+        """Stop ``request_id`` and free its blocks; ``reason`` is what the metrics count it as."""
         try:
-            self.loop.submit(lambda: self.engine.abort(request_id))
+            self.loop.submit(lambda: self.engine.abort(request_id, reason))
         except EngineDeadError:
             pass  # a dead engine already failed (and forgot) every request
 
@@ -342,3 +287,37 @@ class EngineClient:
         self.loop.stop()
         self.loop.join(timeout=10)
         self.engine.backend.close()
+
+
+class _Progress:
+    """What a stream has delivered so far: enough to end it with "length" at its deadline."""
+
+    __slots__ = ("produced", "finished", "last", "latest")
+
+    def __init__(self) -> None:
+        self.produced = False                   # some sequence delivered a token
+        self.finished: set[int] = set()         # sequence indexes that already ended
+        self.last: dict[int, SequenceDelta] = {}
+        self.latest: RequestOutput | None = None
+
+    def add(self, out: RequestOutput) -> None:
+        self.latest = out
+        for d in out.outputs:
+            self.produced = self.produced or bool(d.token_ids)
+            self.last[d.index] = d
+            if d.finish_reason is not None:
+                self.finished.add(d.index)
+
+    def past_deadline(self, request: GenerateRequest, hard: bool) -> RequestOutput:
+        """The final "length" event of a request cut at its own deadline after output; else
+        raise the timeout error (no output yet, or the server's hard ``--request-timeout``)."""
+        if hard:
+            raise RequestTimeoutError("the request took longer than the server's request timeout and was aborted")
+        if not self.produced or self.latest is None:  # a best_of request delivers nothing before its end
+            raise RequestTimeoutError("request timed out before producing output")
+        outputs = [SequenceDelta(index=i, finish_reason="length",
+                                 cumulative_logprob=self.last[i].cumulative_logprob if i in self.last else 0.0,
+                                 num_tokens=self.last[i].num_tokens if i in self.last else 0)
+                   for i in range(request.sampling.n) if i not in self.finished]
+        return RequestOutput(request.request_id, outputs=outputs, finished=True,
+                             usage=replace(self.latest.usage), timings=self.latest.timings)

@@ -4,11 +4,12 @@ Every generation route of every dialect calls ``context.admission.check(n)`` fir
 with ``n`` the number of sequences it will generate (n, best_of, or one per prompt), before
 any templating, tokenizing or grammar compiling. Over a cap, or while the server drains
 for shutdown, the check raises ``OverloadedError`` (503 with Retry-After; TGI routes render
-it as 429 ``overloaded``). The reservation lives in the HTTP request's ``RequestScope`` and
+it as 429 ``overloaded``). The reservation lives in the HTTP request's ``RequestContext`` and
 is given back when the request's response ends, however it ends.
 
 Counts are kept on the event loop (no locks): ``in_flight`` sequences reserved by open
-scopes, and ``waiting_tokens`` prompt tokens submitted to the engine but not yet prefilled.
+requests, and ``waiting_tokens`` prompt tokens submitted to the engine but not yet prefilled;
+the engine's own queue comes from ``engine.stats()``.
 A request "waits" when it cannot start at once: more sequences are in flight than the
 engine runs in one batch (``--max-num-seqs``), or the engine already has a queue.
 """
@@ -18,10 +19,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
+from llmserve.config import ServerConfig
 from llmserve.errors import EngineDeadError, InvalidRequestError, OverloadedError
-from llmserve.request_context import RequestScope, current_scope
+from llmserve.request import deadline_after
+from llmserve.request_context import RequestContext, current_context
+
+if TYPE_CHECKING:
+    from llmserve.server.context import ServerContext
 
 log = logging.getLogger("llmserve.server")
 
@@ -29,23 +35,18 @@ log = logging.getLogger("llmserve.server")
 class Admission:
     """The server's admission controller (``context.admission``)."""
 
-    def __init__(self, context: Any) -> None:
+    def __init__(self, context: "ServerContext") -> None:
         self.context = context
-        self.in_flight = 0           # sequences reserved by open scopes
+        self.in_flight = 0           # sequences reserved by open requests
         self.waiting_tokens = 0      # prompt tokens waiting for their prefill
-        self.scopes: set[RequestScope] = set()
+        self.requests: set[RequestContext] = set()
         self.rejected = 0
         self._idle = asyncio.Event()  # binds to the event loop on first use
 
     # -- limits ---------------------------------------------------------------------------------
     @property
-    def config(self) -> Any:
+    def config(self) -> ServerConfig:
         return self.context.config
-
-    def _engine_waiting(self) -> int:
-        engine = self.context.engine
-        loop = getattr(engine, "loop", None)
-        return int(getattr(loop, "num_waiting", 0) or 0)
 
     def check(self, n: int = 1) -> None:
         """Reserve ``n`` sequences for the current HTTP request, or raise OverloadedError."""
@@ -54,7 +55,8 @@ class Admission:
         if self.context.draining:
             self._reject("the server is shutting down; retry the request", "draining")
         engine = self.context.engine
-        if engine is not None and getattr(engine, "is_dead", False):
+        stats = engine.stats() if engine is not None else None
+        if stats is not None and stats.dead:
             raise EngineDeadError("the engine is not running; the server is restarting")
         most = min(c for c in (cfg.max_concurrent_requests,
                                cfg.max_num_seqs + cfg.max_waiting_requests if cfg.max_waiting_requests is not None
@@ -66,48 +68,47 @@ class Admission:
         if cap is not None and self.in_flight + n > cap:
             self._reject(f"{self.in_flight} requests in flight (limit {cap})", "concurrent")
         if cfg.max_waiting_requests is not None:
-            queued = self._engine_waiting()
+            queued = stats.waiting if stats is not None else 0
             waiting = max(self.in_flight + n - cfg.max_num_seqs, queued + n if queued else 0)
             if waiting > cfg.max_waiting_requests:
                 self._reject(f"the queue is full (limit {cfg.max_waiting_requests} waiting requests)", "waiting")
         if cfg.max_waiting_tokens is not None and self.waiting_tokens >= cfg.max_waiting_tokens:
             self._reject(f"{self.waiting_tokens} prompt tokens are waiting (limit {cfg.max_waiting_tokens})",
                          "waiting_tokens")
-        scope = current_scope()
-        if scope is not None and scope.owner is self and not scope.closed:
-            scope.sequences += n
+        ctx = current_context()
+        if ctx is not None and ctx.owner is self and not ctx.closed:
+            ctx.sequences += n
             self.in_flight += n
 
     def _reject(self, why: str, reason: str) -> None:
         self.rejected += 1
-        metrics = getattr(self.context, "metrics", None)
-        if metrics is not None:  # llmserve:admission_rejections_total{reason=...}
-            metrics.rejected(reason)
+        self.context.metrics.rejected(reason)  # llmserve:admission_rejections_total{reason=...}
         log.info("request refused: %s", why)
         raise OverloadedError(f"the server is overloaded: {why}")
 
-    # -- scopes -----------------------------------------------------------------------------------
-    def open(self) -> RequestScope:
-        timeout = self.config.request_timeout
-        now = time.monotonic()
-        scope = RequestScope(started=now, deadline=now + timeout if timeout else None, owner=self)
-        self.scopes.add(scope)
-        return scope
+    # -- requests -------------------------------------------------------------------------------
+    def open(self, ctx: RequestContext) -> None:
+        """Start counting ``ctx`` (an HTTP request): its reservations and its deadline, the
+        server's ``--request-timeout`` from now."""
+        ctx.owner = self
+        ctx.deadline = deadline_after(self.config.request_timeout)
+        self.requests.add(ctx)
 
-    def close(self, scope: RequestScope) -> None:
-        if scope.closed:
+    def close(self, ctx: RequestContext) -> None:
+        """Give back everything ``ctx`` reserved (idempotent)."""
+        if ctx.closed or ctx.owner is not self:
             return
-        self.in_flight -= scope.sequences
-        self.waiting_tokens -= scope.waiting_tokens
-        scope.closed = True
-        self.scopes.discard(scope)
+        self.in_flight -= ctx.sequences
+        self.waiting_tokens -= ctx.waiting_tokens
+        ctx.closed = True
+        self.requests.discard(ctx)
         if not self.active:
             self._idle.set()
 
     @property
     def active(self) -> int:
-        """Open scopes that reserved capacity (generation requests in flight)."""
-        return sum(1 for s in self.scopes if s.sequences)
+        """Open requests that reserved capacity (generation requests in flight)."""
+        return sum(1 for r in self.requests if r.sequences)
 
     async def wait_idle(self, timeout: float) -> bool:
         """Wait until no generation request is in flight; False if ``timeout`` ran out first."""

@@ -13,8 +13,7 @@ from starlette.routing import BaseRoute
 from llmserve import __version__
 from llmserve.errors import ConfigError, LLMServeError, NotFoundError
 from llmserve.server.errors import openai_error_response, to_error
-from llmserve.server.guard import RequestGuard
-from llmserve.server.middleware import install as install_middleware
+from llmserve.server.guard import install as install_guard
 from llmserve.server.openapi import OPENAI_ERROR_SCHEMA, declare_errors
 from llmserve.server.shared import mount_shared
 
@@ -104,10 +103,9 @@ def build_app(context: "ServerContext", protocols: "dict[str, Protocol]", lifesp
     for exc_type in (LLMServeError, HTTPException, RequestValidationError, ValueError, TypeError, KeyError,
                      Exception):
         app.add_exception_handler(exc_type, on_error)
-    # Request scopes (admission, deadline) and abort-on-disconnect; added first so the guards
-    # below run before it and a refused request never holds capacity.
-    app.add_middleware(RequestGuard, context=context)
-    install_middleware(app, context)  # API keys, body limit, CORS, request log; raises on unsafe CORS
+    # The one request middleware (request context, API keys, body limit, admission, abort on
+    # disconnect, request log) and CORS; raises on unsafe CORS.
+    install_guard(app, context)
     return app
 
 

@@ -3,26 +3,37 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmserve.config import ServerConfig
 from llmserve.errors import NotFoundError
+from llmserve.server.admission import Admission
 from llmserve.server.metrics import Metrics
+
+if TYPE_CHECKING:  # names only: importing them here would pull the engine and pluggy in early
+    from starlette.responses import StreamingResponse
+
+    from llmserve.engine.backend import ModelInfo
+    from llmserve.engine.client import EngineClient
+    from llmserve.guided import GuidedDecoding
+    from llmserve.hooks.manager import PluginManager
+    from llmserve.hooks.registry import Registry
 
 
 @dataclass
 class ServerContext:
     """Shared by all protocols of one server.
 
-    ``engine`` is the asyncio engine client (``generate()``, ``abort()``); ``model`` is the
-    backend's ``ModelInfo``; ``state`` is free for plugins (key it by plugin name).
+    ``engine`` is the asyncio engine client (``generate()``, ``abort()``, ``stats()``);
+    ``model`` is the backend's ``ModelInfo``; both are None until the model has loaded.
+    ``state`` is free for plugins (key it by plugin name).
     """
 
     config: ServerConfig
-    model: Any = None
-    engine: Any = None
-    registry: Any = None
-    plugins: Any = None
+    model: "ModelInfo | None" = None
+    engine: "EngineClient | None" = None
+    registry: "Registry | None" = None
+    plugins: "PluginManager | None" = None
     state: dict[str, Any] = field(default_factory=dict)
     # Readiness (GET /ready): ``ready`` turns on once the model is loaded and the app started;
     # set ``draining`` when shutting down so load balancers stop sending new requests.
@@ -33,16 +44,13 @@ class ServerContext:
     metrics: Metrics = field(default_factory=Metrics)
     # Admission control (``llmserve.server.admission``): generation routes call
     # ``context.admission.check(n)`` before any tokenizing or templating work.
-    admission: Any = field(default=None, repr=False)
-    _guided: Any = field(default=None, init=False, repr=False)
+    admission: "Admission" = field(init=False, repr=False)
+    _guided: "GuidedDecoding | None" = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        if self.admission is None:
-            from llmserve.server.admission import Admission
+        self.admission = Admission(self)
 
-            self.admission = Admission(self)
-
-    def sse_response(self, body: Any, headers: dict[str, str] | None = None) -> Any:
+    def sse_response(self, body: Any, headers: dict[str, str] | None = None) -> "StreamingResponse":
         """A ``text/event-stream`` StreamingResponse over ``body`` with keep-alive pings
         (``: ping`` after every ``--sse-ping-interval`` silent seconds). Every SSE route uses it."""
         from starlette.responses import StreamingResponse
@@ -53,7 +61,7 @@ class ServerContext:
                                  headers=headers)
 
     @property
-    def guided(self) -> Any:
+    def guided(self) -> "GuidedDecoding":
         """The server's ``llmserve.guided.GuidedDecoding``, created on first use (after the
         model has loaded); decoders are built only when a request needs them."""
         if self._guided is None:
@@ -70,7 +78,7 @@ class ServerContext:
             return "draining"
         if not self.ready or self.model is None or self.engine is None:
             return "loading"
-        if getattr(self.engine, "is_dead", False):
+        if self.engine.is_dead:
             return "engine dead"
         return None
 

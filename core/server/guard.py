@@ -1,47 +1,117 @@
-"""The request guard: one ASGI wrapper that gives every HTTP request its scope and notices
-when the client goes away.
+"""The request guard: the one ASGI middleware every HTTP request passes through.
 
-It is pure ASGI on purpose: a ``BaseHTTPMiddleware`` would hide ``http.disconnect`` from
-the routes. For each HTTP request it
+For each HTTP request it
 
-- opens a ``RequestScope`` (admission reservation, deadline) and closes it when the
-  response has ended, whatever happened, so capacity is always given back;
+- opens the request's ``RequestContext`` (id, admission share, deadline, log counts) and
+  makes it current: the only per-request context variable the server has;
+- runs the checks of ``llmserve.server.middleware`` (API key, body size, content type) and
+  answers refusals in the route's dialect, before the request can hold any capacity;
+- registers the context with admission control and gives its reservation back when the
+  response has ended, whatever happened;
 - once the request body has been read, waits for ``http.disconnect`` in the background and,
   if the client leaves before the response is complete, cancels the route. Cancelling
   reaches the engine client's ``generate()``, whose ``finally`` aborts the request, so its
   KV blocks are freed at the engine's next command poll (before its next step). That covers
-  non-streaming routes too, which would otherwise await the whole result for nobody.
+  non-streaming routes too, which would otherwise await the whole result for nobody;
+- writes the one-line request log (``llmserve.access``): ids, route, status, token counts,
+  time to first token and total time; never prompts, outputs or headers.
+
+It is pure ASGI on purpose: Starlette's ``BaseHTTPMiddleware`` runs the app in a separate task
+and would hide ``http.disconnect`` from it.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import logging
+import re
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
 
-from llmserve.request_context import reset_scope, set_scope
+from starlette.datastructures import Headers
+
+from llmserve.errors import ConfigError
+from llmserve.request_context import RequestContext, reset_context, set_context
+from llmserve.server.middleware import Checks, Message, Receive, Scope, Send
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from llmserve.server.context import ServerContext
+
+access_log = logging.getLogger("llmserve.access")
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
 class RequestGuard:
-    """``app.add_middleware(RequestGuard, context=context)``."""
+    """``app.add_middleware(RequestGuard, fastapi_app=app, context=context)`` (``install()`` does)."""
 
-    def __init__(self, app: Any, context: Any) -> None:
+    def __init__(self, app: Any, fastapi_app: "FastAPI", context: "ServerContext") -> None:
         self.app = app
         self.context = context
+        self.checks = Checks(fastapi_app, context.config)
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        admission = self.context.admission
-        rscope = admission.open()
-        token = set_scope(rscope)
-        try:
-            await self._serve(scope, receive, send)
-        finally:
-            reset_scope(token)
-            admission.close(rscope)
+        headers = Headers(scope=scope)
+        given_id = headers.get("x-request-id", "")
+        ctx = RequestContext(given_id if _REQUEST_ID.fullmatch(given_id) else uuid.uuid4().hex, time.monotonic())
+        token = set_context(ctx)
+        route, endpoint = self.checks.match(scope)
+        state: dict[str, Any] = {"status": None, "too_large": False}
 
-    async def _serve(self, scope: dict, receive: Any, send: Any) -> None:
+        async def send_status(message: Message) -> None:
+            if state["too_large"]:
+                return  # the body overflowed: whatever the app answers is replaced by a 413
+            if message["type"] == "http.response.start":
+                state["status"] = message["status"]
+            await send(message)
+
+        try:
+            refusal = self.checks.refusal(scope, headers, endpoint)
+            if refusal is not None:
+                await self.checks.refuse(*refusal, scope, endpoint, send_status)
+                return
+            admission = self.context.admission
+            admission.open(ctx)
+            try:
+                await self._bounded(scope, receive, send_status, endpoint, state)
+            finally:
+                admission.close(ctx)
+        finally:
+            reset_context(token)
+            self._log(scope, route, endpoint, ctx, state["status"], time.monotonic() - ctx.started)
+
+    async def _bounded(self, scope: Scope, receive: Receive, send: Send, endpoint: Any,
+                       state: dict[str, Any]) -> None:
+        """Serve the request, answering 413 if its body turns out larger than the limit."""
+        limit = self.checks.limit
+        received = 0
+
+        async def bounded_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:  # a chunked upload without (or lying about) Content-Length
+                    state["too_large"] = True
+                    raise self.checks.too_large()
+            return message
+
+        try:
+            await self._watched(scope, bounded_receive, send)
+        except Exception:
+            if not state["too_large"]:
+                raise
+        if state["too_large"] and state["status"] is None:
+            state["too_large"] = False  # let our own answer through
+            await self.checks.refuse(self.checks.too_large(), {"Connection": "close"}, scope, endpoint, send)
+
+    async def _watched(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Run the app; cancel it if the client disconnects before the response is complete."""
         gone = asyncio.Event()
         state = {"body_done": False, "complete": False, "cancelled": False}
         tasks: dict[str, asyncio.Task] = {}
@@ -59,7 +129,7 @@ class RequestGuard:
                 state["cancelled"] = True
                 app_task.cancel()
 
-        async def guarded_receive() -> dict:
+        async def guarded_receive() -> Message:
             if state["body_done"]:  # the watcher owns the channel now; relay what it saw
                 await gone.wait()
                 return {"type": "http.disconnect"}
@@ -71,7 +141,7 @@ class RequestGuard:
                 tasks["watch"] = asyncio.create_task(watch())
             return message
 
-        async def guarded_send(message: dict) -> None:
+        async def guarded_send(message: Message) -> None:
             if message["type"] == "http.response.body" and not message.get("more_body", False):
                 state["complete"] = True
             await send(message)
@@ -88,3 +158,34 @@ class RequestGuard:
             watcher = tasks.get("watch")
             if watcher is not None:
                 watcher.cancel()
+
+    def _log(self, scope: Scope, route: str | None, endpoint: Any, ctx: RequestContext, status: int | None,
+             seconds: float) -> None:
+        if not access_log.isEnabledFor(logging.INFO):
+            return
+        path = route or "-"  # the route template: no ids or names from the URL
+        ttft = f"{ctx.ttft:.3f}s" if ctx.ttft is not None else "-"
+        access_log.info("request_id=%s engine_id=%s dialect=%s route=\"%s %s\" status=%s prompt_tokens=%d "
+                        "completion_tokens=%d ttft=%s total=%.3fs", ctx.request_id, ctx.engine_id or "-",
+                        self.checks.dialect(endpoint), scope["method"], path, status if status is not None else "-",
+                        ctx.prompt_tokens, ctx.completion_tokens, ttft, seconds)
+
+
+def install(app: "FastAPI", context: "ServerContext") -> None:
+    """Add the request guard (and CORS when configured) to ``app``. Raises ConfigError on unsafe CORS."""
+    config = context.config
+    origins = list(config.cors_allow_origins)
+    if config.cors_allow_credentials and "*" in origins:
+        raise ConfigError("--cors-allow-credentials cannot be combined with --cors-allow-origins '*': "
+                          "list the origins allowed to send credentials")
+    if config.cors_allow_credentials and not origins:
+        raise ConfigError("--cors-allow-credentials needs --cors-allow-origins (the origins allowed to send them)")
+    app.add_middleware(RequestGuard, fastapi_app=app, context=context)
+    if origins:
+        from starlette.middleware.cors import CORSMiddleware
+
+        # Added last, so it runs first: preflights are answered before the API-key check
+        # (browsers send them without credentials) and refusals still carry CORS headers.
+        app.add_middleware(CORSMiddleware, allow_origins=origins, allow_credentials=config.cors_allow_credentials,
+                           allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"],
+                           expose_headers=["X-Request-Id", "Retry-After"], max_age=600)

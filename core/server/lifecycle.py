@@ -20,11 +20,14 @@ import asyncio
 import logging
 import signal
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
 from llmserve.errors import ShuttingDownError
+
+if TYPE_CHECKING:
+    from llmserve.server.context import ServerContext
 
 log = logging.getLogger("llmserve.server")
 
@@ -35,7 +38,7 @@ ANSWER_GRACE_S = 2.0  # time for aborted requests' error responses to go out
 class LLMServer(uvicorn.Server):
     """``uvicorn.Server`` with llmserve's drain-then-exit shutdown and engine-death exit."""
 
-    def __init__(self, config: uvicorn.Config, context: Any) -> None:
+    def __init__(self, config: uvicorn.Config, context: "ServerContext") -> None:
         super().__init__(config)
         self.context = context
         self.exit_code = 0
@@ -47,7 +50,7 @@ class LLMServer(uvicorn.Server):
         self._aio = asyncio.get_running_loop()
         engine = self.context.engine
         if engine is not None:
-            engine.loop.on_death.append(lambda exc: self._call(self._engine_died))
+            engine.on_death(lambda exc: self._call(self._engine_died))
             if engine.is_dead:
                 self._engine_died()
         await super().startup(sockets=sockets)
@@ -121,7 +124,7 @@ class LLMServer(uvicorn.Server):
         self.should_exit = True
 
 
-def make_server(app: Any, context: Any, *, port: int | None = None) -> LLMServer:
+def make_server(app: Any, context: "ServerContext", *, port: int | None = None) -> LLMServer:
     """The uvicorn server for ``app`` with the HTTP settings of ``context.config``
     (``port`` overrides the configured one)."""
     config = context.config
@@ -130,7 +133,7 @@ def make_server(app: Any, context: Any, *, port: int | None = None) -> LLMServer
                      context)
 
 
-def serve(app: Any, context: Any) -> int:
+def serve(app: Any, context: "ServerContext") -> int:
     """Run ``app`` until it is stopped; return the process exit code."""
     server = make_server(app, context)
     server.run()

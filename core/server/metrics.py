@@ -3,8 +3,8 @@
 Two kinds of numbers end up on ``GET /metrics``:
 
 * values the engine already keeps (queue lengths, KV usage, prefix-cache and preemption
-  counters, token totals) are read at scrape time, without locks: each is a plain int or
-  a ``len()`` that the engine thread updates and the event loop only reads;
+  counters, token totals) come from ``EngineClient.stats()`` at scrape time: one snapshot
+  that the engine thread publishes after each iteration, read without locks;
 * per-request observations (latency histograms, finished-request counts) are recorded by
   the engine thread through ``Metrics.token_step`` / ``Metrics.request_finished``, and the
   admission rejection count by the event loop through ``Metrics.rejected``. Each series has
@@ -17,7 +17,10 @@ from __future__ import annotations
 import math
 import time
 from bisect import bisect_left
-from typing import Any, Iterable
+from typing import Iterable
+
+from llmserve.engine.stats import EngineStats
+from llmserve.outputs import Timings
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -128,7 +131,7 @@ class Metrics:
         self.itl.observe(seconds)
         self.tpot.observe(seconds)
 
-    def request_finished(self, reason: str, timings: Any, prompt_tokens: int, generation_tokens: int,
+    def request_finished(self, reason: str, timings: Timings, prompt_tokens: int, generation_tokens: int,
                          now: float | None = None) -> None:
         """Engine thread: a generate request ended (``reason`` is stop/length/abort/error)."""
         now = now or time.time()
@@ -148,8 +151,9 @@ class Metrics:
         self.gen_len.observe(generation_tokens)
 
     # -- exposition -----------------------------------------------------------------------------
-    def render(self, model_name: str, engine: Any = None) -> str:
-        """The whole scrape, in the Prometheus text format (version 0.0.4)."""
+    def render(self, model_name: str, engine: EngineStats | None = None) -> str:
+        """The whole scrape, in the Prometheus text format (version 0.0.4); ``engine`` is
+        ``EngineClient.stats()`` (None before the model has loaded: zeros)."""
         labels = f'model_name="{_escape(model_name)}"'
         out: list[str] = []
 
@@ -164,23 +168,19 @@ class Metrics:
             for key, value in sorted(dict(values).items()):
                 out.append(f'{name}{{{labels},{label}="{_escape(key)}"}} {_num(float(value))}')
 
-        sched = getattr(engine, "scheduler", None)
-        blocks = getattr(engine, "block_manager", None)
-        stats = dict(getattr(engine, "stats", None) or {})
-        usage = float(blocks.usage) if blocks is not None else 0.0
-        gauge("vllm:num_requests_running", "Sequences in the running batch.", sched.num_running if sched else 0)
-        gauge("vllm:num_requests_waiting", "Sequences waiting to be scheduled.", sched.num_waiting if sched else 0)
-        gauge("vllm:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0 to 1).", usage)
+        stats = engine if engine is not None else EngineStats()
+        gauge("vllm:num_requests_running", "Sequences in the running batch.", stats.running)
+        gauge("vllm:num_requests_waiting", "Sequences waiting to be scheduled.", stats.waiting)
+        gauge("vllm:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0 to 1).", stats.kv_usage)
         gauge("vllm:gpu_cache_usage_perc", "Fraction of KV-cache blocks in use (0 to 1); older name of "
-              "vllm:kv_cache_usage_perc.", usage)
+              "vllm:kv_cache_usage_perc.", stats.kv_usage)
         counter("vllm:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.",
-                getattr(blocks, "prefix_queried_tokens", 0))
-        counter("vllm:prefix_cache_hits_total", "Prompt tokens found in the prefix cache.",
-                getattr(blocks, "prefix_hit_tokens", 0))
+                stats.prefix_queried_tokens)
+        counter("vllm:prefix_cache_hits_total", "Prompt tokens found in the prefix cache.", stats.prefix_hit_tokens)
         counter("vllm:num_preemptions_total", "Sequences preempted (KV blocks reclaimed, recomputed later).",
-                getattr(sched, "num_preemptions_total", 0))
-        counter("vllm:prompt_tokens_total", "Prompt tokens of finished requests.", stats.get("prompt_tokens", 0))
-        counter("vllm:generation_tokens_total", "Generated tokens.", stats.get("generation_tokens", 0))
+                stats.preemptions)
+        counter("vllm:prompt_tokens_total", "Prompt tokens of finished requests.", stats.prompt_tokens)
+        counter("vllm:generation_tokens_total", "Generated tokens.", stats.generation_tokens)
         counter("vllm:request_success_total", "Finished requests by finish reason.", self.success, "finished_reason")
         for hist in (self.ttft, self.itl, self.tpot, self.e2e, self.queue, self.prefill, self.decode,
                      self.prompt_len, self.gen_len):

@@ -1,33 +1,26 @@
-"""HTTP guards in front of every dialect: API keys, body size, content type, CORS, request log.
+"""The checks in front of every dialect: API keys, body size, content type.
 
-Written as plain ASGI (not Starlette's ``BaseHTTPMiddleware``, which runs the app in a
-separate task and hides ``http.disconnect`` from it), so handlers still see a client go away
-and abort its generation. Refusals are rendered by the protocol that owns the route, in its
-own error format, exactly as errors raised inside the route would be.
+``llmserve.server.guard.RequestGuard``, the one request middleware, runs them before any
+route. Refusals are rendered by the protocol that owns the route, in its own error format, exactly
+as errors raised inside the route would be.
 """
 
 from __future__ import annotations
 
 import hmac
-import logging
-import re
-import time
-import uuid
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, TypeVar
 
 from starlette.requests import Request
 from starlette.routing import compile_path
 
-from llmserve import request_log
-from llmserve.errors import ConfigError, InvalidRequestError, LLMServeError, PayloadTooLargeError, UnauthorizedError
+from llmserve.errors import InvalidRequestError, LLMServeError, PayloadTooLargeError, UnauthorizedError
 from llmserve.server.errors import openai_error_response
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-    from llmserve.server.context import ServerContext
+    from llmserve.config import ServerConfig
 
-access_log = logging.getLogger("llmserve.access")
 Scope = dict[str, Any]
 Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -36,9 +29,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 PUBLIC_ATTR = "__llmserve_public__"
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
-# Media types a route may receive: JSON, and raw bytes (Triton's binary tensor extension).
-# The route still parses and validates the body; this only turns away forms and text early.
-_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
 def public_route(kind: str = "always") -> Callable[[F], F]:
@@ -55,6 +45,8 @@ def public_route(kind: str = "always") -> Callable[[F], F]:
 
 
 def _json_media(content_type: str) -> bool:
+    # Media types a route may receive: JSON, and raw bytes (Triton's binary tensor extension).
+    # The route still parses and validates the body; this only turns away forms and text early.
     media = content_type.split(";", 1)[0].strip().lower()
     return media in ("", "application/json", "application/octet-stream") or (
         media.startswith("application/") and media.endswith("+json"))
@@ -80,14 +72,16 @@ def key_matches(candidate: str | None, keys: list[bytes]) -> bool:
     return ok and candidate is not None
 
 
-class ServerMiddleware:
-    """Authenticates, bounds and content-checks each HTTP request, then logs one line for it."""
+class Checks:
+    """The checks every HTTP request passes before its route runs, and the refusals they give.
 
-    def __init__(self, app: Any, fastapi_app: "FastAPI", context: "ServerContext") -> None:
-        self.app = app
+    Used by ``RequestGuard`` (``llmserve.server.guard``), the one middleware: it asks
+    ``refusal()`` first and answers with ``refuse()``, in the format of the protocol that owns
+    the route, exactly as errors raised inside the route would be.
+    """
+
+    def __init__(self, fastapi_app: "FastAPI", config: "ServerConfig") -> None:
         self.fastapi_app = fastapi_app
-        self.context = context
-        config = context.config
         self.keys = [k.encode("utf-8", "surrogateescape") for k in config.api_key]
         self.public_metrics = bool(config.public_metrics)
         self.limit = int(config.max_request_body_bytes)
@@ -101,7 +95,7 @@ class ServerMiddleware:
             self._table = [(compile_path(path)[0], methods, endpoint, path) for path, methods, endpoint in table]
         return self._table
 
-    def _match(self, scope: Scope) -> tuple[str | None, Any]:
+    def match(self, scope: Scope) -> tuple[str | None, Any]:
         """(path template, endpoint) that will serve ``scope``; a path match with the wrong method counts
         (the route answers 405 in its dialect)."""
         path, root = scope.get("path", ""), scope.get("root_path", "")
@@ -123,120 +117,45 @@ class ServerMiddleware:
             return False
         return kind == "always" or (kind == "metrics" and self.public_metrics)
 
-    async def _refuse(self, error: LLMServeError, scope: Scope, endpoint: Any, send: Send,
-                      headers: dict[str, str] | None = None) -> None:
+    def dialect(self, endpoint: Any) -> str:
+        """The name of the protocol that owns ``endpoint`` ("-" if none does)."""
         owner = getattr(self.fastapi_app.state, "owners", {}).get(endpoint)
-        request = Request(scope)
-        response = owner.error_response(error, request) if owner is not None else openai_error_response(error)
-        for name, value in (headers or {}).items():
-            response.headers[name] = value
-        await response(scope, _no_body, send)
+        protocols = getattr(self.fastapi_app.state, "protocols", {})
+        return next((name for name, p in protocols.items() if p is owner), "-")
 
-    # -- ASGI ------------------------------------------------------------------------------------
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = time.monotonic()
-        headers = Request(scope).headers
-        given_id = headers.get("x-request-id", "")
-        record = request_log.RequestRecord(given_id if _REQUEST_ID.fullmatch(given_id) else uuid.uuid4().hex)
-        token = request_log.current.set(record)
-        route, endpoint = self._match(scope)
-        state = {"status": None, "too_large": False}
-
-        async def send_status(message: Message) -> None:
-            if state["too_large"]:
-                return  # the body overflowed: whatever the app answers is replaced by a 413
-            if message["type"] == "http.response.start":
-                state["status"] = message["status"]
-            await send(message)
-
-        try:
-            await self._serve(scope, receive, send_status, route, endpoint, headers, state)
-        finally:
-            request_log.current.reset(token)
-            self._log(scope, route, endpoint, record, state["status"], time.monotonic() - started)
-
-    async def _serve(self, scope: Scope, receive: Receive, send: Send, route: Any, endpoint: Any,
-                     headers: Any, state: dict[str, Any]) -> None:
+    # -- checks ----------------------------------------------------------------------------------
+    def refusal(self, scope: Scope, headers: Any, endpoint: Any) -> tuple[LLMServeError, dict[str, str]] | None:
+        """Why the request must not reach its route (error, extra headers), or None to let it in."""
         method = scope["method"]
         if self.keys and not self._is_public(endpoint, method):
             if not key_matches(presented_key(headers), self.keys):
-                await self._refuse(UnauthorizedError("Invalid or missing API key; send it as "
-                                                     "'Authorization: Bearer KEY' or 'X-Api-Key: KEY'"),
-                                   scope, endpoint, send, {"WWW-Authenticate": "Bearer"})
-                return
+                return (UnauthorizedError("Invalid or missing API key; send it as 'Authorization: Bearer KEY' "
+                                          "or 'X-Api-Key: KEY'"), {"WWW-Authenticate": "Bearer"})
         length = headers.get("content-length")
         declared = int(length) if length and length.isdigit() else None
         if declared is not None and declared > self.limit:
-            await self._refuse(self._too_large(), scope, endpoint, send, {"Connection": "close"})
-            return
+            return self.too_large(), {"Connection": "close"}
         content_type = headers.get("content-type")
         if method in BODY_METHODS and content_type is not None and declared != 0 and not _json_media(content_type):
             media = content_type.split(";", 1)[0].strip()[:64]
-            await self._refuse(InvalidRequestError(f"Content-Type '{media}' is not supported: send the body as "
-                                                   "application/json"), scope, endpoint, send)
-            return
-        received = 0
+            return InvalidRequestError(f"Content-Type '{media}' is not supported: send the body as "
+                                       "application/json"), {}
+        return None
 
-        async def bounded_receive() -> Message:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.limit:  # a chunked upload without (or lying about) Content-Length
-                    state["too_large"] = True
-                    raise self._too_large()
-            return message
-
-        try:
-            await self.app(scope, bounded_receive, send)
-        except Exception:
-            if not state["too_large"]:
-                raise
-        if state["too_large"] and state["status"] is None:
-            state["too_large"] = False  # let our own answer through
-            await self._refuse(self._too_large(), scope, endpoint, send, {"Connection": "close"})
-
-    def _too_large(self) -> PayloadTooLargeError:
+    def too_large(self) -> PayloadTooLargeError:
         return PayloadTooLargeError(f"request body is larger than the server's limit of {self.limit} bytes "
                                     "(--max-request-body-bytes)")
 
-    def _log(self, scope: Scope, route: Any, endpoint: Any, record: request_log.RequestRecord,
-             status: int | None, seconds: float) -> None:
-        if not access_log.isEnabledFor(logging.INFO):
-            return
+    async def refuse(self, error: LLMServeError, headers: dict[str, str], scope: Scope, endpoint: Any,
+                     send: Send) -> None:
+        """Answer ``error`` in the format of the protocol that owns ``endpoint``."""
         owner = getattr(self.fastapi_app.state, "owners", {}).get(endpoint)
-        protocols = getattr(self.fastapi_app.state, "protocols", {})
-        dialect = next((name for name, p in protocols.items() if p is owner), "-")
-        path = route or "-"  # the route template: no ids or names from the URL
-        ttft = f"{record.ttft:.3f}s" if record.ttft is not None else "-"
-        access_log.info("request_id=%s engine_id=%s dialect=%s route=\"%s %s\" status=%s prompt_tokens=%d "
-                        "completion_tokens=%d ttft=%s total=%.3fs", record.request_id, record.engine_id or "-",
-                        dialect, scope["method"], path, status if status is not None else "-",
-                        record.prompt_tokens, record.completion_tokens, ttft, seconds)
+        request = Request(scope)
+        response = owner.error_response(error, request) if owner is not None else openai_error_response(error)
+        for name, value in headers.items():
+            response.headers[name] = value
+        await response(scope, _no_body, send)
 
 
 async def _no_body() -> Message:
     return {"type": "http.disconnect"}
-
-
-def install(app: "FastAPI", context: "ServerContext") -> None:
-    """Add the guards (and CORS when configured) to ``app``. Raises ConfigError on unsafe CORS."""
-    config = context.config
-    origins = list(config.cors_allow_origins)
-    if config.cors_allow_credentials and "*" in origins:
-        raise ConfigError("--cors-allow-credentials cannot be combined with --cors-allow-origins '*': "
-                          "list the origins allowed to send credentials")
-    if config.cors_allow_credentials and not origins:
-        raise ConfigError("--cors-allow-credentials needs --cors-allow-origins (the origins allowed to send them)")
-    app.add_middleware(ServerMiddleware, fastapi_app=app, context=context)
-    if origins:
-        from starlette.middleware.cors import CORSMiddleware
-
-        # Added last, so it runs first: preflights are answered before the API-key check
-        # (browsers send them without credentials) and refusals still carry CORS headers.
-        app.add_middleware(CORSMiddleware, allow_origins=origins, allow_credentials=config.cors_allow_credentials,
-                           allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"],
-                           expose_headers=["X-Request-Id", "Retry-After"], max_age=600)

@@ -1,6 +1,6 @@
 """MindIE/Triton ``priority`` and ``timeout`` are real: the dialects pass them to the engine as
-GenerateRequest.priority / .deadline, the engine admits priority 1 first and finishes (and
-frees) requests past their deadline. Engine-level tests use a slowed echo backend with one
+GenerateRequest.priority / .deadline, the engine admits priority 1 first and the engine client
+finishes (and frees) requests past their deadline. Engine-level tests use a slowed echo backend with one
 running slot; the HTTP test checks both dialects' timeout errors."""
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def test_waiting_request_past_its_timeout_fails_and_frees_everything():
             await asyncio.sleep(0.005)
         start = time.time()
         with pytest.raises(GenerationError) as err:
-            async for _ in client.generate(request("late", 5, deadline=time.time() + 0.1)):
+            async for _ in client.generate(request("late", 5, deadline=time.monotonic() + 0.1)):
                 pass
         assert err.value.status == 408 and "timed out" in err.value.message
         assert time.time() - start < 0.35  # it did not wait for the blocker to finish
@@ -107,7 +107,7 @@ def test_running_request_past_its_timeout_is_finished_with_length():
 
     async def main():
         text, reasons, count = "", [], 0
-        async for event in client.generate(request("r" * 100, 100, deadline=time.time() + 0.15)):
+        async for event in client.generate(request("r" * 100, 100, deadline=time.monotonic() + 0.15)):
             for d in event.outputs:
                 text += d.text
                 count += len(d.token_ids)
@@ -152,10 +152,10 @@ TEXT = {"inputs": [{"name": "text_input", "shape": [1], "datatype": "BYTES", "da
 ])
 def test_dialects_pass_priority_and_deadline(spied, path, body, key):
     client, seen = spied
-    before = time.time()
+    before = time.monotonic()  # deadlines are on the monotonic clock
     assert client.post(path, json=body).status_code == 200
     assert client.post(path, json={**body, key: {"priority": 1, "timeout": 10}}).status_code == 200
-    after = time.time()
+    after = time.monotonic()
     default, explicit = seen
     assert default.priority == 5 and before + 600 <= default.deadline <= after + 600
     assert explicit.priority == 1 and before + 10 <= explicit.deadline <= after + 10
