@@ -14,11 +14,13 @@ from llmserve.guided import GuidedSpec
 from llmserve.parsing.chain import ChainMaker, ParseChain
 from llmserve.parsing.forced import first_call_only
 from llmserve.parsing.tool_choice import ToolPlan, plan_tools
+from llmserve.server.dialect_kit import SSE_DONE, STREAM_HEADERS, sse
+from llmserve.server.errors import to_error
 from llmserve.text.chat_template import message_text, render_chat
 
 from .deltas import openai_delta
 from .params import chat_sampling, guided_mask, guided_spec, new_request, now
-from .streaming import SSE_HEADERS, TokenText, chat_logprobs, sse, sse_error, to_error, usage_dict
+from .replies import TokenText, chat_logprobs, usage_dict
 from .wire import ChatCompletionRequest
 
 
@@ -105,7 +107,7 @@ class Chat:
         head = {"id": rid, "object": "chat.completion", "created": now(), "model": model}
         if body.stream:
             head["object"] = "chat.completion.chunk"
-            return ctx.sse_response(self._stream(body, req, head, make_chain, plan.parallel), headers=SSE_HEADERS)
+            return ctx.sse_response(self._stream(body, req, head, make_chain, plan.parallel), headers=STREAM_HEADERS)
         return JSONResponse(await self._complete(body, req, head, make_chain, plan.parallel))
 
     async def _complete(self, body: ChatCompletionRequest, req: Any, head: dict,
@@ -188,8 +190,8 @@ class Chat:
             if include_usage:
                 yield sse({**head, "choices": [], "usage": usage_dict(*usage)})
         except Exception as exc:  # noqa: BLE001 - after the 200, errors travel in-band
-            yield sse_error(to_error(exc))
-        yield "data: [DONE]\n\n"
+            yield sse(self.p.error_body(to_error(exc))[1])
+        yield SSE_DONE
 
 
 def _arguments_as_object(call: Any) -> None:

@@ -11,9 +11,11 @@ from starlette.responses import JSONResponse
 from llmserve.errors import InvalidRequestError
 from llmserve.outputs import TokenLogprob
 from llmserve.parsing.chain import ChainMaker, ParseChain
+from llmserve.server.dialect_kit import SSE_DONE, STREAM_HEADERS, sse
+from llmserve.server.errors import to_error
 
 from .params import completion_sampling, guided_mask, new_request, now
-from .streaming import SSE_HEADERS, TokenText, completion_logprobs, sse, sse_error, to_error, usage_dict
+from .replies import TokenText, completion_logprobs, usage_dict
 from .wire import CompletionRequest
 
 
@@ -78,7 +80,7 @@ class Completions:
         rid = f"cmpl-{base}"
         head = {"id": rid, "object": "text_completion", "created": now(), "model": model}
         if body.stream:
-            return ctx.sse_response(self._stream(body, reqs, head, make_chain), headers=SSE_HEADERS)
+            return ctx.sse_response(self._stream(body, reqs, head, make_chain), headers=STREAM_HEADERS)
         return JSONResponse(await self._complete(body, reqs, head, make_chain))
 
     def _prompt_text(self, req: Any) -> str:
@@ -177,8 +179,8 @@ class Completions:
             if include_usage:
                 yield sse({**head, "choices": [], "usage": usage_dict(*self._sum(totals))})
         except Exception as exc:  # noqa: BLE001 - after the 200, errors travel in-band
-            yield sse_error(to_error(exc))
-        yield "data: [DONE]\n\n"
+            yield sse(self.p.error_body(to_error(exc))[1])
+        yield SSE_DONE
 
     @staticmethod
     def _sum(totals: dict[int, tuple[int, int, int]]) -> tuple[int, int, int]:

@@ -1,5 +1,5 @@
-"""What the chat and completions routes share: their streams' framing and in-band errors
-(the kit's ``sse``; the OpenAI envelope), logprob shapes and usage."""
+"""What the chat and completions replies share: token texts, the logprob shapes (non-finite
+logprobs clamped: JSON has no -Infinity) and usage."""
 
 from __future__ import annotations
 
@@ -7,16 +7,7 @@ import math
 from functools import lru_cache
 from typing import Any
 
-from llmserve.errors import LLMServeError
 from llmserve.outputs import TokenLogprob
-from llmserve.server.dialect_kit import STREAM_HEADERS as SSE_HEADERS
-from llmserve.server.dialect_kit import dumps, sse
-from llmserve.server.errors import openai_error_body, to_error
-
-
-def sse_error(error: LLMServeError) -> str:
-    """An error after the 200: the OpenAI envelope as one more event."""
-    return sse(openai_error_body(error))
 
 
 def clamp(x: float) -> float:
@@ -69,7 +60,3 @@ def completion_logprobs(items: list[tuple[int, TokenLogprob | None]], tt: TokenT
 def usage_dict(prompt: int, completion: int, cached: int) -> dict:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
             "prompt_tokens_details": {"cached_tokens": cached}}
-
-
-__all__ = ["dumps", "sse", "sse_error", "TokenText", "chat_logprobs", "completion_logprobs",
-           "usage_dict", "to_error", "SSE_HEADERS"]
