@@ -26,6 +26,11 @@ from llmserve.server.errors import field_error, to_error
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
 
+#: Headers of every streamed reply: no caching, and no buffering in nginx-style proxies.
+STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+#: The OpenAI family's end-of-stream event.
+SSE_DONE = "data: [DONE]\n\n"
+
 
 class ErrorFormat(Protocol):
     """What the kit needs of a dialect: its error format (``llmserve.server.protocol.Protocol``
@@ -34,11 +39,6 @@ class ErrorFormat(Protocol):
     def error_body(self, error: LLMServeError) -> tuple[int, dict[str, Any]]: ...
 
     def error_response(self, error: LLMServeError, request: Request | None) -> Response: ...
-
-#: Headers of every streamed reply: no caching, and no buffering in nginx-style proxies.
-STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-#: The OpenAI family's end-of-stream event.
-SSE_DONE = "data: [DONE]\n\n"
 
 
 class WireModel(BaseModel):
