@@ -130,6 +130,7 @@ class Backend(ABC):
 
     def release(self, seq_ids: list[int]) -> None:
         """Forget per-sequence state (random generators, caches) of finished sequences."""
+        return None  # optional: a backend without per-sequence state has nothing to forget
 
     def embed(self, token_ids: list[list[int]]) -> list[list[float]]:
         """Pooled embeddings for an embedding model (task "embed"); one vector per input."""
@@ -139,3 +140,4 @@ class Backend(ABC):
 
     def close(self) -> None:
         """Free device memory; called once at shutdown."""
+        return None  # optional: nothing to free by default

@@ -33,7 +33,8 @@ class EmbedQueue:
         """Pool everything queued; return how many prompt tokens were pooled."""
         pooled = 0
         while self.pending:
-            batch, tokens = [], 0
+            batch: list[tuple[list[list[int]], Done]] = []
+            tokens = 0
             while self.pending and (not batch or tokens + sum(map(len, self.pending[0][0])) <= self.budget):
                 inputs, done = self.pending.pop(0)
                 batch.append((inputs, done))
@@ -41,7 +42,7 @@ class EmbedQueue:
             flat = [ids for inputs, _ in batch for ids in inputs]
             try:
                 vectors = backend.embed(flat)
-            except Exception as exc:  # noqa: BLE001 - fails these requests only
+            except Exception as exc:  # fails these requests only
                 log.exception("embedding batch failed")
                 for _, done in batch:
                     done(exc)

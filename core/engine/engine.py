@@ -132,7 +132,7 @@ class LLMEngine:
         arrival = time.time()
         try:
             masks = [self._mask(request) for _ in range(sp.num_sequences)]
-        except Exception:  # noqa: BLE001 - a broken mask plugin fails this request only
+        except Exception:  # a broken mask plugin fails this request only
             log.exception("request %s: building its logits mask failed", request.request_id)
             sink(RequestOutput(request.request_id, finished=True, error=request_failed()))
             return
@@ -239,7 +239,7 @@ class LLMEngine:
                     if append_token(seq, result, self.eos_ids, self.max_model_len):
                         finished.append(seq)
                     touched[seq.request_id] = state
-            except Exception as exc:  # noqa: BLE001 - logged, the request fails alone
+            except Exception as exc:  # logged, the request fails alone
                 log.error("request %s failed: %s: %s", seq.request_id, type(exc).__name__, exc,
                           exc_info=not isinstance(exc, InjectedFault))
                 failed.add(seq.request_id)
@@ -253,7 +253,7 @@ class LLMEngine:
         for state in touched.values():
             try:
                 self._emit(state)
-            except Exception:  # noqa: BLE001 - same isolation for assembling the event
+            except Exception:  # same isolation for assembling the event
                 log.exception("request %s failed while assembling its output", state.request.request_id)
                 self.abort(state.request.request_id, error=request_failed())
 

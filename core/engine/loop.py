@@ -82,7 +82,7 @@ class EngineLoop(threading.Thread):
         for callback in list(self.on_death):
             try:
                 callback(exc)
-            except Exception:  # noqa: BLE001
+            except Exception:  # one broken listener must not keep the others from hearing
                 log.exception("engine death listener failed")
         for command in leftover:  # e.g. add_request: run it so the request gets its error below
             try:

@@ -14,7 +14,7 @@ from typing import Callable
 from llmserve.engine.backend import StepResult
 from llmserve.engine.scheduler import ScheduledSeq
 from llmserve.engine.sequence import Sequence
-from llmserve.outputs import RequestOutput, SequenceDelta, Timings, TokenLogprob, Usage
+from llmserve.outputs import FinishReason, RequestOutput, SequenceDelta, Timings, TokenLogprob, Usage
 from llmserve.request import GenerateRequest
 from llmserve.sampling import SamplingParams
 from llmserve.text.detokenizer import IncrementalDetokenizer
@@ -87,9 +87,11 @@ def add_prompt_logprobs(state: RequestState, sched: ScheduledSeq, result: StepRe
 
 def append_token(seq: Sequence, result: StepResult, eos_ids: frozenset[int], max_model_len: int) -> bool:
     """Record one sampled token; return True when the sequence is now finished."""
+    tok = result.token_id
+    if tok is None:  # a prefill chunk that samples nothing
+        return False
     st: SeqState = seq.state
     sp = seq.sampling
-    tok = result.token_id
     seq.append_token(tok)
     st.cumulative_logprob += result.logprob
     delta = st.delta or SequenceDelta(index=seq.index, logprobs=[] if sp.logprobs is not None else None)
@@ -98,7 +100,8 @@ def append_token(seq: Sequence, result: StepResult, eos_ids: frozenset[int], max
     if delta.logprobs is not None:
         delta.logprobs.append(TokenLogprob(tok, result.logprob, result.top or []))
     n_out = seq.num_output_tokens
-    reason = stop_reason = None
+    reason: FinishReason | None = None
+    stop_reason: str | int | None = None
     if n_out >= sp.min_tokens:
         if tok in eos_ids and not sp.ignore_eos:
             reason = "stop"

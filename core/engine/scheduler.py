@@ -147,9 +147,10 @@ class Scheduler:
         # 2. Waiting sequences, best rank first. Skipped after a preemption: the pool is
         # tight, and re-admitting what we just evicted would only thrash.
         while not preempted and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self._peek_waiting()
-            if seq is None:
+            head = self._peek_waiting()
+            if head is None:
                 break
+            seq = head
             # Prompt logprobs need every prompt position computed, so no prefix hits for them.
             cached = bm.match_prefix(seq) if seq.sampling.prompt_logprobs is None else 0
             seq.num_computed_tokens = cached

@@ -8,7 +8,7 @@ from __future__ import annotations
 import enum
 import itertools
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # keep this module import-cheap; the engine passes real objects
     from llmserve.request import LogitsMask
@@ -71,7 +71,7 @@ class Sequence:
         self.sampling = sampling
         self.mask = mask
         self.num_preemptions = 0
-        self.state: object | None = None
+        self.state: Any = None  # the engine's postprocess.SeqState (typed there: no import circle)
 
     # -- token views -----------------------------------------------------------------------
     @property

@@ -56,7 +56,8 @@ def build_app(context: "ServerContext", protocols: "dict[str, Protocol]", lifesp
             endpoint = getattr(route, "endpoint", None)
             if endpoint is not None:
                 owners[endpoint] = protocol
-                table.append((prefix + getattr(route, "path", ""), set(getattr(route, "methods", None) or ()), endpoint))
+                methods = set(getattr(route, "methods", None) or ())
+                table.append((prefix + getattr(route, "path", ""), methods, endpoint))
         app.include_router(router, prefix=prefix)
         for shared in protocol.shared_routes():
             shared_groups.setdefault((shared.method.upper(), prefix + shared.path), []).append((protocol, shared))

@@ -67,6 +67,8 @@ class ServerContext:
         if self._guided is None:
             from llmserve.guided import GuidedDecoding
 
+            if self.engine is None or self.model is None:
+                raise RuntimeError("guided decoding needs the loaded model")
             self._guided = GuidedDecoding(self.registry, self.config.guided_decoding_backend,
                                           self.engine.tokenizer, self.model.vocab_size,
                                           list(self.model.eos_token_ids))

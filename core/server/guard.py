@@ -30,10 +30,11 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from starlette.datastructures import Headers
+from starlette.types import Message, Receive, Scope, Send
 
 from llmserve.errors import ConfigError
 from llmserve.request_context import RequestContext, reset_context, set_context
-from llmserve.server.middleware import Checks, Message, Receive, Scope, Send
+from llmserve.server.middleware import Checks
 
 if TYPE_CHECKING:
     from fastapi import FastAPI

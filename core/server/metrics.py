@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import time
 from bisect import bisect_left
-from typing import Iterable
+from typing import Iterable, Mapping
 
 from llmserve.engine.stats import EngineStats
 from llmserve.outputs import Timings
@@ -158,11 +158,12 @@ class Metrics:
         out: list[str] = []
 
         def gauge(name: str, help_text: str, value: float) -> None:
-            out.extend([f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name}{{{labels}}} {_num(float(value))}"])
+            out.extend([f"# HELP {name} {help_text}", f"# TYPE {name} gauge",
+                        f"{name}{{{labels}}} {_num(float(value))}"])
 
-        def counter(name: str, help_text: str, values: dict[str, float] | float, label: str | None = None) -> None:
+        def counter(name: str, help_text: str, values: Mapping[str, float] | float, label: str | None = None) -> None:
             out.extend([f"# HELP {name} {help_text}", f"# TYPE {name} counter"])
-            if label is None:
+            if not isinstance(values, Mapping):
                 out.append(f"{name}{{{labels}}} {_num(float(values))}")
                 return
             for key, value in sorted(dict(values).items()):

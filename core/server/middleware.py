@@ -8,10 +8,11 @@ as errors raised inside the route would be.
 from __future__ import annotations
 
 import hmac
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from starlette.requests import Request
 from starlette.routing import compile_path
+from starlette.types import Message, Scope, Send
 
 from llmserve.errors import InvalidRequestError, LLMServeError, PayloadTooLargeError, UnauthorizedError
 from llmserve.server.errors import openai_error_response
@@ -21,10 +22,6 @@ if TYPE_CHECKING:
 
     from llmserve.config import ServerConfig
 
-Scope = dict[str, Any]
-Message = dict[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 F = TypeVar("F", bound=Callable[..., Any])
 
 PUBLIC_ATTR = "__llmserve_public__"

@@ -116,7 +116,8 @@ def build_server(config: ServerConfig, plugins: PluginManager) -> tuple[Any, Ser
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
         context.ready = True
-        log.info("serving %s (%s) with protocols: %s", context.model_name, context.model.path, ", ".join(protocols))
+        path = context.model.path if context.model is not None else "-"
+        log.info("serving %s (%s) with protocols: %s", context.model_name, path, ", ".join(protocols))
         try:
             yield
         finally:
@@ -124,7 +125,8 @@ def build_server(config: ServerConfig, plugins: PluginManager) -> tuple[Any, Ser
             try:
                 plugins.hook.shutdown(context=context)
             finally:
-                context.engine.shutdown()
+                if context.engine is not None:
+                    context.engine.shutdown()
 
     app = build_app(context, protocols, lifespan=lifespan)  # raises on route conflicts
     # A backend that declares options gets them as a second argument; one that does not keeps
