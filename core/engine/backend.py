@@ -38,7 +38,8 @@ class KVCacheSpec:
 
     Exactly one of ``num_blocks`` or ``memory_fraction`` decides the size; the backend reports
     how many blocks it actually allocated. ``min_blocks`` is what one max-length request
-    needs; a backend that cannot fit that many must raise ``ConfigError``.
+    needs: the engine refuses to start with fewer (one check for every backend), so a
+    backend need not repeat it; it may use the number to size a pool.
     """
 
     block_size: int

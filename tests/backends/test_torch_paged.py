@@ -213,10 +213,12 @@ def test_results_follow_batch_order_and_no_sample(backend: TorchBackend) -> None
 
 
 def test_kv_cache_too_small_raises(tiny_dir: str) -> None:
+    from llmserve.engine.engine import LLMEngine
+
     b = TorchBackend(SimpleNamespace(model=tiny_dir, dtype="float32", device="cpu"))
-    b.load()
-    with pytest.raises(ConfigError, match="max-model-len"):
-        b.init_kv_cache(KVCacheSpec(block_size=16, num_blocks=3, min_blocks=16))
+    info = b.load()
+    with pytest.raises(ConfigError, match="max-model-len"):  # the engine refuses a pool under one request
+        LLMEngine(b, info, SimpleNamespace(block_size=16, num_kv_blocks=3))
     assert b.init_kv_cache(KVCacheSpec(block_size=16, memory_fraction=0.001, min_blocks=1)) >= 1
     with pytest.raises(ConfigError, match="cannot allocate"):
         b.init_kv_cache(KVCacheSpec(block_size=16, num_blocks=10**13))
