@@ -15,13 +15,13 @@ from types import SimpleNamespace
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins"))
-from echo_backend import EchoBackend  # noqa: E402
+from echo_backend import EchoBackend
 
-from llmserve.engine.client import EngineClient  # noqa: E402
-from llmserve.engine.engine import LLMEngine  # noqa: E402
-from llmserve.errors import GenerationError  # noqa: E402
-from llmserve.request import GenerateRequest  # noqa: E402
-from llmserve.sampling import SamplingParams  # noqa: E402
+from llmserve.engine.client import EngineClient
+from llmserve.engine.engine import LLMEngine
+from llmserve.errors import GenerationError
+from llmserve.request import GenerateRequest
+from llmserve.sampling import SamplingParams
 
 STEP_DELAY = 0.01
 
@@ -40,8 +40,8 @@ def make_client(max_num_seqs: int = 1) -> EngineClient:
 
 
 def request(prompt: str, max_tokens: int, priority: int = 5, deadline: float | None = None) -> GenerateRequest:
-    return GenerateRequest(prompt=prompt, sampling=SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True),
-                           priority=priority, deadline=deadline)
+    sampling = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    return GenerateRequest(prompt=prompt, sampling=sampling, priority=priority, deadline=deadline)
 
 
 def test_priority_one_is_admitted_before_earlier_priority_five():

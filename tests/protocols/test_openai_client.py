@@ -80,7 +80,8 @@ def test_chat_n3_stream_and_not(client, model):
     chunks = stream_chat(client, **args, stream_options={"include_usage": True})
     seen = {c.choices[0].index for c in chunks if c.choices}
     assert seen == {0, 1, 2}
-    finishes = {c.choices[0].index: c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason}
+    finishes = {c.choices[0].index: c.choices[0].finish_reason
+                for c in chunks if c.choices and c.choices[0].finish_reason}
     assert set(finishes) == {0, 1, 2}
     texts = [chat_text(chunks, i) for i in range(3)]
     assert all(texts)

@@ -167,5 +167,6 @@ def test_every_wire_field_is_in_the_parameter_tables():
     text = DOC.read_text()
     tables = text[text.index("## Parameters"):text.index("## Errors")]
     documented = set(re.findall(r"`([a-z_]+)", tables)) | set(re.findall(r"`stream_options\.([a-z_]+)`", tables))
-    fields = set(ChatCompletionRequest.model_fields) | set(CompletionRequest.model_fields) | set(StreamOptions.model_fields)
+    fields = (set(ChatCompletionRequest.model_fields) | set(CompletionRequest.model_fields)
+              | set(StreamOptions.model_fields))
     assert not fields - documented, f"docs/openai.md does not document {sorted(fields - documented)}"

@@ -17,8 +17,8 @@ import httpx
 import pytest
 
 text_generation = pytest.importorskip("text_generation")
-from text_generation import AsyncClient, Client  # noqa: E402
-from text_generation.types import Grammar, GrammarType  # noqa: E402
+from text_generation import AsyncClient, Client
+from text_generation.types import Grammar, GrammarType
 
 ROOT = Path(__file__).resolve().parents[2]
 FINISH = {"length", "eos_token", "stop_sequence"}

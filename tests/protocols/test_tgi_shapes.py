@@ -336,7 +336,8 @@ def test_grammar_forms_map_to_guided_specs():
 def test_valid_grammar_is_accepted(client):
     r = gen(client, "12", grammar={"type": "regex", "value": "[0-9]+"})
     assert r.status_code == 200
-    r = gen(client, "{}", grammar={"type": "json", "value": {"type": "object", "properties": {"a": {"type": "integer"}}}})
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    r = gen(client, "{}", grammar={"type": "json", "value": schema})
     assert r.status_code == 200
 
 
@@ -356,7 +357,8 @@ def test_kernel_errors_in_tgi_words():
 def test_tokenize(client):
     r = client.post("/tokenize", json={"inputs": "hey", "parameters": {"max_new_tokens": 3}})
     assert r.status_code == 200
-    assert r.json() == [{"id": 104, "text": "h", "start": 0, "stop": 1}, {"id": 101, "text": "e", "start": 1, "stop": 2},
+    assert r.json() == [{"id": 104, "text": "h", "start": 0, "stop": 1},
+                        {"id": 101, "text": "e", "start": 1, "stop": 2},
                         {"id": 121, "text": "y", "start": 2, "stop": 3}]
     r = client.post("/tokenize", json={"inputs": ""})
     assert r.status_code == 422 and r.json()["error_type"] == "validation"

@@ -9,7 +9,7 @@ from conftest import ECHO_PLUGIN, ServerProcess
 
 np = pytest.importorskip("numpy")
 httpclient = pytest.importorskip("tritonclient.http")
-from tritonclient.utils import InferenceServerException  # noqa: E402
+from tritonclient.utils import InferenceServerException
 
 MODEL = "org/model"
 

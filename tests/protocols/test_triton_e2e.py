@@ -12,7 +12,7 @@ import pytest
 
 np = pytest.importorskip("numpy")
 httpclient = pytest.importorskip("tritonclient.http")
-from tritonclient.utils import InferenceServerException  # noqa: E402
+from tritonclient.utils import InferenceServerException
 
 pytestmark = pytest.mark.slow
 

@@ -110,7 +110,8 @@ def test_health_not_ready_and_engine_dead(app):
         loop.error = None
 
 
-@pytest.mark.parametrize("path", [BASE, "/v2/models/org%2Fmodel", f"{BASE}/versions/1", "/v2/models/org%2Fmodel/versions/1"])
+@pytest.mark.parametrize("path", [BASE, "/v2/models/org%2Fmodel", f"{BASE}/versions/1",
+                                  "/v2/models/org%2Fmodel/versions/1"])
 def test_model_metadata_with_slash_in_name(client, path):
     r = client.get(path)
     assert r.status_code == 200, r.text
@@ -141,7 +142,8 @@ def test_served_name_without_slash_and_model_path(echo_app):
 @pytest.mark.parametrize("method,path", [
     ("GET", "/v2/models/nope"), ("GET", "/v2/models/nope/ready"), ("GET", "/v2/models/nope/config"),
     ("GET", "/v2/models/org/other"), ("GET", f"{BASE}/versions/2"), ("GET", f"{BASE}/versions/2/ready"),
-    ("POST", "/v2/models/nope/infer"), ("POST", "/v2/models/nope/generate"), ("POST", "/v2/models/nope/generate_stream"),
+    ("POST", "/v2/models/nope/infer"), ("POST", "/v2/models/nope/generate"),
+    ("POST", "/v2/models/nope/generate_stream"),
     ("POST", f"{BASE}/versions/7/generate"), ("GET", "/v2/models/nope/stats"),
 ])
 def test_unknown_model_or_version_is_404(client, method, path):
@@ -150,7 +152,8 @@ def test_unknown_model_or_version_is_404(client, method, path):
 
 
 def test_repository_index_and_wrong_methods(client):
-    assert client.post("/v2/repository/index", content=b"").json() == [{"name": MODEL, "version": "1", "state": "READY"}]
+    assert client.post("/v2/repository/index", content=b"").json() == [
+        {"name": MODEL, "version": "1", "state": "READY"}]
     assert client.post("/v2/repository/index", json={"ready": True}).json()[0]["state"] == "READY"
     assert_error(client.post("/v2/repository/index", json={"ready": "maybe"}), 400, "ready")
     assert_error(client.post(f"{BASE}/ready"), 405)  # known path, wrong method: still the KServe format
@@ -328,7 +331,8 @@ def test_token_infer_spec_shape(client):
 def test_token_infer_shapes_and_limits(client):
     out = client.post(f"{BASE}/infer", json=token_infer([104, 105], shape=[2])).json()
     assert out["outputs"][0]["shape"] == [3] and "id" not in out
-    out = client.post(f"{BASE}/infer", json=token_infer([[104, 105, 106]], shape=[1, 3], parameters={"max_new_tokens": 2})).json()
+    body = token_infer([[104, 105, 106]], shape=[1, 3], parameters={"max_new_tokens": 2})
+    out = client.post(f"{BASE}/infer", json=body).json()
     assert out["outputs"][0]["data"] == [104, 105]  # nested data is read row-major
     for dtype in ("INT32", "INT64"):  # numpy's default integer types are accepted too
         body = {"inputs": [{"name": "input0", "shape": [1], "datatype": dtype, "data": [104]}]}
@@ -386,7 +390,8 @@ def test_binary_output_per_output_flag_overrides_request_default(client):
 
 @pytest.mark.parametrize("encoding,compress", [("gzip", gzip.compress), ("deflate", zlib.compress)])
 def test_compressed_binary_request(client, encoding, compress):
-    header = {"inputs": [{"name": "text_input", "shape": [1], "datatype": "BYTES", "parameters": {"binary_data_size": 7}}],
+    header = {"inputs": [{"name": "text_input", "shape": [1], "datatype": "BYTES",
+                          "parameters": {"binary_data_size": 7}}],
               "outputs": [{"name": "text_output", "parameters": {"binary_data": False}}]}
     content, headers = binary_body(header, bytes_tensor([b"zip"]))
     r = client.post(f"{BASE}/infer", content=compress(content), headers={**headers, "Content-Encoding": encoding})
@@ -429,7 +434,8 @@ def test_binary_header_length_errors(client):
 INFER_INVALID = [
     ({}, 400, "inputs"),
     ({"inputs": []}, 400, "inputs"),
-    ({"inputs": [{"name": "foo", "shape": [1], "datatype": "BYTES", "data": ["x"]}]}, 400, "unexpected inference input 'foo'"),
+    ({"inputs": [{"name": "foo", "shape": [1], "datatype": "BYTES", "data": ["x"]}]}, 400,
+     "unexpected inference input 'foo'"),
     ({"inputs": [{"name": "input0", "shape": [1], "datatype": "UINT32", "data": [1]},
                  {"name": "text_input", "shape": [1], "datatype": "BYTES", "data": ["x"]}]}, 400, "exactly one input"),
     ({"inputs": [{"name": "input0", "shape": [1], "datatype": "UINT32", "data": [1]}] * 2}, 400, "only once"),
@@ -446,12 +452,15 @@ INFER_INVALID = [
     ({"inputs": [{"name": "input0", "shape": [1], "datatype": "UINT32"}]}, 400, "no data"),
     ({"inputs": [{"name": "text_input", "shape": [1], "datatype": "BYTES", "data": [5]}]}, 400, "JSON strings"),
     ({"inputs": [{"name": "text_input", "shape": [1], "datatype": "BYTES", "data": [""]}]}, 400, "must not be empty"),
-    ({"inputs": [{"name": "text_input", "shape": [1], "datatype": "BYTES", "data": ["x" * 600]}]}, 400, "context length"),
+    ({"inputs": [{"name": "text_input", "shape": [1], "datatype": "BYTES", "data": ["x" * 600]}]}, 400,
+     "context length"),
     ({"inputs": [{"name": "input0", "shape": [1], "datatype": "UINT32",
                   "parameters": {"shared_memory_region": "r"}}]}, 400, "shared-memory"),
     ({**token_infer([1]), "outputs": [{"name": "text_output"}]}, 400, "unexpected inference output 'text_output'"),
-    ({**token_infer([1]), "outputs": [{"name": "output0", "parameters": {"shared_memory_region": "r"}}]}, 400, "shared-memory"),
-    ({**token_infer([1]), "outputs": [{"name": "output0", "parameters": {"classification": 2}}]}, 400, "classification"),
+    ({**token_infer([1]), "outputs": [{"name": "output0", "parameters": {"shared_memory_region": "r"}}]}, 400,
+     "shared-memory"),
+    ({**token_infer([1]), "outputs": [{"name": "output0", "parameters": {"classification": 2}}]}, 400,
+     "classification"),
     ({**token_infer([1]), "id": "bad id!"}, 400, "id"),
     ({**token_infer([1]), "parameters": {"temperature": 0}}, 400, "parameters.temperature"),
     ({**token_infer([1]), "parameters": {"top_k": -1}}, 400, "parameters.top_k"),
@@ -486,7 +495,8 @@ def test_openapi_documents_every_triton_route_with_a_body_schema(client):
               "/v2/models/{model_name}/config"):
         assert "get" in paths[p], p
     for action in ("infer", "generate", "generate_stream"):
-        for p in (f"/v2/models/{{model_name}}/{action}", f"/v2/models/{{model_name}}/versions/{{model_version}}/{action}"):
+        for p in (f"/v2/models/{{model_name}}/{action}",
+                  f"/v2/models/{{model_name}}/versions/{{model_version}}/{action}"):
             schema = paths[p]["post"]["requestBody"]["content"]["application/json"]["schema"]
             assert schema["type"] == "object" and schema["properties"], p
     gen = paths["/v2/models/{model_name}/generate"]["post"]["requestBody"]["content"]["application/json"]["schema"]
