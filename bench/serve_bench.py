@@ -64,7 +64,7 @@ def percentile(values: list[float], q: float) -> float:
 def converted_model_dir(model: str | None, cache_dir: str | None) -> str:
     """The HF directory both servers load (for a GGUF: llmserve's converted cache)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from llmserve.plugins.backends.torch.loader import hf_directory  # noqa: PLC0415
+    from llmserve.plugins.backends.torch.loader import hf_directory
 
     return hf_directory(model, cache_dir)
 
@@ -228,8 +228,8 @@ def pool_rounds(rows: list[dict]) -> dict:
 def plain_generate(model_dir: str, dtype: str, device: str, max_tokens: int, runs: int = 3) -> dict:
     """Output tokens/s of transformers' own ``model.generate`` on the benchmark's prompts, one
     at a time (greedy, exactly ``max_tokens`` new tokens each, after one short warm-up call)."""
-    import torch  # noqa: PLC0415 - only the child process that measures this loads torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415
+    import torch  # only the child process that measures this loads torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(device).eval()
@@ -252,7 +252,7 @@ def plain_generate(model_dir: str, dtype: str, device: str, max_tokens: int, run
 def plain_generate_in_child(model_dir: str, dtype: str, device: str, max_tokens: int) -> dict:
     """``plain_generate`` in a spawned process, so this client never loads torch and the
     model's memory is gone before the servers start."""
-    import multiprocessing  # noqa: PLC0415
+    import multiprocessing
 
     with multiprocessing.get_context("spawn").Pool(1) as pool:
         return pool.apply(plain_generate, (model_dir, dtype, device, max_tokens))

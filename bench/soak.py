@@ -144,7 +144,7 @@ def run(args: argparse.Namespace, proc: subprocess.Popen, url: str, port: int, l
     blocks = int(re.search(r"KV cache: (\d+) blocks", log_path.read_text()).group(1))
     rng = random.Random(args.seed)
     plan = []
-    for i in range(args.requests):
+    for _ in range(args.requests):
         prompt = rng.choice(PROMPTS)
         plan.append((rng.choice(routes(model, prompt, rng.randint(4, args.max_tokens))),
                      rng.random() < args.disconnect_fraction, random.Random(rng.random())))
@@ -227,14 +227,23 @@ def run(args: argparse.Namespace, proc: subprocess.Popen, url: str, port: int, l
 
 def write_markdown(path: Path, args: argparse.Namespace, s: dict) -> None:
     cmd = "python bench/soak.py " + " ".join(a for a in sys.argv[1:])
+    columns = {
+        "requests": s["requests"], "concurrency": s["concurrency"], "dropped by client": s["dropped"],
+        "completed": s["completed"], "5xx": s["http_5xx"], "other non-200": s["other_non_200"],
+        f"leaked KV blocks (of {s['kv_blocks']})": s["leaked_blocks"],
+        "RSS after warm-up": f"{s['rss_before_mib']} MiB",
+        "RSS after each quarter": " / ".join(str(x) for x in s["rss_by_quarter_mib"]) + " MiB",
+        "RSS after idle": f"{s['rss_after_mib']} MiB", "p50 latency": f"{s['latency_p50_s']} s",
+        "p99 latency": f"{s['latency_p99_s']} s", "wall": f"{s['wall_s']} s",
+    }
+    table = "\n".join("| " + " | ".join(row) + " |" for row in (
+        list(columns), ["---"] * len(columns), [str(v) for v in columns.values()]))
     text = f"""
 ### Soak {time.strftime('%Y-%m-%d')} — {platform.machine()}, {os.cpu_count()} cores, cpu, float32
 
 Command: `{cmd.strip()}`
 
-| requests | concurrency | dropped by client | completed | 5xx | other non-200 | leaked KV blocks (of {s['kv_blocks']}) | RSS after warm-up | RSS after each quarter | RSS after idle | p50 latency | p99 latency | wall |
-|---|---|---|---|---|---|---|---|---|---|---|---|---|
-| {s['requests']} | {s['concurrency']} | {s['dropped']} | {s['completed']} | {s['http_5xx']} | {s['other_non_200']} | {s['leaked_blocks']} | {s['rss_before_mib']} MiB | {' / '.join(str(x) for x in s['rss_by_quarter_mib'])} MiB | {s['rss_after_mib']} MiB | {s['latency_p50_s']} s | {s['latency_p99_s']} s | {s['wall_s']} s |
+{table}
 """
     with open(path, "a") as f:
         f.write(text)

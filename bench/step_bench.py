@@ -27,11 +27,11 @@ from types import SimpleNamespace
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import torch  # noqa: E402
+import torch
 
-from llmserve.engine.backend import KVCacheSpec, StepItem  # noqa: E402
-from llmserve.plugins.backends.torch.runner import TorchBackend  # noqa: E402
-from llmserve.sampling import SamplingParams  # noqa: E402
+from llmserve.engine.backend import KVCacheSpec, StepItem
+from llmserve.plugins.backends.torch.runner import TorchBackend
+from llmserve.sampling import SamplingParams
 
 
 class PartTimers:
@@ -41,8 +41,8 @@ class PartTimers:
         self.total: dict[str, float] = {}
         self.calls: dict[str, int] = {}
 
-    def wrap(self, name: str, fn):  # noqa: ANN001, ANN202 - any callable
-        def timed(*a, **kw):  # noqa: ANN002, ANN003, ANN202
+    def wrap(self, name: str, fn):
+        def timed(*a, **kw):
             t = time.perf_counter()
             try:
                 return fn(*a, **kw)
@@ -55,7 +55,7 @@ class PartTimers:
         setattr(owner, attr, self.wrap(name, getattr(owner, attr)))
 
 
-def report_parts(backend: TorchBackend, step, steps: int) -> None:  # noqa: ANN001 - the step closure
+def report_parts(backend: TorchBackend, step, steps: int) -> None:
     from llmserve.plugins.backends.torch import fused, runner
     from llmserve.plugins.backends.torch.native import ops
 
@@ -75,7 +75,8 @@ def report_parts(backend: TorchBackend, step, steps: int) -> None:  # noqa: ANN0
     wall = sum(step() for _ in range(steps))
     print(f"parts over {steps} steps ({wall / steps * 1e3:.1f} ms per step):")
     for name, t in sorted(timers.total.items(), key=lambda kv: -kv[1]):
-        print(f"  {name:32s} {t / steps * 1e3:7.2f} ms/step  {t / wall * 100:5.1f}%  ({timers.calls[name] // steps} calls)")
+        calls = timers.calls[name] // steps
+        print(f"  {name:32s} {t / steps * 1e3:7.2f} ms/step  {t / wall * 100:5.1f}%  ({calls} calls)")
 
 
 def main() -> None:

@@ -148,7 +148,8 @@ CONFIG_OPTION = typer.Option(None, "--config", "-c", help="YAML file whose keys 
 
 @cli.command()
 @with_config_options
-def serve(model: Optional[str] = typer.Argument(None, help="Model directory or .gguf file (default: embedded SmolLM2-135M-Instruct)."),
+def serve(model: Optional[str] = typer.Argument(
+              None, help="Model directory or .gguf file (default: embedded SmolLM2-135M-Instruct)."),
           config: Optional[Path] = CONFIG_OPTION, *, flags: dict[str, Any]) -> None:
     """Load a model and serve it in every enabled dialect."""
     if model is not None:
@@ -165,7 +166,8 @@ def serve(model: Optional[str] = typer.Argument(None, help="Model directory or .
 
 @cli.command("plugins")
 def plugins_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON."),
-                plugin: Optional[list[str]] = typer.Option(None, "--plugin", help="Extra plugin spec; repeatable.")) -> None:
+                plugin: Optional[list[str]] = typer.Option(None, "--plugin",
+                                                           help="Extra plugin spec; repeatable.")) -> None:
     """List every plugin, its distribution and version, and what it contributes."""
     from llmserve.hooks.registry import Registry
 
@@ -193,10 +195,12 @@ def plugins_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON."
 def parse_cmd(tool_parser: Optional[str] = typer.Option(None, "--tool-parser", help="Tool-call parser name."),
               reasoning_parser: Optional[str] = typer.Option(None, "--reasoning-parser", help="Reasoning parser name."),
               tools: Optional[Path] = typer.Option(None, "--tools", help="JSON file with an OpenAI tools list."),
-              chunk: int = typer.Option(0, "--chunk", min=0, help="Feed the text in N-character pieces (streaming path)."),
+              chunk: int = typer.Option(0, "--chunk", min=0,
+                                        help="Feed the text in N-character pieces (streaming path)."),
               template_kwargs: Optional[str] = typer.Option(None, "--chat-template-kwargs",
                                                             help='JSON object, e.g. \'{"enable_thinking": false}\'.'),
-              plugin: Optional[list[str]] = typer.Option(None, "--plugin", help="Extra plugin spec; repeatable.")) -> None:
+              plugin: Optional[list[str]] = typer.Option(None, "--plugin",
+                                                         help="Extra plugin spec; repeatable.")) -> None:
     """Parse one model output from stdin; print {"content", "reasoning_content", "tool_calls"} as JSON."""
     from llmserve.parsing.chain import StreamContractError
     from llmserve.parsing.cli import load_tools, parse_output

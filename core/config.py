@@ -29,51 +29,93 @@ class ServerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
     # model
-    model: str | None = Field(None, description="Hugging Face model directory or .gguf file (default: the embedded SmolLM2-135M-Instruct).")
-    served_model_name: list[str] = Field(default_factory=list, description="Names clients may use for the model (the first is reported); repeatable.")
+    model: str | None = Field(None, description=(
+        "Hugging Face model directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)."))
+    served_model_name: list[str] = Field(default_factory=list, description=(
+        "Names clients may use for the model (the first is reported); repeatable."))
     backend: str = Field("torch", description="Backend plugin that runs the model.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="Weight and activation dtype.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Device to run on.")
-    max_model_len: int | None = Field(None, ge=16, description="Context length (prompt + output) in tokens; default: the model's.")
+    max_model_len: int | None = Field(None, ge=16, description=(
+        "Context length (prompt + output) in tokens; default: the model's."))
     trust_remote_code: bool = Field(False, description="Allow model code from the model directory to run.")
-    task: Literal["generate", "embed"] = Field("generate", description="generate: a causal LM; embed: an embedding model serving /v1/embeddings, /score and /rerank (default model: the embedded all-MiniLM-L6-v2).")
-    cache_dir: str | None = Field(None, description="Where converted GGUF weights are cached (default ~/.cache/llmserve).")
+    task: Literal["generate", "embed"] = Field("generate", description=(
+        "generate: a causal LM; embed: an embedding model serving /v1/embeddings, /score and /rerank (default "
+        "model: the embedded all-MiniLM-L6-v2)."))
+    cache_dir: str | None = Field(None, description=(
+        "Where converted GGUF weights are cached (default ~/.cache/llmserve)."))
     # engine
     block_size: int = Field(16, ge=1, le=1024, description="Tokens per KV-cache block.")
-    num_kv_blocks: int | None = Field(None, ge=1, description="KV pool size in blocks (overrides --kv-cache-memory-fraction).")
-    kv_cache_memory_fraction: float = Field(0.25, gt=0.0, le=0.95, description="Fraction of free memory given to the KV pool.")
+    num_kv_blocks: int | None = Field(None, ge=1, description=(
+        "KV pool size in blocks (overrides --kv-cache-memory-fraction)."))
+    kv_cache_memory_fraction: float = Field(0.25, gt=0.0, le=0.95, description=(
+        "Fraction of free memory given to the KV pool."))
     max_num_seqs: int = Field(64, ge=1, description="Most sequences in one engine step.")
-    max_num_batched_tokens: int = Field(2048, ge=16, description="Token budget of one engine step (prefill chunks + decodes).")
+    max_num_batched_tokens: int = Field(2048, ge=16, description=(
+        "Token budget of one engine step (prefill chunks + decodes)."))
     enable_prefix_caching: bool = Field(True, description="Reuse KV blocks of shared prompt prefixes.")
     enable_chunked_prefill: bool = Field(True, description="Split long prompts across engine steps.")
     enforce_eager: bool = Field(False, description="Disable CUDA graphs.")
     # limits and lifecycle
-    max_concurrent_requests: int | None = Field(None, ge=1, description="Most requests served at once, running or waiting (a request counts n / best_of / its prompts); more get 503 with Retry-After (TGI routes: 429). Default: no limit.")
-    max_waiting_requests: int | None = Field(512, ge=0, description="Most requests that may wait for a place in the running batch (beyond --max-num-seqs); more get 503 with Retry-After (TGI routes: 429). null: no limit.")
-    max_waiting_tokens: int | None = Field(None, ge=1, description="Refuse new requests (503) while this many prompt tokens wait for their prefill. Default: no limit.")
-    request_timeout: float | None = Field(None, gt=0, description="Seconds a generation request may take in all (queue + generation); past it the request is aborted and the client gets a timeout error (in-band on streams). Default: no limit.")
-    sse_ping_interval: float = Field(10.0, ge=0, description="On SSE streams, send a `: ping` comment after this many seconds without data (long prefills, queueing), so proxies keep the connection; 0: never.")
-    shutdown_timeout: float = Field(30.0, ge=0, description="On SIGTERM: refuse new requests (503) and let in-flight ones finish for up to this many seconds, then abort the rest and exit 0; 0 aborts at once.")
+    max_concurrent_requests: int | None = Field(None, ge=1, description=(
+        "Most requests served at once, running or waiting (a request counts n / best_of / its prompts); more get "
+        "503 with Retry-After (TGI routes: 429). Default: no limit."))
+    max_waiting_requests: int | None = Field(512, ge=0, description=(
+        "Most requests that may wait for a place in the running batch (beyond --max-num-seqs); more get 503 with "
+        "Retry-After (TGI routes: 429). null: no limit."))
+    max_waiting_tokens: int | None = Field(None, ge=1, description=(
+        "Refuse new requests (503) while this many prompt tokens wait for their prefill. Default: no limit."))
+    request_timeout: float | None = Field(None, gt=0, description=(
+        "Seconds a generation request may take in all (queue + generation); past it the request is aborted and "
+        "the client gets a timeout error (in-band on streams). Default: no limit."))
+    sse_ping_interval: float = Field(10.0, ge=0, description=(
+        "On SSE streams, send a `: ping` comment after this many seconds without data (long prefills, queueing), "
+        "so proxies keep the connection; 0: never."))
+    shutdown_timeout: float = Field(30.0, ge=0, description=(
+        "On SIGTERM: refuse new requests (503) and let in-flight ones finish for up to this many seconds, then "
+        "abort the rest and exit 0; 0 aborts at once."))
     # server
     host: str = Field("127.0.0.1", description="Address to bind.")
     port: int = Field(8000, ge=0, le=65535, description="Port to bind.")
-    protocols: list[str] | None = Field(None, description="Dialects to serve (default: every dialect enabled by default); comma-separated or repeated.")
-    protocol_prefix: dict[str, str] = Field(default_factory=dict, description="Mount a dialect under a path prefix, e.g. tgi=/tgi; repeatable.")
-    api_key: list[str] = Field(default_factory=list, description="API keys clients must send (Authorization: Bearer KEY or X-Api-Key: KEY) on every route but /health, /ping and /ready; repeatable. Empty: no authentication.")
-    public_metrics: bool = Field(False, description="Serve GET /metrics without an API key (by default it needs one when --api-key is set).")
-    timeout_keep_alive: float = Field(5.0, gt=0, description="Seconds an idle HTTP keep-alive connection stays open. Behind a load balancer or proxy that pools connections, set it above the proxy's idle timeout, or the proxy may reuse a connection just as the server closes it.")
-    max_request_body_bytes: int = Field(32 * 1024 * 1024, ge=1024, description="Largest request body accepted, in bytes; bigger bodies get 413.")
-    cors_allow_origins: list[str] = Field(default_factory=list, description="Origins browsers may call from (CORS), e.g. https://app.example.com, or * for any; repeatable. Empty: CORS off.")
-    cors_allow_credentials: bool = Field(False, description="Let browsers send cookies and Authorization headers cross-origin (CORS); not allowed with origin *.")
-    chat_template_render_timeout: float = Field(5.0, gt=0, le=600, description="Seconds a chat template may take to render before the request fails with 400.")
+    protocols: list[str] | None = Field(None, description=(
+        "Dialects to serve (default: every dialect enabled by default); comma-separated or repeated."))
+    protocol_prefix: dict[str, str] = Field(default_factory=dict, description=(
+        "Mount a dialect under a path prefix, e.g. tgi=/tgi; repeatable."))
+    api_key: list[str] = Field(default_factory=list, description=(
+        "API keys clients must send (Authorization: Bearer KEY or X-Api-Key: KEY) on every route but /health, "
+        "/ping and /ready; repeatable. Empty: no authentication."))
+    public_metrics: bool = Field(False, description=(
+        "Serve GET /metrics without an API key (by default it needs one when --api-key is set)."))
+    timeout_keep_alive: float = Field(5.0, gt=0, description=(
+        "Seconds an idle HTTP keep-alive connection stays open. Behind a load balancer or proxy that pools "
+        "connections, set it above the proxy's idle timeout, or the proxy may reuse a connection just as the "
+        "server closes it."))
+    max_request_body_bytes: int = Field(32 * 1024 * 1024, ge=1024, description=(
+        "Largest request body accepted, in bytes; bigger bodies get 413."))
+    cors_allow_origins: list[str] = Field(default_factory=list, description=(
+        "Origins browsers may call from (CORS), e.g. https://app.example.com, or * for any; repeatable. Empty: "
+        "CORS off."))
+    cors_allow_credentials: bool = Field(False, description=(
+        "Let browsers send cookies and Authorization headers cross-origin (CORS); not allowed with origin *."))
+    chat_template_render_timeout: float = Field(5.0, gt=0, le=600, description=(
+        "Seconds a chat template may take to render before the request fails with 400."))
     trust_request_chat_template: bool = Field(False, description="Allow requests to send their own chat_template.")
-    tool_call_parser: str | None = Field(None, description="Tool-call parser that turns model output into tool_calls (see `llmserve plugins`).")
-    enable_auto_tool_choice: bool = Field(False, description="Let the model decide when to call tools (tool_choice auto, the default when a request has tools); needs --tool-call-parser.")
-    tool_parser_plugin: list[str] = Field(default_factory=list, description="Plugin file or module contributing tool or reasoning parsers (loaded like --plugin); repeatable.")
-    reasoning_parser: str | None = Field(None, description="Reasoning parser that moves the model's thinking into reasoning_content.")
-    guided_decoding_backend: str = Field("lm-format-enforcer", description="Guided-decoding plugin preferred for guided_json / guided_regex / guided_choice / guided_grammar / response_format (another installed one is used for kinds it does not support).")
+    tool_call_parser: str | None = Field(None, description=(
+        "Tool-call parser that turns model output into tool_calls (see `llmserve plugins`)."))
+    enable_auto_tool_choice: bool = Field(False, description=(
+        "Let the model decide when to call tools (tool_choice auto, the default when a request has tools); needs "
+        "--tool-call-parser."))
+    tool_parser_plugin: list[str] = Field(default_factory=list, description=(
+        "Plugin file or module contributing tool or reasoning parsers (loaded like --plugin); repeatable."))
+    reasoning_parser: str | None = Field(None, description=(
+        "Reasoning parser that moves the model's thinking into reasoning_content."))
+    guided_decoding_backend: str = Field("lm-format-enforcer", description=(
+        "Guided-decoding plugin preferred for guided_json / guided_regex / guided_choice / guided_grammar / "
+        "response_format (another installed one is used for kinds it does not support)."))
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
-    plugins: list[str] = Field(default_factory=list, description="Extra plugins: pkg.mod, pkg.mod:attr, file.py, entry-point name, or no:NAME; repeatable (CLI flag --plugin).")
+    plugins: list[str] = Field(default_factory=list, description=(
+        "Extra plugins: pkg.mod, pkg.mod:attr, file.py, entry-point name, or no:NAME; repeatable (CLI flag "
+        "--plugin)."))
 
     # Options of plugins, keyed by contribution name: the YAML sections (validated once plugins
     # are loaded), the file they came from, and the values of plugin option flags.

@@ -172,7 +172,8 @@ class GuidedDecoding:
             if cls is not None and kind in cls.kinds:
                 return name
         order = {k: i for i, k in enumerate(KINDS)}
-        shown = [f"{n} ({', '.join(sorted(k, key=lambda kind: order[kind]))})" if k is not None else f"{n} (failed to load)"
+        shown = [f"{n} ({', '.join(sorted(k, key=lambda kind: order[kind]))})" if k is not None
+                 else f"{n} (failed to load)"
                  for n, k in self.installed()]
         raise InvalidRequestError(
             f"{_NOUN[kind]} decoding needs a guided-decoding plugin that supports {_PLURAL[kind]}; "
@@ -191,7 +192,7 @@ class GuidedDecoding:
             cls = self._class(name)
             try:
                 decoder = cls(self.tokenizer, self.vocab_size, self.eos_token_ids)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # logged with its traceback; requests get one line
                 log.exception("guided decoder '%s' failed to start", name)
                 self._failed[name] = f"guided decoder '{name}' failed to start: {type(exc).__name__}: {exc}"
                 raise GenerationError(self._failed[name]) from None

@@ -46,7 +46,8 @@ class ServerProcess:
             # the server. Idle connections outlive every test instead.
             args = (*args, "--timeout-keep-alive", "600")
         self.proc = subprocess.Popen([sys.executable, "-m", "llmserve", "serve", "--port", str(self.port), *args],
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env, cwd=ROOT)
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env,
+                                     cwd=ROOT)
 
     def wait_ready(self, timeout: float = 120) -> "ServerProcess":
         import httpx

@@ -65,7 +65,8 @@ def test_hook_documented_with_its_signature(hook):
     documented = signature_params(blocks[0], hook)
     assert documented is not None, f"the first code block under '## {hook}' does not contain 'def {hook}('"
     expected = list(inspect.signature(getattr(hookspecs, hook)).parameters)
-    assert documented == expected, f"docs/hooks.md documents {hook}{tuple(documented)}, the spec is {hook}{tuple(expected)}"
+    assert documented == expected, \
+        f"docs/hooks.md documents {hook}{tuple(documented)}, the spec is {hook}{tuple(expected)}"
 
 
 def test_signature_parser_catches_wrong_parameters():

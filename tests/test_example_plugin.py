@@ -41,7 +41,8 @@ def test_running_server_serves_the_plugin_route_and_no_blocks_it(installed, serv
     assert reply.json()["shout"] == "PLUGINS WORK!"
     blocked = server_process("--backend", "echo", "--plugin", ECHO_PLUGIN, "--plugin", "no:acme", env=installed)
     assert httpx.post(blocked.url + "/acme/shout", json={"text": "x"}, timeout=30).status_code == 404
-    listed = {row["name"] for row in json.loads(run_cli("plugins", "--json", "--plugin", "no:acme", env=installed).stdout)}
+    listed = {row["name"] for row in json.loads(run_cli("plugins", "--json", "--plugin", "no:acme",
+                                                        env=installed).stdout)}
     assert "acme" not in listed
 
 

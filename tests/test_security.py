@@ -65,14 +65,16 @@ def test_probes_are_public_everything_else_needs_a_key(keyed):
 
 
 @pytest.mark.parametrize("path,body,check", [
-    ("/v1/chat/completions", CHAT, lambda j: j["error"]["type"] == "authentication_error" and j["error"]["code"] == 401),
+    ("/v1/chat/completions", CHAT,
+     lambda j: j["error"]["type"] == "authentication_error" and j["error"]["code"] == 401),
     ("/generate", {"inputs": "hi"}, lambda j: j["error_type"] == "authentication"),                 # TGI
     ("/generate", {"prompt": "hi"}, lambda j: isinstance(j["error"], str)),                         # shared route
     ("/v2/models/echo/infer", {"inputs": []}, lambda j: set(j) == {"error"}),                       # Triton
     ("/infer", {"inputs": "hi"}, lambda j: "error_type" in j and isinstance(j["error"], str)),       # MindIE
 ])
 def test_refusal_in_each_dialects_format(keyed, path, body, check):
-    for headers in ({}, {"Authorization": "Bearer wrong"}, {"X-Api-Key": "wrong"}, {"Authorization": f"Basic {KEYS[0]}"},
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"X-Api-Key": "wrong"},
+                    {"Authorization": f"Basic {KEYS[0]}"},
                     {"Authorization": f"Bearer {KEYS[0]}x"}):
         r = httpx.post(keyed.url + path, json=body, headers=headers)
         assert r.status_code == 401, (headers, r.text)
@@ -162,13 +164,15 @@ def test_chunked_body_over_limit_is_413(keyed, path, make):
     assert r.status_code == 200, r.text
 
 
-@pytest.mark.parametrize("content_type", ["application/x-www-form-urlencoded", "text/plain", "multipart/form-data; boundary=x"])
+@pytest.mark.parametrize("content_type",
+                         ["application/x-www-form-urlencoded", "text/plain", "multipart/form-data; boundary=x"])
 def test_wrong_content_type_is_a_4xx_in_dialect(keyed, content_type):
     body = b'{"prompt":"hi"}'
     r = httpx.post(keyed.url + "/v1/completions", content=body, headers={**auth(), "Content-Type": content_type})
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
     assert "application/json" in r.json()["error"]["message"]
-    r = httpx.post(keyed.url + "/generate", content=b'{"inputs":"hi"}', headers={**auth(), "Content-Type": content_type})
+    r = httpx.post(keyed.url + "/generate", content=b'{"inputs":"hi"}',
+                   headers={**auth(), "Content-Type": content_type})
     assert r.status_code == 422 and r.json()["error_type"] == "validation"
     # JSON with a charset, and +json types, are JSON
     r = httpx.post(keyed.url + "/v1/chat/completions", content=_big_chat(2),
@@ -228,7 +232,9 @@ def test_cors_wildcard_with_credentials_is_refused_at_startup():
 
 
 # -- chat templates ------------------------------------------------------------------------------
-@pytest.mark.parametrize("template", [FOREVER, "{{ 'x' * 100000000000 }}", "{% for i in range(100000) %}{{ 'y' * 999999 }}{% endfor %}"])
+@pytest.mark.parametrize("template",
+                         [FOREVER, "{{ 'x' * 100000000000 }}",
+                          "{% for i in range(100000) %}{{ 'y' * 999999 }}{% endfor %}"])
 def test_runaway_chat_template_is_a_400_and_the_server_keeps_serving(keyed, template):
     r = httpx.post(keyed.url + "/v1/chat/completions", json={**CHAT, "chat_template": template}, headers=auth(),
                    timeout=60)

@@ -48,7 +48,8 @@ TEMPLATE_FILENAME = "<template>"  # what jinja2 names the code it compiles from 
 def _checked_repeat(left: Any, right: Any) -> Any:
     """``*`` in templates: refuse repetitions that would build a huge string or list at once."""
     for seq, count in ((left, right), (right, left)):
-        if isinstance(seq, (str, list, tuple)) and isinstance(count, int) and len(seq) * max(count, 0) > MAX_RENDER_CHARS:
+        if isinstance(seq, (str, list, tuple)) and isinstance(count, int) and len(seq) * max(count,
+                                                                                             0) > MAX_RENDER_CHARS:
             raise TemplateTooCostly(f"the chat template builds a value of more than {MAX_RENDER_CHARS} items")
     return left * right
 
@@ -158,7 +159,8 @@ def render_chat(tokenizer: Any, messages: list[dict[str, Any]], *, tools: list[d
     except TemplateRaised as exc:
         raise InvalidRequestError(str(exc), param="messages") from None
     except TemplateTooCostly as exc:
-        raise InvalidRequestError(f"{exc}; the request was refused", param="chat_template" if chat_template else "messages") from None
+        raise InvalidRequestError(f"{exc}; the request was refused",
+                                  param="chat_template" if chat_template else "messages") from None
     except Exception as exc:  # noqa: BLE001 - a broken template is the caller's input
         raise InvalidRequestError(f"the chat template could not be rendered: {type(exc).__name__}: {exc}",
                                   param="chat_template" if chat_template else "messages") from None

@@ -1,7 +1,14 @@
-"""Refresh the generated blocks of docs/cli.md: run `.venv/bin/python docs/tools/refresh_cli_docs.py` from the repository root."""
-import os, re, subprocess, sys
+"""Refresh the generated blocks of docs/cli.md.
+
+Run `.venv/bin/python docs/tools/refresh_cli_docs.py` from the repository root.
+"""
+import os
+import re
+import subprocess
+import sys
 root = os.getcwd()
-table = subprocess.run([sys.executable, os.path.join(root, "docs/tools/flag_table.py")], capture_output=True, text=True, check=True).stdout
+table = subprocess.run([sys.executable, os.path.join(root, "docs/tools/flag_table.py")], capture_output=True,
+                       text=True, check=True).stdout
 env = {k: v for k, v in os.environ.items() if not k.startswith("LLMSERVE_")}
 env.update(LLMSERVE_HOST="0.0.0.0", COLUMNS="200")
 show = subprocess.run([os.path.join(root, ".venv/bin/llmserve"), "config", "show", "--port", "9000"],
@@ -9,6 +16,8 @@ show = subprocess.run([os.path.join(root, ".venv/bin/llmserve"), "config", "show
 block = "```console\n$ LLMSERVE_HOST=0.0.0.0 llmserve config show --port 9000\n" + show + "```\n"
 p = "docs/cli.md"
 s = open(p).read()
-s = re.sub(r"(<!-- flag-table -->\n).*?(<!-- /flag-table -->)", lambda m: m.group(1) + table + m.group(2), s, flags=re.S)
-s = re.sub(r"(<!-- config-show -->\n).*?(<!-- /config-show -->)", lambda m: m.group(1) + block + m.group(2), s, flags=re.S)
+s = re.sub(r"(<!-- flag-table -->\n).*?(<!-- /flag-table -->)", lambda m: m.group(1) + table + m.group(2), s,
+           flags=re.S)
+s = re.sub(r"(<!-- config-show -->\n).*?(<!-- /config-show -->)", lambda m: m.group(1) + block + m.group(2), s,
+           flags=re.S)
 open(p, "w").write(s)

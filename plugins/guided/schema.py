@@ -103,23 +103,11 @@ def _normalize(node: Any, path: str, defs: dict, bad: Callable[..., InvalidReque
         raise bad("a `false` schema accepts no value", path)
     if not isinstance(node, dict):
         raise bad("a schema must be a JSON object", path)
-    s = dict(node)
-    sub = lambda value, where: _normalize(value, f"{path}/{where}", defs, bad)  # noqa: E731
-    if "allOf" in s:  # merge into one schema (a bare local $ref is inlined first)
-        merged = {k: v for k, v in s.items() if k != "allOf"}
-        for i, part in enumerate(s["allOf"]):
-            if isinstance(part, dict) and set(part) == {"$ref"}:
-                part = defs.get(str(part["$ref"]).rsplit("/", 1)[-1], part)
-            if isinstance(part, dict) and "$ref" in part and len(s["allOf"]) > 1:
-                raise bad("allOf with a $ref among other schemas is not supported", f"{path}/allOf/{i}")
-            merged = _merge(merged, part if isinstance(part, dict) else {})
-        s = merged
-    if "oneOf" in s:  # LMFE's oneOf only works for objects; anyOf is what it can enforce
-        s["anyOf"] = [*s.get("anyOf", []), *s.pop("oneOf")]
-    if isinstance(s.get("type"), list):
-        types = s.pop("type")
-        top = {k: s.pop(k) for k in _KEEP_AT_TOP if k in s}
-        s = {**top, "anyOf": [{**s, "type": t} for t in types]}
+
+    def sub(value: Any, where: str) -> dict:
+        return _normalize(value, f"{path}/{where}", defs, bad)
+
+    s = _combinators(dict(node), path, defs, bad)
     if "anyOf" in s:
         siblings = {k: v for k, v in s.items() if k not in ("anyOf", *_KEEP_AT_TOP)}
         if siblings:  # LMFE ignores keywords beside anyOf: push them into each branch
@@ -149,6 +137,33 @@ def _normalize(node: Any, path: str, defs: dict, bad: Callable[..., InvalidReque
         s["enum"] = [s.pop("const")]
     if "enum" in s:
         return _enum(s, path, bad)
+    _check_leaf(s, path, defs, bad)
+    return s
+
+
+def _combinators(s: dict, path: str, defs: dict, bad: Callable[..., InvalidRequestError]) -> dict:
+    """allOf merged into one schema, oneOf and a list of types turned into anyOf."""
+    if "allOf" in s:  # merge into one schema (a bare local $ref is inlined first)
+        merged = {k: v for k, v in s.items() if k != "allOf"}
+        for i, part in enumerate(s["allOf"]):
+            if isinstance(part, dict) and set(part) == {"$ref"}:
+                part = defs.get(str(part["$ref"]).rsplit("/", 1)[-1], part)
+            if isinstance(part, dict) and "$ref" in part and len(s["allOf"]) > 1:
+                raise bad("allOf with a $ref among other schemas is not supported", f"{path}/allOf/{i}")
+            merged = _merge(merged, part if isinstance(part, dict) else {})
+        s = merged
+    if "oneOf" in s:  # LMFE's oneOf only works for objects; anyOf is what it can enforce
+        s["anyOf"] = [*s.get("anyOf", []), *s.pop("oneOf")]
+    if isinstance(s.get("type"), list):
+        types = s.pop("type")
+        top = {k: s.pop(k) for k in _KEEP_AT_TOP if k in s}
+        s = {**top, "anyOf": [{**s, "type": t} for t in types]}
+    return s
+
+
+def _check_leaf(s: dict, path: str, defs: dict, bad: Callable[..., InvalidRequestError]) -> None:
+    """Refuse what the enforcer would get wrong: missing required properties, a pattern with length
+    bounds or that does not compile, a $ref outside this schema's definitions."""
     if s.get("type") == "object":
         props = s.get("properties")
         if s.get("additionalProperties") is False and props is None:
@@ -167,7 +182,6 @@ def _normalize(node: Any, path: str, defs: dict, bad: Callable[..., InvalidReque
         ref = str(s["$ref"])
         if not re.fullmatch(r"#/(\$defs|definitions)/[^/]+", ref) or ref.rsplit("/", 1)[-1] not in defs:
             raise bad(f"$ref {ref!r} must point into this schema's $defs or definitions", path)
-    return s
 
 
 def _is_type(value: Any, t: str) -> bool:

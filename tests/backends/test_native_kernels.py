@@ -11,8 +11,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from llmserve.plugins.backends.torch.native import build  # noqa: E402
-from llmserve.plugins.backends.torch.native import ops as kernels  # noqa: E402
+from llmserve.plugins.backends.torch.native import build
+from llmserve.plugins.backends.torch.native import ops as kernels
 
 
 @pytest.fixture()
@@ -320,13 +320,13 @@ def test_add_rms_norm_equals_torch(T, D) -> None:
         ops.add_rms_norm(h, delta[:, :1], w, 1e-6)
 
 
-@pytest.mark.parametrize("T,I", [(1, 1536), (5, 13), (32, 64)])
-def test_silu_mul_equals_torch(T, I) -> None:
+@pytest.mark.parametrize("T,inner", [(1, 1536), (5, 13), (32, 64)])
+def test_silu_mul_equals_torch(T, inner) -> None:
     ops = kernels.elementwise_ops()
-    gen = torch.Generator().manual_seed(T + I)
-    gu = torch.randn(T, 2 * I, generator=gen) * 6
+    gen = torch.Generator().manual_seed(T + inner)
+    gu = torch.randn(T, 2 * inner, generator=gen) * 6
     gu[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -0.0])  # saturation and zeros
-    want = torch.nn.functional.silu(gu[:, :I]) * gu[:, I:]
+    want = torch.nn.functional.silu(gu[:, :inner]) * gu[:, inner:]
     torch.testing.assert_close(ops.silu_mul(gu), want, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError):
         ops.silu_mul(gu[:, :-1])

@@ -11,9 +11,9 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from llmserve.errors import ConfigError  # noqa: E402
-from llmserve.plugins.backends.torch import loader  # noqa: E402
-from llmserve.plugins.backends.torch.runner import TorchBackend  # noqa: E402
+from llmserve.errors import ConfigError
+from llmserve.plugins.backends.torch import loader
+from llmserve.plugins.backends.torch.runner import TorchBackend
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 LOGGER = "llmserve.backend.torch"

@@ -10,13 +10,13 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from llmserve.engine.backend import KVCacheSpec, StepItem  # noqa: E402
-from llmserve.errors import ConfigError  # noqa: E402
-from llmserve.plugins.backends.torch.native.ops import ElementwiseOps, PackedLinear  # noqa: E402
-from llmserve.plugins.backends.torch.fused import TorchOps  # noqa: E402
-from llmserve.plugins.backends.torch.options import TorchOptions  # noqa: E402
-from llmserve.plugins.backends.torch.runner import TorchBackend  # noqa: E402
-from llmserve.sampling import SamplingParams  # noqa: E402
+from llmserve.engine.backend import KVCacheSpec, StepItem
+from llmserve.errors import ConfigError
+from llmserve.plugins.backends.torch.native.ops import ElementwiseOps, PackedLinear
+from llmserve.plugins.backends.torch.fused import TorchOps
+from llmserve.plugins.backends.torch.options import TorchOptions
+from llmserve.plugins.backends.torch.runner import TorchBackend
+from llmserve.sampling import SamplingParams
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 BS = 4  # small blocks so short sequences span several of them
@@ -287,7 +287,8 @@ def test_packed_weights_replace_the_unpacked_ones(tiny_dir: str) -> None:
         assert proj.weight.numel() == 0
     lay = b._fused.layers[0]
     assert (lay.qkv.out_features, lay.qkv.in_features) == (
-        (layer.self_attn.q_proj.out_features + 2 * layer.self_attn.k_proj.out_features), layer.self_attn.q_proj.in_features)
+        (layer.self_attn.q_proj.out_features + 2 * layer.self_attn.k_proj.out_features),
+        layer.self_attn.q_proj.in_features)
     with pytest.raises(RuntimeError):
         with torch.inference_mode():
             b.loaded.model(torch.tensor([[1, 2, 3]]))
@@ -340,7 +341,7 @@ def q4_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     path = str(tmp_path_factory.mktemp("tiny-llama-q4"))
     build_tiny_model(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    for name, module in model.model.layers.named_modules():
+    for _name, module in model.model.layers.named_modules():
         if isinstance(module, torch.nn.Linear):
             w = module.weight.data
             blocks = w.reshape(w.shape[0], -1, 32)

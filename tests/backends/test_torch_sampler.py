@@ -8,9 +8,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from llmserve.engine.backend import StepItem  # noqa: E402
-from llmserve.plugins.backends.torch.sampler import Sampler, prompt_logprobs  # noqa: E402
-from llmserve.sampling import SamplingParams  # noqa: E402
+from llmserve.engine.backend import StepItem
+from llmserve.plugins.backends.torch.sampler import Sampler, prompt_logprobs
+from llmserve.sampling import SamplingParams
 
 V = 64
 EOS = 2

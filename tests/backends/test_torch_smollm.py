@@ -9,8 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from llmserve.engine.backend import KVCacheSpec, StepItem  # noqa: E402
-from llmserve.sampling import SamplingParams  # noqa: E402
+from llmserve.engine.backend import KVCacheSpec, StepItem
+from llmserve.sampling import SamplingParams
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytestmark = pytest.mark.slow

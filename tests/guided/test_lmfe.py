@@ -99,7 +99,8 @@ SCHEMAS = {
     "number_enum": {"type": "object", "properties": {"level": {"type": "integer", "enum": [1, 2, 10, 42]}},
                     "required": ["level"]},
     "numbers": {"type": "object", "properties": {"price": {"type": "number"}, "count": {"type": "integer"},
-                                                  "ratio": {"type": "number"}}, "required": ["price", "count", "ratio"]},
+                                                  "ratio": {"type": "number"}},
+                "required": ["price", "count", "ratio"]},
     "all_optional": {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "integer"},
                                                        "c": {"type": "boolean"}}},
     "some_required": {"type": "object", "properties": {"id": {"type": "integer"}, "note": {"type": "string"},
@@ -128,7 +129,8 @@ SCHEMAS = {
     "all_of": {"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
                          {"properties": {"b": {"type": "string"}}, "required": ["b"]}]},
     "any_value": {},
-    "untyped_property": {"type": "object", "properties": {"meta": {}, "n": {"type": "null"}}, "required": ["meta", "n"]},
+    "untyped_property": {"type": "object", "properties": {"meta": {}, "n": {"type": "null"}},
+                         "required": ["meta", "n"]},
     "mixed_enum": {"type": "object", "properties": {"m": {"enum": ["a", 1, None, True, False]}}, "required": ["m"]},
     "no_extra_keys": {"type": "object", "additionalProperties": False},
     "pydantic_model": Person.model_json_schema(),
@@ -153,7 +155,8 @@ def test_json_object_gives_objects(guided, tokenizer, closers):
 
 
 @pytest.mark.parametrize("pattern", [r"\d{3}-\d{4}", r"[a-z]{1,10}@[a-z]{1,10}\.(com|org)", r"(yes|no|maybe)",
-                                     r"[A-Z][a-z]{1,8}( [A-Z][a-z]{1,8}){0,2}", r"^-?(0|[1-9][0-9]{0,5})(\.[0-9]{1,3})?$",
+                                     r"[A-Z][a-z]{1,8}( [A-Z][a-z]{1,8}){0,2}",
+                                     r"^-?(0|[1-9][0-9]{0,5})(\.[0-9]{1,3})?$",
                                      r"\(\d+\) [^\n]{0,10}"])
 def test_random_regex_matches(pattern, guided, tokenizer, closers):
     factory = guided.compile(GuidedSpec("regex", pattern, param="guided_regex"))

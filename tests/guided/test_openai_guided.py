@@ -21,7 +21,8 @@ TOY = str(HERE / "toy_decoder.py")
 TEMPLATE = "{% for m in messages %}{{ m.content }}{% endfor %}"
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "chat_template": TEMPLATE}
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
-                                           "n": {"type": "integer"}, "tags": {"type": "array", "items": {"enum": ["a", "b"]}}},
+                                           "n": {"type": "integer"},
+                                           "tags": {"type": "array", "items": {"enum": ["a", "b"]}}},
           "required": ["name", "n", "tags"]}
 
 
@@ -59,7 +60,8 @@ def error_of(response, status=400):
      "installed: lm-format-enforcer (json_schema, json_object, regex, choice)"),
     ("/v1/chat/completions", {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
      "response_format", "json_schema.schema is required"),
-    ("/v1/completions", {"response_format": {"type": "json_schema"}}, "response_format", "json_schema.schema is required"),
+    ("/v1/completions", {"response_format": {"type": "json_schema"}}, "response_format",
+     "json_schema.schema is required"),
     ("/v1/completions", {"guided_choice": []}, "guided_choice", "non-empty list"),
 ])
 def test_guided_400s(echo, route, extra, param, text):

@@ -89,5 +89,5 @@ def random_chunks(text: str, seed: int) -> list[str]:
 
 def check_arguments(result: dict[str, Any]) -> None:
     """Every arguments string is valid JSON (strict: no NaN/Infinity, no raw control characters)."""
-    for name, arguments in result["tool_calls"]:
+    for _name, arguments in result["tool_calls"]:
         json.loads(arguments, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))

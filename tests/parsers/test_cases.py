@@ -21,7 +21,8 @@ def test_non_streaming_result(case):
 def test_every_two_piece_split(case):
     expected = whole(case)
     for k in range(len(case.text) + 1):
-        assert pieces(case, [case.text[:k], case.text[k:]]) == expected, f"split at {k}: {case.text[:k]!r} | {case.text[k:]!r}"
+        halves = [case.text[:k], case.text[k:]]
+        assert pieces(case, halves) == expected, f"split at {k}: {halves[0]!r} | {halves[1]!r}"
 
 
 def test_one_character_at_a_time(case):

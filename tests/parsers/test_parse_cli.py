@@ -75,7 +75,8 @@ def test_parse_never_imports_torch_or_parser_modules_it_does_not_use():
         loaded = sorted(m for m in sys.modules if m.startswith('llmserve.plugins.tool_parsers.'))
         print('HEAVY', [m for m in ('torch', 'transformers') if m in sys.modules], loaded)
     """)
-    out = subprocess.run([sys.executable, "-c", code], input=b"<tool_call>{", capture_output=True, timeout=120, cwd=ROOT)
+    out = subprocess.run([sys.executable, "-c", code], input=b"<tool_call>{", capture_output=True, timeout=120,
+                         cwd=ROOT)
     assert "HEAVY [] ['llmserve.plugins.tool_parsers.hermes']" \
            in out.stdout.decode(), out.stdout.decode() + out.stderr.decode()
 

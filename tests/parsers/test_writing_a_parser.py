@@ -39,7 +39,8 @@ def example(tmp_path, monkeypatch):
 
 CASES = [
     ("plain text, no call < here", "plain text, no call < here", []),
-    ('Checking.<function=get_weather>{"city": "Paris"}</function>', "Checking.", [("get_weather", '{"city": "Paris"}')]),
+    ('Checking.<function=get_weather>{"city": "Paris"}</function>', "Checking.",
+     [("get_weather", '{"city": "Paris"}')]),
     ('<function=a>{"x": {"y": [1, "é}"]}}</function><function=b></function> done', " done",
      [("a", '{"x": {"y": [1, "é}"]}}'), ("b", "{}")]),
     ("<function=bad name>{}</function>", "<function=bad name>{}</function>", []),
@@ -76,7 +77,8 @@ def test_the_console_example(example):
     console = block_with("console", "llmserve parse")
     stdin = re.search(r"printf '%s' '(.*?)'", console).group(1)
     printed = json.loads(console.strip().splitlines()[-1].replace("call_...", "call_x"))
-    result = CliRunner().invoke(cli, ["parse", "--plugin", str(example), "--tool-parser", "function_tag", "--chunk", "1"],
+    result = CliRunner().invoke(cli,
+                                ["parse", "--plugin", str(example), "--tool-parser", "function_tag", "--chunk", "1"],
                                 input=stdin)
     assert result.exit_code == 0, result.output
     got = json.loads(result.stdout)

@@ -51,7 +51,8 @@ class EchoBackend(Backend):
 
     def load(self) -> ModelInfo:
         self.step_delay = float(os.environ.get("LLMSERVE_ECHO_STEP_DELAY", "0") or 0)
-        return ModelInfo(name="echo", path="echo://", max_model_len=int(getattr(self.config, "max_model_len", None) or 512),
+        return ModelInfo(name="echo", path="echo://",
+                         max_model_len=int(getattr(self.config, "max_model_len", None) or 512),
                          vocab_size=257, eos_token_ids=[EOS], tokenizer=ByteTokenizer())
 
     def init_kv_cache(self, spec: KVCacheSpec) -> int:

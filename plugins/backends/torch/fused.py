@@ -135,12 +135,13 @@ class FusedDecoder:
         self.native_decode = native_decode
         self._native: tuple[Any, Any] | None = None  # (cache, NativeDecodeStep or None)
         owners: list[tuple[_Layer, dict[str, list[torch.nn.Linear]]]] = []
-        for i, dec in enumerate(base.layers):
+        for dec in base.layers:
             attn, mlp = dec.self_attn, dec.mlp
             lay = _Layer()
             lay.idx = int(attn.layer_idx)
             lay.ln1, lay.eps1 = dec.input_layernorm.weight, float(dec.input_layernorm.variance_epsilon)
-            lay.ln2, lay.eps2 = dec.post_attention_layernorm.weight, float(dec.post_attention_layernorm.variance_epsilon)
+            post = dec.post_attention_layernorm
+            lay.ln2, lay.eps2 = post.weight, float(post.variance_epsilon)
             qkv, gu = [attn.q_proj, attn.k_proj, attn.v_proj], [mlp.gate_proj, mlp.up_proj]
             lay.qkv, lay.gu = _TorchLinear(*_fuse(qkv)), _TorchLinear(*_fuse(gu))
             lay.o = _TorchLinear(attn.o_proj.weight, attn.o_proj.bias)

@@ -79,7 +79,8 @@ class TorchEmbeddingBackend(Backend):
         asked = getattr(self.config, "max_model_len", None)
         max_len = min(asked, limit) if asked else limit
         self.pad_id = self.tokenizer.pad_token_id or 0
-        name = "all-MiniLM-L6-v2" if path.endswith(os.path.join(EMBEDDED_PACKAGE, "model")) else os.path.basename(path.rstrip("/"))
+        embedded = path.endswith(os.path.join(EMBEDDED_PACKAGE, "model"))
+        name = "all-MiniLM-L6-v2" if embedded else os.path.basename(path.rstrip("/"))
         return ModelInfo(name=name, path=path, max_model_len=max_len, vocab_size=len(self.tokenizer),
                          eos_token_ids=[], tokenizer=self.tokenizer, dtype=str(dtype).replace("torch.", ""),
                          device=str(self.device), task="embed")
