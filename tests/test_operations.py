@@ -144,12 +144,14 @@ def test_request_log_has_counts_and_no_secrets(server_process):
     key, secret = "sk-log-test-key-5521", "PURPLE-ELEPHANT-SECRET-7731"
     server = server_process("--backend", "echo", "--plugin", ECHO_PLUGIN, "--api-key", key, "--log-level", "info")
     headers = {"Authorization": f"Bearer {key}", "X-Request-Id": "req-abc-123"}
-    r = httpx.post(server.url + "/v1/completions", json={"prompt": secret, "max_tokens": 5}, headers=headers, timeout=30)
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": secret, "max_tokens": 5}, headers=headers,
+                   timeout=30)
     assert r.status_code == 200 and secret[:5] in r.json()["choices"][0]["text"]  # echo returns the prompt
     r = httpx.post(server.url + "/generate", json={"inputs": secret, "parameters": {"max_new_tokens": 4}},
                    headers={"X-Api-Key": key}, timeout=30)
     assert r.status_code == 200
-    r = httpx.post(server.url + "/v1/completions", json={"prompt": secret}, headers={"Authorization": "Bearer " + secret})
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": secret},
+                   headers={"Authorization": "Bearer " + secret})
     assert r.status_code == 401
     log = server.stop()
     assert secret not in log and secret[:12] not in log

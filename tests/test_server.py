@@ -138,7 +138,8 @@ def test_startup_and_shutdown_hooks_run(tmp_path):
 
 def test_failing_startup_hook_is_one_clear_error(tmp_path):
     bad = tmp_path / "badstart.py"
-    bad.write_text("from llmserve import hookimpl\n\n@hookimpl\ndef startup(context):\n    raise RuntimeError('no db')\n")
+    bad.write_text("from llmserve import hookimpl\n\n@hookimpl\n"
+                   "def startup(context):\n    raise RuntimeError('no db')\n")
     config, _ = load_config({"backend": "echo", "plugins": [ECHO_PLUGIN, str(bad)]}, environ={})
     with pytest.raises(ConfigError, match="startup hook of plugin 'badstart' failed: RuntimeError: no db"):
         build_server(config, PluginManager().load(autoload=False))

@@ -106,7 +106,7 @@ def run_engine(backend, prompts, passes=1, sequential=False, **cfg):
             ids = engine.tokenizer(p).input_ids
             req = GenerateRequest(prompt=p, request_id=f"{n}:{p}",
                                   sampling=SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True))
-            engine.add_request(req, ids, lambda out, p=p: results.setdefault(p, []).extend(
+            engine.add_request(req, ids, lambda out, p=p, results=results: results.setdefault(p, []).extend(
                 t for d in out.outputs for t in d.token_ids))
             while sequential and engine.has_work:  # alone: finish it before the next one starts
                 engine.step()

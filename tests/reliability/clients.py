@@ -78,7 +78,8 @@ class Dropped:
         self.sock.close()
 
 
-def generation_routes(prompt: str = PROMPT, max_tokens: int = 150, model: str = "echo") -> list[tuple[str, str, dict, bool]]:
+def generation_routes(prompt: str = PROMPT, max_tokens: int = 150,
+                      model: str = "echo") -> list[tuple[str, str, dict, bool]]:
     """(name, path, body, streams) for every generation route of every dialect."""
     chat = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens}
     if model == "echo":  # the echo model has no chat template (servers run --trust-request-chat-template)

@@ -26,7 +26,7 @@ from llmserve.sampling import SamplingParams
 from .clients import PROMPT
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins"))
-from echo_backend import EchoBackend  # noqa: E402
+from echo_backend import EchoBackend
 
 ECHO = ("--backend", "echo", "--plugin", ECHO_PLUGIN, "--log-level", "warning")
 
@@ -122,7 +122,8 @@ def test_request_fault_over_http_fails_that_request_only(server_process):
     thread = threading.Thread(target=good)
     thread.start()
     with pytest.raises(openai.InternalServerError) as err:
-        client.completions.create(model="echo", prompt=PROMPT, max_tokens=20, extra_headers={"X-Request-Id": "doomed-a"})
+        client.completions.create(model="echo", prompt=PROMPT, max_tokens=20,
+                                  extra_headers={"X-Request-Id": "doomed-a"})
     assert err.value.status_code == 500 and err.value.body["type"] == "generation_error"
     stream = client.completions.create(model="echo", prompt=PROMPT, max_tokens=20, stream=True,
                                        extra_headers={"X-Request-Id": "doomed-b"})
@@ -175,7 +176,8 @@ def test_dead_engine_fails_everything_and_reports_unhealthy(echo_app, monkeypatc
 
 
 def test_dead_engine_process_exits_nonzero():
-    server = ServerProcess(*ECHO, "--trust-request-chat-template", env={"LLMSERVE_FAULT_INJECTION": "step:40", "LLMSERVE_ECHO_STEP_DELAY": "0.02"})
+    server = ServerProcess(*ECHO, "--trust-request-chat-template",
+                           env={"LLMSERVE_FAULT_INJECTION": "step:40", "LLMSERVE_ECHO_STEP_DELAY": "0.02"})
     server.wait_ready()
     try:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)

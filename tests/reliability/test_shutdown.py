@@ -81,7 +81,8 @@ def test_sigterm_drains_in_flight_requests_then_exits_0():
         for t in threads:
             t.join(60)
         assert out["plain"] == ("length", 40)
-        assert out["stream"][-1] == "[DONE]" and json.loads(out["stream"][-2])["choices"][0]["finish_reason"] == "length"
+        assert out["stream"][-1] == "[DONE]"
+        assert json.loads(out["stream"][-2])["choices"][0]["finish_reason"] == "length"
         assert server.proc.wait(timeout=30) == 0
     finally:
         server.stop()

@@ -34,7 +34,7 @@ def test_timeout_non_streaming_every_dialect(timeout_server):
         TGIClient(server.url, timeout=30).generate(PROMPT, max_new_tokens=150)
     expected = {"openai-chat": 408, "openai-completions-2-prompts": 408, "vllm-generate": 408,
                 "mindie-infer": 424, "triton-generate": 408, "triton-infer-2-texts": 408, "tgi-compat": 408}
-    for name, path, body, streams in generation_routes():
+    for name, path, body, _streams in generation_routes():
         if name in expected:
             r = httpx.post(server.url + path, json=body, timeout=30)
             assert r.status_code == expected[name], (name, r.text)
