@@ -13,11 +13,16 @@ from __future__ import annotations
 
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from llmserve.outputs import RequestOutput
-    from llmserve.server.admission import Admission
+
+
+class CapacityOwner(Protocol):
+    """The totals a request's share feeds (the server's admission controller)."""
+
+    waiting_tokens: int
 
 _current: ContextVar["RequestContext | None"] = ContextVar("llmserve_request_context", default=None)
 
@@ -39,7 +44,7 @@ class RequestContext:
     deadline: float | None = None
     sequences: int = 0                  # reserved by admission checks
     waiting_tokens: int = 0             # prompt tokens submitted but not yet prefilled
-    owner: "Admission | None" = None
+    owner: "CapacityOwner | None" = None
     closed: bool = False
     prompt_tokens: int = 0
     completion_tokens: int = 0

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from llmserve.config import ServerConfig
 from llmserve.errors import EngineDeadError, InvalidRequestError, OverloadedError
@@ -27,7 +27,18 @@ from llmserve.request import deadline_after
 from llmserve.request_context import RequestContext, current_context
 
 if TYPE_CHECKING:
-    from llmserve.server.context import ServerContext
+    from llmserve.engine.client import EngineClient
+    from llmserve.server.metrics import Metrics
+
+
+class AdmissionHost(Protocol):
+    """What admission reads of the server (``ServerContext`` is one); typed by shape so that the
+    context, which owns the controller, and the controller do not import each other."""
+
+    config: ServerConfig
+    draining: bool
+    engine: "EngineClient | None"
+    metrics: "Metrics"
 
 log = logging.getLogger("llmserve.server")
 
@@ -35,7 +46,7 @@ log = logging.getLogger("llmserve.server")
 class Admission:
     """The server's admission controller (``context.admission``)."""
 
-    def __init__(self, context: "ServerContext") -> None:
+    def __init__(self, context: AdmissionHost) -> None:
         self.context = context
         self.in_flight = 0           # sequences reserved by open requests
         self.waiting_tokens = 0      # prompt tokens waiting for their prefill

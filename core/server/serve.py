@@ -8,7 +8,7 @@ import threading
 from typing import Any, AsyncIterator, Callable, TypeVar
 
 from llmserve.config import ServerConfig, load_options, unknown_key_message
-from llmserve.hooks.records import resolve
+from llmserve.hooks.records import ProtocolSpec, resolve
 from llmserve.errors import ConfigError
 from llmserve.hooks.manager import PluginManager
 from llmserve.hooks.registry import Registry
@@ -75,7 +75,8 @@ def plugin_options(config: ServerConfig, registry: Registry) -> dict[str, Any]:
 
 def enabled_protocols(config: ServerConfig, registry: Registry) -> list[str]:
     if config.protocols is None:
-        return [n for n in registry.names("protocol") if registry.get("protocol", n).record.default_enabled]
+        records = [registry.get("protocol", n).record for n in registry.names("protocol")]
+        return [r.name for r in records if isinstance(r, ProtocolSpec) and r.default_enabled]
     names = []
     for name in config.protocols:
         primary = registry.get("protocol", name).record.name

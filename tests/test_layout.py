@@ -1,0 +1,160 @@
+"""The layout rules nothing else checks: module size, the core/plugins boundary, no import cycle
+inside the core, a docstring atop every module.
+
+Imports are read from the source (``ast``), not by importing: a module's import-time edges are
+its top-level imports and those under ``if TYPE_CHECKING:`` (a circle there is still a circle
+for a reader and for the type checker); imports inside functions are the deliberate lazy ones
+that keep ``import llmserve`` light, so they do not count.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MAX_LINES = 500
+# (folder, import name) as setup.py maps them.
+TREES = ((ROOT / "core", "llmserve"), (ROOT / "plugins", "llmserve.plugins"))
+
+
+def module_name(path: Path, folder: Path, package: str) -> str:
+    parts = list(path.relative_to(folder).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join([package, *parts])
+
+
+def modules(folder: Path, package: str) -> dict[str, Path]:
+    return {module_name(p, folder, package): p for p in sorted(folder.rglob("*.py"))}
+
+
+def _absolute(node: ast.ImportFrom, name: str, is_package: bool) -> str:
+    if not node.level:
+        return node.module or ""
+    base = name.split(".") if is_package else name.split(".")[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imports(path: Path, name: str, top_level_only: bool) -> set[str]:
+    """Every module ``path`` imports (``from x import y`` counts as x.y and x)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found: set[str] = set()
+    is_package = path.name == "__init__.py"
+
+    def visit(nodes: list[ast.stmt]) -> None:
+        for node in nodes:
+            if isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                target = _absolute(node, name, is_package)
+                found.add(target)
+                found.update(f"{target}.{alias.name}" for alias in node.names)
+            elif isinstance(node, (ast.If, ast.Try, ast.With)):
+                for block in ("body", "orelse", "finalbody", "handlers"):
+                    for child in getattr(node, block, []):
+                        visit(child.body if isinstance(child, ast.ExceptHandler) else [child])
+            elif not top_level_only and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                visit(node.body)
+            elif top_level_only and isinstance(node, ast.ClassDef):
+                visit(node.body)
+
+    visit(tree.body)
+    if not top_level_only:  # every import anywhere, nested ones included
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                target = _absolute(node, name, is_package)
+                found.add(target)
+                found.update(f"{target}.{alias.name}" for alias in node.names)
+    return found
+
+
+def import_graph(mods: dict[str, Path]) -> dict[str, set[str]]:
+    """Import-time edges between the given modules (package ``__init__`` edges left out: they are
+    one-line docstrings, and every submodule import would otherwise be an edge to its package)."""
+    return {name: {m for m in imports(path, name, top_level_only=True) if m in mods and m != name}
+            for name, path in mods.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            strong(v)
+    return found
+
+
+ALL = [(name, path) for folder, package in TREES for name, path in modules(folder, package).items()]
+
+
+@pytest.mark.parametrize("name,path", ALL, ids=[name for name, _ in ALL])
+def test_module_is_under_the_size_cap_and_opens_with_a_docstring(name, path):
+    text = path.read_text(encoding="utf-8")
+    lines = text.count("\n")
+    assert lines <= MAX_LINES, f"{path.relative_to(ROOT)} has {lines} lines (cap {MAX_LINES}): split it"
+    if text.strip():
+        assert ast.get_docstring(ast.parse(text)), f"{path.relative_to(ROOT)} has no module docstring"
+
+
+def test_core_never_imports_a_plugin():
+    offenders = {}
+    for name, path in modules(ROOT / "core", "llmserve").items():
+        bad = sorted(m for m in imports(path, name, top_level_only=False) if m.startswith("llmserve.plugins"))
+        if bad:
+            offenders[str(path.relative_to(ROOT))] = bad
+    assert offenders == {}, "core/ reaches plugins only through the registry (entry points)"
+
+
+def test_no_import_cycle_inside_core():
+    graph = import_graph(modules(ROOT / "core", "llmserve"))
+    assert cycles(graph) == []
+
+
+def test_the_checks_see_what_they_look_for(tmp_path):
+    """The cycle finder and the import reader catch a circle hidden behind TYPE_CHECKING, a
+    relative import and a plugin import inside a function."""
+    pkg = tmp_path / "core"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text('"""Root."""\n')
+    (pkg / "sub" / "__init__.py").write_text('"""Sub."""\n')
+    (pkg / "a.py").write_text('"""A."""\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n'
+                              '    from llmserve.sub.b import B\n')
+    (pkg / "sub" / "b.py").write_text('"""B."""\nfrom ..a import A\n\ndef f():\n    import llmserve.plugins.x\n')
+    (pkg / "c.py").write_text('"""C."""\nimport llmserve.a\n')
+    mods = modules(pkg, "llmserve")
+    graph = import_graph(mods)
+    assert cycles(graph) == [["llmserve.a", "llmserve.sub.b"]]
+    assert "llmserve.plugins.x" in imports(mods["llmserve.sub.b"], "llmserve.sub.b", top_level_only=False)
+    assert "llmserve.plugins.x" not in imports(mods["llmserve.sub.b"], "llmserve.sub.b", top_level_only=True)
