@@ -1,10 +1,10 @@
-"""Dialect-neutral errors raised by the kernel; each protocol maps them to its own wire format."""
+"""Dialect-neutral errors raised by the core; each protocol maps them to its own wire format."""
 
 from __future__ import annotations
 
 
 class LLMServeError(Exception):
-    """Base class of every error the kernel hands to a protocol.
+    """Base class of every error the core hands to a protocol.
 
     ``status`` is the HTTP status a dialect should use unless its own conventions say otherwise
     (TGI, for instance, answers validation errors with 422). ``param`` names the offending

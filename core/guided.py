@@ -1,5 +1,5 @@
 """Guided (constrained) decoding: the dialect-neutral spec, the decoder plugin interface and
-the kernel-side helper that picks a decoder and caches compiled constraints.
+the core-side helper that picks a decoder and caches compiled constraints.
 
 A protocol turns its request fields into a ``GuidedSpec`` and asks the server's
 ``GuidedDecoding`` (``context.guided``) to compile it; the result is a mask factory the

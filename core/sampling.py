@@ -1,4 +1,4 @@
-"""Dialect-neutral sampling parameters, validated once at the edge of the kernel."""
+"""Dialect-neutral sampling parameters, validated once at the edge of the core."""
 
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ that keep ``import llmserve`` light, so they do not count.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -42,35 +43,31 @@ def _absolute(node: ast.ImportFrom, name: str, is_package: bool) -> str:
 def imports(path: Path, name: str, top_level_only: bool) -> set[str]:
     """Every module ``path`` imports (``from x import y`` counts as x.y and x)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    found: set[str] = set()
     is_package = path.name == "__init__.py"
 
-    def visit(nodes: list[ast.stmt]) -> None:
+    def targets(node: ast.AST) -> set[str]:
+        if isinstance(node, ast.Import):
+            return {alias.name for alias in node.names}
+        if isinstance(node, ast.ImportFrom):
+            target = _absolute(node, name, is_package)
+            return {target} | {f"{target}.{alias.name}" for alias in node.names}
+        return set()
+
+    if not top_level_only:  # every import anywhere, nested ones included
+        return {t for node in ast.walk(tree) for t in targets(node)}
+    found: set[str] = set()
+
+    def visit(nodes: list[ast.stmt]) -> None:  # statements that run at import time
         for node in nodes:
-            if isinstance(node, ast.Import):
-                found.update(alias.name for alias in node.names)
-            elif isinstance(node, ast.ImportFrom):
-                target = _absolute(node, name, is_package)
-                found.add(target)
-                found.update(f"{target}.{alias.name}" for alias in node.names)
-            elif isinstance(node, (ast.If, ast.Try, ast.With)):
+            found.update(targets(node))
+            if isinstance(node, (ast.If, ast.Try, ast.With)):
                 for block in ("body", "orelse", "finalbody", "handlers"):
                     for child in getattr(node, block, []):
                         visit(child.body if isinstance(child, ast.ExceptHandler) else [child])
-            elif not top_level_only and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                visit(node.body)
-            elif top_level_only and isinstance(node, ast.ClassDef):
+            elif isinstance(node, ast.ClassDef):
                 visit(node.body)
 
     visit(tree.body)
-    if not top_level_only:  # every import anywhere, nested ones included
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                found.update(alias.name for alias in node.names)
-            elif isinstance(node, ast.ImportFrom):
-                target = _absolute(node, name, is_package)
-                found.add(target)
-                found.update(f"{target}.{alias.name}" for alias in node.names)
     return found
 
 
@@ -158,3 +155,38 @@ def test_the_checks_see_what_they_look_for(tmp_path):
     assert cycles(graph) == [["llmserve.a", "llmserve.sub.b"]]
     assert "llmserve.plugins.x" in imports(mods["llmserve.sub.b"], "llmserve.sub.b", top_level_only=False)
     assert "llmserve.plugins.x" not in imports(mods["llmserve.sub.b"], "llmserve.sub.b", top_level_only=True)
+
+
+def rooms(text: str) -> dict[str, str]:
+    """docs/architecture.md's table rows: the room (first cell's path) -> the rest of the row."""
+    found = {}
+    for line in text.splitlines():
+        cells = line.split("|")
+        if line.startswith("| `") and len(cells) > 3:
+            found[cells[1].strip().strip("`")] = "|".join(cells[2:])
+    return found
+
+
+def test_architecture_doc_names_every_room():
+    """Every core module, dialect package and torch-backend module has its place in
+    docs/architecture.md, and every path the page names exists."""
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    table = rooms(text)
+    missing = []
+    for path in sorted((ROOT / "core").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if path.name == "__main__.py" or (path.name == "__init__.py" and path.parent != ROOT / "core"):
+            continue
+        room = rel if path.parent == ROOT / "core" else f"{path.parent.relative_to(ROOT).as_posix()}/"
+        if room not in table or (room != rel and f"`{path.name}`" not in table[room]):
+            missing.append(rel)
+    for package in sorted(p.name for p in (ROOT / "plugins" / "protocols").iterdir() if (p / "__init__.py").exists()):
+        if f"`{package}`" not in table.get("plugins/protocols/", ""):
+            missing.append(f"plugins/protocols/{package}")
+    torch_room = table.get("plugins/backends/torch/", "")
+    for path in sorted((ROOT / "plugins" / "backends" / "torch").rglob("*.py")):
+        if path.name != "__init__.py" and f"`{path.name}`" not in torch_room:
+            missing.append(path.relative_to(ROOT).as_posix())
+    assert missing == [], "add these to docs/architecture.md"
+    named = set(re.findall(r"`((?:core|plugins)/[\w/.]*)`", text))
+    assert named and sorted(p for p in named if not (ROOT / p).exists()) == []

@@ -28,7 +28,7 @@ def test_wheel_install_imports_kernel_and_plugins(tmp_path):
     assert core_file == str(site / "llmserve" / "__init__.py")
     assert plugins_file == str(site / "llmserve" / "plugins" / "__init__.py")
     # The native kernel's source ships with the wheel: it is compiled on the user's machine.
-    csrc = site / "llmserve" / "plugins" / "backends" / "torch" / "csrc"
-    for source in ("paged_decode.c", "packed_linear.c", "elementwise.c", "vec_math.h"):
+    csrc = site / "llmserve" / "plugins" / "backends" / "torch" / "native" / "csrc"
+    for source in ("paged_decode.c", "packed_linear.c", "elementwise.c", "decoder_step.c", "vec_math.h"):
         assert (csrc / source).is_file(), source
     assert {"openai", "tgi", "triton", "mindie", "torch", "ops"} <= set(eval(eps))

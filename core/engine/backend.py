@@ -1,6 +1,6 @@
 """The backend contract: what a model runner plugin implements for the engine.
 
-The kernel owns scheduling and KV *bookkeeping* (which block belongs to which sequence);
+The core owns scheduling and KV *bookkeeping* (which block belongs to which sequence);
 the backend owns the model, the KV *tensors* and sampling. The engine calls, in order:
 ``load()`` once, ``init_kv_cache()`` once, then ``step()`` per engine iteration, ``release()``
 when sequences leave, and ``close()`` at shutdown. All calls come from the engine thread.

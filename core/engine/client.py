@@ -143,7 +143,7 @@ class EngineClient:
         return await fut
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
-        """Run ``request``; yield its events until the finished one. Raises kernel errors.
+        """Run ``request``; yield its events until the finished one. Raises core errors.
 
         Deadlines are enforced here and nowhere else: ``request.deadline`` (the request's own
         budget, e.g. MindIE's and Triton's ``timeout``) and the HTTP request's

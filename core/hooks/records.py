@@ -1,4 +1,4 @@
-"""Named contribution records that plugins hand to the kernel.
+"""Named contribution records that plugins hand to the core.
 
 A record names a thing (a protocol, a backend, a parser) and points at the code that
 implements it with a lazy ``"module:attr"`` target. Listing plugins reads records only, so

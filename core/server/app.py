@@ -99,7 +99,7 @@ def build_app(context: "ServerContext", protocols: "dict[str, Protocol]", lifesp
         return render(request, exc)
 
     # Handlers for specific classes answer and stop; the one for Exception (Starlette's last
-    # resort) answers too but re-raises, so uvicorn logs it and drops the connection: kernel
+    # resort) answers too but re-raises, so uvicorn logs it and drops the connection: core
     # errors must never take that path.
     for exc_type in (LLMServeError, HTTPException, RequestValidationError, ValueError, TypeError, KeyError,
                      Exception):

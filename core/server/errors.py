@@ -1,4 +1,4 @@
-"""Turning any exception into a kernel error, and the default (OpenAI-style) error body."""
+"""Turning any exception into a core error, and the default (OpenAI-style) error body."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def field_error(errors: Sequence[Any], prefix: str = "") -> InvalidRequestError:
 
 
 def to_error(exc: BaseException) -> LLMServeError:
-    """Map any exception raised under a route to a kernel error a dialect can render."""
+    """Map any exception raised under a route to a core error a dialect can render."""
     if isinstance(exc, LLMServeError):
         return exc
     if isinstance(exc, RequestValidationError):

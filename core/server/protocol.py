@@ -20,13 +20,13 @@ class Protocol(ABC):
     Subclasses are contributed through ``register_protocols`` and built once per server with
     the shared ``ServerContext`` (config, engine client, model info) and the validated
     options of the dialect's YAML section (``None`` when the record declares no options).
-    Routes translate the dialect's wire models to kernel requests (``GenerateRequest``),
+    Routes translate the dialect's wire models to core requests (``GenerateRequest``),
     call ``context.engine.generate(...)`` and translate events back. Wire models live in the
-    plugin, never in the kernel; ``llmserve.server.dialect_kit`` has the shared plumbing
+    plugin, never in the core; ``llmserve.server.dialect_kit`` has the shared plumbing
     (``WireModel``, ``sse``, ``dialect_router``, ``in_band_errors``).
 
     Any exception raised while serving one of this protocol's routes reaches
-    ``error_response``: kernel errors (``LLMServeError`` subclasses) as they are, request
+    ``error_response``: core errors (``LLMServeError`` subclasses) as they are, request
     validation failures as ``InvalidRequestError`` naming the parameter, anything else as a
     ``GenerationError`` with a generic message (the traceback goes to the log only). A
     dialect states its format once, in ``error_body``; the default ``error_response`` sends

@@ -1,4 +1,4 @@
-"""MindIE-family parameters -> kernel requests, shared by the ``mindie`` and ``triton`` dialects.
+"""MindIE-family parameters -> core requests, shared by the ``mindie`` and ``triton`` dialects.
 
 MindIE's native ``/infer`` and its Triton-style routes (``/v2/models/{m}/generate``, token
 ``/infer``) take the same family of ``parameters`` (temperature, top_k, top_p, do_sample,
@@ -65,7 +65,7 @@ def priority(value: int | None) -> int:
 
 def new_request(engine: Any, p: Any, text: str | None = None, ids: list[int] | None = None,
                 param: str = "inputs") -> tuple[GenerateRequest, int | None]:
-    """A prepared kernel request for ``text`` (or token ``ids``) with MindIE parameters ``p``,
+    """A prepared core request for ``text`` (or token ``ids``) with MindIE parameters ``p``,
     and the seed to report; a prompt the engine refuses is reported against ``param``."""
     if ids is None:
         ids = engine.encode(text or "")

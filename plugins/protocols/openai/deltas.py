@@ -1,7 +1,7 @@
 """Parsed model output as OpenAI chat-chunk ``delta`` objects.
 
 The parse chain (``llmserve.parsing.chain``) releases dialect-neutral ``ParseDelta``s; this is
-the OpenAI rendering of one, so the kernel knows nothing of the wire shape.
+the OpenAI rendering of one, so the core knows nothing of the wire shape.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Translate OpenAI request fields into the kernel's SamplingParams and GenerateRequests."""
+"""Translate OpenAI request fields into the core's SamplingParams and GenerateRequests."""
 
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ def chat_sampling(body: ChatCompletionRequest) -> SamplingParams:
     elif body.top_logprobs:
         raise InvalidRequestError("top_logprobs requires logprobs to be true", param="top_logprobs")
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    # Errors name the kernel's fields; report the ones this request actually sent.
+    # Errors name the core's fields; report the ones this request actually sent.
     sent = {"logprobs": "top_logprobs"}
     if body.max_completion_tokens is not None:
         sent["max_tokens"] = "max_completion_tokens"

@@ -1,5 +1,5 @@
 """TGI's parameter rules (router/src/validation.rs, same order and wording) and their
-translation into kernel requests."""
+translation into core requests."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ class Plan:
         return len(self.prompt_ids)
 
     def requests(self) -> list[GenerateRequest]:
-        """One kernel request per sequence (best_of runs best_of independent requests, each with
+        """One core request per sequence (best_of runs best_of independent requests, each with
         its own seed, as TGI does)."""
         base = uuid.uuid4().hex
         out = []

@@ -37,7 +37,7 @@ VALIDATION_PREFIX = "Input validation error: "
 
 
 def error_body(error: LLMServeError) -> tuple[int, dict[str, str]]:
-    """A kernel error in TGI's words: ``(status, {"error", "error_type"})``."""
+    """A core error in TGI's words: ``(status, {"error", "error_type"})``."""
     msg = error.message
     if isinstance(error, (InvalidRequestError, PayloadTooLargeError)) or error.status in (400, 422):
         status = 413 if isinstance(error, PayloadTooLargeError) else 422
