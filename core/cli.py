@@ -144,6 +144,15 @@ def resolve_config(flags: dict[str, Any], config_file: Optional[Path]) -> tuple[
 
 
 CONFIG_OPTION = typer.Option(None, "--config", "-c", help="YAML file whose keys are the long flag names.")
+PLUGIN_OPTION = typer.Option(None, "--plugin", help="Extra plugin spec; repeatable.")
+
+
+def with_cli_plugins(specs: list[str] | None) -> PluginManager:
+    """The plugin manager with the command's ``--plugin`` specs loaded (``ConfigError`` on a bad one)."""
+    pm = plugin_manager()
+    for spec in specs or []:
+        pm.load_spec(spec, "cli")
+    return pm
 
 
 @cli.command()
@@ -166,15 +175,12 @@ def serve(model: Optional[str] = typer.Argument(
 
 @cli.command("plugins")
 def plugins_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON."),
-                plugin: Optional[list[str]] = typer.Option(None, "--plugin",
-                                                           help="Extra plugin spec; repeatable.")) -> None:
+                plugin: Optional[list[str]] = PLUGIN_OPTION) -> None:
     """List every plugin, its distribution and version, and what it contributes."""
     from llmserve.hooks.registry import Registry
 
-    pm = plugin_manager()
     try:
-        for spec in plugin or []:
-            pm.load_spec(spec, "cli")
+        pm = with_cli_plugins(plugin)
         Registry.collect(pm)
     except ConfigError as exc:
         fail(str(exc))
@@ -199,17 +205,14 @@ def parse_cmd(tool_parser: Optional[str] = typer.Option(None, "--tool-parser", h
                                         help="Feed the text in N-character pieces (streaming path)."),
               template_kwargs: Optional[str] = typer.Option(None, "--chat-template-kwargs",
                                                             help='JSON object, e.g. \'{"enable_thinking": false}\'.'),
-              plugin: Optional[list[str]] = typer.Option(None, "--plugin",
-                                                         help="Extra plugin spec; repeatable.")) -> None:
+              plugin: Optional[list[str]] = PLUGIN_OPTION) -> None:
     """Parse one model output from stdin; print {"content", "reasoning_content", "tool_calls"} as JSON."""
     from llmserve.parsing.chain import StreamContractError
     from llmserve.parsing.cli import load_tools, parse_output
     from llmserve.hooks.registry import Registry
 
-    pm = plugin_manager()
     try:
-        for spec in plugin or []:
-            pm.load_spec(spec, "cli")
+        pm = with_cli_plugins(plugin)
         kwargs = json.loads(template_kwargs) if template_kwargs else {}
         if not isinstance(kwargs, dict):
             raise ValueError("not a JSON object")

@@ -277,7 +277,7 @@ class EngineClient:
             try:
                 result = self.engine.check_idle()
                 aio.call_soon_threadsafe(fut.set_result, result)
-            except BaseException as exc:  # noqa: BLE001
+            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting caller
                 aio.call_soon_threadsafe(fut.set_exception, exc)
 
         self.loop.submit(check)

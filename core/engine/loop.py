@@ -87,13 +87,13 @@ class EngineLoop(threading.Thread):
         for command in leftover:  # e.g. add_request: run it so the request gets its error below
             try:
                 command()
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - the engine is dead; every request gets its error below
                 pass
         dead = EngineDeadError("the engine failed and is restarting; retry the request")
         for rid in list(engine.requests):
             try:
                 engine.abort(rid, error=dead)
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - one failed abort must not stop the others
                 pass
         # The last snapshot's totals stay (counters never go back); nothing runs or waits now.
         self.stats = replace(self.stats, running=0, waiting=0, dead=True)

@@ -164,7 +164,7 @@ class PluginManager:
         version = ep.dist.version if ep.dist else None
         try:
             obj = ep.load()
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:  # noqa: BLE001 - a broken plugin is one warning line, not a crash
             msg = f"plugin '{ep.name}' ({ep.value}) failed to load: {_describe(exc)}"
             if explicit:
                 raise PluginLoadError(msg) from None

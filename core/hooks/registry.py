@@ -81,7 +81,7 @@ class Registry:
         entry = self.get(kind, name)
         try:
             return entry.record.load()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - any import failure becomes one clear line
             raise PluginLoadError(
                 f"{LABELS[kind]} '{name}' from plugin '{entry.plugin}' failed to import "
                 f"{entry.record.target}: {type(exc).__name__}: {exc}"

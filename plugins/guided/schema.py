@@ -74,12 +74,12 @@ def prepare_schema(schema: Any, param: str | None, label: str | None = None) -> 
     out = _normalize(schema, "", defs, bad)
     try:
         root = JsonSchemaParser(out)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - the enforcer raises many types; all mean an unsupported schema
         raise bad(f"unsupported JSON schema: {exc}") from None
     for path, sub in _subschemas(out, ""):
         try:
             _jsp.get_parser(root, JsonSchemaObject(**sub))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - as above, per subschema
             raise bad(f"unsupported JSON schema ({type(exc).__name__}: {exc})", path or "/") from None
     return out
 

@@ -20,20 +20,11 @@ from llmserve.text.chat_template import message_text, render_chat
 
 from .deltas import openai_delta
 from .params import chat_sampling, guided_mask, guided_spec, new_request, now
-from .replies import TokenText, chat_logprobs, usage_dict
+from .replies import Endpoint, chat_logprobs, usage_dict
 from .wire import ChatCompletionRequest
 
 
-class Chat:
-    def __init__(self, protocol: Any) -> None:
-        self.p = protocol
-        self._tt: TokenText | None = None
-
-    @property
-    def tt(self) -> TokenText:
-        if self._tt is None:  # the model loads after routes are built
-            self._tt = TokenText(self.p.context.engine.tokenizer)
-        return self._tt
+class Chat(Endpoint):
 
     def plan(self, body: ChatCompletionRequest) -> ToolPlan:
         cfg = self.p.context.config

@@ -15,7 +15,7 @@ from llmserve.server.dialect_kit import SSE_DONE, STREAM_HEADERS, sse
 from llmserve.server.errors import to_error
 
 from .params import completion_sampling, guided_mask, new_request, now
-from .replies import TokenText, completion_logprobs, usage_dict
+from .replies import Endpoint, completion_logprobs, usage_dict
 from .wire import CompletionRequest
 
 
@@ -44,16 +44,7 @@ class Choice:
     stop_reason: Any = None
 
 
-class Completions:
-    def __init__(self, protocol: Any) -> None:
-        self.p = protocol
-        self._tt: TokenText | None = None
-
-    @property
-    def tt(self) -> TokenText:
-        if self._tt is None:  # the model loads after routes are built
-            self._tt = TokenText(self.p.context.engine.tokenizer)
-        return self._tt
+class Completions(Endpoint):
 
     async def __call__(self, body: CompletionRequest, request_id: str | None) -> Any:
         ctx = self.p.context

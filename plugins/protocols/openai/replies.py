@@ -14,6 +14,20 @@ def clamp(x: float) -> float:
     return -9999.0 if not math.isfinite(x) else x
 
 
+class Endpoint:
+    """A route handler of the protocol: reaches the tokenizer once the model has loaded."""
+
+    def __init__(self, protocol: Any) -> None:
+        self.p = protocol
+        self._tt: TokenText | None = None
+
+    @property
+    def tt(self) -> "TokenText":
+        if self._tt is None:  # the model loads after routes are built
+            self._tt = TokenText(self.p.context.engine.tokenizer)
+        return self._tt
+
+
 class TokenText:
     """Token id -> its text, cached (logprob entries need it per token)."""
 
