@@ -12,6 +12,7 @@ from starlette.routing import BaseRoute
 
 from llmserve import __version__
 from llmserve.errors import ConfigError, LLMServeError, NotFoundError
+from llmserve.server.dialect_kit import adopt_routes
 from llmserve.server.errors import openai_error_response, to_error
 from llmserve.server.guard import install as install_guard
 from llmserve.server.openapi import OPENAI_ERROR_SCHEMA, declare_errors
@@ -42,6 +43,7 @@ def build_app(context: "ServerContext", protocols: "dict[str, Protocol]", lifesp
     for name, protocol in protocols.items():
         prefix = context.config.protocol_prefix.get(name, "").rstrip("/")
         router = protocol.router()
+        adopt_routes(protocol, router)  # one error path for every route, plain APIRouters' included
         for route in router.routes:
             declare_errors(route, [protocol.error_schema or OPENAI_ERROR_SCHEMA])
             for claim in _claims(route, prefix):

@@ -16,7 +16,7 @@ import json
 from typing import Any, AsyncGenerator, AsyncIterator, Callable, ClassVar, Coroutine, Protocol, TypeVar
 
 from fastapi import APIRouter, Request
-from fastapi.routing import APIRoute
+from fastapi.routing import APIRoute, request_response
 from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.responses import Response
 
@@ -109,10 +109,24 @@ class DialectRoute(APIRoute):
         return guarded
 
 
+def _route_class(protocol: ErrorFormat) -> type[DialectRoute]:
+    return type(f"{type(protocol).__name__}Route", (DialectRoute,), {"protocol": protocol})
+
+
 def dialect_router(protocol: ErrorFormat, **kwargs: Any) -> APIRouter:
     """An ``APIRouter`` (same arguments) whose routes render errors with ``protocol``."""
-    route_class = type(f"{type(protocol).__name__}Route", (DialectRoute,), {"protocol": protocol})
-    return APIRouter(route_class=route_class, **kwargs)
+    return APIRouter(route_class=_route_class(protocol), **kwargs)
+
+
+def adopt_routes(protocol: ErrorFormat, router: APIRouter) -> None:
+    """Give every plain ``APIRoute`` of ``router`` the dialect's error path, as if it had been made
+    by ``dialect_router``: ``build_app`` calls it on every protocol's router, so a plugin that
+    built a plain ``APIRouter`` cannot leak a traceback or drop a connection either."""
+    route_class = _route_class(protocol)
+    for route in router.routes:
+        if isinstance(route, APIRoute) and not isinstance(route, DialectRoute):
+            route.__class__ = route_class  # same fields; only the handler differs
+            route.app = request_response(route.get_route_handler())
 
 
 async def in_band_errors(protocol: ErrorFormat, source: AsyncGenerator[T, None],

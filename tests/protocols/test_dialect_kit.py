@@ -120,7 +120,7 @@ BOOM = textwrap.dedent("""
         error_schema = {"type": "object", "properties": {"boom": {"type": "string"}}}
 
         def router(self):
-            r = dialect_router(self)
+            r = ROUTER
             @r.get("/boom/{kind}")
             async def boom(kind: str, n: int = 0):
                 raise {"runtime": RuntimeError, "key": KeyError}[kind]("secret detail")
@@ -135,9 +135,11 @@ BOOM = textwrap.dedent("""
 """)
 
 
-def test_every_error_of_a_dialect_route_is_rendered_there(tmp_path):
+@pytest.mark.parametrize("router", ["dialect_router(self)", "APIRouter()"])
+def test_every_error_of_a_dialect_route_is_rendered_there(tmp_path, router):
     """An unexpected exception answers in the dialect's format and never reaches the server's
-    last-resort handler (which would re-raise: a logged traceback and a dropped connection)."""
+    last-resort handler (which would re-raise: a logged traceback and a dropped connection),
+    whether the plugin built its router with the kit or as a plain ``APIRouter``."""
     from fastapi.testclient import TestClient
 
     from llmserve.config import load_config
@@ -145,7 +147,7 @@ def test_every_error_of_a_dialect_route_is_rendered_there(tmp_path):
     from llmserve.server.serve import build_server
 
     plugin = tmp_path / "boom_plugin.py"
-    plugin.write_text(BOOM)
+    plugin.write_text(BOOM.replace("ROUTER", router))
     config, _ = load_config({"backend": "echo", "plugins": [ECHO_PLUGIN, str(plugin)]}, environ={})
     app, _ = build_server(config, PluginManager().load(autoload=False))
     with TestClient(app, raise_server_exceptions=True) as client:  # a re-raise would fail the call
