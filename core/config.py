@@ -33,6 +33,11 @@ class ServerConfig(BaseModel):
         "Hugging Face model directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)."))
     served_model_name: list[str] = Field(default_factory=list, description=(
         "Names clients may use for the model (the first is reported); repeatable."))
+    strict_model_name: bool = Field(False, description=(
+        "Answer 404 to a request naming a model that is not served, as vLLM does. By default, while the model "
+        "has one served name, any name is accepted and answered under that name, as TGI and llama.cpp do (Hugging "
+        "Face clients send placeholders such as `tgi`); with several --served-model-name an unknown one is a 404 "
+        "either way."))
     backend: str = Field("torch", description="Backend plugin that runs the model.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="Weight and activation dtype.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Device to run on.")

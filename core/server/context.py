@@ -95,8 +95,17 @@ class ServerContext:
         """The name reported back to clients."""
         return self.served_model_names[0]
 
-    def check_model(self, name: str | None, param: str = "model") -> str:
-        """Accept ``name`` if it is served (or empty); else raise a 404 naming it."""
-        if not name or name in self.served_model_names or (self.model and name == self.model.path):
+    def is_served(self, name: str) -> bool:
+        """Whether ``name`` is one of the model's served names (or the path it was loaded from)."""
+        return name in self.served_model_names or (self.model is not None and name == self.model.path)
+
+    def check_model(self, name: str | None, param: str = "model", message: str | None = None) -> str:
+        """The name to answer a request for model ``name`` under, or a 404 (``message``, or vLLM's).
+
+        The one place every dialect resolves model names: a served name (or empty) is accepted;
+        so is any other name while the model has a single served name, as TGI and llama.cpp do,
+        unless ``--strict-model-name``; with several served names an unknown one is a 404."""
+        if not name or self.is_served(name) or (len(set(self.served_model_names)) == 1
+                                                 and not self.config.strict_model_name):
             return self.model_name
-        raise NotFoundError(f"The model `{name}` does not exist.", param=param)
+        raise NotFoundError(message or f"The model `{name}` does not exist.", param=param)

@@ -95,7 +95,8 @@ CHAT_ONLY = [
 
 @pytest.fixture(scope="module")
 def client():
-    """One trusted echo server for the module (chat needs a request template on echo)."""
+    """One trusted echo server for the module (chat needs a request template on echo), strict
+    about model names (test_unknown_model_is_404)."""
     from fastapi.testclient import TestClient
 
     from conftest import ECHO_PLUGIN
@@ -103,8 +104,8 @@ def client():
     from llmserve.hooks.manager import PluginManager
     from llmserve.server.serve import build_server
 
-    config, _ = load_config({"backend": "echo", "plugins": [ECHO_PLUGIN], "trust_request_chat_template": True},
-                            environ={})
+    config, _ = load_config({"backend": "echo", "plugins": [ECHO_PLUGIN], "trust_request_chat_template": True,
+                             "strict_model_name": True}, environ={})
     app, _ = build_server(config, PluginManager().load(autoload=False))
     with TestClient(app, raise_server_exceptions=False) as c:
         yield c

@@ -15,8 +15,8 @@ def embed_client():
     from llmserve.hooks.manager import PluginManager
     from llmserve.server.serve import build_server
 
-    config, _ = load_config({"task": "embed", "protocols": ["openai", "ops"], "served_model_name": ["mini"]},
-                            environ={})
+    config, _ = load_config({"task": "embed", "protocols": ["openai", "ops"], "served_model_name": ["mini"],
+                             "strict_model_name": True}, environ={})
     app, _ = build_server(config, PluginManager().load(autoload=False))
     with TestClient(app, raise_server_exceptions=False) as client:
         yield client

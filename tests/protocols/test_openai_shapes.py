@@ -13,7 +13,7 @@ def sse_events(text):
 
 @pytest.fixture
 def client(echo_app):
-    c, _ = echo_app()
+    c, _ = echo_app(strict_model_name=True)  # an unknown model is a 404 (test_models_routes)
     return c
 
 

@@ -17,7 +17,7 @@ MODEL = "org/model"
 @pytest.fixture(scope="module")
 def client():
     server = ServerProcess("--backend", "echo", "--plugin", ECHO_PLUGIN, "--served-model-name", MODEL,
-                           "--log-level", "warning")
+                           "--strict-model-name", "--log-level", "warning")
     server.wait_ready()
     try:
         yield httpclient.InferenceServerClient(url=f"127.0.0.1:{server.port}")

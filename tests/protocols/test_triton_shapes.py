@@ -18,7 +18,7 @@ BASE = f"/v2/models/{MODEL}"
 
 @pytest.fixture
 def app(echo_app):
-    return echo_app(served_model_name=[MODEL])
+    return echo_app(served_model_name=[MODEL], strict_model_name=True)  # unknown names are 404s
 
 
 @pytest.fixture
@@ -133,7 +133,7 @@ def test_model_ready_and_config(client, suffix):
 
 
 def test_served_name_without_slash_and_model_path(echo_app):
-    client, _ = echo_app()
+    client, _ = echo_app(strict_model_name=True)
     assert client.get("/v2/models/echo/ready").status_code == 200
     assert client.get("/v2/models/echo://").status_code == 200  # the model path is accepted too
     assert_error(client.get("/v2/models/org/model"), 404, "org/model")

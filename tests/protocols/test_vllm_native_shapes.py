@@ -130,7 +130,8 @@ def test_validation_errors_in_openai_envelope(client, body, param, message, stre
     assert err["message"].startswith(message), err["message"]
 
 
-def test_unknown_model_is_404(client):
+def test_unknown_model_is_404(echo_app):
+    client, _ = echo_app(strict_model_name=True)
     r = client.post("/generate", json={"prompt": "x", "model": "other"})
     assert r.status_code == 404 and r.json()["error"]["param"] == "model"
     assert client.post("/generate", json={"prompt": "x", "model": "echo", "max_tokens": 1}).status_code == 200

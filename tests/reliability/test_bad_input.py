@@ -70,7 +70,7 @@ LEAKS = re.compile(r"Traceback|File \"|\.py\b|/work/|site-packages| at 0x[0-9a-f
 
 @pytest.fixture(scope="module")
 def server():
-    srv = InProcServer(backend="echo", plugins=[ECHO_PLUGIN], served_model_name=[MODEL],
+    srv = InProcServer(backend="echo", plugins=[ECHO_PLUGIN], served_model_name=[MODEL], strict_model_name=True,
                        trust_request_chat_template=True, max_request_body_bytes=LIMIT)
     yield srv
     srv.stop()

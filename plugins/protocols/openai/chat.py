@@ -20,7 +20,7 @@ from llmserve.text.chat_template import message_text, render_chat
 
 from .deltas import openai_delta
 from .params import chat_sampling, guided_mask, guided_spec, new_request, now
-from .replies import Endpoint, chat_logprobs, usage_dict
+from .replies import SYSTEM_FINGERPRINT, Endpoint, chat_logprobs, usage_dict
 from .wire import ChatCompletionRequest
 
 
@@ -95,7 +95,8 @@ class Chat(Endpoint):
                 exc.param = "max_completion_tokens"  # name the field the client sent
             raise
         rid = f"chatcmpl-{body.request_id or request_id or uuid.uuid4().hex}"
-        head = {"id": rid, "object": "chat.completion", "created": now(), "model": model}
+        head = {"id": rid, "object": "chat.completion", "created": now(), "model": model,
+                "system_fingerprint": SYSTEM_FINGERPRINT}
         if body.stream:
             head["object"] = "chat.completion.chunk"
             return ctx.sse_response(self._stream(body, req, head, make_chain, plan.parallel), headers=STREAM_HEADERS)

@@ -15,7 +15,7 @@ from llmserve.server.dialect_kit import SSE_DONE, STREAM_HEADERS, sse
 from llmserve.server.errors import to_error
 
 from .params import completion_sampling, guided_mask, new_request, now
-from .replies import Endpoint, completion_logprobs, usage_dict
+from .replies import SYSTEM_FINGERPRINT, Endpoint, completion_logprobs, usage_dict
 from .wire import CompletionRequest
 
 
@@ -69,7 +69,8 @@ class Completions(Endpoint):
             engine.prepare(req)
             reqs.append(req)
         rid = f"cmpl-{base}"
-        head = {"id": rid, "object": "text_completion", "created": now(), "model": model}
+        head = {"id": rid, "object": "text_completion", "created": now(), "model": model,
+                "system_fingerprint": SYSTEM_FINGERPRINT}
         if body.stream:
             return ctx.sse_response(self._stream(body, reqs, head, make_chain), headers=STREAM_HEADERS)
         return JSONResponse(await self._complete(body, reqs, head, make_chain))

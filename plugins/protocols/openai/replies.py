@@ -1,5 +1,5 @@
 """What the chat and completions replies share: token texts, the logprob shapes (non-finite
-logprobs clamped: JSON has no -Infinity) and usage."""
+logprobs clamped: JSON has no -Infinity), usage and the system fingerprint."""
 
 from __future__ import annotations
 
@@ -7,7 +7,12 @@ import math
 from functools import lru_cache
 from typing import Any
 
+from llmserve import __version__
 from llmserve.outputs import TokenLogprob
+
+# Every reply's ``system_fingerprint``: a string, as OpenAI and TGI send (text_generation's
+# Client.chat refuses a reply without one).
+SYSTEM_FINGERPRINT = f"llmserve-{__version__}"
 
 
 def clamp(x: float) -> float:

@@ -59,13 +59,14 @@ class TritonProtocol(Protocol):
 
     # -- what the endpoints share ---------------------------------------------------------------
     def check_model(self, name: str, version: str | None = None) -> str:
-        """``name`` if it is the model served (any of its names) and ``version`` its version."""
+        """The name to answer under: ``name`` itself if it is served (any of its names), else the
+        served name when the server accepts any name (``ServerContext.check_model``); and
+        ``version`` must be the model's version."""
         ctx = self.context
-        if name not in ctx.served_model_names and not (ctx.model is not None and name == ctx.model.path):
-            raise NotFoundError(f"Request for unknown model: '{name}' is not found", param="model")
+        served = ctx.check_model(name, message=f"Request for unknown model: '{name}' is not found")
         if version not in (None, "", VERSION):
             raise NotFoundError(f"Request for unknown model: '{name}' version {version} is not found", param="model")
-        return name
+        return name if ctx.is_served(name) else served
 
     def ready(self) -> bool:
         ctx = self.context
