@@ -50,15 +50,17 @@ class GuidedSpec:
     ``"response_format"``, ...); decoders put it in the ``InvalidRequestError`` they raise so
     the client learns which field is wrong. It is not part of the cache key.
 
-    ``compact`` asks for JSON without runs of whitespace (at most one whitespace character in
-    a row), for output that a program reads rather than a person: the server's own forced
-    tool-call JSON. A decoder that cannot honour it may ignore it.
+    ``compact`` (the default; it matters for the JSON kinds) asks for compact JSON: no
+    whitespace outside strings and no run of whitespace inside them, so that once the value is
+    complete end-of-sequence is the only token allowed (no padding before it, no wasted decode
+    steps). ``compact=False`` lets the model lay JSON out with whitespace. A decoder that cannot
+    honour it may ignore it.
     """
 
     kind: str
     value: Any = None
     param: str | None = None
-    compact: bool = False
+    compact: bool = True
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -70,7 +72,7 @@ class GuidedSpec:
             text = json.dumps(self.value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         except (TypeError, ValueError):
             text = repr(self.value)
-        return (self.kind + "+compact" if self.compact else self.kind), text
+        return (self.kind if self.compact else self.kind + "+spaced"), text
 
 
 class GuidedDecoder(ABC):

@@ -22,21 +22,29 @@ a stuck generation, and refuses (400) what it cannot enforce:
   then loses track of the parse) are used only inside JSON strings without
   ``minLength``/``maxLength``, where any character is fine.
 
+JSON is compact (``GuidedSpec.compact``, the default): no whitespace outside strings, so once
+the value is complete only end-of-sequence is allowed (``_CompactJson``), and no run of
+whitespace inside them (a free-text table without such tokens, and ``_Spacing``). LMFE's knob,
+``CharacterLevelParserConfig.max_consecutive_whitespaces``, cannot express this: it counts
+whitespace in strings and structure alike, and ``TokenEnforcer`` replaces the parser's config
+with a default one anyway.
+
 Not enforced (accepted and ignored): ``minimum``/``maximum``/``exclusive*``/``multipleOf``,
 ``uniqueItems``, ``format``, ``patternProperties``, ``not``, ``if``/``then``/``else``,
-``minProperties``/``maxProperties``. Arrays without ``maxItems`` hold at most 20 items and at
-most 12 whitespace characters follow each other (LMFE's defaults).
+``minProperties``/``maxProperties``. Arrays without ``maxItems`` hold at most 20 items; with
+``compact=False`` at most 12 whitespace characters follow each other (LMFE's defaults).
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import re
 import time
 from typing import Any, Callable
 
 from lmformatenforcer import JsonSchemaParser, RegexParser, TokenEnforcer, TokenEnforcerTokenizerData
-from lmformatenforcer.characterlevelparser import CharacterLevelParserConfig
+from lmformatenforcer.characterlevelparser import UnionParser
 from lmformatenforcer import jsonschemaparser as _jsp
 from lmformatenforcer.consts import WHITESPACE_CHARACTERS
 from lmformatenforcer.tokenizerprefixtree import JsonFreetextTokenCache
@@ -169,6 +177,40 @@ def _install_fixes() -> None:
 _install_fixes()
 
 
+def _in_string(stack: list[Any]) -> bool:
+    """Whether the top of a JSON parser's stack is inside a quoted string."""
+    top = stack[-1] if stack else None
+    for p in top.parsers if isinstance(top, UnionParser) else [top]:
+        if (isinstance(p, _jsp.StringParsingState) and p.require_opening_quote and p.seen_opening_quote
+                and not p.seen_closing_quote):
+            return True
+    return False
+
+
+class _CompactJson(JsonSchemaParser):
+    """LMFE's JSON parser allowing no whitespace outside strings: none between tokens, and
+    none after the value, so once the value is complete only end-of-sequence is allowed."""
+
+    def add_character(self, new_character: str) -> Any:
+        return _compact(super().add_character(new_character))
+
+    def get_allowed_characters(self) -> str:
+        chars = super().get_allowed_characters()
+        if _in_string(self.object_stack):
+            return chars
+        return "".join(c for c in chars if c not in WHITESPACE_CHARACTERS)
+
+
+def _compact(parser: Any) -> Any:
+    """Make the JSON parsers LMFE just built (one, or the options of a union) compact."""
+    if type(parser) is JsonSchemaParser:
+        parser.__class__ = _CompactJson
+    elif isinstance(parser, UnionParser):
+        for option in parser.parsers:
+            _compact(option)
+    return parser
+
+
 # -- tokenizer tables ----------------------------------------------------------------------------
 def _decode_fn(tokenizer: Any) -> Callable[[list[int]], str]:
     try:
@@ -205,12 +247,12 @@ class _FreetextCache(JsonFreetextTokenCache):
     characters (invalid in JSON), and tokens holding part of a multi-byte character only in
     strings without minLength/maxLength (LMFE cannot count their characters; anywhere else
     in a string any character is fine). Other strings, regexes and structure use only tokens
-    of whole characters."""
+    of whole characters. ``compact`` leaves out tokens that hold a run of whitespace."""
 
-    def __init__(self, data: TokenEnforcerTokenizerData) -> None:
+    def __init__(self, data: TokenEnforcerTokenizerData, compact: bool = False) -> None:
         super().__init__(False, data.vocab_size)
         for idx, text, _ in data.regular_tokens:
-            if all(c >= " " for c in text):
+            if all(c >= " " for c in text) and not (compact and _WS_RUN.search(text)):
                 self.add_token(text, idx)
         self.freeze()
         self.limit = self.max_token_len
@@ -218,7 +260,8 @@ class _FreetextCache(JsonFreetextTokenCache):
         self.unbounded = TokenList(False, data.vocab_size)
         self.unbounded.extend(super().lookup_allowed_tokens(0, self.limit).allowed_tokens)
         self.unbounded.extend(i for i, text in getattr(data, "partial_tokens", ())
-                              if all(c >= " " and c not in '"\\' for c in text))
+                              if all(c >= " " and c not in '"\\' for c in text)
+                              and not (compact and _WS_RUN.search(text)))
 
     def lookup_allowed_tokens(self, min_remaining: int, max_len: int) -> TokenList:
         if min_remaining == 0 and max_len >= _UNBOUNDED:
@@ -226,11 +269,13 @@ class _FreetextCache(JsonFreetextTokenCache):
         return super().lookup_allowed_tokens(min(min_remaining, self.limit), min(max_len, self.limit))
 
 
-def _json_tokenizer_data(data: TokenEnforcerTokenizerData) -> TokenEnforcerTokenizerData:
+def _json_tokenizer_data(data: TokenEnforcerTokenizerData, compact: bool) -> TokenEnforcerTokenizerData:
     """A view of ``data`` for JSON (see ``_FreetextCache``)."""
-    data.tokenizer_tree.json_freetext_tokens = _FreetextCache(data)  # only JSON parsers read it
+    tree = copy.copy(data.tokenizer_tree)
+    tree.json_freetext_tokens = _FreetextCache(data, compact)  # only JSON parsers read it
     view = object.__new__(TokenEnforcerTokenizerData)
     view.__dict__.update(data.__dict__)
+    view.tokenizer_tree = tree
     view.tokenizer_alphabet = "".join(c for c in data.tokenizer_alphabet if c >= " ")
     return view
 
@@ -239,14 +284,15 @@ def _json_tokenizer_data(data: TokenEnforcerTokenizerData) -> TokenEnforcerToken
 class _Mask:
     """One sequence's constraint state. LMFE keys states by the whole token sequence; we feed it
     a fixed one-token "prompt" plus the output, keep only the newest state, and replay when the
-    output did not grow by exactly one token."""
+    output did not grow by exactly one token. ``spacing`` (compact JSON) takes out the tokens
+    that start with whitespace after a token that ends with it."""
 
-    __slots__ = ("_enforcer", "_prompt", "_key", "_allowed", "_eos", "_failed", "_banned")
+    __slots__ = ("_enforcer", "_prompt", "_key", "_allowed", "_eos", "_failed", "_spacing")
 
     def __init__(self, data: TokenEnforcerTokenizerData, parser: Any, eos: list[int],
-                 token_cache: dict | None = None, banned: frozenset[int] = frozenset()) -> None:
+                 token_cache: dict | None = None, spacing: "_Spacing | None" = None) -> None:
         self._enforcer = TokenEnforcer(data, parser)
-        self._banned = banned
+        self._spacing = spacing
         if token_cache is not None:  # allowed tokens per parser state, shared by the factory's masks
             self._enforcer.allowed_token_cache = token_cache
         self._prompt = (eos[0] if eos else 0,)
@@ -269,8 +315,8 @@ class _Mask:
             for end in range(start, len(key)):
                 enforcer.get_allowed_tokens(key[:end])
             allowed = enforcer.get_allowed_tokens(key).allowed_tokens
-            if self._banned:
-                allowed = [t for t in allowed if t not in self._banned] or allowed
+            if self._spacing is not None:
+                allowed = self._spacing.filter(allowed, output_token_ids)
         except Exception as exc:  # noqa: BLE001 - never take the engine down: end the sequence
             log.warning("guided decoding stopped a sequence: %s: %s", type(exc).__name__, exc)
             allowed, self._failed = list(self._eos), True
@@ -291,17 +337,35 @@ class _StateCache(dict):
         super().__setitem__(key, value)
 
 
+class _Spacing:
+    """Keeps whitespace in compact JSON strings single across tokens (LMFE's free-text shortcut
+    takes string tokens whole, without looking at the text before them; runs inside one token
+    are out of the compact free-text table)."""
+
+    __slots__ = ("starts", "ends")
+
+    def __init__(self, data: TokenEnforcerTokenizerData) -> None:
+        tokens = [(t[0], t[1]) for t in data.regular_tokens] + list(getattr(data, "partial_tokens", ()))
+        self.starts = frozenset(i for i, text in tokens if text[:1].isspace())
+        self.ends = frozenset(i for i, text in tokens if text[-1:].isspace())
+
+    def filter(self, allowed: list[int], output_token_ids: list[int]) -> list[int]:
+        if not output_token_ids or output_token_ids[-1] not in self.ends:
+            return allowed
+        return [t for t in allowed if t not in self.starts] or allowed  # never a constraint's only way on
+
+
 class _Factory:
-    __slots__ = ("data", "make_parser", "eos", "spec", "token_cache", "banned")
+    __slots__ = ("data", "make_parser", "eos", "spec", "token_cache", "spacing")
 
     def __init__(self, data: Any, make_parser: Callable[[], Any], eos: list[int], spec: GuidedSpec,
-                 banned: frozenset[int] = frozenset()) -> None:
+                 spacing: _Spacing | None = None) -> None:
         self.data, self.make_parser, self.eos, self.spec = data, make_parser, eos, spec
         self.token_cache = _StateCache()
-        self.banned = banned
+        self.spacing = spacing
 
     def __call__(self) -> _Mask:
-        return _Mask(self.data, self.make_parser(), self.eos, self.token_cache, self.banned)
+        return _Mask(self.data, self.make_parser(), self.eos, self.token_cache, self.spacing)
 
     def __repr__(self) -> str:
         return f"<lm-format-enforcer {self.spec.kind} mask factory>"
@@ -318,8 +382,9 @@ class LMFormatEnforcerDecoder(GuidedDecoder):
         super().__init__(tokenizer, vocab_size, eos_token_ids)
         started = time.perf_counter()
         self.data = build_tokenizer_data(tokenizer, vocab_size, self.eos_token_ids)
-        self.json_data = _json_tokenizer_data(self.data)
-        self.whitespace_runs = frozenset(t[0] for t in self.data.regular_tokens if _WS_RUN.search(t[1]))
+        self.compact_data = _json_tokenizer_data(self.data, compact=True)
+        self.spaced_data = _json_tokenizer_data(self.data, compact=False)
+        self.spacing = _Spacing(self.data)
         self.build_seconds = time.perf_counter() - started
         log.info("lm-format-enforcer: tokenizer tables for %d tokens built in %.2fs",
                  len(self.data.regular_tokens), self.build_seconds)
@@ -329,12 +394,8 @@ class LMFormatEnforcerDecoder(GuidedDecoder):
         if spec.kind in ("json_schema", "json_object"):
             schema = {"type": "object"} if spec.kind == "json_object" else prepare_schema(spec.value, spec.param)
             if not spec.compact:
-                return _Factory(self.json_data, lambda: JsonSchemaParser(schema), self.eos_token_ids, spec)
-            # LMFE's whitespace cap applies within a token but its state cache lets whole runs
-            # through, so tokens holding a run are also taken out of every mask.
-            config = CharacterLevelParserConfig(max_consecutive_whitespaces=1)
-            return _Factory(self.json_data, lambda: JsonSchemaParser(schema, config), self.eos_token_ids, spec,
-                            banned=self.whitespace_runs)
+                return _Factory(self.spaced_data, lambda: JsonSchemaParser(schema), self.eos_token_ids, spec)
+            return _Factory(self.compact_data, lambda: _CompactJson(schema), self.eos_token_ids, spec, self.spacing)
         if spec.kind == "choice":
             pattern = "(" + "|".join(escape_regex(c) for c in spec.value) + ")"
         elif spec.kind == "regex":

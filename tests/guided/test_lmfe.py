@@ -249,6 +249,55 @@ def test_grammar_needs_a_grammar_plugin(guided):
                                   "installed: lm-format-enforcer (json_schema, json_object, regex, choice)")
 
 
+STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+TOOLS = [{"type": "function", "function": {"name": n, "parameters": SCHEMAS[s]}}
+         for n, s in (("lookup", "flat"), ("order", "nested"))]
+
+
+def layout(text: str) -> str:
+    """The JSON text with every string literal emptied: what is left is structure."""
+    return STRING.sub('""', text)
+
+
+@pytest.mark.parametrize("name", ["flat", "nested", "pydantic_model", "string_enum", "object_array",
+                                  "dictionary", "tool_calls"])
+def test_compact_json_has_no_structural_whitespace_and_then_only_eos(name, guided, tokenizer, closers):
+    from llmserve.parsing.tool_choice import plan_tools
+
+    schema = (plan_tools(TOOLS, "required", None, auto_enabled=False, tool_parser=None).schema
+              if name == "tool_calls" else SCHEMAS[name])
+    factory = guided.compile(GuidedSpec("json_schema", schema, param="tool_choice"))
+    assert factory.spec.compact  # the default: every dialect's JSON is compact
+    for seed in range(4):
+        out = generate(factory, tokenizer.eos_token_id, closers, seed)
+        text = tokenizer.decode(out)
+        jsonschema.validate(json.loads(text), schema)
+        assert not re.search(r"\s", layout(text)), text   # nothing between tokens, nothing after the value
+        assert not re.search(r"\s\s", text), text         # and no run of whitespace inside strings
+        assert factory().allowed(out) == [tokenizer.eos_token_id]  # the value is closed: EOS is forced
+
+
+def test_compact_mask_allows_whitespace_only_inside_strings(guided, tokenizer):
+    text_of = {i: t for i, t, _ in guided.decoder("lm-format-enforcer").data.regular_tokens}
+    eos = tokenizer.eos_token_id
+    ids = tokenizer.encode('{"name":"Bo","age":7,"ok":true}', add_special_tokens=False)
+
+    def spaced(allowed):
+        return {text_of[t] for t in allowed if text_of.get(t, "")[:1].isspace()}  # (pieces of UTF-8: no text)
+
+    compact = guided.compile(GuidedSpec("json_schema", SCHEMAS["flat"], param="response_format"))()
+    loose = guided.compile(GuidedSpec("json_schema", SCHEMAS["flat"], param="response_format", compact=False))()
+    for i in range(len(ids) + 1):
+        in_string = tokenizer.decode(ids[:i]).count('"') % 2 == 1
+        assert in_string or not spaced(compact.allowed(ids[:i])), tokenizer.decode(ids[:i])
+    assert compact.allowed(ids) == [eos]
+    assert spaced(loose.allowed([])) and spaced(loose.allowed(ids))  # LMFE's own layout pads
+    assert eos in loose.allowed(ids) and len(loose.allowed(ids)) > 1
+    inside = tokenizer.encode('{"name":"Bo ', add_special_tokens=False)
+    assert text_of[inside[-1]].endswith(" ") and spaced(compact.allowed(inside[:-1]))
+    assert not spaced(compact.allowed(inside))  # one space in a string, never two
+
+
 def test_timings_are_reasonable():
     """Runs last in this module: the tables were built once, and masks are fast enough."""
     assert STATS.get("build", 0) < 30
