@@ -62,6 +62,7 @@ _UNBOUNDED = 1 << 40
 _WS_RUN = re.compile(r"\s\s")
 _NUMBER_DIGITS = 16  # most digits before, and after, a number's decimal point
 _EXP_DIGITS = 3
+_MAX_FREE_DEPTH = 4  # compact JSON: containers nest deeper only where the schema requires one
 
 
 # -- LMFE fixes ----------------------------------------------------------------------------------
@@ -198,7 +199,13 @@ class _CompactJson(JsonSchemaParser):
         chars = super().get_allowed_characters()
         if _in_string(self.object_stack):
             return chars
+        if getattr(self, "scalar_sibling", False) and sum(map(_is_container, self.object_stack)) > _MAX_FREE_DEPTH:
+            return ""  # a value that may be a scalar is one this deep (greedy small models nest forever)
         return "".join(c for c in chars if c not in WHITESPACE_CHARACTERS)
+
+
+def _is_container(state: Any) -> bool:
+    return isinstance(state, (_jsp.ObjectParsingState, _jsp.ListParsingState))
 
 
 def _compact(parser: Any) -> Any:
@@ -206,8 +213,13 @@ def _compact(parser: Any) -> Any:
     if type(parser) is JsonSchemaParser:
         parser.__class__ = _CompactJson
     elif isinstance(parser, UnionParser):
-        for option in parser.parsers:
+        tops = [p.object_stack[-1] if isinstance(p, JsonSchemaParser) and p.object_stack else None
+                for p in parser.parsers]
+        scalar = not all(map(_is_container, tops))
+        for option, top in zip(parser.parsers, tops):
             _compact(option)
+            if scalar and _is_container(top):  # an object or array option of a value that may be a scalar
+                option.scalar_sibling = True
     return parser
 
 

@@ -298,6 +298,23 @@ def test_compact_mask_allows_whitespace_only_inside_strings(guided, tokenizer):
     assert not spaced(compact.allowed(inside))  # one space in a string, never two
 
 
+def test_untyped_values_nest_at_most_four_containers(guided, tokenizer):
+    text_of = {i: t for i, t, _ in guided.decoder("lm-format-enforcer").data.regular_tokens}
+    free = guided.compile(GuidedSpec("json_object", param="response_format"))()
+    deep = {"type": "object", "properties": {"x": {"type": "string"}}}
+    for _ in range(5):
+        deep = {"type": "object", "properties": {"x": deep}, "required": ["x"]}
+    required = guided.compile(GuidedSpec("json_schema", deep, param="guided_json"))()
+
+    def opens(mask, prefix):
+        return {text_of.get(t, "")[:1] for t in mask.allowed(tokenizer.encode(prefix, add_special_tokens=False))
+                } & set("{[")
+
+    assert opens(free, '{"a":' * 3) == {"{", "["}
+    assert not opens(free, '{"a":' * 4)  # a greedy small model otherwise nests objects until max_tokens
+    assert opens(required, '{"x":' * 5) == {"{"}  # where the schema requires a container, it comes
+
+
 def test_timings_are_reasonable():
     """Runs last in this module: the tables were built once, and masks are fast enough."""
     assert STATS.get("build", 0) < 30
