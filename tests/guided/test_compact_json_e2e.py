@@ -18,7 +18,7 @@ import jsonschema
 import pytest
 from pydantic import BaseModel, Field
 
-openai = pytest.importorskip("openai")
+pytest.importorskip("openai")
 
 pytestmark = pytest.mark.slow
 
@@ -39,16 +39,6 @@ class Person(BaseModel):
 
     name: str = Field(max_length=20, description="The person's first name")
     age: int = Field(description="Age in years")
-
-
-@pytest.fixture(scope="module")
-def client(smollm_server):
-    return openai.OpenAI(base_url=smollm_server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def model(client):
-    return client.models.list().data[0].id
 
 
 def compact(text: str) -> bool:

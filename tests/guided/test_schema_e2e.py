@@ -13,7 +13,6 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
-import openai
 import pytest
 
 pytestmark = pytest.mark.slow
@@ -72,16 +71,6 @@ SCHEMAS: dict[str, dict] = {
     "all_of": {"allOf": [{"type": "object", "properties": {"city": NAME}, "required": ["city"]},
                          {"properties": {"country": NAME}, "required": ["country"]}]},
 }
-
-
-@pytest.fixture(scope="module")
-def client(smollm_server):
-    return openai.OpenAI(base_url=smollm_server.url + "/v1", api_key="unused", max_retries=0, timeout=240)
-
-
-@pytest.fixture(scope="module")
-def model(client):
-    return client.models.list().data[0].id
 
 
 def ask(client, model, prompt: str, stream: bool, **extra) -> tuple[str, str]:
