@@ -18,8 +18,9 @@ TEXTS = ["The capital of France is Paris.", "Bananas are yellow and grow in bunc
 
 @pytest.fixture(scope="module")
 def url():
+    # Strict names: an unknown model is a 404 (the lenient default is tests/protocols/test_model_names.py's).
     server = ServerProcess("--task", "embed", "--served-model-name", "mini", "--protocols", "openai,ops",
-                           "--log-level", "warning")
+                           "--strict-model-name", "--log-level", "warning")
     try:
         yield server.wait_ready(timeout=180).url
     finally:

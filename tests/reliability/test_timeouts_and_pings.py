@@ -75,7 +75,10 @@ def test_sse_pings_while_queued_and_clients_ignore_them(inproc_server, echo_flag
     routes = [r for r in generation_routes(prompt="hi", max_tokens=2) if r[3]]
     waiting = {name: Dropped(server.url, path, body) for name, path, body, _ in routes}
     for name, client in waiting.items():
-        body = dechunk(client.read_for(0.35).split(b"\r\n\r\n", 1)[-1])
+        # SSE routes: from their headers on (a first chat template compiles first, slow on a busy
+        # machine), 0.35 s holds three ping intervals and no data.
+        head = b"" if name.startswith("vllm") else client.read_some(b"\r\n\r\n", limit=3.0)
+        body = dechunk((head + client.read_for(0.35)).split(b"\r\n\r\n", 1)[-1])
         assert b"data:" not in body and b'"text"' not in body, f"{name} was not queued"
         if name.startswith("vllm"):  # not SSE: \0-separated JSON records, never a comment line
             assert b"ping" not in body, name
