@@ -223,6 +223,19 @@ def test_logits_mask(sampler: Sampler) -> None:
     assert masks[0].seen[0] == [1, 2]
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_constraint_wins_over_min_tokens_and_bad_words(sampler: Sampler, temperature: float) -> None:
+    """A constraint that allows only EOS (a forced JSON value is complete) while min_tokens bans
+    it picks EOS, not whatever token an all-banned row would give; a row where something is
+    left keeps every ban."""
+    x = logits_rows(3, seed=6)
+    items = [it(0, sp(temperature=temperature, min_tokens=20), mask=OnlyAllow([EOS])),
+             it(1, sp(temperature=temperature, bad_words_token_ids=[[7]]), mask=OnlyAllow([7])),
+             it(2, sp(temperature=temperature, min_tokens=20), mask=OnlyAllow([EOS, 9]))]
+    for _ in range(5):
+        assert tokens(sampler, x.clone(), items) == [EOS, 7, 9]
+
+
 def test_contradictory_constraints_never_nan(sampler: Sampler) -> None:
     x = logits_rows(1, seed=5)
     p = sp(bad_words_token_ids=[[20]], logprobs=3)

@@ -130,6 +130,8 @@ class Sampler:
             if len(out) < prm.min_tokens:
                 for tok in self.eos_token_ids + prm.stop_token_ids:
                     rows.append(i), cols.append(tok)
+        # Rows that are both banned and constrained keep their unbanned logits aside (rare).
+        unbanned = {i: logits[i].clone() for i in set(rows) if items[i].mask is not None}
         if rows:
             keep = [(r, c) for r, c in zip(rows, cols) if 0 <= c < V]
             if keep:
@@ -143,6 +145,10 @@ class Sampler:
                 if ids:
                     ok[torch.tensor(ids, device=logits.device)] = True
                 logits[i].masked_fill_(~ok, NEG_INF)
+                if i in unbanned and ids and bool(torch.isneginf(logits[i]).all()):
+                    # The constraint allows only what min_tokens or bad words forbid (EOS once a
+                    # forced JSON value is complete): the constraint wins, so the output stays valid.
+                    logits[i] = unbanned[i].masked_fill_(~ok, NEG_INF)
 
     # ------------------------------------------------------------------ warpers
     @staticmethod
