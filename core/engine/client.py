@@ -197,7 +197,8 @@ class EngineClient:
                 if out.error is not None:
                     done = True
                     raise out.error
-                progress.add(out)
+                if deadline is not None:  # only a deadline needs what was delivered so far
+                    progress.add(out)
                 if out.finished and ctx is not None:
                     ctx.note_output(out)  # token counts and timings for the request log line
                 yield out
