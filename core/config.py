@@ -70,6 +70,12 @@ class ServerConfig(BaseModel):
         "Retry-After (TGI routes: 429). null: no limit."))
     max_waiting_tokens: int | None = Field(None, ge=1, description=(
         "Refuse new requests (503) while this many prompt tokens wait for their prefill. Default: no limit."))
+    max_prompt_chars: int | None = Field(None, ge=1, description=(
+        "Longest prompt text accepted, in characters, checked before tokenizing (a longer one gets 400 at once; "
+        "also the cap of the tokenize routes). Default: 32 characters per token of the context length."))
+    max_stop_strings: int = Field(64, ge=0, description="Most stop strings one request may send (more: 400).")
+    max_stop_chars: int = Field(32 * 1024, ge=0, description=(
+        "Most characters the stop strings of one request may have in all (more: 400)."))
     request_timeout: float | None = Field(None, gt=0, description=(
         "Seconds a generation request may take in all (queue + generation); past it the request is aborted and "
         "the client gets a timeout error (in-band on streams). Default: no limit."))

@@ -1,9 +1,32 @@
 """Stop strings over streamed text: matches may span deltas, and nothing past a stop is emitted.
 
 Streaming output equals the non-streaming cut for every way of splitting the text into deltas.
+Time and memory are linear: each stop string is matched by a Knuth-Morris-Pratt automaton
+whose state is carried from delta to delta, so every character is looked at a bounded number
+of times (amortized), and the held-back text is never longer than the longest stop string.
 """
 
 from __future__ import annotations
+
+from array import array
+from functools import lru_cache
+
+
+@lru_cache(maxsize=16)
+def _failure(s: str) -> array:
+    """KMP failure table of ``s``: ``fail[i]`` is the length of the longest proper prefix of
+    ``s[:i + 1]`` that is also its suffix. Cached: the ``n`` sequences of a request (and the
+    requests of a client that repeats its stop strings) share one table."""
+    fail = array("i", [0]) * len(s)
+    k = 0
+    for i in range(1, len(s)):
+        c = s[i]
+        while k and s[k] != c:
+            k = fail[k - 1]
+        if s[k] == c:
+            k += 1
+        fail[i] = k
+    return fail
 
 
 class StopChecker:
@@ -18,34 +41,27 @@ class StopChecker:
     Streaming: with ``include_stop_str_in_output=False`` the longest suffix of the unemitted text
     that is a prefix of some stop string is held back, since it may turn out to be (the start
     of) a stop string that must not be shown. With ``include_stop_str_in_output=True`` a partial
-    stop string would be emitted in either outcome, so nothing is held back; instead the last
-    ``max_len - 1`` emitted characters are kept as search context for matches that span deltas.
+    stop string would be emitted in either outcome, so nothing is held back.
+
+    Per stop string the checker keeps one number: how much of the text's end is a prefix of
+    that string (the KMP state). The held-back suffix is the longest of those, so no set of
+    prefixes is ever built (that was quadratic in the stop string's length).
 
     After a match the engine finishes the sequence: later :meth:`feed` calls are a caller bug;
     they emit nothing and report the same stop string again rather than raise, so a stray call
     cannot take down the engine loop.
     """
 
-    __slots__ = (
-        "stop",
-        "include_stop_str_in_output",
-        "_max_len",
-        "_prefixes",
-        "_held",
-        "_context",
-        "_matched",
-    )
+    __slots__ = ("stop", "include_stop_str_in_output", "_fail", "_state", "_held", "_matched")
 
     def __init__(self, stop: list[str], include_stop_str_in_output: bool = False) -> None:
         # Empty strings would match everywhere; SamplingParams rejects them, drop them here too.
         # Deduplicate but keep order so reports are deterministic.
         self.stop: list[str] = list(dict.fromkeys(s for s in stop if s))
         self.include_stop_str_in_output = include_stop_str_in_output
-        self._max_len = max((len(s) for s in self.stop), default=0)
-        # Proper prefixes of all stop strings: the only suffixes worth holding back.
-        self._prefixes = frozenset(s[:k] for s in self.stop for k in range(1, len(s)))
+        self._fail = [_failure(s) for s in self.stop]
+        self._state = [0] * len(self.stop)  # per stop string: matched prefix length at the text's end
         self._held = ""  # unemitted text (exclude mode only)
-        self._context = ""  # tail of emitted text (include mode only)
         self._matched: str | None = None
 
     @property
@@ -67,50 +83,47 @@ class StopChecker:
         if not delta:
             return "", None
 
-        # Any match that completes now lies inside `window`: in exclude mode every live partial
-        # match starts in the held text (we hold back all of them), in include mode it starts in
-        # the last max_len - 1 emitted characters (the context).
-        base = len(self._context)
-        window = self._context + self._held + delta
-        best_end = best_start = -1
         best: str | None = None
-        for s in self.stop:
-            # The first occurrence of `s` is also its earliest completion.
-            start = window.find(s)
-            if start < 0:
-                continue
-            end = start + len(s)
-            if best is None or end < best_end or (end == best_end and start < best_start):
-                best, best_start, best_end = s, start, end
+        best_at = len(delta)  # index in ``delta`` of the last character of the best match
+        for i, s in enumerate(self.stop):
+            k = self._state[i]
+            if k == 0 and s[0] not in delta:
+                continue  # the common case: nothing of this stop string here (a C-speed test)
+            fail, size = self._fail[i], len(s)
+            for j, c in enumerate(delta):
+                if j > best_at:
+                    break  # a completion after the best one found cannot win
+                while k and s[k] != c:
+                    k = fail[k - 1]
+                if s[k] == c:
+                    k += 1
+                    if k == size:
+                        # Same end: the longer string starts earlier and wins.
+                        if j < best_at or best is None or size > len(best):
+                            best, best_at = s, j
+                        break
+            self._state[i] = k
+
         if best is not None:
             self._matched = best
-            self._held = self._context = ""
-            # No earlier match existed, so the chosen one ends in new text: cut >= base in
-            # include mode, and in exclude mode base == 0.
-            cut = best_end if self.include_stop_str_in_output else best_start
-            return window[base:cut], best
+            if self.include_stop_str_in_output:
+                self._held = ""
+                return delta[: best_at + 1], best
+            window = self._held + delta
+            self._held = ""
+            # Every live partial match starts inside the held text, so the cut lies in `window`.
+            return window[: len(window) - (len(delta) - best_at - 1) - len(best)], best
 
         if self.include_stop_str_in_output:
-            keep = self._max_len - 1
-            # max(): a negative start would wrap around and keep too little.
-            self._context = window[max(0, len(window) - keep) :] if keep else ""
             return delta, None
-
-        hold = self._held_suffix_len(window)
-        if hold:
-            self._held = window[len(window) - hold :]
-            return window[: len(window) - hold], None
-        self._held = ""
-        return window, None
+        # The longest partial match is what may still become a stop string; it never grows by
+        # more than the new text, so it lies within held + delta.
+        hold = max(self._state)
+        window = self._held + delta
+        self._held = window[len(window) - hold:] if hold else ""
+        return window[: len(window) - hold], None
 
     def flush(self) -> str:
         """Normal end of text (no match): return whatever was held back."""
         held, self._held = self._held, ""
         return "" if self._matched is not None else held
-
-    def _held_suffix_len(self, text: str) -> int:
-        """Length of the longest suffix of ``text`` that is a proper prefix of a stop string."""
-        for k in range(min(self._max_len - 1, len(text)), 0, -1):
-            if text[len(text) - k :] in self._prefixes:
-                return k
-        return 0

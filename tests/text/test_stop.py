@@ -140,3 +140,32 @@ def test_empty_delta():
     assert checker.feed("a") == ("", None)
     assert checker.feed("") == ("", None)
     assert checker.feed("b") == ("", "ab")
+
+
+def test_a_megabyte_stop_string_costs_linear_memory():
+    """A 1 MB stop string (four sequences of one request, as with n=4) and text that keeps
+    half-matching it: the checkers hold a few MB, not every prefix of the string (the old
+    prefix set was ~0.5 TB for this string; 32k characters already cost over a GB)."""
+    import tracemalloc
+
+    stop = "ab" * 500_000
+    tracemalloc.start()
+    try:
+        checkers = [StopChecker([stop, "zz"], include) for include in (False, True, False, True)]
+        text = ("ab" * 2000 + "x") * 5  # long partial matches that break, then start again
+        for checker in checkers:
+            out = []
+            for i in range(0, len(text), 7):
+                emitted, matched = checker.feed(text[i: i + 7])
+                assert matched is None
+                out.append(emitted)
+            out.append(checker.flush())
+            assert "".join(out) == text
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 24 * 1024 * 1024, peak
+    # And a long stop string still matches across many deltas.
+    checker = StopChecker(["ab" * 5000], False)
+    pieces = [checker.feed(("ab" * 6000)[i: i + 3])[0] for i in range(0, 12000, 3)]
+    assert checker.matched == "ab" * 5000 and "".join(pieces) == ""
