@@ -50,15 +50,17 @@ class ServerContext:
     def __post_init__(self) -> None:
         self.admission = Admission(self)
 
-    def sse_response(self, body: Any, headers: dict[str, str] | None = None) -> "StreamingResponse":
+    def sse_response(self, body: Any, headers: dict[str, str] | None = None,
+                     ping: str | None = None) -> "StreamingResponse":
         """A ``text/event-stream`` StreamingResponse over ``body`` with keep-alive pings
-        (``: ping`` after every ``--sse-ping-interval`` silent seconds). Every SSE route uses it."""
+        (``: ping`` after every ``--sse-ping-interval`` silent seconds, or the dialect's own
+        ``ping`` frame, e.g. Anthropic's ``event: ping``). Every SSE route uses it."""
         from starlette.responses import StreamingResponse
 
-        from llmserve.server.keepalive import with_pings
+        from llmserve.server.keepalive import PING, with_pings
 
-        return StreamingResponse(with_pings(body, self.config.sse_ping_interval), media_type="text/event-stream",
-                                 headers=headers)
+        return StreamingResponse(with_pings(body, self.config.sse_ping_interval, ping or PING),
+                                 media_type="text/event-stream", headers=headers)
 
     @property
     def guided(self) -> "GuidedDecoding":
