@@ -103,6 +103,15 @@ class ServerConfig(BaseModel):
         "server closes it."))
     max_request_body_bytes: int = Field(32 * 1024 * 1024, ge=1024, description=(
         "Largest request body accepted, in bytes; bigger bodies get 413."))
+    max_header_bytes: int = Field(65536, ge=4096, description=(
+        "Largest request line plus headers, in bytes; more gets 431 (414 for the URL alone) before the rest is "
+        "read."))
+    max_header_count: int = Field(256, ge=16, description="Most headers in one request; more gets 431.")
+    timeout_request_headers: float = Field(30.0, gt=0, description=(
+        "Seconds a client has to send a request's line and headers (from the connection's opening, or the "
+        "request's first byte on a kept-alive connection); slower or silent connections are closed (408 when a "
+        "request had begun). Also bounds how long the rest of a body is read and dropped after an early answer "
+        "such as a 413."))
     cors_allow_origins: list[str] = Field(default_factory=list, description=(
         "Origins browsers may call from (CORS), e.g. https://app.example.com, or * for any; repeatable. Empty: "
         "CORS off."))
@@ -123,7 +132,24 @@ class ServerConfig(BaseModel):
     guided_decoding_backend: str = Field("lm-format-enforcer", description=(
         "Guided-decoding plugin preferred for guided_json / guided_regex / guided_choice / guided_grammar / "
         "response_format (another installed one is used for kinds it does not support)."))
+    guided_compile_timeout: float = Field(5.0, gt=0, le=600, description=(
+        "Seconds one output constraint (JSON schema, regex, choice list) may take to compile; past it the "
+        "request gets 400 and the constraint is remembered as too slow."))
+    guided_max_bytes: int = Field(65536, ge=256, description=(
+        "Largest output constraint, in bytes (a regex also once its counted repetitions are written out); "
+        "larger ones get 400."))
+    guided_max_depth: int = Field(64, ge=4, le=1000, description=(
+        "Deepest nesting of objects and arrays in a JSON-schema constraint, and of groups in a regex; deeper "
+        "ones get 400."))
+    guided_max_items: int = Field(1024, ge=16, description=(
+        "Most items in one part of an output constraint (choices, enum values, properties, anyOf branches, "
+        "alternatives of a regex group); more get 400."))
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
+    uvicorn_log_level: Literal["trace", "debug", "info", "warning", "error", "critical"] | None = Field(
+        None, description="Log level of uvicorn's own loggers (default: --log-level).")
+    disable_uvicorn_access_log: bool = Field(True, description=(
+        "Leave uvicorn's access log off: each request's one log line is llmserve's request log "
+        "(`llmserve.access`). --no-disable-uvicorn-access-log adds uvicorn's line back, query strings removed."))
     plugins: list[str] = Field(default_factory=list, description=(
         "Extra plugins: pkg.mod, pkg.mod:attr, file.py, entry-point name, or no:NAME; repeatable (CLI flag "
         "--plugin)."))
