@@ -1,7 +1,4 @@
-"""Built-in ``anthropic`` protocol: the Anthropic Messages API (``/v1/messages``).
-
-The routes land with ``protocol.py``; until then this plugin contributes nothing.
-"""
+"""Built-in ``anthropic`` protocol: the Anthropic Messages API (``/v1/messages``)."""
 
 from llmserve import hookimpl
 from llmserve.hooks.records import ProtocolSpec
@@ -9,4 +6,5 @@ from llmserve.hooks.records import ProtocolSpec
 
 @hookimpl
 def register_protocols() -> list[ProtocolSpec]:
-    return []
+    return [ProtocolSpec(name="anthropic", target="llmserve.plugins.protocols.anthropic.protocol:AnthropicProtocol",
+                         description="POST /v1/messages (streamed events too), /v1/messages/count_tokens")]

@@ -1,0 +1,175 @@
+"""``POST /v1/messages`` (streamed and not) and ``POST /v1/messages/count_tokens``.
+
+One path for both reply kinds: the engine's text goes through the parse chain
+(``ParseChain.factory``: the server's reasoning parser, its tool parser under ``auto``, the
+forced-call parser under ``any`` / ``tool``), and the chain's deltas are folded into content
+blocks by ``events.Blocks``: event by event when streaming, all at once otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any, AsyncIterator
+
+from starlette.responses import JSONResponse, Response
+
+from llmserve.errors import InvalidRequestError
+from llmserve.guided import GuidedSpec
+from llmserve.outputs import Usage
+from llmserve.parsing.chain import ChainMaker, ParseChain
+from llmserve.parsing.contract import ParseDelta
+from llmserve.parsing.forced import first_call_only
+from llmserve.parsing.tool_choice import ToolPlan
+from llmserve.request import GenerateRequest
+from llmserve.server.dialect_kit import STREAM_HEADERS, in_band_errors, sse
+from llmserve.text.chat_template import render_chat
+
+from . import convert
+from .events import PING_EVENT, Blocks, event
+from .wire import CountTokensRequest, MessagesRequest
+
+
+def _usage(usage: Usage) -> dict[str, int]:
+    """Anthropic's usage: ``input_tokens`` excludes the prompt tokens read from the prefix cache,
+    which are ``cache_read_input_tokens`` (the three input counts add up to the prompt)."""
+    return {"input_tokens": usage.prompt_tokens - usage.cached_tokens, "output_tokens": usage.completion_tokens,
+            "cache_creation_input_tokens": 0, "cache_read_input_tokens": usage.cached_tokens}
+
+
+class Messages:
+    """The Messages routes of one ``AnthropicProtocol``."""
+
+    def __init__(self, protocol: Any) -> None:
+        self.p = protocol
+
+    # -- prompt -----------------------------------------------------------------------------
+    def render(self, body: CountTokensRequest, tools: list[dict[str, Any]] | None) -> str:
+        prefill = convert.is_prefill(body)
+        return render_chat(self.p.context.engine.tokenizer, convert.chat_messages(body), tools=tools,
+                           add_generation_prompt=not prefill, continue_final_message=prefill,
+                           template_kwargs=convert.template_kwargs(body),
+                           timeout=self.p.context.config.chat_template_render_timeout)
+
+    async def count_tokens(self, body: CountTokensRequest) -> Response:
+        ctx = self.p.context
+        ctx.check_model(body.model)
+        convert.output_spec(body)  # the same 400s as a create request
+        prompt = await asyncio.to_thread(self.render, body, convert.offered_tools(body))
+        return JSONResponse({"input_tokens": len(ctx.engine.encode(prompt, add_special_tokens=False))})
+
+    # -- create -----------------------------------------------------------------------------
+    async def _constraint(self, body: MessagesRequest, plan: ToolPlan) -> Any:
+        spec = convert.output_spec(body)
+        if plan.schema is not None:
+            if spec is not None:
+                raise InvalidRequestError("a forced tool_choice (any or tool) cannot be combined with "
+                                          f"{spec.param}", param="tool_choice")
+            spec = GuidedSpec("json_schema", plan.schema, param="tool_choice", compact=True)
+        if spec is None:
+            return None
+        return await asyncio.to_thread(self.p.context.guided.compile, spec)
+
+    async def create(self, body: MessagesRequest) -> Response:
+        ctx = self.p.context
+        cfg = ctx.config
+        model = ctx.check_model(body.model)
+        plan = convert.tool_plan(body, cfg.enable_auto_tool_choice, cfg.tool_call_parser)
+        mask_factory = await self._constraint(body, plan)
+        make_chain = ParseChain.factory(ctx.registry, tool_parser=cfg.tool_call_parser,
+                                        reasoning_parser=cfg.reasoning_parser, tokenizer=ctx.engine.tokenizer,
+                                        chat_template_kwargs=convert.template_kwargs(body), plan=plan,
+                                        constrained=mask_factory is not None)
+        sampling = convert.sampling(body)
+        if make_chain is not None and make_chain().needs_special_tokens:
+            sampling.skip_special_tokens = False  # the markers a parser looks for must reach it
+        prompt = await asyncio.to_thread(self.render, body, plan.offered)
+        req = GenerateRequest(prompt=prompt, sampling=sampling, request_id=uuid.uuid4().hex,
+                              add_special_tokens=False, mask_factory=mask_factory)
+        req.prompt_token_ids = ctx.engine.encode(prompt, add_special_tokens=False)
+        # Anthropic clients send their model's output cap as max_tokens (Claude Code: 32000), not
+        # a length they need: past the context window it is capped, and a reply cut there says
+        # model_context_window_exceeded.
+        room = ctx.engine.max_model_len - len(req.prompt_token_ids)
+        capped = room > 0 and body.max_tokens > room
+        if capped:
+            req.sampling = req.sampling.model_copy(update={"max_tokens": room})
+        ctx.engine.prepare(req, param="messages")
+        head = {"id": f"msg_{req.request_id}", "type": "message", "role": "assistant", "model": model}
+        reply = Reply(body, plan, make_chain, capped)
+        if body.stream:
+            frames = in_band_errors(self.p, self._stream(req, head, reply), lambda err: sse(err, "error"))
+            return ctx.sse_response(frames, headers=STREAM_HEADERS, ping=PING_EVENT)
+        return JSONResponse(await self._complete(req, head, reply))
+
+    async def _complete(self, req: GenerateRequest, head: dict[str, Any], reply: "Reply") -> dict[str, Any]:
+        text, ids = "", []
+        usage = Usage()
+        async for out in self.p.context.engine.generate(req):
+            for d in out.outputs:
+                text, ids = text + d.text, ids + d.token_ids
+                reply.note_finish(d.finish_reason, d.stop_reason)
+            usage = out.usage
+        reply.add(text, ids, final=True)
+        reply.blocks.close()
+        stop, sequence = reply.stop()
+        return {**head, "content": reply.blocks.content, "stop_reason": stop, "stop_sequence": sequence,
+                "usage": _usage(usage)}
+
+    async def _stream(self, req: GenerateRequest, head: dict[str, Any], reply: "Reply") -> AsyncIterator[str]:
+        prompt_tokens = len(req.prompt_token_ids or [])
+        start = {**head, "content": [], "stop_reason": None, "stop_sequence": None,
+                 "usage": _usage(Usage(prompt_tokens=prompt_tokens))}
+        yield event("message_start", message=start)
+        yield PING_EVENT  # as Anthropic does: clients see the stream is alive before the first token
+        usage = Usage(prompt_tokens=prompt_tokens)
+        async for out in self.p.context.engine.generate(req):
+            usage = out.usage
+            for d in out.outputs:
+                reply.note_finish(d.finish_reason, d.stop_reason)
+                for frame in reply.add(d.text, d.token_ids, final=d.finish_reason is not None):
+                    yield frame
+        for frame in reply.add("", [], final=True) + reply.blocks.close():
+            yield frame
+        stop, sequence = reply.stop()
+        yield event("message_delta", delta={"stop_reason": stop, "stop_sequence": sequence}, usage=_usage(usage))
+        yield event("message_stop")
+
+
+class Reply:
+    """One reply's parse chain, content blocks and finish state."""
+
+    def __init__(self, body: MessagesRequest, plan: ToolPlan, make_chain: ChainMaker | None,
+                 capped: bool = False) -> None:
+        self.body = body
+        self.capped = capped  # max_tokens was cut to the room left in the context window
+        self.parallel = plan.parallel
+        self.chain = make_chain() if make_chain is not None else None
+        self.blocks = Blocks(omit_thinking=body.thinking is not None and body.thinking.display == "omitted")
+        self.finish: str | None = None
+        self.stop_match: str | int | None = None
+        self.done = False  # the chain has been finished
+
+    def note_finish(self, finish: str | None, stop: str | int | None) -> None:
+        if finish:
+            self.finish, self.stop_match = finish, stop
+
+    def add(self, text: str, ids: list[int], final: bool) -> list[str]:
+        """Feed model output through the chain; return the events of what it released."""
+        if self.chain is None or self.done:
+            delta = ParseDelta(content=text if self.chain is None else "")
+        else:
+            delta = self.chain.feed(text, ids)
+            if final:
+                delta.extend(self.chain.finish())
+                self.done = True
+            if not self.parallel:
+                delta = first_call_only(delta)
+        return self.blocks.add(delta)
+
+    def stop(self) -> tuple[str, str | None]:
+        called = self.chain is not None and self.chain.tools_called
+        reason = convert.stop_reason(self.finish, self.stop_match, called, self.body.stop_sequences)
+        if reason[0] == "max_tokens" and self.capped:
+            return "model_context_window_exceeded", None
+        return reason
