@@ -1,7 +1,4 @@
-"""Built-in ``ollama`` protocol: the Ollama API (``/api/chat``, ``/api/generate``, ``/api/tags``, ...).
-
-The routes land with ``protocol.py``; until then this plugin contributes nothing.
-"""
+"""Built-in ``ollama`` protocol: the Ollama API (``/api/chat``, ``/api/generate``, ``/api/tags``, ...)."""
 
 from llmserve import hookimpl
 from llmserve.hooks.records import ProtocolSpec
@@ -9,4 +6,5 @@ from llmserve.hooks.records import ProtocolSpec
 
 @hookimpl
 def register_protocols() -> list[ProtocolSpec]:
-    return []
+    return [ProtocolSpec(name="ollama", target="llmserve.plugins.protocols.ollama.protocol:OllamaProtocol",
+                         description="GET / , /api/tags, /api/show, /api/ps, /api/chat, /api/generate, /api/embed")]

@@ -1,0 +1,174 @@
+"""What ``/api/tags``, ``/api/show`` and ``/api/ps`` say about the served model.
+
+Facts come from the loaded model's directory, read once and without loading weights: the
+architecture and sizes from ``config.json``, the parameter count from the safetensors
+headers (a few kilobytes each). What cannot be known is left empty rather than invented.
+``quantization_level`` is the precision the server computes in (a GGUF is dequantized on
+load), ``size`` the bytes of the weights as served.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from .params import listed_name
+
+_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+_LEVEL = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
+#: ``expires_at`` of a model that is never unloaded (Ollama shows a far-future time for keep_alive -1).
+NEVER = "2318-01-01T00:00:00Z"
+_HEADER_LIMIT = 64 * 1024 * 1024  # a safetensors header larger than this is not read
+
+
+@dataclass
+class ModelFacts:
+    family: str = ""
+    parameters: int = 0
+    config: dict[str, Any] = field(default_factory=dict)
+    modified: float = 0.0
+
+
+def _safetensors_parameters(path: str) -> int:
+    with open(path, "rb") as f:
+        (size,) = struct.unpack("<Q", f.read(8))
+        if size > _HEADER_LIMIT:
+            return 0
+        header = json.loads(f.read(size))
+    total = 0
+    for name, entry in header.items():
+        if name != "__metadata__" and isinstance(entry, dict):
+            count = 1
+            for dim in entry.get("shape", []):
+                count *= int(dim)
+            total += count
+    return total
+
+
+def read_facts(info: Any) -> ModelFacts:
+    """Facts about ``info`` (the backend's ``ModelInfo``); empty ones where files are missing."""
+    facts = ModelFacts()
+    folder = getattr(info.tokenizer, "name_or_path", "") or ""
+    if not os.path.isdir(folder):
+        folder = info.path if os.path.isdir(info.path) else ""
+    try:
+        facts.modified = os.path.getmtime(info.path)
+    except OSError:
+        pass
+    if not folder:
+        return facts
+    try:
+        with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+            facts.config = json.load(f)
+    except (OSError, ValueError):
+        pass
+    if isinstance(facts.config.get("text_config"), dict):
+        facts.config = {**facts.config, **facts.config["text_config"]}
+    facts.family = str(facts.config.get("model_type") or "")
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".safetensors"):
+            try:
+                facts.parameters += _safetensors_parameters(os.path.join(folder, name))
+            except (OSError, ValueError, struct.error):
+                facts.parameters = 0
+                break
+    return facts
+
+
+def human_count(n: int) -> str:
+    """Ollama's parameter_size spelling: 134.52M, 8.0B."""
+    if n <= 0:
+        return ""
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            value = n / scale
+            return f"{value:.1f}{unit}" if value >= 100 or unit == "B" else f"{value:.2f}{unit}"
+    return str(n)
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts or 0, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class ModelCard:
+    """The served model as Ollama describes models; facts are read on first use."""
+
+    def __init__(self, context: Any) -> None:
+        self.context = context
+        self._facts: ModelFacts | None = None
+
+    @property
+    def facts(self) -> ModelFacts:
+        if self._facts is None:
+            self._facts = read_facts(self.context.model)
+        return self._facts
+
+    def _size(self) -> int:
+        return self.facts.parameters * _BYTES.get(self.context.model.dtype, 4)
+
+    def details(self) -> dict[str, Any]:
+        info, facts = self.context.model, self.facts
+        return {"parent_model": "", "format": "gguf" if info.path.lower().endswith(".gguf") else "safetensors",
+                "family": facts.family, "families": [facts.family] if facts.family else None,
+                "parameter_size": human_count(facts.parameters),
+                "quantization_level": _LEVEL.get(info.dtype, info.dtype.upper())}
+
+    def digest(self, name: str) -> str:
+        info = self.context.model
+        return hashlib.sha256(f"{name}|{info.path}|{self.facts.modified}".encode()).hexdigest()
+
+    def entries(self) -> list[tuple[str, str]]:
+        """(listed name, served name) of every served name."""
+        return [(listed_name(n), n) for n in dict.fromkeys(self.context.served_model_names)]
+
+    def tags(self) -> dict[str, Any]:
+        return {"models": [{"name": listed, "model": listed, "modified_at": _iso(self.facts.modified),
+                            "size": self._size(), "digest": self.digest(served), "details": self.details()}
+                           for listed, served in self.entries()]}
+
+    def ps(self) -> dict[str, Any]:
+        size = self._size()
+        on_gpu = self.context.model.device.startswith("cuda")
+        return {"models": [{"name": listed, "model": listed, "size": size, "digest": self.digest(served),
+                            "details": self.details(), "expires_at": NEVER, "size_vram": size if on_gpu else 0,
+                            "context_length": self.context.engine.max_model_len}
+                           for listed, served in self.entries()]}
+
+    def capabilities(self) -> list[str]:
+        cfg = self.context.config
+        if self.context.model.task == "embed":
+            return ["embedding"]
+        caps = ["completion"]
+        if cfg.enable_auto_tool_choice and cfg.tool_call_parser:
+            caps.append("tools")
+        if cfg.reasoning_parser:
+            caps.append("thinking")
+        return caps
+
+    def model_info(self) -> dict[str, Any]:
+        c, arch = self.facts.config, self.facts.family or "llm"
+        out: dict[str, Any] = {"general.architecture": arch, "general.basename": self.context.model.name}
+        if self.facts.parameters:
+            out["general.parameter_count"] = self.facts.parameters
+        out[f"{arch}.context_length"] = self.context.engine.max_model_len
+        for key, name in (("hidden_size", "embedding_length"), ("num_hidden_layers", "block_count"),
+                          ("num_attention_heads", "attention.head_count"),
+                          ("num_key_value_heads", "attention.head_count_kv"),
+                          ("intermediate_size", "feed_forward_length"), ("rope_theta", "rope.freq_base"),
+                          ("rms_norm_eps", "attention.layer_norm_rms_epsilon"), ("vocab_size", "vocab_size")):
+            if isinstance(c.get(key), (int, float)):
+                out[f"{arch}.{name}"] = c[key]
+        return out
+
+    def show(self) -> dict[str, Any]:
+        info = self.context.model
+        template = info.chat_template or getattr(info.tokenizer, "chat_template", None) or ""
+        return {"license": "", "modelfile": f"# Modelfile generated by llmserve\nFROM {info.name}\n",
+                "parameters": f"num_ctx {self.context.engine.max_model_len}", "template": template,
+                "details": self.details(), "model_info": self.model_info(), "capabilities": self.capabilities(),
+                "modified_at": _iso(self.facts.modified)}

@@ -1,0 +1,159 @@
+"""Ollama request fields -> the core's terms: model names (``name:tag``), ``options`` ->
+``SamplingParams``, ``format`` -> ``GuidedSpec``, ``think``, and the reply's timing fields.
+
+docs/ollama.md has the parameter table this module implements: which options are honoured,
+which are accepted and ignored, which are refused.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+from llmserve.errors import InvalidRequestError
+from llmserve.guided import GuidedSpec
+from llmserve.sampling import SamplingParams
+
+from .wire import Format, Options, Think
+
+#: Ollama's sampling defaults (its ``api.DefaultOptions``), used for options a request leaves out.
+DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.9, "repeat_penalty": 1.1}
+THINK_LEVELS = ("low", "medium", "high")
+LATEST = ":latest"
+
+
+def invalid(message: str, param: str | None = None) -> InvalidRequestError:
+    return InvalidRequestError(message, param=param)
+
+
+def listed_name(served: str) -> str:
+    """How a served name appears in ``/api/tags``: with a tag, ``:latest`` unless it has one."""
+    return served if ":" in served.rsplit("/", 1)[-1] else served + LATEST
+
+
+def resolve_model(context: Any, name: str | None, required: bool = True) -> str:
+    """The served name ``name`` (``name[:tag]``) refers to, under the server's model-name rule
+    (``ServerContext.check_model``): ``x:latest`` is ``x``; an unknown name is a 404 in
+    Ollama's words unless the server serves one model and is not ``--strict-model-name``."""
+    if not name:
+        if required:
+            raise invalid("model is required", "model")
+        return context.model_name
+    if context.is_served(name):
+        return context.check_model(name)
+    bare = name[: -len(LATEST)] if name.endswith(LATEST) else name
+    return context.check_model(bare, message=f'model "{name}" not found, try pulling it first')
+
+
+def _stops(value: list[str] | str | None) -> list[str]:
+    stops = [value] if isinstance(value, str) else list(value or [])
+    if any(s == "" for s in stops):
+        raise invalid("options.stop: stop sequences must not be empty strings", "options.stop")
+    return stops
+
+
+def sampling(options: Options | None, prompt_tokens: int, max_model_len: int) -> SamplingParams:
+    """``options`` as SamplingParams for a prompt of ``prompt_tokens`` tokens.
+
+    ``num_predict`` -1 or -2 (and absent) generate until the context is full; ``num_ctx``
+    limits prompt + output for this request (never beyond the server's context length).
+    """
+    o = options or Options()
+    limit = max_model_len if o.num_ctx is None else min(o.num_ctx, max_model_len)
+    if o.num_ctx is not None and o.num_ctx < 1:
+        raise invalid("options.num_ctx must be at least 1", "options.num_ctx")
+    if prompt_tokens >= limit:
+        raise invalid(f"the prompt has {prompt_tokens} tokens, which does not fit the context length of {limit} "
+                      f"tokens (options.num_ctx, at most the server's {max_model_len})", "options.num_ctx")
+    room = limit - prompt_tokens
+    if o.num_predict is None or o.num_predict in (-1, -2):
+        max_tokens = room
+    elif o.num_predict > 0:
+        max_tokens = min(o.num_predict, room)
+    else:
+        raise invalid("options.num_predict must be a positive number of tokens, or -1 (until the context is full)",
+                      "options.num_predict")
+    repeat = DEFAULTS["repeat_penalty"] if o.repeat_penalty is None else o.repeat_penalty
+    presence, frequency = o.presence_penalty, o.frequency_penalty
+    if o.repeat_last_n == 0:  # Ollama: a window of 0 tokens disables the repetition penalties
+        repeat, presence, frequency = 1.0, None, None
+    try:
+        return SamplingParams.build(
+            temperature=DEFAULTS["temperature"] if o.temperature is None else o.temperature,
+            top_k=DEFAULTS["top_k"] if o.top_k is None else o.top_k,
+            top_p=DEFAULTS["top_p"] if o.top_p is None else o.top_p,
+            min_p=o.min_p, typical_p=o.typical_p,
+            repetition_penalty=repeat, presence_penalty=presence, frequency_penalty=frequency,
+            seed=o.seed if o.seed is not None and o.seed >= 0 else None,  # Ollama: -1 is a random seed
+            stop=_stops(o.stop), max_tokens=max_tokens)
+    except InvalidRequestError as exc:
+        name = {"repetition_penalty": "repeat_penalty"}.get(exc.param or "", exc.param)
+        message = exc.message.replace(exc.param, name, 1) if exc.param and name else exc.message
+        raise invalid(f"options.{message}", f"options.{name}") from None
+
+
+def guided_spec(fmt: Format) -> GuidedSpec | None:
+    """``format``: "" / null (free text), "json" (any JSON value... an object, as Ollama), or a
+    JSON schema object."""
+    if fmt is None or fmt == "":
+        return None
+    if fmt == "json":
+        return GuidedSpec("json_object", None, param="format")
+    if isinstance(fmt, dict):
+        return GuidedSpec("json_schema", fmt, param="format")
+    raise invalid(f'invalid format: expected "json" or a JSON schema, got {str(fmt)[:40]!r}', "format")
+
+
+def think_mode(think: Think, reasoning_parser: str | None, model: str) -> bool | None:
+    """True: thinking asked for (the server must have a reasoning parser); False: asked off;
+    None: not said (the server's parser, if any, separates thinking as on every route)."""
+    if think is None:
+        return None
+    if isinstance(think, str):
+        if think not in THINK_LEVELS:
+            raise invalid(f'invalid think value: {think[:20]!r} (must be "high", "medium", "low", true, or false)',
+                          "think")
+        think_on = True
+    else:
+        think_on = bool(think)
+    if think_on and not reasoning_parser:
+        raise invalid(f'"{model}" does not support thinking: start the server with --reasoning-parser', "think")
+    return think_on
+
+
+def template_kwargs(think: Think) -> dict[str, Any]:
+    """What ``think`` tells the chat template (Qwen3-style ``enable_thinking``, and the level)."""
+    if think is None:
+        return {}
+    out: dict[str, Any] = {"enable_thinking": think is not False}
+    if isinstance(think, str):
+        out["reasoning_effort"] = think
+    return out
+
+
+def check_unsupported(body: Any) -> None:
+    """Fields the served model cannot honour: a clear 400 each."""
+    if getattr(body, "logprobs", None):
+        raise invalid("logprobs are not supported by this server's Ollama API (use the OpenAI API's logprobs)",
+                      "logprobs")
+    if getattr(body, "top_logprobs", None):
+        raise invalid("top_logprobs is not supported by this server's Ollama API", "top_logprobs")
+
+
+def created_at() -> str:
+    """Now, as Ollama writes it: RFC 3339 in UTC."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def durations(started: float, timings: Any) -> dict[str, int]:
+    """The timing fields of a final object, in nanoseconds. ``started`` is the route's
+    ``time.time()``; ``timings`` the engine's (scheduled, first token, finished)."""
+    end = time.time()
+    scheduled = timings.scheduled or started
+    first = timings.first_token or end
+    finished = timings.finished or end
+    ns = 1_000_000_000
+    return {"total_duration": int(max(0.0, end - started) * ns), "load_duration": 0,
+            "prompt_eval_duration": int(max(0.0, first - scheduled) * ns),
+            "eval_duration": int(max(0.0, finished - first) * ns)}

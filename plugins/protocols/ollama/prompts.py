@@ -1,0 +1,132 @@
+"""Prompts of ``/api/chat`` and ``/api/generate``: Ollama messages -> the chat template's
+messages, and ``/api/generate``'s prompt from ``system``, ``template``, ``raw`` and ``context``.
+
+``template`` is a Go template in Ollama. The subset that prompt templates use is rendered here:
+``{{ .System }}``, ``{{ .Prompt }}``, ``{{ .Response }}`` (the prompt ends where the response
+would start), ``{{ if .X }} ... {{ else }} ... {{ end }}`` (not nested) and the ``{{-``/``-}}``
+trim markers. Anything else is a 400 naming the construct, never a silently wrong prompt.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from llmserve.errors import InvalidRequestError
+from llmserve.text.chat_template import render_chat
+
+from .wire import GenerateRequest, Message
+
+ROLES = ("system", "user", "assistant", "tool")
+_ACTION = re.compile(r"{{(-?)\s*(.*?)\s*(-?)}}", re.S)
+_FIELDS = ("System", "Prompt", "Response")
+
+
+def _arguments(value: Any) -> Any:
+    """Tool-call arguments for a template: the object (Ollama sends objects; a string holding
+    an object, as OpenAI clients send, is decoded)."""
+    if isinstance(value, str):
+        try:
+            decoded = json.loads(value)
+        except ValueError:
+            return value
+        return decoded if isinstance(decoded, dict) else value
+    return value if value is not None else {}
+
+
+def template_messages(messages: list[Message]) -> tuple[list[dict[str, Any]], bool]:
+    """The chat template's messages, and whether to continue the last one (an assistant
+    message with text and no calls is continued, as Ollama does, instead of answered)."""
+    out: list[dict[str, Any]] = []
+    for i, m in enumerate(messages):
+        if m.role not in ROLES:
+            raise InvalidRequestError(f"messages[{i}].role must be one of {', '.join(ROLES)}; got {m.role[:20]!r}",
+                                      param=f"messages.{i}.role")
+        if m.images:
+            raise InvalidRequestError("images are not supported: the served model takes text only",
+                                      param=f"messages.{i}.images")
+        msg: dict[str, Any] = {"role": m.role, "content": m.content or ""}
+        if m.thinking:
+            msg["reasoning_content"] = m.thinking
+        if m.tool_calls:
+            msg["tool_calls"] = [{"id": c.id or f"call_{i}_{j}", "type": "function",
+                                  "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)}}
+                                 for j, c in enumerate(m.tool_calls)]
+        if m.tool_name:  # templates read the tool's name as `name` (OpenAI style) or `tool_name`
+            msg["name"] = msg["tool_name"] = m.tool_name
+        out.append(msg)
+    last = messages[-1] if messages else None
+    continue_last = last is not None and last.role == "assistant" and bool(last.content) and not last.tool_calls
+    return out, continue_last
+
+
+def render_messages(tokenizer: Any, messages: list[dict[str, Any]], continue_last: bool, tools: Any,
+                    kwargs: dict[str, Any], timeout: float) -> str:
+    if not getattr(tokenizer, "chat_template", None):
+        raise InvalidRequestError("the served model has no chat template: use /api/generate with raw set to true",
+                                  param="messages")
+    return render_chat(tokenizer, messages, tools=tools, add_generation_prompt=not continue_last,
+                       continue_final_message=continue_last, template_kwargs=kwargs, timeout=timeout)
+
+
+def go_template(source: str, values: dict[str, str]) -> str:
+    """Render the Go-template subset described above; the output stops at ``{{ .Response }}``."""
+    out: list[str] = []
+    stack: list[tuple[bool, bool]] = []  # (condition, in else branch) of each open `if`
+    pos, trim_next = 0, False
+
+    def emitting() -> bool:
+        return all(cond != in_else for cond, in_else in stack)
+
+    for match in _ACTION.finditer(source):
+        text = source[pos:match.start()]
+        if trim_next:
+            text = text.lstrip()
+        if match.group(1):
+            text = text.rstrip()
+        if emitting():
+            out.append(text)
+        pos, trim_next = match.end(), bool(match.group(3))
+        action = match.group(2)
+        field = re.fullmatch(r"\.(\w+)", action)
+        cond = re.fullmatch(r"if\s+\.(\w+)", action)
+        if field and field.group(1) in _FIELDS:
+            if field.group(1) == "Response":
+                if stack:
+                    raise InvalidRequestError("template: {{ .Response }} inside an if block is not supported",
+                                              param="template")
+                return "".join(out)
+            if emitting():
+                out.append(values.get(field.group(1), ""))
+        elif cond and cond.group(1) in _FIELDS:
+            if stack:
+                raise InvalidRequestError("template: nested if blocks are not supported", param="template")
+            stack.append((bool(values.get(cond.group(1))), False))
+        elif action == "else" and stack and not stack[-1][1]:
+            stack[-1] = (stack[-1][0], True)
+        elif action == "end" and stack:
+            stack.pop()
+        else:
+            raise InvalidRequestError(f"template: {{{{ {action[:40]} }}}} is not supported (supported: .System, "
+                                      ".Prompt, .Response, if/else/end)", param="template")
+    if stack:
+        raise InvalidRequestError("template: an if block is not closed with {{ end }}", param="template")
+    tail = source[pos:]
+    out.append(tail.lstrip() if trim_next else tail)
+    return "".join(out)
+
+
+def generate_prompt(tokenizer: Any, body: GenerateRequest, kwargs: dict[str, Any],
+                    timeout: float) -> tuple[str, bool]:
+    """``(prompt text, whether the tokenizer should add its special tokens)`` of a generate body."""
+    prompt, system = body.prompt or "", body.system or ""
+    if body.raw:
+        return prompt, True
+    if body.template:
+        return go_template(body.template, {"System": system, "Prompt": prompt}), False
+    if not getattr(tokenizer, "chat_template", None):  # a base model: the text is the prompt
+        return (system + "\n\n" + prompt if system else prompt), True
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    return render_chat(tokenizer, messages, add_generation_prompt=True, template_kwargs=kwargs,
+                       timeout=timeout), False

@@ -1,0 +1,150 @@
+"""The Ollama protocol: the routes Ollama's clients call, and Ollama's error format
+(``{"error": "..."}`` with Ollama's status codes).
+
+``GET|HEAD /`` answers "Ollama is running" (clients probe it); ``POST /`` is TGI's. The
+model-management routes (pull, push, create, copy, delete, blobs) are the source of most
+Ollama advisories (arbitrary file writes through crafted digests, heap reads through crafted
+GGUF files); this server never writes models over HTTP, so they answer 403 in Ollama's format
+without reading their bodies or touching the disk.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+
+from llmserve import __version__
+from llmserve.errors import LLMServeError
+from llmserve.server.dialect_kit import dialect_router
+from llmserve.server.openapi import stream_responses
+from llmserve.server.protocol import Protocol
+
+from .embed import Embeddings
+from .generation import NDJSON, Generation
+from .models import ModelCard
+from .params import resolve_model
+from .wire import ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest, ManagementRequest, ModelRequest
+
+RUNNING = "Ollama is running"
+MANAGEMENT = ("this server does not manage models over HTTP ({what} is disabled): it serves the model it was "
+              "started with; restart it with --model to change models")
+NDJSON_RESPONSES = stream_responses(NDJSON)
+_HEAD_OK = {200: {"description": "The resource exists (no body)"}}
+
+
+class Forbidden(LLMServeError):
+    status = 403
+    type = "permission_error"
+
+
+def error_body(error: LLMServeError) -> tuple[int, dict[str, Any]]:
+    """A core error in Ollama's format: ``{"error": message}`` with the error's status (400 bad
+    input, 401 key, 403 refused, 404 unknown model, 413 too large, 429/503 busy)."""
+    return error.status, {"error": error.message}
+
+
+class OllamaProtocol(Protocol):
+    """Ollama's native API (``/api/*``)."""
+
+    error_schema = {"title": "OllamaError", "type": "object", "required": ["error"],
+                    "properties": {"error": {"type": "string"}}}
+
+    def __init__(self, context: Any, options: Any = None) -> None:
+        super().__init__(context, options)
+        self.card = ModelCard(context)
+        self.generation = Generation(self)
+        self.embeddings = Embeddings(self)
+
+    def error_body(self, error: LLMServeError) -> tuple[int, dict[str, Any]]:
+        return error_body(error)
+
+    def router(self) -> APIRouter:
+        router = dialect_router(self, tags=["Ollama"])
+        self._info_routes(router)
+        generation, embeddings = self.generation, self.embeddings
+
+        @router.post("/api/chat", responses=NDJSON_RESPONSES, summary="Ollama: chat (NDJSON stream by default)")
+        async def chat(body: ChatRequest, request: Request) -> Response:
+            self.context.admission.check(1)  # before any templating or tokenizing
+            return await generation.chat(body, request.headers.get("x-request-id"))
+
+        @router.post("/api/generate", responses=NDJSON_RESPONSES,
+                     summary="Ollama: completion (NDJSON stream by default)")
+        async def generate(body: GenerateRequest, request: Request) -> Response:
+            self.context.admission.check(1)
+            return await generation.generate(body, request.headers.get("x-request-id"))
+
+        @router.post("/api/embed", summary="Ollama: embeddings (needs --task embed)")
+        async def embed(body: EmbedRequest) -> Response:
+            return await embeddings.embed(body)
+
+        @router.post("/api/embeddings", summary="Ollama: one embedding (legacy; needs --task embed)")
+        async def embeddings_legacy(body: EmbeddingsRequest) -> Response:
+            return await embeddings.embeddings(body)
+
+        self._management_routes(router)
+        return router
+
+    def _info_routes(self, router: APIRouter) -> None:
+        card = self.card
+
+        async def running() -> Response:
+            return PlainTextResponse(RUNNING)
+
+        async def version() -> Response:
+            return JSONResponse({"version": __version__})
+
+        async def tags() -> Response:
+            return JSONResponse(card.tags())
+
+        for path, endpoint, summary, kind in (
+                ("/", running, "Ollama: liveness probe of Ollama clients", PlainTextResponse),
+                ("/api/version", version, "Ollama: server version", JSONResponse),
+                ("/api/tags", tags, "Ollama: the served model(s)", JSONResponse)):
+            # GET and HEAD as two operations: one route with both would give both one operation id.
+            router.add_api_route(path, endpoint, methods=["GET"], summary=summary, response_class=kind)
+            router.add_api_route(path, endpoint, methods=["HEAD"], summary=summary, response_class=kind,
+                                 operation_id=f"{endpoint.__name__}_head")
+
+        @router.get("/api/ps", summary="Ollama: loaded models")
+        async def ps() -> Response:
+            return JSONResponse(card.ps())
+
+        @router.post("/api/show", summary="Ollama: model details, template and capabilities")
+        async def show(body: ModelRequest) -> Response:
+            resolve_model(self.context, body.model or body.name)
+            return JSONResponse(card.show())
+
+    def _management_routes(self, router: APIRouter) -> None:
+        def refuse(what: str) -> Forbidden:
+            return Forbidden(MANAGEMENT.format(what=what))
+
+        # Bodies are declared for the OpenAPI document only: nothing in them is read.
+        @router.post("/api/pull", summary="Ollama: refused (no model downloads)")
+        async def pull(body: ManagementRequest | None = None) -> Response:
+            raise refuse("pulling models")
+
+        @router.post("/api/push", summary="Ollama: refused (no model uploads)")
+        async def push(body: ManagementRequest | None = None) -> Response:
+            raise refuse("pushing models")
+
+        @router.post("/api/create", summary="Ollama: refused (no model creation)")
+        async def create(body: ManagementRequest | None = None) -> Response:
+            raise refuse("creating models")
+
+        @router.post("/api/copy", summary="Ollama: refused (no model copies)")
+        async def copy(body: ManagementRequest | None = None) -> Response:
+            raise refuse("copying models")
+
+        @router.delete("/api/delete", summary="Ollama: refused (no model deletion)")
+        async def delete(body: ManagementRequest | None = None) -> Response:
+            raise refuse("deleting models")
+
+        async def blobs(digest: str) -> Response:
+            raise refuse("uploading blobs")
+
+        for method in ("HEAD", "POST"):
+            router.add_api_route("/api/blobs/{digest}", blobs, methods=[method], responses=_HEAD_OK,
+                                 summary="Ollama: refused (no blob store)", operation_id=f"blobs_{method.lower()}")
