@@ -42,7 +42,9 @@ if TYPE_CHECKING:
     from llmserve.server.context import ServerContext
 
 access_log = logging.getLogger("llmserve.access")
-_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+# A client's X-Request-Id is used (logged, echoed, given to the route) only when it is 1-128
+# visible ASCII characters other than quotes and backslashes: nothing that can split or forge a log line.
+_REQUEST_ID = re.compile(r"[!#-&(-\[\]-~]{1,128}")
 
 
 class RequestGuard:
@@ -62,13 +64,19 @@ class RequestGuard:
         ctx = RequestContext(given_id if _REQUEST_ID.fullmatch(given_id) else uuid.uuid4().hex, time.monotonic())
         token = set_context(ctx)
         route, endpoint = self.checks.match(scope)
+        method = scope["method"]
+        scope = _app_scope(scope, ctx.request_id, self.checks.head_as_get(scope, endpoint))
         state: dict[str, Any] = {"status": None, "too_large": False}
+        request_id = (b"x-request-id", ctx.request_id.encode("ascii"))
 
         async def send_status(message: Message) -> None:
             if state["too_large"]:
                 return  # the body overflowed: whatever the app answers is replaced by a 413
             if message["type"] == "http.response.start":
                 state["status"] = message["status"]
+                # Every reply names its request: the client's id when it is a plain token, else ours.
+                kept = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"x-request-id"]
+                message = {**message, "headers": [*kept, request_id]}
             await send(message)
 
         try:
@@ -84,7 +92,7 @@ class RequestGuard:
                 admission.close(ctx)
         finally:
             reset_context(token)
-            self._log(scope, route, endpoint, ctx, state["status"], time.monotonic() - ctx.started)
+            self._log(method, route, endpoint, ctx, state["status"], time.monotonic() - ctx.started)
 
     async def _bounded(self, scope: Scope, receive: Receive, send: Send, endpoint: Any,
                        state: dict[str, Any]) -> None:
@@ -109,7 +117,7 @@ class RequestGuard:
                 raise
         if state["too_large"] and state["status"] is None:
             state["too_large"] = False  # let our own answer through
-            await self.checks.refuse(self.checks.too_large(), {"Connection": "close"}, scope, endpoint, send)
+            await self.checks.refuse(self.checks.too_large(), {}, scope, endpoint, send)  # the rest is dropped
 
     async def _watched(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Run the app; cancel it if the client disconnects before the response is complete."""
@@ -160,7 +168,7 @@ class RequestGuard:
             if watcher is not None:
                 watcher.cancel()
 
-    def _log(self, scope: Scope, route: str | None, endpoint: Any, ctx: RequestContext, status: int | None,
+    def _log(self, method: str, route: str | None, endpoint: Any, ctx: RequestContext, status: int | None,
              seconds: float) -> None:
         if not access_log.isEnabledFor(logging.INFO):
             return
@@ -168,8 +176,17 @@ class RequestGuard:
         ttft = f"{ctx.ttft:.3f}s" if ctx.ttft is not None else "-"
         access_log.info("request_id=%s engine_id=%s dialect=%s route=\"%s %s\" status=%s prompt_tokens=%d "
                         "completion_tokens=%d ttft=%s total=%.3fs", ctx.request_id, ctx.engine_id or "-",
-                        self.checks.dialect(endpoint), scope["method"], path, status if status is not None else "-",
+                        self.checks.dialect(endpoint), method, path, status if status is not None else "-",
                         ctx.prompt_tokens, ctx.completion_tokens, ttft, seconds)
+
+
+def _app_scope(scope: Scope, request_id: str, head_as_get: bool) -> Scope:
+    """The scope the route sees: ``X-Request-Id`` replaced by the request's id (so a dialect that
+    echoes or reuses the header gets the sanitised or generated one), and HEAD served as GET where
+    the route has no HEAD of its own (the server sends no body for a HEAD request)."""
+    headers = [(k, v) for k, v in scope["headers"] if k != b"x-request-id"]
+    headers.append((b"x-request-id", request_id.encode("ascii")))
+    return {**scope, "headers": headers, **({"method": "GET"} if head_as_get else {})}
 
 
 def install(app: "FastAPI", context: "ServerContext") -> None:

@@ -107,9 +107,20 @@ class Checks:
                     partial = (template, endpoint)
         return partial
 
+    def _methods(self, endpoint: Any) -> set[str]:
+        return next((m for _, m, e, _ in self._routes() if e is endpoint), set())
+
+    def head_as_get(self, scope: Scope, endpoint: Any) -> bool:
+        """Whether ``scope`` is a HEAD request for a route that serves GET but declares no HEAD
+        (FastAPI routes do not add it): it is then served, and checked, as that GET."""
+        methods = self._methods(endpoint)
+        return scope["method"] == "HEAD" and "HEAD" not in methods and "GET" in methods
+
     def _is_public(self, endpoint: Any, method: str) -> bool:
         kind = getattr(endpoint, PUBLIC_ATTR, None)
-        methods = next((m for _, m, e, _ in self._routes() if e is endpoint), set())
+        methods = self._methods(endpoint)
+        if method == "HEAD" and "HEAD" not in methods:
+            method = "GET"  # HEAD answers like GET, key or no key
         if kind is None or method not in methods:
             return False
         return kind == "always" or (kind == "metrics" and self.public_metrics)
@@ -131,7 +142,9 @@ class Checks:
         length = headers.get("content-length")
         declared = int(length) if length and length.isdigit() else None
         if declared is not None and declared > self.limit:
-            return self.too_large(), {"Connection": "close"}
+            # No "Connection: close": the connection reads and drops the body after the answer
+            # (llmserve.server.edge), so a client that sends its whole body first still reads it.
+            return self.too_large(), {}
         content_type = headers.get("content-type")
         if method in BODY_METHODS and content_type is not None and declared != 0 and not _json_media(content_type):
             media = content_type.split(";", 1)[0].strip()[:64]

@@ -50,6 +50,30 @@ def setup_logging(level: str) -> None:
     logging.getLogger("llmserve").setLevel(level.upper())
 
 
+class _NoQueryStrings(logging.Filter):
+    """Drops the query string from uvicorn's access-log lines: a client may send a key as ``?api_key=``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str) and "?" in args[2]:
+            record.args = (*args[:2], args[2].split("?", 1)[0], *args[3:])
+        return True
+
+
+def uvicorn_options(config: ServerConfig) -> dict[str, Any]:
+    """The ``uvicorn.Config`` keyword arguments for ``config``: HTTP limits, keep-alive and logging."""
+    from llmserve.server.edge import edge_protocol
+
+    access = logging.getLogger("uvicorn.access")
+    if not any(isinstance(f, _NoQueryStrings) for f in access.filters):
+        access.addFilter(_NoQueryStrings())
+    # uvicorn annotates timeout_keep_alive as int, but it only feeds a float timer: sub-second
+    # values work (the tests use them), so the float goes through untouched.
+    return {"http": edge_protocol(config), "timeout_keep_alive": config.timeout_keep_alive,
+            "log_level": config.uvicorn_log_level or config.log_level,
+            "access_log": not config.disable_uvicorn_access_log}
+
+
 def plugin_options(config: ServerConfig, registry: Registry) -> dict[str, Any]:
     """The options of each contribution that has a YAML section, and of the selected backend.
 
