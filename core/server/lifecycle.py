@@ -127,12 +127,11 @@ class LLMServer(uvicorn.Server):
 def make_server(app: Any, context: "ServerContext", *, port: int | None = None) -> LLMServer:
     """The uvicorn server for ``app`` with the HTTP settings of ``context.config``
     (``port`` overrides the configured one)."""
+    from llmserve.server.serve import uvicorn_options
+
     config = context.config
-    # uvicorn annotates timeout_keep_alive as int, but it only feeds a float timer: sub-second
-    # values work (the tests use them), so the float goes through untouched.
-    keep_alive: dict[str, Any] = {"timeout_keep_alive": config.timeout_keep_alive}
     return LLMServer(uvicorn.Config(app, host=config.host, port=config.port if port is None else port,
-                                    log_level=config.log_level, **keep_alive), context)
+                                    **uvicorn_options(config)), context)
 
 
 def serve(app: Any, context: "ServerContext") -> int:
