@@ -24,8 +24,6 @@ import asyncio
 import json
 import os
 import platform
-import re
-import resource
 import shutil
 import socket
 import subprocess
@@ -35,30 +33,16 @@ from pathlib import Path
 
 import httpx
 
-PROMPTS = [
-    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
-    "Explain how a refrigerator works to a ten-year-old.",
-    "List some tips for learning a new programming language quickly and effectively.",
-    "What are the main differences between classical and operant conditioning?",
-    "Describe the water cycle in detail, including evaporation, condensation and precipitation.",
-    "Give me a recipe for a simple vegetable soup.",
-    "Why is the sky blue? Answer in a few paragraphs.",
-    "Summarize the plot of a heist movie you invent on the spot.",
-]
+# The load generator (client, closed loop, percentiles) and the prompts live in the package,
+# shared with `llmserve bench serve`.
+from llmserve.bench.dataset import PROMPTS
+from llmserve.bench.loadgen import percentile, run_closed_loop
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    values = sorted(values)
-    k = min(len(values) - 1, max(0, round(q / 100 * (len(values) - 1))))
-    return values[k]
 
 
 def converted_model_dir(model: str | None, cache_dir: str | None) -> str:
@@ -94,117 +78,16 @@ def stop(proc: subprocess.Popen) -> None:
         proc.kill()
 
 
-# The client shares the machine's cores with the server under test, so it does as little as it
-# can per token: plain HTTP/1.1 over asyncio streams (one keep-alive connection per worker,
-# chunked responses decoded by hand) instead of a general HTTP client, and no JSON but for the
-# event that carries usage; a pattern says whether an event has text (a non-empty "text"
-# value). Its CPU time per level is reported with the results.
-_HAS_TEXT = re.compile(rb'"text":\s*"[^"]')
-_HAS_USAGE = re.compile(rb'"usage":\s*\{')
-
-
-class Connection:
-    """One keep-alive HTTP/1.1 connection that POSTs JSON and yields the response body's lines."""
-
-    def __init__(self, url: str) -> None:
-        self.host, _, port = url.removeprefix("http://").partition(":")
-        self.port = int(port or 80)
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
-
-    async def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-            self.reader = self.writer = None
-
-    async def post_lines(self, path: str, body: dict):
-        """POST ``body``; yield the response body line by line (bytes, without the newline).
-        Raises RuntimeError on a status other than 200."""
-        if self.writer is None:
-            self.reader, self.writer = await asyncio.open_connection(self.host, self.port, limit=1 << 20)
-        data = json.dumps(body).encode()
-        self.writer.write(f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Type: application/json\r\n"
-                          f"Content-Length: {len(data)}\r\nAccept: text/event-stream\r\n\r\n".encode() + data)
-        reader = self.reader
-        status = int((await reader.readline()).split()[1])
-        headers: dict[bytes, bytes] = {}
-        while (line := await reader.readline()) not in (b"\r\n", b""):
-            key, _, value = line.partition(b":")
-            headers[key.strip().lower()] = value.strip().lower()
-        closing = headers.get(b"connection") == b"close"  # the server ends it after this response
-        chunked = headers.get(b"transfer-encoding") == b"chunked"
-        if status != 200 or not chunked:
-            size = int(headers.get(b"content-length", b"0"))
-            text = await reader.readexactly(size) if size else b""
-            if status != 200:
-                raise RuntimeError(f"HTTP {status}: {text[:300]!r}")
-            for line in text.splitlines():
-                yield line
-        else:
-            async for line in self._chunked_lines():
-                yield line
-        if closing:
-            await self.close()
-
-    async def _chunked_lines(self):
-        reader = self.reader
-        assert reader is not None
-        pending = b""
-        while True:
-            size = int((await reader.readline()).split(b";")[0], 16)
-            if size == 0:
-                while (await reader.readline()) not in (b"\r\n", b""):  # trailers, then the end
-                    pass
-                break
-            pending += (await reader.readexactly(size + 2))[:-2]
-            *lines, pending = pending.split(b"\n")
-            for line in lines:
-                yield line
-        if pending:
-            yield pending
-
-
-async def one_request(conn: Connection, model: str, prompt: str, max_tokens: int, extra: dict) -> dict:
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "stream": True, **extra}
-    t0 = time.perf_counter()
-    stamps: list[float] = []
-    usage_tokens = None
-    async for line in conn.post_lines("/v1/completions", body):
-        if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
-            continue
-        if _HAS_TEXT.search(line):
-            stamps.append(time.perf_counter())
-        if _HAS_USAGE.search(line):
-            usage_tokens = (json.loads(line[6:]).get("usage") or {}).get("completion_tokens")
-    end = time.perf_counter()
-    tokens = usage_tokens or len(stamps)
-    itl = [b - a for a, b in zip(stamps, stamps[1:])]
-    return {"ttft": (stamps[0] - t0) if stamps else float("nan"), "itl": itl, "tokens": tokens,
-            "latency": end - t0}
-
-
 async def run_level(url: str, model: str, concurrency: int, total: int, max_tokens: int, extra: dict) -> dict:
-    results: list[dict] = []
-    queue = list(range(total))
-
-    async def worker() -> None:
-        conn = Connection(url)
-        try:
-            while queue:
-                i = queue.pop()
-                results.append(await asyncio.wait_for(
-                    one_request(conn, model, PROMPTS[i % len(PROMPTS)], max_tokens, extra), timeout=600))
-        finally:
-            await conn.close()
-
-    t0, cpu0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    wall, cpu1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
-    ttft = [r["ttft"] for r in results]
-    itl = [x for r in results for x in r["itl"]]
-    tokens = sum(r["tokens"] for r in results)
-    return summarize(concurrency, len(results), tokens, wall, ttft, itl,
-                     (cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime))
+    """One level: ``total`` streaming /v1/completions requests from ``concurrency`` workers;
+    raises on the first refused request."""
+    bodies = [{"model": model, "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": max_tokens, "temperature": 0.0,
+               "stream": True, **extra} for i in range(total)]
+    run = await run_closed_loop(url, "/v1/completions", bodies, concurrency, timeout=600)
+    ttft = [s.ttft for s in run.samples]
+    itl = [x for s in run.samples for x in s.itl]
+    tokens = sum(s.output_tokens for s in run.samples)
+    return summarize(concurrency, len(run.samples), tokens, run.wall_s, ttft, itl, run.client_cpu_s)
 
 
 def summarize(concurrency: int, requests: int, tokens: int, wall: float, ttft: list[float], itl: list[float],

@@ -18,6 +18,8 @@ import typer
 from pydantic import BaseModel
 
 from llmserve import __version__
+from llmserve.bench.command import bench_cli
+from llmserve.chat_cli import chat_command
 from llmserve.config import FIELDS, ServerConfig, _kind, flag_name, load_config, load_options, option_flag
 from llmserve.errors import ConfigError
 from llmserve.hooks.manager import PluginManager
@@ -265,6 +267,11 @@ def config_show(config: Optional[Path] = CONFIG_OPTION,
 def version_cmd() -> None:
     """Print the llmserve version."""
     typer.echo(__version__)
+
+
+# Client commands: they import their HTTP client and load generator when they run.
+cli.command("chat")(chat_command)
+cli.add_typer(bench_cli, name="bench")
 
 
 def main(argv: list[str] | None = None) -> None:
