@@ -112,6 +112,9 @@ class ServerConfig(BaseModel):
         "request's first byte on a kept-alive connection); slower or silent connections are closed (408 when a "
         "request had begun). Also bounds how long the rest of a body is read and dropped after an early answer "
         "such as a 413."))
+    timeout_request_body: float = Field(60.0, gt=0, description=(
+        "Seconds a client has to send a request's body once its headers are in; a slower upload gets 408 and the "
+        "connection closes."))
     cors_allow_origins: list[str] = Field(default_factory=list, description=(
         "Origins browsers may call from (CORS), e.g. https://app.example.com, or * for any; repeatable. Empty: "
         "CORS off."))
@@ -132,7 +135,7 @@ class ServerConfig(BaseModel):
     guided_decoding_backend: str = Field("lm-format-enforcer", description=(
         "Guided-decoding plugin preferred for guided_json / guided_regex / guided_choice / guided_grammar / "
         "response_format (another installed one is used for kinds it does not support)."))
-    guided_compile_timeout: float = Field(5.0, gt=0, le=600, description=(
+    guided_compile_timeout: float = Field(10.0, gt=0, le=600, description=(
         "Seconds one output constraint (JSON schema, regex, choice list) may take to compile; past it the "
         "request gets 400 and the constraint is remembered as too slow."))
     guided_max_bytes: int = Field(65536, ge=256, description=(

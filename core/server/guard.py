@@ -66,12 +66,12 @@ class RequestGuard:
         route, endpoint = self.checks.match(scope)
         method = scope["method"]
         scope = _app_scope(scope, ctx.request_id, self.checks.head_as_get(scope, endpoint))
-        state: dict[str, Any] = {"status": None, "too_large": False}
+        state: dict[str, Any] = {"status": None, "refused": None}
         request_id = (b"x-request-id", ctx.request_id.encode("ascii"))
 
         async def send_status(message: Message) -> None:
-            if state["too_large"]:
-                return  # the body overflowed: whatever the app answers is replaced by a 413
+            if state["refused"] is not None:
+                return  # the body overflowed or stalled: what the app answers is replaced by our 413 / 408
             if message["type"] == "http.response.start":
                 state["status"] = message["status"]
                 # Every reply names its request: the client's id when it is a plain token, else ours.
@@ -96,28 +96,39 @@ class RequestGuard:
 
     async def _bounded(self, scope: Scope, receive: Receive, send: Send, endpoint: Any,
                        state: dict[str, Any]) -> None:
-        """Serve the request, answering 413 if its body turns out larger than the limit."""
-        limit = self.checks.limit
-        received = 0
+        """Serve the request; answer 413 if its body turns out larger than the limit, 408 if it
+        does not arrive within ``--timeout-request-body`` (a client trickling it in)."""
+        limit, received = self.checks.limit, 0
+        deadline = asyncio.get_running_loop().time() + self.checks.body_timeout
+        body_open = True
 
         async def bounded_receive() -> Message:
-            nonlocal received
-            message = await receive()
+            nonlocal received, body_open
+            if not body_open:  # past the body: what is left to receive is the disconnect
+                return await receive()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
+                state["refused"] = (self.checks.too_slow(), {"Connection": "close"})
+                raise self.checks.too_slow() from None
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                body_open = False
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > limit:  # a chunked upload without (or lying about) Content-Length
-                    state["too_large"] = True
+                    state["refused"] = (self.checks.too_large(), {})  # the rest is dropped (edge.py)
                     raise self.checks.too_large()
             return message
 
         try:
             await self._watched(scope, bounded_receive, send)
         except Exception:
-            if not state["too_large"]:
+            if state["refused"] is None:
                 raise
-        if state["too_large"] and state["status"] is None:
-            state["too_large"] = False  # let our own answer through
-            await self.checks.refuse(self.checks.too_large(), {}, scope, endpoint, send)  # the rest is dropped
+        refused, state["refused"] = state["refused"], None  # let our own answer through
+        if refused is not None and state["status"] is None:
+            await self.checks.refuse(*refused, scope, endpoint, send)
 
     async def _watched(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Run the app; cancel it if the client disconnects before the response is complete."""

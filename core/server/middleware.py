@@ -14,7 +14,8 @@ from starlette.requests import Request
 from starlette.routing import compile_path
 from starlette.types import Message, Scope, Send
 
-from llmserve.errors import InvalidRequestError, LLMServeError, PayloadTooLargeError, UnauthorizedError
+from llmserve.errors import (InvalidRequestError, LLMServeError, PayloadTooLargeError, RequestTimeoutError,
+                             UnauthorizedError)
 from llmserve.server.errors import openai_error_response
 
 if TYPE_CHECKING:
@@ -82,6 +83,7 @@ class Checks:
         self.keys = [k.encode("utf-8", "surrogateescape") for k in config.api_key]
         self.public_metrics = bool(config.public_metrics)
         self.limit = int(config.max_request_body_bytes)
+        self.body_timeout = float(config.timeout_request_body)
         self._table: list[tuple[Any, set[str], Any, str]] | None = None
 
     # -- routing ---------------------------------------------------------------------------------
@@ -151,6 +153,10 @@ class Checks:
             return InvalidRequestError(f"Content-Type '{media}' is not supported: send the body as "
                                        "application/json"), {}
         return None
+
+    def too_slow(self) -> RequestTimeoutError:
+        return RequestTimeoutError(f"the request body did not arrive within {self.body_timeout:g} s "
+                                   "(--timeout-request-body)")
 
     def too_large(self) -> PayloadTooLargeError:
         return PayloadTooLargeError(f"request body is larger than the server's limit of {self.limit} bytes "

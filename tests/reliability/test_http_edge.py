@@ -9,6 +9,7 @@ Requests that no client library would send go out on raw sockets (``raw``).
 
 from __future__ import annotations
 
+import json
 import re
 import select
 import socket
@@ -25,6 +26,7 @@ KEY = "edge-key-77a0"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 BODY_LIMIT = 1 << 20
 HEAD_TIMEOUT = 3.0
+BODY_TIMEOUT = 3.0
 
 
 def raw(port: int, method: str, target: str, headers: dict[str, str] | None = None, body: bytes | None = None,
@@ -80,7 +82,7 @@ def _rss(server: ServerProcess) -> int:
 def edge():
     server = ServerProcess("--backend", "echo", "--plugin", ECHO_PLUGIN, "--api-key", KEY, "--log-level", "warning",
                            "--max-request-body-bytes", str(BODY_LIMIT), "--timeout-request-headers", str(HEAD_TIMEOUT),
-                           "--timeout-keep-alive", "30")
+                           "--timeout-request-body", str(BODY_TIMEOUT), "--timeout-keep-alive", "30")
     server.wait_ready()
     try:
         yield server
@@ -200,6 +202,34 @@ def test_trickled_head_on_a_kept_alive_connection_is_408(edge):
             pass
         data = _read_all(sock)
     assert _parse(data)[0] == 408, data
+
+
+@pytest.mark.parametrize("path,check", [
+    ("/v1/completions", lambda j: j["error"]["code"] == 408 and "--timeout-request-body" in j["error"]["message"]),
+    ("/generate", lambda j: "--timeout-request-body" in j["error"]),  # TGI's format
+])
+@pytest.mark.parametrize("trickle", [True, False])
+def test_trickled_or_stalled_body_is_408(edge, path, check, trickle):
+    head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+            "Content-Type: application/json\r\nContent-Length: 5000\r\n\r\n").encode()
+    with socket.create_connection(("127.0.0.1", edge.port), timeout=30) as sock:
+        started = time.monotonic()
+        sock.sendall(head + b'{"prompt": "')
+        try:
+            for _ in range(300):
+                time.sleep(0.1)
+                if _answered(sock):
+                    break
+                if trickle:
+                    sock.sendall(b"a")
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        status, headers, body = _parse(_read_all(sock))
+    assert status == 408, (status, body)
+    assert check(json.loads(body)), body
+    assert headers["connection"] == "close"
+    assert BODY_TIMEOUT - 0.5 < time.monotonic() - started < BODY_TIMEOUT + 10
+    assert httpx.get(edge.url + "/health").status_code == 200
 
 
 def test_idle_kept_alive_connection_closes_after_keep_alive_timeout(server_process):
