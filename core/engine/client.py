@@ -2,16 +2,20 @@
 
 The event loop only queues commands and awaits events. ``generate()`` is an async iterator
 of ``RequestOutput``; leaving it early (client gone, task cancelled) aborts the request on
-the engine thread. It is also where deadlines are enforced (see ``generate``).
+the engine thread. It is also where deadlines are enforced (see ``generate``), and where the
+per-request bounds of ``RequestLimits`` are checked before tokenizing; tokenizing itself runs
+in worker threads (``aencode`` / ``aprepare``), so a long prompt never stalls the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator, Callable, TypeVar
 
 from llmserve.engine.engine import LLMEngine
 from llmserve.engine.loop import EngineLoop
@@ -22,6 +26,10 @@ from llmserve.request import GenerateRequest
 from llmserve.request_context import current_context
 
 log = logging.getLogger("llmserve.engine")
+T = TypeVar("T")
+# Fast tokenizers release the GIL while they work, so two threads tokenize two prompts at once
+# while the event loop keeps serving; more would only compete with the engine thread for cores.
+TOKENIZE_THREADS = 2
 
 
 class EngineClient:
@@ -32,6 +40,8 @@ class EngineClient:
         self.info = engine.info
         self.tokenizer = engine.info.tokenizer
         self.max_model_len = engine.max_model_len
+        self.limits = engine.limits
+        self._tokenize_pool = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="llmserve-tokenize")
         self.refusal: LLMServeError | None = None  # set when shutdown aborted everything
         self.loop = EngineLoop(engine)
         self.loop.start()
@@ -51,8 +61,21 @@ class EngineClient:
         """Call ``callback(error)`` on the engine thread once, if the engine loop dies."""
         self.loop.on_death.append(callback)
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True, param: str = "prompt") -> list[int]:
+        """Token ids of ``text``; a text over ``--max-prompt-chars`` is refused (400) untokenized.
+        Blocks while it tokenizes: from the event loop, await ``aencode`` instead."""
+        self.limits.check_prompt(text, param)
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    async def in_worker(self, func: Callable[..., T], *args: object, **kwargs: object) -> T:
+        """Run ``func`` (tokenizer work) in a tokenizer thread and await its result."""
+        aio = asyncio.get_running_loop()
+        return await aio.run_in_executor(self._tokenize_pool, functools.partial(func, *args, **kwargs))
+
+    async def aencode(self, text: str, add_special_tokens: bool = True, param: str = "prompt") -> list[int]:
+        """``encode`` off the event loop: the size check here, the tokenizing in a worker thread."""
+        self.limits.check_prompt(text, param)
+        return await self.in_worker(self.encode, text, add_special_tokens, param)
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
@@ -95,8 +118,10 @@ class EngineClient:
         """Tokenize and validate ``request`` in place (idempotent); return its prompt ids.
 
         Protocols call this before answering, so a bad request fails with a status code
-        instead of in the middle of a stream.
+        instead of in the middle of a stream. It blocks while it tokenizes: from the event
+        loop, await ``aprepare`` instead.
         """
+        self.check_limits(request, param)
         if request.prompt_token_ids is None:
             request.prompt_token_ids = self.encode(request.prompt or "", request.add_special_tokens)
         if request.sampling.bad_words:
@@ -104,6 +129,21 @@ class EngineClient:
             request.sampling = request.sampling.model_copy(update={"bad_words_token_ids": ids, "bad_words": []})
         self.validate(request.prompt_token_ids, request, param)
         return request.prompt_token_ids
+
+    def check_limits(self, request: GenerateRequest, param: str = "prompt") -> None:
+        """The bounds that hold before any tokenizing: prompt characters, stop strings (400)."""
+        if request.prompt_token_ids is None:
+            self.limits.check_prompt(request.prompt, param)
+        self.limits.check_stops(request.sampling)
+
+    async def aprepare(self, request: GenerateRequest, param: str = "prompt") -> list[int]:
+        """``prepare`` off the event loop: the bounds are checked here, at once, and only a
+        request within them is tokenized, in a worker thread."""
+        self.check_limits(request, param)
+        if request.prompt_token_ids is not None and not request.sampling.bad_words:
+            self.validate(request.prompt_token_ids, request, param)  # nothing to tokenize
+            return request.prompt_token_ids
+        return await self.in_worker(self.prepare, request, param)
 
     async def embed(self, inputs: list[list[int]], param: str = "input") -> list[list[float]]:
         """Pooled embeddings of token-id lists (an embedding model, ``--task embed``)."""
@@ -139,7 +179,14 @@ class EngineClient:
             except RuntimeError:
                 pass
 
-        self.loop.submit(lambda: self.engine.add_embed(inputs, done))
+        def add() -> None:
+            try:
+                self.engine.add_embed(inputs, done)
+            except BaseException:
+                done(EngineDeadError("the engine failed and is restarting; retry the request"))
+                raise  # the loop dies of it and reports it
+
+        self.loop.submit(add)
         return await fut
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
@@ -162,7 +209,7 @@ class EngineClient:
             raise EngineDeadError("the engine is not running")
         if self.refusal is not None:
             raise self.refusal
-        prompt_ids = list(self.prepare(request))
+        prompt_ids = list(await self.aprepare(request))
         aio = asyncio.get_running_loop()
         queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
         ctx = current_context()  # the HTTP request's admission share, deadline and log counts, if any
@@ -175,7 +222,18 @@ class EngineClient:
             except RuntimeError:  # the event loop is closed: nobody is listening any more
                 pass
 
-        self.loop.submit(lambda: self.engine.add_request(request, prompt_ids, sink))
+        def add() -> None:
+            try:
+                self.engine.add_request(request, prompt_ids, sink)
+            except BaseException:
+                # The engine dies of this (the loop reports it and fails every request it
+                # knows), but this request may not be known yet: answer it here, or its client
+                # would wait forever and keep the dying server from exiting.
+                sink(RequestOutput(request.request_id, finished=True, error=EngineDeadError(
+                    "the engine failed and is restarting; retry the request")))
+                raise
+
+        self.loop.submit(add)
         pending_tokens = len(prompt_ids)  # waiting for prefill until the first event arrives
         if ctx is not None:
             ctx.add_waiting_tokens(pending_tokens)
@@ -285,6 +343,7 @@ class EngineClient:
         return await fut
 
     def shutdown(self) -> None:
+        self._tokenize_pool.shutdown(wait=False, cancel_futures=True)
         self.loop.stop()
         self.loop.join(timeout=10)
         self.engine.backend.close()

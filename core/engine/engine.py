@@ -17,6 +17,7 @@ from llmserve.engine.backend import Backend, KVCacheSpec, ModelInfo, StepItem
 from llmserve.engine.block_manager import BlockManager
 from llmserve.engine.embed import EmbedQueue
 from llmserve.engine.faults import FailingMask, FaultInjector, InjectedFault
+from llmserve.engine.limits import RequestLimits
 from llmserve.engine.postprocess import (
     RequestState,
     SeqState,
@@ -78,6 +79,7 @@ class LLMEngine:
         self.max_model_len = info.max_model_len
         self.block_size = int(getattr(config, "block_size", 16))
         self.metrics: "Metrics | None" = None  # attached by the server before the loop starts
+        self.limits = RequestLimits.from_config(config, self.max_model_len)
         self.faults = FaultInjector.from_env()
         if self.faults.active:
             log.warning("fault injection is on (%s): for tests only", self.faults)
@@ -121,7 +123,9 @@ class LLMEngine:
 
     # -- requests ------------------------------------------------------------------------------
     def add_request(self, request: GenerateRequest, prompt_ids: list[int], sink: Sink) -> None:
-        """Queue a validated, tokenized request. Errors are delivered through ``sink``."""
+        """Queue a validated, tokenized request. Errors are delivered through ``sink``; an
+        exception raised here is the engine's failure (the loop dies), not the request's."""
+        self.faults.check_add(request.request_id)
         sp = request.sampling
         if request.request_id in self.requests:
             sink(RequestOutput(request.request_id, finished=True,

@@ -6,6 +6,10 @@ production). The value is a comma-separated list of rules:
 
 - ``step:N``: the engine's N-th model step raises, which kills the engine loop (every
   in-flight request fails, ``/health`` answers 503 and the server process exits non-zero).
+- ``add:TEXT``: queuing a request whose id contains ``TEXT`` (``LLMEngine.add_request``) raises,
+  which kills the engine loop while that request is being admitted: it gets the engine's
+  death as its answer like every other one. ``add:#N`` does it to the N-th request queued
+  (for dialects that pick their own request ids).
 - ``request:TEXT``: post-processing of any request whose id contains ``TEXT`` raises, which
   fails that request only (like a detokenizer or logits-mask error would).
 - ``mask:TEXT``: the logits mask of any request whose id contains ``TEXT`` raises when the
@@ -31,6 +35,8 @@ class FaultInjector:
     step: int | None = None
     request: list[str] = field(default_factory=list)
     mask: list[str] = field(default_factory=list)
+    add: list[str] = field(default_factory=list)
+    added: int = 0  # requests queued so far (for ``add:#N``)
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> "FaultInjector":
@@ -45,19 +51,26 @@ class FaultInjector:
                 raise ValueError(f"{ENV}: expected KIND:VALUE, got {rule!r}")
             if kind == "step":
                 out.step = int(arg)
-            elif kind in ("request", "mask"):
+            elif kind in ("request", "mask", "add"):
                 getattr(out, kind).append(arg)
             else:
-                raise ValueError(f"{ENV}: unknown rule {kind!r} (use step, request or mask)")
+                raise ValueError(f"{ENV}: unknown rule {kind!r} (use step, add, request or mask)")
         return out
 
     @property
     def active(self) -> bool:
-        return self.step is not None or bool(self.request or self.mask)
+        return self.step is not None or bool(self.request or self.mask or self.add)
 
     def check_step(self, step_number: int) -> None:
         if self.step is not None and step_number == self.step:
             raise InjectedFault(f"injected engine fault at step {step_number}")
+
+    def check_add(self, request_id: str) -> None:
+        if not self.add:
+            return
+        self.added += 1
+        if any(text in request_id or text == f"#{self.added}" for text in self.add):
+            raise InjectedFault(f"injected engine fault while adding request {request_id}")
 
     def check_request(self, request_id: str) -> None:
         if any(text in request_id for text in self.request):

@@ -10,15 +10,20 @@ then re-raises the signal so the process dies *by* it. ``LLMServer`` changes tha
   in-band error, other requests get 503) and the process exits 0. A timeout of 0 aborts at
   once. A second signal aborts what is left right away.
 - engine death (the engine loop raised): in-flight requests already got their error from
-  the loop; after they have been answered (at most a couple of seconds) the server stops
-  and the process exits 1, so a supervisor restarts it.
+  the loop; once they have been answered, or after ``ANSWER_GRACE_S`` whatever the clients
+  do (one that never reads its response cannot hold the process), the server stops without
+  waiting for open connections and the process exits 1 within ``EXIT_DEADLINE_S``, so a
+  supervisor restarts it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
+import sys
+import threading
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +37,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("llmserve.server")
 
 ENGINE_DEAD_EXIT_CODE = 1
-ANSWER_GRACE_S = 2.0  # time for aborted requests' error responses to go out
+ANSWER_GRACE_S = 2.0  # time for aborted requests' error responses to go out (graceful shutdown)
+DEAD_ANSWER_GRACE_S = 1.0  # the same after engine death, where the whole exit must fit in EXIT_DEADLINE_S
+EXIT_DEADLINE_S = 2.0  # from engine death to process exit, whatever clients or worker threads do
 
 
 class LLMServer(uvicorn.Server):
@@ -120,7 +127,13 @@ class LLMServer(uvicorn.Server):
         asyncio.ensure_future(self._exit_after_errors())
 
     async def _exit_after_errors(self) -> None:
-        await self.context.admission.wait_idle(ANSWER_GRACE_S)
+        await self.context.admission.wait_idle(DEAD_ANSWER_GRACE_S)
+        # Every request has had its error; a response still unfinished belongs to a client that
+        # is not reading it, and uvicorn would wait for it forever: drop those connections.
+        for connection in list(self.server_state.connections):
+            transport = getattr(connection, "transport", None)
+            if transport is not None and not transport.is_closing():
+                transport.abort()
         self.should_exit = True
 
 
@@ -137,7 +150,30 @@ def make_server(app: Any, context: "ServerContext", *, port: int | None = None) 
 def serve(app: Any, context: "ServerContext") -> int:
     """Run ``app`` until it is stopped; return the process exit code."""
     server = make_server(app, context)
+    engine = context.engine
+    if engine is not None:
+        engine.on_death(lambda exc: _exit_watchdog())
     server.run()
     if not server.started:
         return 3  # uvicorn's STARTUP_FAILURE (e.g. the port is taken)
     return server.exit_code
+
+
+def _exit_watchdog() -> None:
+    """After engine death the process ends within ``EXIT_DEADLINE_S`` even if the orderly stop
+    stalls (a worker thread busy with a long tokenization or constraint, a stuck socket): past
+    that, logs are flushed and the process exits 1 at once. Only for the real process: an
+    in-process test server must not take its test runner down."""
+    def hard_exit() -> None:
+        log.error("the server did not stop within %.0f s of the engine's death: exiting now", EXIT_DEADLINE_S)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        logging.shutdown()
+        os._exit(ENGINE_DEAD_EXIT_CODE)
+
+    timer = threading.Timer(EXIT_DEADLINE_S, hard_exit)
+    timer.daemon = True
+    timer.start()

@@ -1,0 +1,60 @@
+"""Per-request work bounds checked before any costly step: prompt size before tokenization,
+stop strings before the engine builds a matcher per sequence.
+
+Every dialect reaches the engine through ``EngineClient.prepare`` / ``encode``, so a bound
+kept here covers every dialect (a third-party one included) without each repeating it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from llmserve.errors import InvalidRequestError
+from llmserve.sampling import SamplingParams
+
+# Characters per token assumed when the prompt cap is derived from the context length: far
+# above what real text averages (about 4), so a prompt refused by it would have been refused
+# for its token count anyway, only after seconds of tokenizing instead of at once.
+CHARS_PER_TOKEN = 32
+DEFAULT_MAX_STOP_STRINGS = 64
+DEFAULT_MAX_STOP_CHARS = 32 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLimits:
+    """The bounds of one server (``--max-prompt-chars``, ``--max-stop-strings``, ``--max-stop-chars``)."""
+
+    max_prompt_chars: int
+    max_stop_strings: int = DEFAULT_MAX_STOP_STRINGS
+    max_stop_chars: int = DEFAULT_MAX_STOP_CHARS
+    max_model_len: int = 0
+
+    @classmethod
+    def from_config(cls, config: Any, max_model_len: int) -> "RequestLimits":
+        prompt = getattr(config, "max_prompt_chars", None)
+        stops = getattr(config, "max_stop_strings", None)
+        chars = getattr(config, "max_stop_chars", None)
+        return cls(max_prompt_chars=int(prompt) if prompt is not None else CHARS_PER_TOKEN * max_model_len,
+                   max_stop_strings=DEFAULT_MAX_STOP_STRINGS if stops is None else int(stops),
+                   max_stop_chars=DEFAULT_MAX_STOP_CHARS if chars is None else int(chars),
+                   max_model_len=max_model_len)
+
+    def check_prompt(self, text: str | None, param: str = "prompt") -> None:
+        """Refuse a prompt text too long to tokenize (400), before any tokenizing."""
+        if text is not None and len(text) > self.max_prompt_chars:
+            raise InvalidRequestError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, your request has "
+                f"{len(text)} characters of input, more than the {self.max_prompt_chars} this server tokenizes "
+                f"(--max-prompt-chars). Please reduce the length of the input.", param=param)
+
+    def check_stops(self, sampling: SamplingParams, param: str = "stop") -> None:
+        """Refuse more stop strings, or more stop-string characters, than the server allows (400)."""
+        stop = sampling.stop
+        if len(stop) > self.max_stop_strings:
+            raise InvalidRequestError(f"at most {self.max_stop_strings} stop strings are allowed, got {len(stop)} "
+                                      f"(--max-stop-strings)", param=param)
+        total = sum(len(s) for s in stop)
+        if total > self.max_stop_chars:
+            raise InvalidRequestError(f"the stop strings may have at most {self.max_stop_chars} characters in all, "
+                                      f"got {total} (--max-stop-chars)", param=param)
