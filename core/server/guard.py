@@ -56,6 +56,11 @@ class RequestGuard:
         self.checks = Checks(fastapi_app, context.config)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket" and not self.checks.websocket_allowed(Headers(scope=scope)):
+            # Deny by default reaches WebSocket routes too (a dialect may add one): closing before
+            # accepting makes the server answer the upgrade with 403.
+            await send({"type": "websocket.close", "code": 1008})
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return

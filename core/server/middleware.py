@@ -134,6 +134,10 @@ class Checks:
         return next((name for name, p in protocols.items() if p is owner), "-")
 
     # -- checks ----------------------------------------------------------------------------------
+    def websocket_allowed(self, headers: Any) -> bool:
+        """A WebSocket upgrade needs a key like any route (none is public)."""
+        return not self.keys or key_matches(presented_key(headers), self.keys)
+
     def refusal(self, scope: Scope, headers: Any, endpoint: Any) -> tuple[LLMServeError, dict[str, str]] | None:
         """Why the request must not reach its route (error, extra headers), or None to let it in."""
         method = scope["method"]

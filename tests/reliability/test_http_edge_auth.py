@@ -10,6 +10,7 @@ on raw sockets: clients normalise paths and refuse odd Host headers, attackers d
 from __future__ import annotations
 
 import re
+import socket
 import textwrap
 import pytest
 
@@ -20,7 +21,7 @@ KEY = "edge-key-5d1e"
 PROBES = {"/health", "/ping", "/ready"}  # open without a key: liveness and readiness, nothing else
 OUTSIDE_PLUGIN = '''
 """A third-party dialect: plain FastAPI routes, several methods, a path parameter."""
-from fastapi import APIRouter
+from fastapi import APIRouter, WebSocket
 
 from llmserve import hookimpl
 from llmserve.hooks.records import ProtocolSpec
@@ -42,6 +43,12 @@ class Outside(Protocol):
         @router.get("/health/outside")  # looks like a probe, is not one
         async def not_a_probe():
             return {"probe": False}
+
+        @router.websocket("/outside/ws")
+        async def socket(websocket: WebSocket):
+            await websocket.accept()
+            await websocket.send_text("hello")
+            await websocket.close()
 
         return router
 
@@ -144,6 +151,27 @@ def test_host_header_tricks_change_nothing(keyed):
         assert _status(raw(keyed.port, "GET", "/health", {"Host": host})) == 200, host
         assert _status(raw(keyed.port, "GET", "/v1/models", {"Host": host,
                                                               "Authorization": f"Bearer {KEY}"})) == 200, host
+
+
+WS = {"Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+      "Sec-WebSocket-Version": "13"}
+
+
+def _upgrade(port: int, path: str, headers: dict[str, str]) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        head = {"Host": "x", **WS, **headers}
+        sock.sendall(f"GET {path} HTTP/1.1\r\n".encode() + "".join(f"{k}: {v}\r\n" for k, v in head.items()).encode()
+                     + b"\r\n")
+        return sock.recv(4096)
+
+
+def test_websocket_upgrades_need_a_key_too(keyed):
+    for template, _ in _routes(keyed):
+        answer = _upgrade(keyed.port, _concrete(template), {})
+        assert answer.startswith(b"HTTP/1.1 403"), (template, answer[:100])
+    answer = _upgrade(keyed.port, "/outside/ws", {"Authorization": f"Bearer {KEY}"})
+    assert answer.startswith(b"HTTP/1.1 101"), answer[:100]  # the key opens it
+    assert _upgrade(keyed.port, "/outside/ws", {"Authorization": "Bearer wrong"}).startswith(b"HTTP/1.1 403")
 
 
 @pytest.mark.parametrize("target", [
