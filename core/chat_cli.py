@@ -76,8 +76,13 @@ class Chat:
                     data = line[5:].strip()
                     if data == "[DONE]":
                         return
-                    event = json.loads(data)
-                    if isinstance(event, dict) and "error" in event:
+                    try:
+                        event = json.loads(data)
+                    except ValueError:
+                        raise RemoteError(f"{self.url} sent an event that is not JSON: {data[:80]!r}") from None
+                    if not isinstance(event, dict):
+                        continue
+                    if "error" in event:
                         raise RemoteError(error_message(500, data, self.url))
                     yield event
         except httpx.HTTPError as exc:

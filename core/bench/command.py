@@ -127,8 +127,14 @@ def bench_serve(
     results = []
     for level in levels:
         progress = report.Progress(num_prompts, f"concurrency {level}", enabled=not disable_tqdm)
-        run = asyncio.run(loadgen.run_closed_loop(root, endpoint, bodies, level, headers=headers, raise_errors=False,
-                                                  timeout=request_timeout, on_sample=progress.update))
+        try:
+            run = asyncio.run(loadgen.run_closed_loop(root, endpoint, bodies, level, headers=headers,
+                                                      raise_errors=False, timeout=request_timeout,
+                                                      on_sample=progress.update))
+        except KeyboardInterrupt:
+            progress.close()
+            typer.echo(f"interrupted at concurrency {level}", err=True)
+            raise typer.Exit(130) from None
         progress.close()
         result = report.level_result(run, detailed=save_detailed)
         results.append(result)
