@@ -133,7 +133,8 @@ class RequestGuard:
                 raise
         refused, state["refused"] = state["refused"], None  # let our own answer through
         if refused is not None and state["status"] is None:
-            await self.checks.refuse(*refused, scope, endpoint, send)
+            error, extra = refused
+            await self.checks.refuse(error, extra, scope, endpoint, send)
 
     async def _watched(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Run the app; cancel it if the client disconnects before the response is complete."""
