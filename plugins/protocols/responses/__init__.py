@@ -1,7 +1,4 @@
-"""Built-in ``responses`` protocol: the OpenAI Responses API (``/v1/responses``).
-
-The routes land with ``protocol.py``; until then this plugin contributes nothing.
-"""
+"""Built-in ``responses`` protocol: the OpenAI Responses API (``/v1/responses``)."""
 
 from llmserve import hookimpl
 from llmserve.hooks.records import ProtocolSpec
@@ -9,4 +6,6 @@ from llmserve.hooks.records import ProtocolSpec
 
 @hookimpl
 def register_protocols() -> list[ProtocolSpec]:
-    return []
+    return [ProtocolSpec(name="responses", target="llmserve.plugins.protocols.responses.protocol:ResponsesProtocol",
+                         description="POST /v1/responses; GET and DELETE /v1/responses/{id} with the opt-in store",
+                         options="llmserve.plugins.protocols.responses.wire:ResponsesOptions")]
