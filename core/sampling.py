@@ -11,6 +11,10 @@ from llmserve.errors import InvalidRequestError
 # Hard caps that protect the server; dialects may lower them with their own limits.
 MAX_N = 128
 MAX_LOGPROBS = 20
+MAX_LOGIT_BIAS = 1024  # entries of logit_bias, and of bad_words / bad_words_token_ids
+# Multipliers past these leave float32's range (1e300 becomes inf, 1e-300 becomes 0) and turn
+# logits into NaN; nothing useful lies beyond them.
+MIN_SCALE, MAX_SCALE = 1e-6, 1e6
 
 
 class SamplingParams(BaseModel):
@@ -25,18 +29,20 @@ class SamplingParams(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=False)
 
     n: int = Field(1, ge=1, le=MAX_N, description="Sequences returned.")
-    best_of: int | None = Field(None, ge=1, description="Sequences generated; the n best are returned.")
-    temperature: float = Field(1.0, ge=0.0, description="0 means greedy.")
+    best_of: int | None = Field(None, ge=1, le=MAX_N, description="Sequences generated; the n best are returned.")
+    temperature: float = Field(1.0, ge=0.0, le=MAX_SCALE, description="0 means greedy, else at least 1e-6.")
     top_k: int = Field(0, ge=-1, description="0 or -1 disables.")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     min_p: float = Field(0.0, ge=0.0, le=1.0)
     typical_p: float = Field(1.0, gt=0.0, le=1.0)
-    repetition_penalty: float = Field(1.0, gt=0.0)
+    repetition_penalty: float = Field(1.0, ge=MIN_SCALE, le=MAX_SCALE)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    logit_bias: dict[int, float] = Field(default_factory=dict, description="token id -> bias in [-100, 100].")
-    bad_words: list[str] = Field(default_factory=list, description="Words never generated.")
-    bad_words_token_ids: list[list[int]] = Field(default_factory=list, description="Token sequences never generated.")
+    logit_bias: dict[int, float] = Field(default_factory=dict, max_length=MAX_LOGIT_BIAS,
+                                         description="token id -> bias in [-100, 100].")
+    bad_words: list[str] = Field(default_factory=list, max_length=MAX_LOGIT_BIAS, description="Words never generated.")
+    bad_words_token_ids: list[list[int]] = Field(default_factory=list, max_length=MAX_LOGIT_BIAS,
+                                                 description="Token sequences never generated.")
     min_tokens: int = Field(0, ge=0)
     max_tokens: int | None = Field(None, ge=1, description="None: up to the context length.")
     ignore_eos: bool = False
@@ -58,6 +64,13 @@ class SamplingParams(BaseModel):
         for token, bias in value.items():
             if not -100.0 <= bias <= 100.0:
                 raise ValueError(f"bias for token {token} must be in [-100, 100], got {bias}")
+        return value
+
+    @field_validator("temperature")
+    @classmethod
+    def _not_vanishing(cls, value: float) -> float:
+        if 0.0 < value < MIN_SCALE:
+            raise ValueError(f"must be 0 (greedy) or at least {MIN_SCALE:g}, got {value:g}")
         return value
 
     @field_validator("stop")

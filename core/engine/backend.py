@@ -31,6 +31,20 @@ class ModelInfo:
     device: str = "cpu"
     task: str = "generate"          # "generate" or "embed"
 
+    def __post_init__(self) -> None:
+        # A model is refused at load when its own chat template is a template-injection
+        # payload (the sandbox would stop it per request; serving it at all is the mistake).
+        from llmserve.errors import ConfigError
+        from llmserve.text.sandbox import vet_template
+
+        templates = [self.chat_template, getattr(self.tokenizer, "chat_template", None)]
+        for template in templates:
+            for source in (template.values() if isinstance(template, dict) else [template]):
+                why = vet_template(source) if isinstance(source, str) else None
+                if why is not None:
+                    raise ConfigError(f"the chat template of model '{self.name}' was refused: {why} (a jinja "
+                                      f"template-injection payload); fix chat_template in its tokenizer_config.json")
+
 
 @dataclass(slots=True)
 class KVCacheSpec:

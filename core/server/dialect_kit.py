@@ -8,16 +8,21 @@ its own wire format (models, parameter rules, reply shapes, error format).
   whose 200 has already gone, with the protocol's ``error_body``.
 - ``load_json`` / ``parse_model`` / ``parse_body``: strict parsing for routes that read their
   body by hand (compressed bodies, binary tensors, bodies told apart by shape).
+- ``check_json``: the rules every JSON body meets, whichever way it was parsed (no nesting past
+  ``MAX_JSON_DEPTH``, no lone UTF-16 surrogates); ``DialectRoute`` applies them to bodies
+  FastAPI validates, ``load_json`` to bodies read by hand.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, AsyncGenerator, AsyncIterator, Callable, ClassVar, Coroutine, Protocol, TypeVar
+import re
+from typing import Any, AsyncGenerator, AsyncIterator, Callable, ClassVar, Coroutine, Protocol, TypeVar, cast
 
 from fastapi import APIRouter, Request
 from fastapi.routing import APIRoute, request_response
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, GetCoreSchemaHandler, ValidationError
+from pydantic_core import CoreSchema
 from starlette.responses import Response
 
 from llmserve.errors import InvalidRequestError, LLMServeError
@@ -41,13 +46,48 @@ class ErrorFormat(Protocol):
     def error_response(self, error: LLMServeError, request: Request | None) -> Response: ...
 
 
+#: Integers no field can hold, whatever its own range (beyond any 64-bit value, so that a dialect
+#: range check still words its own error for, say, a seed of 2**64).
+INT_MIN, INT_MAX = -(10**20), 10**20
+_SCALARS = frozenset({"int", "float", "bool"})
+_SKIP = frozenset({"metadata", "serialization", "ref", "cls", "custom_error_context"})
+
+
+def _strict_scalars(schema: Any, in_keys: bool = False) -> Any:
+    """A copy of a pydantic core schema whose int, float and bool values are strict (no "10" or
+    true for an int, no "yes" or 1 for a bool; an int still fills a float) and whose ints are
+    bounded to 64 bits. Dict keys stay lax: JSON object keys are always strings."""
+    if isinstance(schema, list):
+        return [_strict_scalars(item, in_keys) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: v if k in _SKIP else _strict_scalars(v, k == "keys_schema") for k, v in schema.items()}
+    kind = out.get("type")  # a dict when this is a model's fields and one of them is named "type"
+    if isinstance(kind, str) and kind in _SCALARS and not in_keys:
+        out["strict"] = True
+    if kind == "int":
+        if "le" not in out and "lt" not in out:
+            out["le"] = INT_MAX
+        if "ge" not in out and "gt" not in out:
+            out["ge"] = INT_MIN
+    return out
+
+
 class WireModel(BaseModel):
     """Base of request models: unknown fields are ignored (real clients send other servers'
     extras), explicit nulls mean "default" (declare fields ``X | None = None``), and NaN or
     Infinity, which Python's json module accepts but JSON does not have, are refused with an
-    error naming the field instead of reaching a sampler or a range check."""
+    error naming the field instead of reaching a sampler or a range check.
+
+    Numbers and booleans are strict, as OpenAI's API answers them: ``"max_tokens": "10"``,
+    ``"max_tokens": true`` and ``"stream": "yes"`` are errors naming the field, not coerced;
+    an integer never exceeds 64 bits even where its field declares no range."""
 
     model_config = ConfigDict(extra="ignore", protected_namespaces=(), allow_inf_nan=False)
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: type[BaseModel], handler: GetCoreSchemaHandler) -> CoreSchema:
+        return cast(CoreSchema, _strict_scalars(handler(source)))
 
 
 class MalformedBodyError(InvalidRequestError):
@@ -97,9 +137,12 @@ class DialectRoute(APIRoute):
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
         protocol = self.protocol
+        json_body = self.body_field is not None
 
         async def guarded(request: Request) -> Response:
             try:
+                if json_body:
+                    await _parse_json_body(request)
                 return await handler(request)
             except Exception as exc:  # every error leaves in the dialect's format
                 if protocol is None:
@@ -107,6 +150,16 @@ class DialectRoute(APIRoute):
                 return render_error(protocol, exc, request)
 
         return guarded
+
+
+async def _parse_json_body(request: Request) -> None:
+    """Parse a JSON body with ``load_json`` before FastAPI does, so that its rules (nesting,
+    surrogates) hold for validated bodies too: FastAPI then reuses the parsed value."""
+    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media == "application/json" or (media.startswith("application/") and media.endswith("+json")):
+        raw = await request.body()
+        if raw.strip():
+            request._json = load_json(raw)  # what Request.json() caches and returns
 
 
 def _route_class(protocol: ErrorFormat) -> type[DialectRoute]:
@@ -142,15 +195,86 @@ async def in_band_errors(protocol: ErrorFormat, source: AsyncGenerator[T, None],
         await source.aclose()  # now, not at garbage collection: closing aborts the engine request
 
 
+# -- the rules of every JSON body -------------------------------------------------------------
+#: Deepest nesting of arrays and objects a request may hold. Real bodies (a tool's JSON schema
+#: inside ``tools`` included) stay far below it; past it, code that walks the value
+#: recursively (validation, schema compilers, templates) could exhaust the stack.
+MAX_JSON_DEPTH = 128
+# A lone surrogate can only come from a \uD800-\uDFFF escape or from the bytes ED A0-BF (which
+# json decodes with "surrogatepass"): bodies without either are not walked for it.
+_SURROGATE_HINT = re.compile(rb"\\[uU][dD][89a-fA-F]|\xed[\xa0-\xbf]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+class NestingTooDeepError(MalformedBodyError):
+    """A JSON value nested deeper than ``MAX_JSON_DEPTH`` (a body, or JSON text in a field)."""
+
+
+def _where(entry: tuple[Any, ...] | None) -> list[str]:
+    path: list[str] = []
+    while entry is not None and entry[3] is not None:
+        path.append(str(entry[3]))
+        entry = entry[2]
+    return path[::-1]
+
+
+def check_json(value: Any, raw: bytes | None = None, prefix: str = "") -> None:
+    """Refuse a parsed JSON value nested past ``MAX_JSON_DEPTH`` or holding a lone UTF-16
+    surrogate (which no UTF-8 text can carry: it would fail later, in a tokenizer or in the
+    reply). ``raw``, the text it was parsed from, lets a body that cannot break a rule skip the
+    walk; ``prefix`` names where the value sits. Errors name the field: for nesting its
+    top-level key, for a surrogate the full path."""
+    deep = raw is None or raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH
+    surrogates = raw is None or _SURROGATE_HINT.search(raw) is not None
+    if not (deep or surrogates):
+        return
+    # (value, depth, parent entry, key): an explicit stack, since the value may be deeper
+    # than Python's recursion limit allows a recursive walk to go.
+    stack: list[tuple[Any, int, Any, Any]] = [(value, 1, None, None)]
+    while stack:
+        entry = stack.pop()
+        node, depth = entry[0], entry[1]
+        if isinstance(node, str):
+            if surrogates and _SURROGATE.search(node):
+                _lone_surrogate(_where(entry), prefix)
+            continue
+        if isinstance(node, dict):
+            if surrogates and any(_SURROGATE.search(key) for key in node):
+                _lone_surrogate(_where(entry) + ["(key)"], prefix)
+            items: Any = node.items()
+        elif isinstance(node, list):
+            items = enumerate(node)
+        else:
+            continue
+        if depth > MAX_JSON_DEPTH:
+            top = ([prefix] if prefix else []) + _where(entry)[:1]
+            where = f" (in `{top[0]}`)" if top else ""
+            raise NestingTooDeepError(f"request body is nested too deeply (more than {MAX_JSON_DEPTH} levels){where}",
+                                      param=".".join(top) or None)
+        for key, child in items:
+            if isinstance(child, (str, dict, list)):
+                stack.append((child, depth + 1, entry, key))
+
+
+def _lone_surrogate(path: list[str], prefix: str) -> None:
+    param = ".".join(([prefix] if prefix else []) + path) or None
+    where = f"{param}: " if param else ""
+    raise InvalidRequestError(f"{where}text contains a lone UTF-16 surrogate (\\ud800-\\udfff), which is not "
+                              f"valid Unicode text", param=param)
+
+
 # -- request bodies parsed by hand ------------------------------------------------------------
 def load_json(raw: bytes) -> Any:
-    """The parsed body (None when empty); a body that is not JSON is a MalformedBodyError."""
+    """The parsed body (None when empty), checked by ``check_json``; a body that is not JSON
+    is a MalformedBodyError."""
     try:
-        return json.loads(raw) if raw.strip() else None
+        value = json.loads(raw) if raw.strip() else None
     except (ValueError, UnicodeDecodeError):
         raise MalformedBodyError("request body is not valid JSON") from None
     except RecursionError:
-        raise MalformedBodyError("request body is nested too deeply") from None
+        raise NestingTooDeepError(f"request body is nested too deeply (more than {MAX_JSON_DEPTH} levels)") from None
+    check_json(value, raw)
+    return value
 
 
 def parse_model(model: type[M], data: Any, prefix: str = "") -> M:

@@ -1,4 +1,5 @@
-"""Rendering chat messages with the model's (or a request's) template, in jinja2's sandbox."""
+"""Rendering chat messages with the model's (or a request's) template, in a capped jinja2
+sandbox (``llmserve.text.sandbox``), under a wall-clock deadline."""
 
 from __future__ import annotations
 
@@ -10,6 +11,22 @@ from functools import lru_cache
 from typing import Any
 
 from llmserve.errors import InvalidRequestError
+from llmserve.text.sandbox import MAX_RENDER_CHARS, CappedSandbox, TemplateTooCostly
+
+__all__ = ["MAX_RENDER_CHARS", "TemplateTooCostly", "render_chat", "compile_template", "message_text",
+           "template_kwargs_for", "RESERVED_TEMPLATE_KWARGS"]
+
+#: ``chat_template_kwargs`` keys a request may not set: arguments of the rendering call itself
+#: in other servers (``tokenize``, ``chat_template``, ``return_dict``... of transformers'
+#: ``apply_chat_template``, which some servers splat the kwargs into) and the variables this
+#: server sets. Any other key reaches the template only if the template reads that variable.
+RESERVED_TEMPLATE_KWARGS = frozenset({
+    "tokenize", "chat_template", "return_dict", "return_tensors", "return_assistant_tokens_mask", "padding",
+    "truncation", "max_length", "tokenizer_kwargs", "processor_kwargs", "tokenizer", "conversation",
+    "messages", "tools", "documents", "add_generation_prompt", "continue_final_message",
+    "bos_token", "eos_token", "unk_token", "pad_token", "raise_exception", "strftime_now",
+    "range", "dict", "namespace", "lipsum", "cycler", "joiner",
+})
 
 
 def message_text(content: Any, index: int) -> str | None:
@@ -35,38 +52,14 @@ class TemplateRaised(Exception):
     """A template called raise_exception(): its message is meant for the client."""
 
 
-class TemplateTooCostly(Exception):
-    """Rendering ran past its time cap or its output size cap."""
-
-
-# Largest prompt text a template may produce; far above any context window, far below a
-# memory problem. Checked as output is produced, and on `*` (string or list repetition).
-MAX_RENDER_CHARS = 16 * 1024 * 1024
-TEMPLATE_FILENAME = "<template>"  # what jinja2 names the code it compiles from a string
-
-
-def _checked_repeat(left: Any, right: Any) -> Any:
-    """``*`` in templates: refuse repetitions that would build a huge string or list at once."""
-    for seq, count in ((left, right), (right, left)):
-        if isinstance(seq, (str, list, tuple)) and isinstance(count, int) and len(seq) * max(count,
-                                                                                             0) > MAX_RENDER_CHARS:
-            raise TemplateTooCostly(f"the chat template builds a value of more than {MAX_RENDER_CHARS} items")
-    return left * right
-
-
-def _checked_power(left: Any, right: Any) -> Any:
-    if isinstance(left, int) and isinstance(right, int) and abs(left) > 1 and right > 4096:
-        raise TemplateTooCostly("the chat template computes a number that is too large")
-    return left ** right
-
-
 class _Deadline:
     """A trace function that stops template code once its time is up.
 
-    jinja2 compiles a template to Python functions whose code is named ``<template>``; only
-    those frames get line tracing, and every line (each loop iteration included, even of an
-    empty loop body) checks the clock. A thread cannot be killed from outside, so the check
-    has to run inside the rendering itself.
+    Every Python frame the rendering runs gets line tracing: the template's own code
+    (compiled by jinja2; each loop iteration checks the clock, even of an empty loop body)
+    and the filters it calls (``wordwrap``, ``batch``... loop in Python too). A thread cannot
+    be killed from outside, so the check has to run inside the rendering itself; operations
+    that run in C in one step are size-checked before they start (``llmserve.text.sandbox``).
     """
 
     def __init__(self, seconds: float) -> None:
@@ -74,9 +67,7 @@ class _Deadline:
         self.deadline = time.monotonic() + seconds
 
     def __call__(self, frame: Any, event: str, arg: Any) -> Any:
-        if frame.f_code.co_filename == TEMPLATE_FILENAME:
-            return self._line
-        return None
+        return self._line
 
     def _line(self, frame: Any, event: str, arg: Any) -> Any:
         if time.monotonic() > self.deadline:
@@ -111,19 +102,35 @@ def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, s
 def compile_template(source: str) -> Any:
     """Compile once per template text, in an immutable sandbox (no attribute writes, no I/O)."""
     from jinja2.ext import loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-    # The sandbox stops attribute escapes but not CPU or memory bombs: cap the two operators
-    # that build huge values in one step (the render deadline covers loops).
-    env.intercepted_binops = frozenset({"*", "**"})
-    env.call_binop = lambda context, operator, left, right: (  # type: ignore[method-assign]
-        _checked_repeat(left, right) if operator == "*" else _checked_power(left, right) if operator == "**"
-        else env.binop_table[operator](left, right))
+    env = CappedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     return env.from_string(source)
+
+
+@lru_cache(maxsize=32)
+def template_variables(source: str) -> frozenset[str]:
+    """The variables ``source`` reads from its context (what ``chat_template_kwargs`` may set)."""
+    from jinja2 import meta
+
+    return frozenset(meta.find_undeclared_variables(CappedSandbox().parse(source)))
+
+
+def template_kwargs_for(source: str, kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """The request's ``chat_template_kwargs`` that reach the template: a reserved key is a 400
+    naming it; a key the template does not read is dropped (clients send ``enable_thinking``
+    to every model, and only some templates read it)."""
+    if not kwargs:
+        return {}
+    for key in kwargs:
+        if key in RESERVED_TEMPLATE_KWARGS or not key.isidentifier() or key.startswith("_"):
+            raise InvalidRequestError(f"chat_template_kwargs: the key {key!r} may not be set by a request (the "
+                                      f"server sets it, or it is not a template variable)",
+                                      param="chat_template_kwargs")
+    wanted = template_variables(source)
+    return {k: v for k, v in kwargs.items() if k in wanted}
 
 
 def special_tokens(tokenizer: Any) -> dict[str, Any]:
@@ -138,13 +145,19 @@ def special_tokens(tokenizer: Any) -> dict[str, Any]:
 def render_chat(tokenizer: Any, messages: list[dict[str, Any]], *, tools: list[dict] | None = None,
                 add_generation_prompt: bool = True, continue_final_message: bool = False,
                 chat_template: str | None = None, template_kwargs: dict[str, Any] | None = None,
-                documents: list[dict] | None = None, timeout: float | None = None) -> str:
+                documents: list[dict] | None = None, timeout: float | None = None,
+                trusted: bool = False) -> str:
     """Return the prompt text for ``messages``.
 
+    ``chat_template`` is a request's own template: refused unless ``trusted`` (the server's
+    ``--trust-request-chat-template``). ``template_kwargs`` go through ``template_kwargs_for``.
     ``timeout`` (seconds) caps the rendering time; past it, or past ``MAX_RENDER_CHARS`` of
-    output, the request fails with a 400. Run this off the event loop (``asyncio.to_thread``)
-    so that a slow template delays only its own request.
+    output or of any value built on the way, the request fails with a 400. Run this off the
+    event loop (``asyncio.to_thread``) so that a slow template delays only its own request.
     """
+    if chat_template is not None and not trusted:
+        raise InvalidRequestError("chat_template in requests is disabled on this server "
+                                  "(start it with --trust-request-chat-template)", param="chat_template")
     if continue_final_message and add_generation_prompt:
         raise InvalidRequestError("continue_final_message and add_generation_prompt cannot both be true",
                                   param="continue_final_message")
@@ -152,10 +165,13 @@ def render_chat(tokenizer: Any, messages: list[dict[str, Any]], *, tools: list[d
     if not source:
         raise InvalidRequestError("this model has no chat template; send a chat_template or use completions",
                                   param="messages")
-    context = {**special_tokens(tokenizer), **(template_kwargs or {})}
-    context.update(messages=messages, tools=tools, documents=documents, add_generation_prompt=add_generation_prompt)
     try:
+        context = {**special_tokens(tokenizer), **template_kwargs_for(source, template_kwargs)}
+        context.update(messages=messages, tools=tools, documents=documents,
+                       add_generation_prompt=add_generation_prompt)
         text = _render_capped(compile_template(source), context, timeout)
+    except InvalidRequestError:
+        raise
     except TemplateRaised as exc:
         raise InvalidRequestError(str(exc), param="messages") from None
     except TemplateTooCostly as exc:

@@ -60,7 +60,7 @@ class Chat(Endpoint):
                                                   and not body.continue_final_message),
                            continue_final_message=bool(body.continue_final_message),
                            chat_template=body.chat_template, template_kwargs=body.chat_template_kwargs,
-                           documents=body.documents,
+                           documents=body.documents, trusted=self.p.context.config.trust_request_chat_template,
                            timeout=self.p.context.config.chat_template_render_timeout)
         return text, None
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from pydantic import Field
@@ -21,6 +22,7 @@ class TokenizeRequest(WireModel):
     add_special_tokens: bool | None = None
     add_generation_prompt: bool | None = True
     continue_final_message: bool | None = False
+    chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     return_token_strs: bool | None = False
@@ -46,12 +48,13 @@ class Tokens:
         if body.messages is not None:
             messages = [{**m.model_dump(exclude_none=True), "content": message_text(m.content, i) or ""}
                         for i, m in enumerate(body.messages)]
-            text = render_chat(engine.tokenizer, messages, tools=body.tools,
-                               add_generation_prompt=(bool(body.add_generation_prompt)
-                                                      and not body.continue_final_message),
-                               continue_final_message=bool(body.continue_final_message),
-                               template_kwargs=body.chat_template_kwargs,
-                               timeout=ctx.config.chat_template_render_timeout)
+            # Off the event loop: a slow template (up to its render cap) delays only this request.
+            text = await asyncio.to_thread(
+                render_chat, engine.tokenizer, messages, tools=body.tools,
+                add_generation_prompt=bool(body.add_generation_prompt) and not body.continue_final_message,
+                continue_final_message=bool(body.continue_final_message), chat_template=body.chat_template,
+                template_kwargs=body.chat_template_kwargs, trusted=ctx.config.trust_request_chat_template,
+                timeout=ctx.config.chat_template_render_timeout)
             special = bool(body.add_special_tokens)  # the template already has its special tokens
         elif body.prompt is not None:
             text, special = body.prompt, body.add_special_tokens is not False
