@@ -3,9 +3,14 @@
 For each HTTP request it
 
 - opens the request's ``RequestContext`` (id, admission share, deadline, log counts) and
-  makes it current: the only per-request context variable the server has;
-- runs the checks of ``llmserve.server.middleware`` (API key, body size, content type) and
-  answers refusals in the route's dialect, before the request can hold any capacity;
+  makes it current: the only per-request context variable the server has. Its id is the
+  client's ``X-Request-Id`` when that is a plain token, else a new one; the route sees that id
+  in the header and every reply carries it back;
+- runs the checks of ``llmserve.server.middleware`` (API key on the routed path, deny by
+  default, body size, content type) and answers refusals in the route's dialect, before the
+  request can hold any capacity; serves HEAD as GET for routes that declare only GET;
+- bounds the body while the route reads it: 413 past ``--max-request-body-bytes``, 408 past
+  ``--timeout-request-body``;
 - registers the context with admission control and gives its reservation back when the
   response has ended, whatever happened;
 - once the request body has been read, waits for ``http.disconnect`` in the background and,
@@ -15,6 +20,9 @@ For each HTTP request it
   non-streaming routes too, which would otherwise await the whole result for nobody;
 - writes the one-line request log (``llmserve.access``): ids, route, status, token counts,
   time to first token and total time; never prompts, outputs or headers.
+
+WebSocket upgrades need a key as well. Limits that apply before a request reaches the app
+(header size and count, the time to send them) are in ``llmserve.server.edge``.
 
 It is pure ASGI on purpose: Starlette's ``BaseHTTPMiddleware`` runs the app in a separate task
 and would hide ``http.disconnect`` from it.

@@ -1,5 +1,9 @@
 """The checks in front of every dialect: API keys, body size, content type.
 
+Keys are checked against the route a request will reach (the same match the router makes on
+the decoded path), never against the URL or the Host header, and every route not marked with
+``public_route`` needs one: deny by default, for every dialect and any method.
+
 ``llmserve.server.guard.RequestGuard``, the one request middleware, runs them before any
 route. Refusals are rendered by the protocol that owns the route, in its own error format, exactly
 as errors raised inside the route would be.
