@@ -365,3 +365,9 @@ def test_reasoning_then_a_tool_call(thinker):
     streamed = fold(events(post(thinker, said, stream=True, tools=TOOLS).text))
     assert [b["type"] for b in streamed["content"]] == ["thinking", "tool_use"]
     assert streamed["content"][1]["input"] == msg["content"][1]["input"] == {"city": "Oslo"}
+
+
+def test_body_over_the_limit_is_413_request_too_large(make):
+    client, _ = make(max_request_body_bytes=2048)
+    r = post(client, "x" * 4096)
+    assert r.status_code == 413 and r.json()["error"]["type"] == "request_too_large"

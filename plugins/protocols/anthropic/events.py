@@ -15,7 +15,7 @@ from typing import Any
 from llmserve.parsing.contract import ParseDelta
 from llmserve.server.dialect_kit import sse
 
-from .convert import signature, tool_input, tool_use_id
+from .params import signature, tool_input, tool_use_id
 
 #: The keep-alive frame of this dialect (the SDK skips ``ping`` events).
 PING_EVENT = sse({"type": "ping"}, "ping")

@@ -25,7 +25,7 @@ from llmserve.request import GenerateRequest
 from llmserve.server.dialect_kit import STREAM_HEADERS, in_band_errors, sse
 from llmserve.text.chat_template import render_chat
 
-from . import convert
+from . import params
 from .events import PING_EVENT, Blocks, event
 from .wire import CountTokensRequest, MessagesRequest
 
@@ -45,22 +45,22 @@ class Messages:
 
     # -- prompt -----------------------------------------------------------------------------
     def render(self, body: CountTokensRequest, tools: list[dict[str, Any]] | None) -> str:
-        prefill = convert.is_prefill(body)
-        return render_chat(self.p.context.engine.tokenizer, convert.chat_messages(body), tools=tools,
+        prefill = params.is_prefill(body)
+        return render_chat(self.p.context.engine.tokenizer, params.chat_messages(body), tools=tools,
                            add_generation_prompt=not prefill, continue_final_message=prefill,
-                           template_kwargs=convert.template_kwargs(body),
+                           template_kwargs=params.template_kwargs(body),
                            timeout=self.p.context.config.chat_template_render_timeout)
 
     async def count_tokens(self, body: CountTokensRequest) -> Response:
         ctx = self.p.context
         ctx.check_model(body.model)
-        convert.output_spec(body)  # the same 400s as a create request
-        prompt = await asyncio.to_thread(self.render, body, convert.offered_tools(body))
+        params.output_spec(body)  # the same 400s as a create request
+        prompt = await asyncio.to_thread(self.render, body, params.offered_tools(body))
         return JSONResponse({"input_tokens": len(ctx.engine.encode(prompt, add_special_tokens=False))})
 
     # -- create -----------------------------------------------------------------------------
     async def _constraint(self, body: MessagesRequest, plan: ToolPlan) -> Any:
-        spec = convert.output_spec(body)
+        spec = params.output_spec(body)
         if plan.schema is not None:
             if spec is not None:
                 raise InvalidRequestError("a forced tool_choice (any or tool) cannot be combined with "
@@ -74,13 +74,13 @@ class Messages:
         ctx = self.p.context
         cfg = ctx.config
         model = ctx.check_model(body.model)
-        plan = convert.tool_plan(body, cfg.enable_auto_tool_choice, cfg.tool_call_parser)
+        plan = params.tool_plan(body, cfg.enable_auto_tool_choice, cfg.tool_call_parser)
         mask_factory = await self._constraint(body, plan)
         make_chain = ParseChain.factory(ctx.registry, tool_parser=cfg.tool_call_parser,
                                         reasoning_parser=cfg.reasoning_parser, tokenizer=ctx.engine.tokenizer,
-                                        chat_template_kwargs=convert.template_kwargs(body), plan=plan,
+                                        chat_template_kwargs=params.template_kwargs(body), plan=plan,
                                         constrained=mask_factory is not None)
-        sampling = convert.sampling(body)
+        sampling = params.sampling(body)
         if make_chain is not None and make_chain().needs_special_tokens:
             sampling.skip_special_tokens = False  # the markers a parser looks for must reach it
         prompt = await asyncio.to_thread(self.render, body, plan.offered)
@@ -169,7 +169,7 @@ class Reply:
 
     def stop(self) -> tuple[str, str | None]:
         called = self.chain is not None and self.chain.tools_called
-        reason = convert.stop_reason(self.finish, self.stop_match, called, self.body.stop_sequences)
+        reason = params.stop_reason(self.finish, self.stop_match, called, self.body.stop_sequences)
         if reason[0] == "max_tokens" and self.capped:
             return "model_context_window_exceeded", None
         return reason

@@ -1,7 +1,7 @@
 """Anthropic Messages request models (``POST /v1/messages`` and ``/v1/messages/count_tokens``).
 
 Content blocks, ``output_config`` and ``system`` blocks stay plain JSON here and are checked
-block by block in ``convert.py``, so an error names the exact block (``messages.2.content.1``)
+block by block in ``params.py``, so an error names the exact block (``messages.2.content.1``)
 and says why, instead of listing every member of a union that did not match. Unknown fields
 are ignored (``metadata``-like extras such as ``service_tier`` or ``container``), as
 ``WireModel`` does for every dialect.
@@ -22,7 +22,7 @@ class MessageParam(WireModel):
 
 
 class ToolParam(WireModel):
-    """A client tool. ``input_schema`` is checked in ``convert.py``: server tools (``type``
+    """A client tool. ``input_schema`` is checked in ``params.py``: server tools (``type``
     ``web_search_...``, ``bash_...``) have none, and deserve a clearer 400 than "field required"."""
 
     name: str = Field(min_length=1, max_length=128)
