@@ -42,10 +42,15 @@ class RequestLimits:
 
     def check_prompt(self, text: str | None, param: str = "prompt") -> None:
         """Refuse a prompt text too long to tokenize (400), before any tokenizing."""
-        if text is not None and len(text) > self.max_prompt_chars:
+        if text is not None:
+            self.check_prompt_size(len(text), param)
+
+    def check_prompt_size(self, chars: int, param: str = "prompt") -> None:
+        """The same for a prompt of ``chars`` characters in all (messages before rendering)."""
+        if chars > self.max_prompt_chars:
             raise InvalidRequestError(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, your request has "
-                f"{len(text)} characters of input, more than the {self.max_prompt_chars} this server tokenizes "
+                f"{chars} characters of input, more than the {self.max_prompt_chars} this server tokenizes "
                 f"(--max-prompt-chars). Please reduce the length of the input.", param=param)
 
     def check_stops(self, sampling: SamplingParams, param: str = "stop") -> None:

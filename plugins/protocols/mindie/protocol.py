@@ -70,7 +70,7 @@ class MindIEProtocol(Protocol):
         p = body.parameters or InferParameters()
         engine = self._engine()
         self.context.admission.check(1)  # before tokenizing
-        req, seed = new_request(engine, p, text=prompt)
+        req, seed = await engine.in_worker(new_request, engine, p, text=prompt)  # tokenizes
         if body.stream:
             return self.context.sse_response(in_band_errors(self, self._stream(req, p, seed), sse),
                                              headers=STREAM_HEADERS)
@@ -109,7 +109,7 @@ class MindIEProtocol(Protocol):
     async def tokenizer(self, request: Request) -> Response:
         body = parse_body(TokenizerBody, await request.body())
         engine = self._engine()
-        ids = engine.encode(body.inputs)
+        ids = await engine.aencode(body.inputs, param="inputs")
         limit = engine.max_model_len - 1
         if len(ids) > limit:
             raise InvalidRequestError(f"inputs: {len(ids)} tokens is more than the maximum input length of {limit} "

@@ -89,7 +89,7 @@ class Chat(Endpoint):
         req = new_request(body, sampling, prompt=prompt, prompt_ids=prompt_ids, header_id=request_id,
                           add_special_tokens=False, mask_factory=mask_factory)
         try:
-            ctx.engine.prepare(req, param="messages")
+            await ctx.engine.aprepare(req, param="messages")
         except InvalidRequestError as exc:
             if exc.param == "max_tokens" and body.max_completion_tokens is not None:
                 exc.param = "max_completion_tokens"  # name the field the client sent

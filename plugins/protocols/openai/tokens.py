@@ -48,6 +48,8 @@ class Tokens:
         if body.messages is not None:
             messages = [{**m.model_dump(exclude_none=True), "content": message_text(m.content, i) or ""}
                         for i, m in enumerate(body.messages)]
+            # The bound of --max-prompt-chars before rendering too: the rendered text only grows.
+            engine.limits.check_prompt_size(sum(len(m["content"]) for m in messages), "messages")
             # Off the event loop: a slow template (up to its render cap) delays only this request.
             text = await asyncio.to_thread(
                 render_chat, engine.tokenizer, messages, tools=body.tools,
@@ -60,7 +62,7 @@ class Tokens:
             text, special = body.prompt, body.add_special_tokens is not False
         else:
             raise InvalidRequestError("either prompt or messages is required", param="prompt")
-        ids = engine.encode(text, special)
+        ids = await engine.aencode(text, special, param="messages" if body.messages is not None else "prompt")
         out: dict[str, Any] = {"count": len(ids), "max_model_len": engine.max_model_len, "tokens": ids}
         if body.return_token_strs:
             out["token_strs"] = engine.tokenizer.convert_ids_to_tokens(ids)

@@ -28,7 +28,10 @@ class Generate:
 
     async def _plan(self, body: TGIGenerateRequest, *, stream: bool, default_full_text: bool) -> Plan:
         engine = self.p.context.engine
-        plan = validate(body, self.p.opts, engine, stream=stream, default_full_text=default_full_text)
+        if isinstance(body.inputs, str):  # --max-prompt-chars at once, then tokenizing in a worker thread
+            engine.limits.check_prompt(body.inputs, "inputs")
+        plan = await engine.in_worker(validate, body, self.p.opts, engine, stream=stream,
+                                      default_full_text=default_full_text)
         if plan.guided is not None:
             try:
                 plan.mask_factory = await asyncio.to_thread(self.p.context.guided.compile, plan.guided)

@@ -104,7 +104,10 @@ class TGIProtocol(Protocol):
             return await self.generate(parse_model(TGIGenerateRequest, body))
 
         async def tokenize(request: Request, body: Any) -> Response:
-            return JSONResponse(self.tokenize(parse_model(TGIGenerateRequest, body)))
+            parsed = parse_model(TGIGenerateRequest, body)
+            if isinstance(parsed.inputs, str):  # --max-prompt-chars before tokenizing, in a worker thread
+                self.context.engine.limits.check_prompt(parsed.inputs, "inputs")
+            return JSONResponse(await self.context.engine.in_worker(self.tokenize, parsed))
 
         return [SharedRoute("POST", "/generate", is_tgi, generate, "a TGI body with `inputs`", TGIGenerateRequest),
                 SharedRoute("POST", "/tokenize", is_tgi, tokenize, "a TGI body with `inputs`", TGIGenerateRequest)]

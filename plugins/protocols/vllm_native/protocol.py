@@ -73,7 +73,7 @@ class VLLMNativeProtocol(Protocol):
     async def generate(self, request: Request, raw: Any) -> Response:
         body = parse_model(VLLMGenerateRequest, raw)
         self.context.admission.check(max(body.n or 1, body.best_of or 1, 1))  # before tokenizing
-        req = self._request(body)
+        req = await self.context.engine.in_worker(self._request, body)  # tokenizes
         if body.stream:
             return StreamingResponse(in_band_errors(self, self._stream(body.prompt, req), record),
                                      media_type="text/plain; charset=utf-8", headers=STREAM_HEADERS)
