@@ -43,7 +43,8 @@ class ModelInfo:
                 why = vet_template(source) if isinstance(source, str) else None
                 if why is not None:
                     raise ConfigError(f"the chat template of model '{self.name}' was refused: {why} (a jinja "
-                                      f"template-injection payload); fix chat_template in its tokenizer_config.json")
+                                      f"template-injection payload); fix its chat template (tokenizer_config.json "
+                                      f"or chat_template.jinja)")
 
 
 @dataclass(slots=True)
