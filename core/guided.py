@@ -1,14 +1,18 @@
 """Guided (constrained) decoding: the dialect-neutral spec, the decoder plugin interface and
 the core-side helper that picks a decoder and caches compiled constraints.
 
-A protocol turns its request fields into a ``GuidedSpec`` and asks the server's
-``GuidedDecoding`` (``context.guided``) to compile it; the result is a mask factory the
-protocol puts in ``GenerateRequest.mask_factory``. Decoders come from plugins through the
+A protocol turns its request fields into a ``GuidedSpec`` (``json_schema_spec``,
+``structured_outputs_spec`` and ``only_one`` do the common spellings, with 400s naming the
+field) and awaits the server's ``GuidedDecoding.compile_async`` (``context.guided``); the
+result is a mask factory the protocol puts in ``GenerateRequest.mask_factory``. Compiling is
+bounded (``guided_bounds``): checked against ``--guided-max-*`` first, then run on the one
+compile worker under ``--guided-compile-timeout``. Decoders come from plugins through the
 ``register_guided_decoders`` hook; ``--guided-decoding-backend`` names the preferred one.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import threading
@@ -18,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
 from llmserve.errors import GenerationError, InvalidRequestError, LLMServeError
+from llmserve.guided_bounds import CompileWorker, GuidedLimits, check_bounds
 from llmserve.request import LogitsMask
 
 log = logging.getLogger("llmserve.guided")
@@ -55,12 +60,17 @@ class GuidedSpec:
     complete end-of-sequence is the only token allowed (no padding before it, no wasted decode
     steps). ``compact=False`` lets the model lay JSON out with whitespace. A decoder that cannot
     honour it may ignore it.
+
+    ``backend`` names the decoder a request asked for; one that is not installed, or does not
+    support ``kind``, is a 400 naming ``guided_decoding_backend`` (``"auto"`` or None: the
+    server's choice).
     """
 
     kind: str
     value: Any = None
     param: str | None = None
     compact: bool = True
+    backend: str | None = None  # a decoder the request named (vLLM's guided_decoding_backend); None: the server's
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -128,7 +138,9 @@ class GuidedDecoding:
     """
 
     def __init__(self, registry: Any, backend: str | None, tokenizer: Any, vocab_size: int,
-                 eos_token_ids: list[int], cache_size: int = 256) -> None:
+                 eos_token_ids: list[int], cache_size: int = 256, limits: GuidedLimits | None = None) -> None:
+        self.limits = limits or GuidedLimits()
+        self.worker = CompileWorker(self.limits.compile_timeout, self.limits.max_pending)
         self.registry = registry
         self.backend = backend or ""
         self.tokenizer = tokenizer
@@ -167,8 +179,11 @@ class GuidedDecoding:
             out.append((name, frozenset(cls.kinds) if cls is not None else None))
         return out
 
-    def decoder_name(self, kind: str, param: str | None = None) -> str:
-        """The decoder that handles ``kind``, or a 400 naming what is installed."""
+    def decoder_name(self, kind: str, param: str | None = None, backend: str | None = None) -> str:
+        """The decoder that handles ``kind`` (``backend`` if the request named one), or a 400
+        naming what is installed."""
+        if backend and backend != "auto":
+            return self._requested(backend, kind)
         for name in self._names():
             cls = self._class(name)
             if cls is not None and kind in cls.kinds:
@@ -180,6 +195,19 @@ class GuidedDecoding:
         raise InvalidRequestError(
             f"{_NOUN[kind]} decoding needs a guided-decoding plugin that supports {_PLURAL[kind]}; "
             f"installed: {', '.join(shown) or 'none'}", param=param)
+
+    def _requested(self, backend: str, kind: str) -> str:
+        names = self._names()
+        wanted = backend.replace("_", "-")
+        if wanted not in names:
+            raise InvalidRequestError(f"guided_decoding_backend: {backend!r} is not installed on this server; "
+                                      f"installed: {', '.join(names) or 'none'} (or 'auto')",
+                                      param="guided_decoding_backend")
+        cls = self._class(wanted)
+        if cls is None or kind not in cls.kinds:
+            raise InvalidRequestError(f"guided_decoding_backend: {backend!r} does not support {_PLURAL[kind]}",
+                                      param="guided_decoding_backend")
+        return wanted
 
     def decoder(self, name: str) -> GuidedDecoder:
         """The constructed decoder ``name`` (built on first use)."""
@@ -202,23 +230,72 @@ class GuidedDecoding:
             return decoder
 
     # -- compiling -----------------------------------------------------------------------------
-    def compile(self, spec: GuidedSpec) -> MaskFactory:
-        """The mask factory for ``spec``, from the cache or freshly compiled."""
+    def _lookup(self, spec: GuidedSpec) -> tuple[tuple[str, str, str], MaskFactory | None]:
+        """Checks (shape, bounds, decoder choice), then the cache: ``(key, hit or None)``."""
         check_value(spec)
-        name = self.decoder_name(spec.kind, spec.param)
+        check_bounds(spec.kind, spec.value, spec.param, self.limits)
+        name = self.decoder_name(spec.kind, spec.param, spec.backend)
         key = (name, *spec.cache_key())
         with self._lock:
             hit = self._cache.get(key)
             if hit is not None:
                 self._cache.move_to_end(key)
-                return hit
-        factory = self.decoder(name).compile(spec)
+        return key, hit
+
+    def _job(self, key: tuple[str, str, str], spec: GuidedSpec) -> Any:
+        def run() -> MaskFactory:
+            decoder = self.decoder(key[0])  # built once, before the budget starts
+            self.worker.begin_budget()
+            return decoder.compile(spec)
+        return self.worker.submit(key, run, spec.param or spec.kind, spec.param)
+
+    def _store(self, key: tuple[str, str, str], factory: MaskFactory) -> MaskFactory:
         with self._lock:
             factory = self._cache.setdefault(key, factory)  # a concurrent compile may have won
             self._cache.move_to_end(key)
             while len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)
         return factory
+
+    def compile(self, spec: GuidedSpec) -> MaskFactory:
+        """The mask factory for ``spec``, from the cache or freshly compiled on the compile
+        worker; blocks the calling thread (prefer ``compile_async`` in a request handler)."""
+        key, hit = self._lookup(spec)
+        if hit is not None:
+            return hit
+        return self._store(key, self._job(key, spec).future.result())
+
+    async def compile_async(self, spec: GuidedSpec) -> MaskFactory:
+        """``compile`` for request handlers: the checks run on a worker thread, the compilation on
+        the compile worker, and a client that goes away (this task cancelled) stops waiting; the
+        last one to leave cancels the compilation."""
+        key, hit = await asyncio.to_thread(self._lookup, spec)
+        if hit is not None:
+            return hit
+        job = self._job(key, spec)
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future = loop.create_future()
+
+        def done(future: Any) -> None:
+            loop.call_soon_threadsafe(_settle, waiter, future)
+        job.future.add_done_callback(done)
+        try:
+            factory = await waiter
+        except asyncio.CancelledError:
+            self.worker.release(job)
+            raise
+        return self._store(key, factory)
+
+
+def _settle(waiter: asyncio.Future, future: Any) -> None:
+    if waiter.done():
+        return
+    if future.cancelled():
+        waiter.set_exception(InvalidRequestError("the constraint's compilation was cancelled"))
+    elif future.exception() is not None:
+        waiter.set_exception(future.exception())
+    else:
+        waiter.set_result(future.result())
 
 
 def check_value(spec: GuidedSpec) -> None:
@@ -232,3 +309,116 @@ def check_value(spec: GuidedSpec) -> None:
     if kind == "choice" and (not isinstance(value, (list, tuple)) or not value
                              or not all(isinstance(c, str) for c in value)):
         raise InvalidRequestError(f"{label}: must be a non-empty list of strings", param=param)
+
+
+# -- building specs from request fields ----------------------------------------------------------
+def json_schema_spec(value: Any, param: str, *, compact: bool = True, allow_json_keyword: bool = False) -> GuidedSpec:
+    """A JSON-schema constraint from a request field: a schema object, or a string holding one
+    (vLLM, TGI). With ``allow_json_keyword``, the string ``"json"`` means any JSON object
+    (Ollama's ``format``). Anything else is a 400 naming ``param``."""
+    if isinstance(value, str):
+        if allow_json_keyword and value.strip() == "json":
+            return GuidedSpec("json_object", None, param=param, compact=compact)
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise InvalidRequestError(f"{param}: not a valid JSON schema (the string is not JSON)",
+                                      param=param) from None
+    if value is True or value == {}:  # a schema that accepts anything: any JSON value
+        value = {}
+    if not isinstance(value, dict):
+        raise InvalidRequestError(f"{param}: must be a JSON schema object (or a string holding one)", param=param)
+    return GuidedSpec("json_schema", value, param=param, compact=compact)
+
+
+# vLLM's StructuredOutputsParams: the constraint keys (exactly one) and the options beside them.
+STRUCTURED_KINDS = {"json": "json_schema", "regex": "regex", "choice": "choice", "grammar": "grammar",
+                    "json_object": "json_object"}
+STRUCTURED_OPTIONS = ("disable_fallback", "disable_any_whitespace", "disable_additional_properties",
+                      "whitespace_pattern", "structural_tag")
+
+
+def structured_outputs_spec(obj: Any, param: str = "structured_outputs") -> GuidedSpec | None:
+    """vLLM's ``structured_outputs`` object -> a spec (None when it sets no constraint). Exactly
+    one of ``json``, ``regex``, ``choice``, ``grammar``, ``json_object``; an unknown key, a
+    ``structural_tag`` or a ``whitespace_pattern`` (not supported here) is a 400 naming it."""
+    if obj is None:
+        return None
+    if not isinstance(obj, dict):
+        raise InvalidRequestError(f"{param}: must be an object such as {{\"json\": {{...}}}}", param=param)
+    unknown = [k for k in obj if k not in STRUCTURED_KINDS and k not in STRUCTURED_OPTIONS]
+    if unknown:
+        raise InvalidRequestError(f"{param}.{unknown[0]}: unknown structured-outputs key; expected one of "
+                                  f"{', '.join(STRUCTURED_KINDS)}", param=f"{param}.{unknown[0]}")
+    for key in ("structural_tag", "whitespace_pattern"):
+        if obj.get(key) is not None:
+            raise InvalidRequestError(f"{param}.{key}: not supported by this server", param=f"{param}.{key}")
+    for key in ("disable_fallback", "disable_any_whitespace", "disable_additional_properties"):
+        if obj.get(key) is not None and not isinstance(obj[key], bool):
+            raise InvalidRequestError(f"{param}.{key}: must be a boolean", param=f"{param}.{key}")
+    given = [k for k in STRUCTURED_KINDS if obj.get(k) is not None and not (k == "json_object" and obj[k] is False)]
+    if len(given) > 1:
+        raise InvalidRequestError(f"{param}: only one of {', '.join(STRUCTURED_KINDS)} may be given; got "
+                                  f"{' and '.join(given)}", param=f"{param}.{given[1]}")
+    if not given:
+        return None
+    key = given[0]
+    where = f"{param}.{key}"
+    if key == "json":
+        spec = json_schema_spec(obj[key], where)
+        if obj.get("disable_additional_properties"):
+            spec = GuidedSpec("json_schema", closed_objects(spec.value), param=where)
+        return spec
+    if key == "json_object":
+        if obj[key] is not True:
+            raise InvalidRequestError(f"{where}: must be true", param=where)
+        return GuidedSpec("json_object", None, param=where)
+    return GuidedSpec(STRUCTURED_KINDS[key], obj[key], param=where)
+
+
+def closed_objects(schema: Any, _depth: int = 0) -> Any:
+    """``schema`` with ``additionalProperties: false`` on every object schema that does not say
+    (vLLM's ``disable_additional_properties``). Only subschema positions are visited."""
+    if _depth > 256 or not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in ("properties", "$defs", "definitions", "patternProperties"):
+        if isinstance(out.get(key), dict):
+            out[key] = {name: closed_objects(sub, _depth + 1) for name, sub in out[key].items()}
+    for key in ("anyOf", "oneOf", "allOf", "prefixItems"):
+        if isinstance(out.get(key), list):
+            out[key] = [closed_objects(sub, _depth + 1) for sub in out[key]]
+    for key in ("items", "additionalProperties", "not", "if", "then", "else"):
+        if isinstance(out.get(key), dict):
+            out[key] = closed_objects(out[key], _depth + 1)
+    if (out.get("type") == "object" or "properties" in out) and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
+# vLLM's legacy request fields and the kind each asks for.
+LEGACY_FIELDS = {"guided_json": "json_schema", "guided_regex": "regex", "guided_choice": "choice",
+                 "guided_grammar": "grammar"}
+
+
+def legacy_specs(body: Any) -> dict[str, GuidedSpec | None]:
+    """``{field: spec}`` for the legacy ``guided_*`` attributes ``body`` has set (``guided_json``
+    may be a schema or a string holding one)."""
+    out: dict[str, GuidedSpec | None] = {}
+    for field, kind in LEGACY_FIELDS.items():
+        value = getattr(body, field, None)
+        if value is not None:
+            spec = json_schema_spec(value, field) if kind == "json_schema" else GuidedSpec(kind, value, param=field)
+            out[field] = spec
+    return out
+
+
+def only_one(given: dict[str, GuidedSpec | None]) -> GuidedSpec | None:
+    """The one constraint among a request's spellings (``{field: spec or None}``), None if
+    none; two or more are a 400 naming them."""
+    named = [(field, spec) for field, spec in given.items() if spec is not None]
+    if len(named) > 1:
+        fields = [field for field, _ in named]
+        raise InvalidRequestError(f"only one of {', '.join(given)} may be given (one output constraint per "
+                                  f"request); got {' and '.join(fields)}", param=fields[1])
+    return named[0][1] if named else None

@@ -68,12 +68,14 @@ class ServerContext:
         model has loaded); decoders are built only when a request needs them."""
         if self._guided is None:
             from llmserve.guided import GuidedDecoding
+            from llmserve.guided_bounds import GuidedLimits
 
             if self.engine is None or self.model is None:
                 raise RuntimeError("guided decoding needs the loaded model")
             self._guided = GuidedDecoding(self.registry, self.config.guided_decoding_backend,
                                           self.engine.tokenizer, self.model.vocab_size,
-                                          list(self.model.eos_token_ids))
+                                          list(self.model.eos_token_ids),
+                                          limits=GuidedLimits.from_config(self.config))
         return self._guided
 
     def readiness(self) -> str | None:

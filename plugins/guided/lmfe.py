@@ -53,7 +53,8 @@ from lmformatenforcer.tokenlist import TokenList
 from llmserve.errors import InvalidRequestError
 from llmserve.guided import GuidedDecoder, GuidedSpec
 
-from .schema import compile_regex, escape_regex, prepare_schema
+from .automata import ChoiceParser, choice_trie, regex_context, regex_index
+from .schema import compile_regex, prepare_schema_context
 
 log = logging.getLogger("llmserve.guided.lmfe")
 
@@ -158,10 +159,17 @@ _STRICT = {_jsp.NumberParsingState: _StrictNumber, _jsp.ObjectParsingState: _Str
            _jsp.StringParsingState: _StrictString}
 
 
+def _own_regex_cache(self: Any) -> None:
+    self.regex_parser_cache = {}
+
+
 def _install_fixes() -> None:
-    """Make LMFE's JSON parser build the strict states above (once per process)."""
+    """Make LMFE's JSON parser build the strict states above, and give each parser context its
+    own cache of string-pattern automata (LMFE's is one class-level dict that only grows: every
+    pattern any request ever sent, kept for the life of the process). Once per process."""
     if getattr(_jsp.get_parser, "_llmserve_strict", False):
         return
+    _jsp.JsonSchemaParser._Context.__init__ = _own_regex_cache  # type: ignore[method-assign]
     original = _jsp.get_parser
 
     def get_parser(parsing_state: Any, value_schema: Any) -> Any:
@@ -371,9 +379,10 @@ class _Factory:
     __slots__ = ("data", "make_parser", "eos", "spec", "token_cache", "spacing")
 
     def __init__(self, data: Any, make_parser: Callable[[], Any], eos: list[int], spec: GuidedSpec,
-                 spacing: _Spacing | None = None) -> None:
+                 spacing: _Spacing | None = None, token_cache: dict | None = None) -> None:
         self.data, self.make_parser, self.eos, self.spec = data, make_parser, eos, spec
-        self.token_cache = _StateCache()
+        # A complete index (regexes) is kept whole; otherwise a bounded cache filled as states are met.
+        self.token_cache = _StateCache() if token_cache is None else token_cache
         self.spacing = spacing
 
     def __call__(self) -> _Mask:
@@ -404,15 +413,17 @@ class LMFormatEnforcerDecoder(GuidedDecoder):
     def compile(self, spec: GuidedSpec) -> _Factory:
         param = spec.param or spec.kind
         if spec.kind in ("json_schema", "json_object"):
-            schema = {"type": "object"} if spec.kind == "json_object" else prepare_schema(spec.value, spec.param)
+            schema = {"type": "object"} if spec.kind == "json_object" else spec.value
+            # Parsed once, here: the masks share the context (sub-schemas, pattern automata).
+            context = prepare_schema_context(schema, spec.param)[1]
             if not spec.compact:
-                return _Factory(self.spaced_data, lambda: JsonSchemaParser(schema), self.eos_token_ids, spec)
-            return _Factory(self.compact_data, lambda: _CompactJson(schema), self.eos_token_ids, spec, self.spacing)
+                return _Factory(self.spaced_data, lambda: JsonSchemaParser(context), self.eos_token_ids, spec)
+            return _Factory(self.compact_data, lambda: _CompactJson(context), self.eos_token_ids, spec, self.spacing)
         if spec.kind == "choice":
-            pattern = "(" + "|".join(escape_regex(c) for c in spec.value) + ")"
-        elif spec.kind == "regex":
-            pattern = spec.value
-        else:
+            trie = choice_trie(list(spec.value))
+            return _Factory(self.data, lambda: ChoiceParser(trie), self.eos_token_ids, spec)
+        if spec.kind != "regex":
             raise InvalidRequestError(f"{param}: lm-format-enforcer does not support {spec.kind}", param=spec.param)
-        context = RegexParser(compile_regex(pattern, param, spec.param)).context
-        return _Factory(self.data, lambda: RegexParser(context), self.eos_token_ids, spec)
+        context = regex_context(compile_regex(spec.value, param, spec.param))
+        index = regex_index(self.data, context, self.eos_token_ids)
+        return _Factory(self.data, lambda: RegexParser(context), self.eos_token_ids, spec, token_cache=index)

@@ -29,29 +29,36 @@ def escape_regex(text: str) -> str:
     return "".join("\\" + c if c in _REGEX_META else c for c in text)
 
 
-def compile_regex(pattern: str, label: str, param: str | None) -> str:
-    """Check ``pattern`` (Python syntax, then what LMFE's FSM library supports); drop the ``^``
-    and ``$`` anchors, which are implied. Returns the pattern to build."""
+def compile_regex(pattern: str, label: str, param: str | None, build: bool = True) -> Any:
+    """Check ``pattern`` (Python syntax, then what LMFE's FSM library supports), dropping the
+    ``^`` and ``$`` anchors, which are implied. Returns interegular's FSM, or with
+    ``build=False`` only parses (the FSM, the costly part, is then built by LMFE itself)."""
     try:
         re.compile(pattern)
-    except re.error as exc:
+    except (re.error, RecursionError, OverflowError) as exc:
         raise InvalidRequestError(f"{label}: invalid regular expression: {exc}", param=param) from None
     if pattern.startswith("^"):
         pattern = pattern[1:]
     if pattern.endswith("$") and (len(pattern) - len(pattern.rstrip("$").rstrip("\\"))) % 2 == 1:
         pattern = pattern[:-1]
     try:
-        interegular.parse_pattern(pattern).to_fsm()
+        parsed = interegular.parse_pattern(pattern)
+        return parsed.to_fsm() if build else None
     except Exception as exc:  # noqa: BLE001 - interegular raises several types
         why = str(exc) or type(exc).__name__
         raise InvalidRequestError(f"{label}: unsupported regular expression ({why})", param=param) from None
-    return pattern
 
 
 # -- JSON schemas --------------------------------------------------------------------------------
 def prepare_schema(schema: Any, param: str | None, label: str | None = None) -> dict:
     """Validate ``schema`` and rewrite it into what LMFE enforces correctly. Problems are a 400
     naming ``param``; ``label`` starts the message (default: ``param``)."""
+    return prepare_schema_context(schema, param, label)[0]
+
+
+def prepare_schema_context(schema: Any, param: str | None, label: str | None = None) -> tuple[dict, Any]:
+    """``prepare_schema`` and the LMFE parser context it built: every sub-schema's parts and
+    every string pattern's automaton, built once here (masks share it)."""
     label = label or param or "json_schema"
     def bad(msg: str, path: str = "") -> InvalidRequestError:
         where = f" (at {path})" if path else ""
@@ -81,7 +88,7 @@ def prepare_schema(schema: Any, param: str | None, label: str | None = None) -> 
             _jsp.get_parser(root, JsonSchemaObject(**sub))
         except Exception as exc:  # noqa: BLE001 - as above, per subschema
             raise bad(f"unsupported JSON schema ({type(exc).__name__}: {exc})", path or "/") from None
-    return out
+    return out, root.context
 
 
 def _merge(base: dict, extra: dict) -> dict:
@@ -175,7 +182,7 @@ def _check_leaf(s: dict, path: str, defs: dict, bad: Callable[..., InvalidReques
         if "minLength" in s or "maxLength" in s:
             raise bad("a string pattern together with minLength/maxLength is not supported", path)
         try:
-            compile_regex(s["pattern"], "", None)
+            compile_regex(s["pattern"], "", None, build=False)
         except InvalidRequestError as exc:
             raise bad("string pattern:" + exc.message, path) from None
     if "$ref" in s:

@@ -72,9 +72,8 @@ class Chat(Endpoint):
             if guided_spec(body) is not None:
                 raise InvalidRequestError("tool_choice required or a named function cannot be combined with "
                                           "guided decoding or a JSON response_format", param="tool_choice")
-            mask_factory = await asyncio.to_thread(ctx.guided.compile,
-                                                   GuidedSpec("json_schema", plan.schema, param="tool_choice",
-                                                              compact=True))
+            mask_factory = await ctx.guided.compile_async(GuidedSpec("json_schema", plan.schema, param="tool_choice",
+                                                                     compact=True))
         else:
             mask_factory = await guided_mask(ctx, body)
         make_chain = self.parsers(body, plan, constrained=mask_factory is not None)

@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
-import json
 import time
 import uuid
+from dataclasses import replace
 from typing import Any
 
 from llmserve.errors import InvalidRequestError
-from llmserve.guided import GuidedSpec
+from llmserve.guided import GuidedSpec, legacy_specs, only_one, structured_outputs_spec
 from llmserve.request import GenerateRequest
 from llmserve.sampling import SamplingParams
 
 from .wire import ChatCompletionRequest, CompletionRequest, SamplingFields
-
-# vLLM's guided-decoding fields and the GuidedSpec kind each one asks for.
-GUIDED_FIELDS = {"guided_json": "json_schema", "guided_regex": "regex", "guided_choice": "choice",
-                 "guided_grammar": "grammar"}
-
 
 def _logit_bias(raw: dict[str, float] | None) -> dict[int, float]:
     out = {}
@@ -80,48 +74,45 @@ def chat_sampling(body: ChatCompletionRequest) -> SamplingParams:
 
 
 def guided_spec(body: SamplingFields) -> GuidedSpec | None:
-    """The request's output constraint: ``guided_*`` or a JSON ``response_format`` (at most one)."""
-    given = [f for f in GUIDED_FIELDS if getattr(body, f, None) is not None]
-    fmt = getattr(body, "response_format", None)
-    if fmt is not None and fmt.type != "text":
-        given.append("response_format")
-    if not given:
+    """The request's output constraint: one of ``guided_*``, ``structured_outputs`` and a JSON
+    ``response_format`` (two at once are a 400 naming both); ``guided_decoding_backend`` picks
+    the decoder."""
+    if body.structural_tag is not None:
+        raise InvalidRequestError("structural_tag: not supported by this server", param="structural_tag")
+    if body.guided_whitespace_pattern is not None:
+        raise InvalidRequestError("guided_whitespace_pattern: not supported by this server (JSON is written "
+                                  "compactly)", param="guided_whitespace_pattern")
+    given = legacy_specs(body)
+    given["structured_outputs"] = structured_outputs_spec(body.structured_outputs)
+    given["response_format"] = _response_format_spec(getattr(body, "response_format", None))
+    spec = only_one(given)
+    if spec is not None and body.guided_decoding_backend is not None:
+        spec = replace(spec, backend=body.guided_decoding_backend)
+    return spec
+
+
+def _response_format_spec(fmt: Any) -> GuidedSpec | None:
+    if fmt is None or fmt.type == "text":
         return None
-    if len(given) > 1:
-        raise InvalidRequestError(f"only one of guided_json, guided_regex, guided_choice, guided_grammar and a "
-                                  f"JSON response_format may be given; got {' and '.join(given)}", param=given[1])
-    field = given[0]
-    if field == "response_format":
-        if fmt.type == "json_object":
-            return GuidedSpec("json_object", None, param="response_format")
-        schema = (fmt.json_schema or {}).get("schema")
-        if schema is None:
-            raise InvalidRequestError("response_format: json_schema.schema is required when type is json_schema",
-                                      param="response_format")
-        if not isinstance(schema, dict):
-            raise InvalidRequestError("response_format: json_schema.schema must be a JSON object",
-                                      param="response_format")
-        return GuidedSpec("json_schema", schema, param="response_format")
-    value: Any = getattr(body, field)
-    if field == "guided_json" and isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError:
-            raise InvalidRequestError("guided_json: not a valid JSON schema (the string is not JSON)",
-                                      param="guided_json") from None
-    if field == "guided_json" and not isinstance(value, dict):
-        raise InvalidRequestError("guided_json: must be a JSON schema object (or a string holding one)",
-                                  param="guided_json")
-    return GuidedSpec(GUIDED_FIELDS[field], value, param=field)
+    if fmt.type == "json_object":
+        return GuidedSpec("json_object", None, param="response_format")
+    schema = (fmt.json_schema or {}).get("schema")
+    if schema is None:
+        raise InvalidRequestError("response_format: json_schema.schema is required when type is json_schema",
+                                  param="response_format")
+    if not isinstance(schema, dict):
+        raise InvalidRequestError("response_format: json_schema.schema must be a JSON object",
+                                  param="response_format")
+    return GuidedSpec("json_schema", schema, param="response_format")
 
 
 async def guided_mask(context: Any, body: SamplingFields) -> Any:
-    """``GenerateRequest.mask_factory`` for the request, or None. Compiling (and, on the first
-    guided request, building the decoder's tokenizer tables) runs off the event loop."""
+    """``GenerateRequest.mask_factory`` for the request, or None. Compiling runs bounded, on the
+    compile worker (``GuidedDecoding.compile_async``)."""
     spec = guided_spec(body)
     if spec is None:
         return None
-    return await asyncio.to_thread(context.guided.compile, spec)
+    return await context.guided.compile_async(spec)
 
 
 def new_request(body: SamplingFields, sampling: SamplingParams, prompt: str | None = None,

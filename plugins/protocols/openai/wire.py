@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any, Literal, Union
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, model_validator
 
+from llmserve.errors import InvalidRequestError
 from llmserve.server.dialect_kit import WireModel
 
 
@@ -53,7 +54,25 @@ class SamplingFields(WireModel):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    guided_decoding_backend: str | None = None
+    guided_whitespace_pattern: str | None = None
+    structured_outputs: dict[str, Any] | None = None
+    structural_tag: Any = None
     metadata: dict[str, Any] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_unknown_guided_keys(cls, data: Any) -> Any:
+        """An output constraint this server does not know must not be dropped like other unknown
+        fields (the reply would be unconstrained): ``guided_*`` keys it lacks are a 400."""
+        if isinstance(data, dict):
+            unknown = [k for k in data if isinstance(k, str) and k.startswith("guided_")
+                       and k not in cls.model_fields and data[k] is not None]
+            if unknown:
+                raise InvalidRequestError(f"{unknown[0]}: unknown guided-decoding field; supported: guided_json, "
+                                          "guided_regex, guided_choice, guided_grammar, guided_decoding_backend "
+                                          "or structured_outputs", param=unknown[0])
+        return data
 
 
 class CompletionRequest(SamplingFields):

@@ -3,7 +3,6 @@ prefill tokens, TGI's ``x-*`` headers) and ``/generate_stream`` (SSE, one event 
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import TYPE_CHECKING, Any, AsyncGenerator
 
@@ -34,7 +33,7 @@ class Generate:
                                       default_full_text=default_full_text)
         if plan.guided is not None:
             try:
-                plan.mask_factory = await asyncio.to_thread(self.p.context.guided.compile, plan.guided)
+                plan.mask_factory = await self.p.context.guided.compile_async(plan.guided)
             except InvalidRequestError as exc:
                 msg = exc.message.removeprefix("grammar: ")
                 if "needs a guided-decoding plugin" in msg:

@@ -3,7 +3,10 @@ wording, then the kernel's own checks."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from llmserve.errors import InvalidRequestError
+from llmserve.guided import GuidedSpec, legacy_specs, only_one, structured_outputs_spec
 from llmserve.sampling import SamplingParams
 
 from .wire import VLLMGenerateRequest
@@ -69,3 +72,15 @@ def sampling_params(body: VLLMGenerateRequest, default_max_tokens: int | None) -
         skip_special_tokens=body.skip_special_tokens,
         spaces_between_special_tokens=body.spaces_between_special_tokens, ignore_eos=body.ignore_eos,
         min_tokens=body.min_tokens, max_tokens=max_tokens)
+
+
+
+def guided_spec(body: VLLMGenerateRequest) -> GuidedSpec | None:
+    """The output constraint: ``structured_outputs`` (or its older name ``guided_decoding``) or a
+    legacy ``guided_*`` field; two at once are a 400 naming both."""
+    given = {"structured_outputs": structured_outputs_spec(body.structured_outputs),
+             "guided_decoding": structured_outputs_spec(body.guided_decoding, "guided_decoding"), **legacy_specs(body)}
+    spec = only_one(given)
+    if spec is not None and body.guided_decoding_backend is not None:
+        spec = replace(spec, backend=body.guided_decoding_backend)
+    return spec

@@ -25,7 +25,7 @@ from llmserve.server.dialect_kit import STREAM_HEADERS, dialect_router, in_band_
 from llmserve.server.protocol import Protocol
 from llmserve.server.shared import SharedRoute
 
-from .params import sampling_params
+from .params import guided_spec, sampling_params
 from .wire import VLLMGenerateRequest, VLLMNativeOptions
 
 MAX_PROMPT_CHARS = 4 * 1024 * 1024   # MindIE: 0 < characters <= 4 MB
@@ -73,7 +73,10 @@ class VLLMNativeProtocol(Protocol):
     async def generate(self, request: Request, raw: Any) -> Response:
         body = parse_model(VLLMGenerateRequest, raw)
         self.context.admission.check(max(body.n or 1, body.best_of or 1, 1))  # before tokenizing
+        spec = guided_spec(body)
         req = await self.context.engine.in_worker(self._request, body)  # tokenizes
+        if spec is not None:
+            req.mask_factory = await self.context.guided.compile_async(spec)
         if body.stream:
             return StreamingResponse(in_band_errors(self, self._stream(body.prompt, req), record),
                                      media_type="text/plain; charset=utf-8", headers=STREAM_HEADERS)

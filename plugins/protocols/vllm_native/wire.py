@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from llmserve.errors import InvalidRequestError
 from llmserve.server.dialect_kit import WireModel
 
 
@@ -47,3 +48,23 @@ class VLLMGenerateRequest(WireModel):
     ignore_eos: bool | None = Field(None, description="Keep generating after EOS (default false).")
     model: str | None = Field(None, description="LoRA id in MindIE: null, \"None\" or a served model name.")
     use_beam_search: bool | None = Field(None, description="Not supported: only false / null.")
+    structured_outputs: dict[str, Any] | None = Field(None, description=(
+        "Output constraint, vLLM's StructuredOutputsParams: exactly one of json, regex, choice, json_object "
+        "(grammar and structural_tag are refused)."))
+    guided_decoding: dict[str, Any] | None = Field(None, description="Older name of structured_outputs.")
+    guided_json: Any = Field(None, description="JSON schema the output follows (legacy spelling).")
+    guided_regex: str | None = Field(None, description="Regular expression the output matches (legacy spelling).")
+    guided_choice: list[str] | None = Field(None, description="The output is one of these (legacy spelling).")
+    guided_grammar: str | None = Field(None, description="Refused: no installed decoder supports grammars.")
+    guided_decoding_backend: str | None = Field(None, description="Guided decoder to use (auto or an installed one).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_unknown_guided_keys(cls, data: Any) -> Any:
+        """An unknown ``guided_*`` key is a 400, never dropped (the output would be unconstrained)."""
+        if isinstance(data, dict):
+            unknown = [k for k in data if isinstance(k, str) and k.startswith("guided_")
+                       and k not in cls.model_fields and data[k] is not None]
+            if unknown:
+                raise InvalidRequestError(f"{unknown[0]}: unknown guided-decoding field", param=unknown[0])
+        return data
