@@ -103,14 +103,16 @@ class Messages:
         return JSONResponse(await self._complete(req, head, reply))
 
     async def _complete(self, req: GenerateRequest, head: dict[str, Any], reply: "Reply") -> dict[str, Any]:
-        text, ids = "", []
+        texts: list[str] = []
+        ids: list[int] = []
         usage = Usage()
         async for out in self.p.context.engine.generate(req):
             for d in out.outputs:
-                text, ids = text + d.text, ids + d.token_ids
+                texts.append(d.text)
+                ids.extend(d.token_ids)
                 reply.note_finish(d.finish_reason, d.stop_reason)
             usage = out.usage
-        reply.add(text, ids, final=True)
+        reply.add("".join(texts), ids, final=True)
         reply.blocks.close()
         stop, sequence = reply.stop()
         return {**head, "content": reply.blocks.content, "stop_reason": stop, "stop_sequence": sequence,
