@@ -94,8 +94,7 @@ def sampling(options: Options | None, prompt_tokens: int, max_model_len: int) ->
 
 
 def guided_spec(fmt: Format) -> GuidedSpec | None:
-    """``format``: "" / null (free text), "json" (any JSON value... an object, as Ollama), or a
-    JSON schema object."""
+    """``format``: "" / null (free text), "json" (a JSON object, as in Ollama), or a JSON schema."""
     if fmt is None or fmt == "":
         return None
     if fmt == "json":
