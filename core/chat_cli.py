@@ -108,17 +108,25 @@ class Chat:
                         self.out.write(content)
                         self.out.flush()
         except KeyboardInterrupt:
-            self.out.write(" [interrupted]")
-        except RemoteError:
-            self.history.pop()
-            if reply or thinking:
-                self.out.write("\n")
-            raise
-        finally:
             if thinking:
                 self._end_reasoning()
-        self.out.write("\n")
-        self.out.flush()
+            self.out.write(" [interrupted]\n")
+            self.out.flush()
+            if not reply:  # nothing arrived: the turn is dropped, not kept as an empty reply
+                self.history.pop()
+                return ""
+        except RemoteError:
+            self.history.pop()
+            if thinking:
+                self._end_reasoning()
+            if reply:
+                self.out.write("\n")
+            raise
+        else:
+            if thinking:  # reasoning and no answer
+                self._end_reasoning()
+            self.out.write("\n")
+            self.out.flush()
         answer = "".join(reply)
         self.history.append({"role": "assistant", "content": answer})
         return answer
@@ -133,7 +141,10 @@ class Chat:
         return True
 
     def _end_reasoning(self) -> bool:
-        self.out.write(_RESET + "\n" if self.tty else "")
+        if self.tty:
+            self.out.write(_RESET + "\n")
+        else:
+            sys.stderr.write("\n")
         return False
 
 
