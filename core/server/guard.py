@@ -211,7 +211,11 @@ def _app_scope(scope: Scope, request_id: str, head_as_get: bool) -> Scope:
     the route has no HEAD of its own (the server sends no body for a HEAD request)."""
     headers = [(k, v) for k, v in scope["headers"] if k != b"x-request-id"]
     headers.append((b"x-request-id", request_id.encode("ascii")))
-    return {**scope, "headers": headers, **({"method": "GET"} if head_as_get else {})}
+    # Changed in place, so that what the router records in the scope (the endpoint) stays visible
+    # to the error handler outside this middleware; only HEAD needs a copy: the server itself reads
+    # the method from its own scope to leave out the body.
+    scope["headers"] = headers
+    return {**scope, "method": "GET"} if head_as_get else scope
 
 
 def install(app: "FastAPI", context: "ServerContext") -> None:
