@@ -75,6 +75,12 @@ def to_error(exc: BaseException) -> LLMServeError:
         cls = by_status.get(exc.status_code, InvalidRequestError if exc.status_code < 500 else GenerationError)
         detail = exc.detail if isinstance(exc.detail, str) else "request failed"
         return cls(_clean(detail), status=exc.status_code)
+    if isinstance(exc, RecursionError):
+        # JSON text inside a field (a schema or tool arguments sent as a string), decoded past
+        # Python's recursion limit: the request's nesting, not a server fault.
+        log.warning("a request nested too deeply to process: %s", exc)
+        return InvalidRequestError("request is nested too deeply (a JSON value inside a field, more than a few "
+                                   "hundred levels)")
     log.exception("unhandled error while serving a request")
     return GenerationError("internal server error")
 

@@ -199,6 +199,21 @@ def test_deep_nesting_names_the_field(server, client):
     check_4xx(server, "/infer", r, "nested too deeply")
 
 
+def test_deep_json_text_inside_a_field_is_a_4xx(server, client):
+    # JSON sent as a string (tool-call arguments in the history, a schema as text) is decoded
+    # by the route; past Python's recursion limit that is the request's fault, not a 500.
+    deep = nested(5_000)
+    history = [{"role": "user", "content": "hi"},
+               {"role": "assistant", "content": "", "tool_calls": [
+                   {"id": "c1", "type": "function", "function": {"name": "f", "arguments": deep}}]},
+               {"role": "tool", "tool_call_id": "c1", "content": "ok"}]
+    for path, body in (("/v1/chat/completions", {"model": MODEL, "messages": history, "max_tokens": 2,
+                                                 "chat_template": "{{ messages[0]['content'] }}"}),
+                       ("/v1/chat/completions", {"model": MODEL, "messages": history[:1], "guided_json": deep}),
+                       ("/generate", {"inputs": "hi", "parameters": {"grammar": {"type": "json", "value": deep}}})):
+        check_4xx(server, path, client.post(path, json=body), "nest")
+
+
 # -- strict types and ranges ----------------------------------------------------------------
 BAD_SCALARS: dict[str, list[str]] = {
     # JSON text of values no field of that kind accepts (1e999 parses as infinity in Python).
