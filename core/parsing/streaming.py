@@ -63,7 +63,9 @@ class StreamingToolParser(ToolParser):
         self._buf = ""
         self._pos = 0
         self._out = ParseDelta()
+        self._parts: list[str] = []  # content released since the last _take (joined once, not grown)
         self._ws = ""
+        self._found: dict[str, tuple[int, int, int]] = {}  # marker -> (searched from, hit or -1, buffer length)
         self._calls = 0
         self._finished = False
 
@@ -72,7 +74,11 @@ class StreamingToolParser(ToolParser):
             raise RuntimeError("feed() after finish()")
         if text:
             self._compact()
-            self._buf += text
+            # Through a local with the attribute cleared: CPython then grows the string in place
+            # instead of copying the whole buffer per delta (quadratic while a region stays open).
+            buf, self._buf = self._buf, ""
+            buf += text
+            self._buf = buf
             while self._step(False):
                 pass
         return self._take()
@@ -83,7 +89,7 @@ class StreamingToolParser(ToolParser):
             while self._step(True):
                 pass
             if not self._calls:
-                self._out.content += self._ws
+                self._parts.append(self._ws)
             self._ws = ""
         return self._take()
 
@@ -94,10 +100,42 @@ class StreamingToolParser(ToolParser):
     def _compact(self) -> None:
         if self._pos > 4096:
             self._buf, self._pos = self._buf[self._pos:], 0
+            self._found.clear()  # positions moved
 
     def _take(self) -> ParseDelta:
         out, self._out = self._out, ParseDelta()
+        if self._parts:
+            # One join per feed: growing a string attribute piece by piece copies it every time,
+            # quadratic when one feed holds the whole output (the non-streaming case).
+            out.content += "".join(self._parts)
+            self._parts = []
         return out
+
+    def _find(self, marker: str, start: int) -> int:
+        """``self._buf.find(marker, start)``, remembering what earlier searches saw: the parser
+        searches again from each region it tries, and rescanning the rest of the output every
+        time (a marker that never comes, thousands of regions) would be quadratic."""
+        buf = self._buf
+        memo = self._found.get(marker)
+        begin = start
+        if memo is not None and start >= memo[0]:
+            since, hit, length = memo
+            if hit >= start:
+                return hit  # nothing between ``since`` and ``hit``, and start lies in there
+            if hit < 0:  # nothing started before length - len(marker) + 1 when last searched
+                begin = max(start, length - len(marker) + 1)
+        hit = buf.find(marker, begin)
+        self._found[marker] = (start, hit, len(buf))
+        return hit
+
+    def _find_first(self, markers: tuple[str, ...] | list[str], start: int) -> tuple[int, str]:
+        """``find_first`` over the buffer, with ``_find``'s memory."""
+        best, hit = -1, ""
+        for marker in markers:
+            i = self._find(marker, start)
+            if i >= 0 and (best < 0 or i < best or (i == best and len(marker) > len(hit))):
+                best, hit = i, marker
+        return best, hit
 
     def _text(self, s: str) -> None:
         """Release content; trailing whitespace waits until we know what follows it."""
@@ -105,7 +143,8 @@ class StreamingToolParser(ToolParser):
             return
         s = self._ws + s
         cut = len(s.rstrip())
-        self._out.content += s[:cut]
+        if cut:
+            self._parts.append(s[:cut])
         self._ws = s[cut:]
 
     def _call_start(self, name: str, call_id: str | None = None) -> None:
@@ -127,6 +166,11 @@ class StreamingToolParser(ToolParser):
 
 
 NORMAL, BODY, TAIL = range(3)
+# How many regions may be retried one inside the other after failing (a call object inside an
+# object that is not a call, and so on). Each retry reads the rest of the failed region again,
+# so without a bound `{"a": {"a": {"a": ...` left open costs time quadratic in its length.
+MAX_NESTED_RETRIES = 4
+BODY_PIECE = 4096  # characters handed to a region's body at a time
 
 
 class RegionToolParser(StreamingToolParser):
@@ -152,6 +196,8 @@ class RegionToolParser(StreamingToolParser):
         self._mark = self._bstart = self._bpos = 0
         self._body: Any = None
         self._window = max(len(m) for m in (*self.start_markers, self.end_marker or "", " "))
+        self._failed_to = 0  # end of the text read by the regions that failed lately
+        self._retries = 0    # regions opened inside it since
 
     @abstractmethod
     def _new_body(self, marker: str) -> Any:
@@ -159,7 +205,10 @@ class RegionToolParser(StreamingToolParser):
 
     def _compact(self) -> None:
         if self._mode != BODY:
+            shift = self._pos
             super()._compact()
+            if self._pos == 0 and shift:
+                self._failed_to = max(0, self._failed_to - shift)
 
     def _step(self, final: bool) -> bool:
         if self._mode == BODY:
@@ -192,7 +241,7 @@ class RegionToolParser(StreamingToolParser):
                 if not final and any(m.startswith(rest) for m in self.lead_markers):
                     return False
                 self._fresh = False
-        idx, marker = find_first(buf, self.start_markers, pos)
+        idx, marker = self._find_first(self.start_markers, pos)
         if idx < 0:
             end = len(buf) if final else len(buf) - held_suffix(buf[-self._window:], self.start_markers)
             self._text(buf[pos:end])
@@ -212,13 +261,19 @@ class RegionToolParser(StreamingToolParser):
         buf, body = self._buf, self._body
         limit, tag = len(buf), -1
         if self.end_marker:
-            tag = buf.find(self.end_marker, self._bpos)
+            tag = self._find(self.end_marker, self._bpos)
             if tag >= 0:
                 limit = tag
             elif not final:
                 limit -= held_suffix(buf[-len(self.end_marker):], (self.end_marker,))
-        if limit > self._bpos:
-            self._bpos += body.feed(buf[self._bpos:limit])
+        # In pieces: a body that fails after a few characters must not cost a copy of all the
+        # text after it (one per region tried: quadratic over a long output in one feed).
+        while limit > self._bpos and not body.done:
+            piece = buf[self._bpos:min(limit, self._bpos + BODY_PIECE)]
+            used = body.feed(piece)
+            self._bpos += used
+            if used < len(piece):
+                break
         truncated = False
         if not body.done:
             if tag < 0 and not final:
@@ -232,6 +287,14 @@ class RegionToolParser(StreamingToolParser):
                 self._pos, self._keep_tag, self._mode = self._bstart, True, TAIL
             else:
                 step = 1 if self._marker in self.body_markers else len(self._marker)
+                if self._mark < self._failed_to:
+                    self._retries += 1
+                else:
+                    self._retries = 0
+                self._failed_to = max(self._failed_to, self._bpos)
+                if self._retries >= MAX_NESTED_RETRIES:
+                    step = max(step, self._failed_to - self._mark)  # what the failed regions read is text
+                    self._retries = 0
                 self._text(buf[self._mark:self._mark + step])
                 self._pos, self._mode = self._mark + step, NORMAL
             return True
@@ -245,7 +308,7 @@ class RegionToolParser(StreamingToolParser):
     def _tail(self, final: bool) -> bool:
         buf, pos = self._buf, self._pos
         stops = self.start_markers + ((self.end_marker,) if self.end_marker else ())  # TAIL: always set
-        idx, marker = find_first(buf, stops, pos)
+        idx, marker = self._find_first(stops, pos)
         if idx < 0:
             end = len(buf) if final else len(buf) - held_suffix(buf[-self._window:], stops)
             self._text(buf[pos:end])

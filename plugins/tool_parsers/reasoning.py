@@ -51,7 +51,9 @@ class ThinkReasoningParser(ReasoningParser):
     def feed(self, text: str, token_ids: list[int] | tuple[int, ...] = ()) -> ParseDelta:
         if self._finished:
             raise RuntimeError("feed() after finish()")
-        self._buf += text
+        buf, self._buf = self._buf, ""  # grown in place, not copied per delta (see StreamingToolParser.feed)
+        buf += text
+        self._buf = buf
         return self._run(False)
 
     def finish(self) -> ParseDelta:
@@ -106,6 +108,7 @@ class DeepSeekR1ReasoningParser(ThinkReasoningParser):
 
 _TOOL_CALL = "<tool_call>"
 _GENUINE = re.compile(r"\s*(<function[\s=]|\{)")
+_SPACE = re.compile(r"\s*")
 _MAYBE = ("<function", "{")
 
 
@@ -128,11 +131,13 @@ class Qwen3ReasoningParser(ThinkReasoningParser):
             k = buf.find(_TOOL_CALL, start, limit)
             if k < 0:
                 break
-            after = buf[k + len(_TOOL_CALL):]
-            if _GENUINE.match(after):
+            after = k + len(_TOOL_CALL)
+            if _GENUINE.match(buf, after):
                 return k, 0
-            rest = after.lstrip()
-            if not final and (not rest or any(m.startswith(rest) for m in _MAYBE)):
+            # Positions, not copies of the rest: output full of "<tool_call>" must stay linear.
+            j = _SPACE.match(buf, after).end()  # \s* always matches
+            left = len(buf) - j
+            if not final and (not left or any(left <= len(m) and m.startswith(buf[j:]) for m in _MAYBE)):
                 return -1, k  # maybe a call: wait for the next characters
             start = k + 1
         if not final and limit == len(buf):
