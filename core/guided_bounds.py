@@ -25,6 +25,7 @@ import logging
 import queue
 import re._constants as sre_c
 import re._parser as sre_parse
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -36,6 +37,7 @@ from llmserve.errors import InvalidRequestError, OverloadedError
 
 log = logging.getLogger("llmserve.guided")
 
+_SWITCH = 0.00005  # the interpreter's thread switch interval while a compilation runs
 _REPEATS = (sre_c.MAX_REPEAT, sre_c.MIN_REPEAT, sre_c.POSSESSIVE_REPEAT)
 _GROUPS = (sre_c.ASSERT, sre_c.ASSERT_NOT)
 
@@ -293,6 +295,11 @@ class CompileWorker:
     def _run(self, job: _Job) -> None:
         outcome: Any = None
         error: BaseException | None = None
+        # While this thread compiles, other threads that want the interpreter lock (the engine
+        # thread between its native calls, the event loop) get it after 50 µs instead of 5 ms (measured:
+        # a torch loop ran 9x slower beside a compiling thread at 5 ms, about as fast as alone at 20 µs).
+        switch = sys.getswitchinterval()
+        sys.setswitchinterval(min(switch, _SWITCH))
         try:
             try:
                 job.state = "preparing"
@@ -319,6 +326,7 @@ class CompileWorker:
         except BaseException as exc:  # noqa: BLE001 - handed to the waiting request, whatever it is
             error = exc
         finally:
+            sys.setswitchinterval(switch)
             _local.deadline = None
             with self._watch_cond:
                 if self._current is job:
