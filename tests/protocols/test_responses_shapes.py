@@ -116,3 +116,19 @@ def test_store_bounds_by_count_and_bytes():
     assert store.delete("b", "s2") and not store.delete("b", "s2")
     assert store.usage("a")[0] == 2  # owners do not share a budget
     assert ResponseStore.owner("k") != "k" and ResponseStore.owner(None) == ""
+
+
+def test_an_error_after_the_200_is_an_error_event(echo_app, monkeypatch):
+    monkeypatch.setenv("LLMSERVE_FAULT_INJECTION", "request:doomed")  # post-processing of that request raises
+    client, context = echo_app()
+    context.engine.tokenizer.chat_template = LAST_MESSAGE
+    r = client.post("/v1/responses", json={"input": "hi", "stream": True}, headers={"x-request-id": "doomed-1"})
+    assert r.status_code == 200
+    events = [json.loads(line[6:]) for line in r.text.split("\n") if line.startswith("data: ")]
+    assert [e["type"] for e in events] == ["response.created", "response.in_progress", "error"]
+    assert [e["sequence_number"] for e in events] == [0, 1, 2]
+    assert events[-1]["code"] == "generation_error" and "see the server log" in events[-1]["message"]
+    whole = client.post("/v1/responses", json={"input": "hi"}, headers={"x-request-id": "doomed-2"})
+    assert whole.status_code == 500 and whole.json()["error"]["type"] == "generation_error"
+    fine = client.post("/v1/responses", json={"input": "still fine"})
+    assert fine.status_code == 200 and fine.json()["output"][0]["content"][0]["text"] == "still fine"
