@@ -132,3 +132,9 @@ def test_an_error_after_the_200_is_an_error_event(echo_app, monkeypatch):
     assert whole.status_code == 500 and whole.json()["error"]["type"] == "generation_error"
     fine = client.post("/v1/responses", json={"input": "still fine"})
     assert fine.status_code == 200 and fine.json()["output"][0]["content"][0]["text"] == "still fine"
+
+
+def test_auto_tool_choice_without_tools_is_plain_text(echo_app):
+    client = sdk(echo_app)
+    r = client.responses.create(model="echo", input="plain", tool_choice="auto", tools=[])
+    assert r.output_text == "plain" and r.tool_choice == "auto"
