@@ -102,6 +102,20 @@ def test_tgi_grammar_constrains(http):
     assert reply.status_code == 200 and reply.json()["generated_text"] in ("left", "right"), reply.text
 
 
+def test_vllm_native_generate_structured_outputs(http):
+    body = {"prompt": "Pick:", "max_tokens": 8, "temperature": 0}
+    reply = http.post("/generate", json={**body, "structured_outputs": {"choice": ["up", "down"]}})
+    assert reply.status_code == 200 and reply.json()["text"][0] in ("Pick:up", "Pick:down"), reply.text
+    reply = http.post("/generate", json={**body, "guided_regex": "[0-9]{2}"})
+    assert reply.status_code == 200 and re.fullmatch(r"Pick:[0-9]{2}", reply.json()["text"][0]), reply.text
+    for extra, param in [({"structured_outputs": {"foo": 1}}, "structured_outputs.foo"),
+                         ({"guided_regex": "a", "structured_outputs": {"regex": "b"}}, "guided_regex"),
+                         ({"guided_regex": "(a{1000}){1000}"}, "guided_regex"),
+                         ({"guided_jsn": {}}, "guided_jsn")]:
+        reply = http.post("/generate", json={**body, **extra})
+        assert reply.status_code == 400 and reply.json()["error"]["param"] == param, reply.text
+
+
 # -- refusals ------------------------------------------------------------------------------------
 def error_of(reply, status=400) -> dict:
     assert reply.status_code == status, reply.text
