@@ -117,7 +117,8 @@ def routes(openapi) -> list[tuple[str, dict[str, Any]]]:
     # The built-in dialects' generation routes must be among them, or the enumeration is broken.
     paths = {p for p, _ in found}
     assert {"/v1/completions", "/v1/chat/completions", "/generate", "/infer", f"/v2/models/{MODEL}/generate",
-            f"/v2/models/{MODEL}/infer", "/tokenize"} <= paths, paths
+            f"/v2/models/{MODEL}/infer", "/tokenize", "/api/chat", "/api/generate", "/v1/messages",
+            "/v1/responses"} <= paths, paths
     return found
 
 
