@@ -4,7 +4,10 @@ Starts ``llmserve serve`` (the embedded SmolLM2 by default) in a subprocess, war
 then sends ``--requests`` generation requests at ``--concurrency`` over all dialects' routes
 (OpenAI chat and completions, TGI, vLLM-native, MindIE, Triton; streaming and not). A
 ``--disconnect-fraction`` of them is dropped by the client at a random point (before the
-answer, or after the headers / first events). At the end it waits for the server to go idle
+answer, or after the headers / first events). A ``--hostile-fraction`` of them are hostile
+probes instead (``hostile_probes``: a megabyte stop string with n=4, megabyte and over-long
+prompts, n of a million, lone surrogates, deep nesting, too many stop strings, a megabyte
+/tokenize), each of which must get a 4xx. At the end it waits for the server to go idle
 and reports: 5xx answers, other non-200 answers, leaked KV blocks (blocks still in use when
 nothing runs), the server's RSS after warm-up and after the soak, and latency percentiles of
 the completed requests. Not run in CI; results go to docs/benchmarks.md.
@@ -58,8 +61,30 @@ def routes(model: str, prompt: str, max_tokens: int) -> list[tuple[str, str, dic
             ("triton-generate-stream", f"/v2/models/{model}/generate_stream", triton)]
 
 
-def raw_request(path: str, body: dict) -> bytes:
-    data = json.dumps(body).encode()
+def hostile_probes(model: str) -> list[tuple[str, str, dict | bytes]]:
+    """(name, path, body) of requests that must be refused with a 4xx, fast, and leave nothing
+    behind; a bytes body is sent as it is (JSON that ``json.dumps`` would not write)."""
+    deep = ("[" * 20_000 + "]" * 20_000).encode()
+    return [
+        ("hostile-stop-1mb-n4", "/v1/completions", {"model": model, "prompt": "Hi", "max_tokens": 4, "n": 4,
+                                                    "temperature": 1.0, "stop": ["ab" * 2**19]}),
+        ("hostile-tgi-stop-1mb", "/generate", {"inputs": "Hi", "parameters": {"max_new_tokens": 4,
+                                                                             "stop": ["ab" * 2**19]}}),
+        ("hostile-prompt-2mb", "/v1/completions", {"model": model, "prompt": "word " * 400_000, "max_tokens": 4}),
+        ("hostile-prompt-over-context", "/v1/completions", {"model": model, "prompt": "word " * 3000,
+                                                            "max_tokens": 4}),
+        ("hostile-n-million", "/v1/chat/completions", {"model": model, "n": 10**6,
+                                                       "messages": [{"role": "user", "content": "Hi"}]}),
+        ("hostile-surrogate", "/v1/completions",
+         b'{"model": "' + model.encode() + b'", "prompt": "a\\ud800b", "max_tokens": 4}'),  # JSON escape \ud800
+        ("hostile-deep-nesting", "/v1/completions", b'{"model": "' + model.encode() + b'", "prompt": ' + deep + b"}"),
+        ("hostile-65-stops", "/generate", {"prompt": "Hi", "max_tokens": 4, "stop": [f"s{i}" for i in range(65)]}),
+        ("hostile-tokenize-2mb", "/tokenize", {"model": model, "prompt": "word " * 400_000}),
+    ]
+
+
+def raw_request(path: str, body: dict | bytes) -> bytes:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
     return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n").encode() + data
 
@@ -100,6 +125,8 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--disconnect-fraction", type=float, default=0.25)
+    ap.add_argument("--hostile-fraction", type=float, default=0.1,
+                    help="share of requests that are hostile probes (each must get a 4xx)")
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--model", default=None, help="model path (default: the embedded SmolLM2)")
     ap.add_argument("--server-arg", action="append", default=[], help="extra `llmserve serve` argument")
@@ -144,7 +171,11 @@ def run(args: argparse.Namespace, proc: subprocess.Popen, url: str, port: int, l
     blocks = int(re.search(r"KV cache: (\d+) blocks", log_path.read_text()).group(1))
     rng = random.Random(args.seed)
     plan = []
+    probes = hostile_probes(model)
     for _ in range(args.requests):
+        if rng.random() < args.hostile_fraction:
+            plan.append((rng.choice(probes), False, random.Random(rng.random())))
+            continue
         prompt = rng.choice(PROMPTS)
         plan.append((rng.choice(routes(model, prompt, rng.randint(4, args.max_tokens))),
                      rng.random() < args.disconnect_fraction, random.Random(rng.random())))
@@ -203,13 +234,18 @@ def run(args: argparse.Namespace, proc: subprocess.Popen, url: str, port: int, l
     leaked = round(m.get("vllm:kv_cache_usage_perc", 0.0) * blocks)
     rss_after = server.memory_info().rss
     done = [r for r in results if not r["dropped"]]
+    hostile = [r for r in done if r["route"].startswith("hostile-")]
+    done = [r for r in done if not r["route"].startswith("hostile-")]
     lat = [r["latency"] for r in done if r["status"] == 200]
-    five = [r for r in done if r["status"] >= 500]
+    five = [r for r in done + hostile if r["status"] >= 500]
     other = [r for r in done if r["status"] != 200 and r["status"] < 500]
+    other += [r for r in hostile if not 400 <= r["status"] < 500]  # a probe must be refused, never served
     alive = httpx.post(url + "/v1/completions", json={"model": model, "prompt": "Hi", "max_tokens": 2}).status_code
     summary = {
         "requests": args.requests, "concurrency": args.concurrency, "dropped": len(results) - len(done),
-        "completed": len(done), "http_5xx": len(five), "other_non_200": len(other),
+        "completed": len(done), "hostile": len(hostile), "hostile_4xx": sum(400 <= r["status"] < 500 for r in hostile),
+        "hostile_p99_s": round(percentile([r["latency"] for r in hostile], 99), 2) if hostile else None,
+        "http_5xx": len(five), "other_non_200": len(other),
         "still_running": m.get("vllm:num_requests_running"), "still_waiting": m.get("vllm:num_requests_waiting"),
         "leaked_blocks": leaked, "kv_blocks": blocks, "rss_before_mib": round(rss_before / 2**20, 1),
         "rss_after_mib": round(rss_after / 2**20, 1), "rss_by_quarter_mib": rss_marks, "wall_s": round(wall, 1),
@@ -229,7 +265,8 @@ def write_markdown(path: Path, args: argparse.Namespace, s: dict) -> None:
     cmd = "python bench/soak.py " + " ".join(a for a in sys.argv[1:])
     columns = {
         "requests": s["requests"], "concurrency": s["concurrency"], "dropped by client": s["dropped"],
-        "completed": s["completed"], "5xx": s["http_5xx"], "other non-200": s["other_non_200"],
+        "completed": s["completed"], "hostile probes (4xx)": f"{s['hostile']} ({s['hostile_4xx']})",
+        "hostile p99": f"{s['hostile_p99_s']} s", "5xx": s["http_5xx"], "other non-200": s["other_non_200"],
         f"leaked KV blocks (of {s['kv_blocks']})": s["leaked_blocks"],
         "RSS after warm-up": f"{s['rss_before_mib']} MiB",
         "RSS after each quarter": " / ".join(str(x) for x in s["rss_by_quarter_mib"]) + " MiB",
