@@ -44,6 +44,20 @@ def message_text(content: Any, index: int) -> str | None:
     return "\n".join(parts)
 
 
+def arguments_as_object(call: Any) -> None:
+    """Decode a history tool call's ``function.arguments`` in place when it is a JSON string
+    holding an object: the wire formats send a string, while chat templates (Llama 3.1, Qwen,
+    Hermes, ...) expect the object. Anything else is left as sent."""
+    fn = call.get("function") if isinstance(call, dict) else None
+    if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
+        try:
+            value = json.loads(fn["arguments"])
+        except ValueError:
+            return  # not JSON: the template gets the text as sent
+        if isinstance(value, dict):
+            fn["arguments"] = value
+
+
 def _raise(message: str) -> None:
     raise TemplateRaised(message)
 

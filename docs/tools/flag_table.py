@@ -8,6 +8,8 @@ from llmserve.config import ENV_PREFIX, FIELDS, ServerConfig, _kind, flag_name
 def type_of(field):
     ann = ServerConfig.model_fields[field].annotation
     args = [a for a in get_args(ann) if a is not type(None)]
+    if get_origin(ann) is not Literal and len(args) == 1 and get_origin(args[0]) is Literal:
+        ann = args[0]  # Optional[Literal[...]]: the choices, or unset
     if get_origin(ann) is Literal:
         return "one of " + ", ".join(f"`{a}`" for a in get_args(ann))
     kind = _kind(field)

@@ -68,7 +68,7 @@ class Messages:
             spec = GuidedSpec("json_schema", plan.schema, param="tool_choice", compact=True)
         if spec is None:
             return None
-        return await asyncio.to_thread(self.p.context.guided.compile, spec)
+        return await self.p.context.guided.compile_async(spec)
 
     async def create(self, body: MessagesRequest) -> Response:
         ctx = self.p.context

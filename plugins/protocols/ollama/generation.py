@@ -127,7 +127,7 @@ class Generation:
         kwargs = params.template_kwargs(body.think)
         plan = self._plan(body.tools, model)
         spec = guided_spec(body.format)
-        mask_factory = await asyncio.to_thread(self.ctx.guided.compile, spec) if spec is not None else None
+        mask_factory = await self.ctx.guided.compile_async(spec) if spec is not None else None
         make_chain = self._chain(plan, think, kwargs, constrained=mask_factory is not None)
         messages, continue_last = template_messages(body.messages)
         tokenizer = self.ctx.engine.tokenizer
@@ -148,7 +148,7 @@ class Generation:
         think = think_mode(body.think, self.ctx.config.reasoning_parser, model)
         kwargs = params.template_kwargs(body.think)
         spec = guided_spec(body.format)
-        mask_factory = await asyncio.to_thread(self.ctx.guided.compile, spec) if spec is not None else None
+        mask_factory = await self.ctx.guided.compile_async(spec) if spec is not None else None
         make_chain = self._chain(None, think, kwargs, constrained=mask_factory is not None)
         engine = self.ctx.engine
         text, special = await asyncio.to_thread(generate_prompt, engine.tokenizer, body, kwargs,

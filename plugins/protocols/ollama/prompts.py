@@ -9,30 +9,17 @@ trim markers. Anything else is a 400 naming the construct, never a silently wron
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
 from llmserve.errors import InvalidRequestError
-from llmserve.text.chat_template import render_chat
+from llmserve.text.chat_template import arguments_as_object, render_chat
 
 from .wire import GenerateRequest, Message
 
 ROLES = ("system", "user", "assistant", "tool")
 _ACTION = re.compile(r"{{(-?)\s*(.*?)\s*(-?)}}", re.S)
 _FIELDS = ("System", "Prompt", "Response")
-
-
-def _arguments(value: Any) -> Any:
-    """Tool-call arguments for a template: the object (Ollama sends objects; a string holding
-    an object, as OpenAI clients send, is decoded)."""
-    if isinstance(value, str):
-        try:
-            decoded = json.loads(value)
-        except ValueError:
-            return value
-        return decoded if isinstance(decoded, dict) else value
-    return value if value is not None else {}
 
 
 def template_messages(messages: list[Message]) -> tuple[list[dict[str, Any]], bool]:
@@ -50,9 +37,14 @@ def template_messages(messages: list[Message]) -> tuple[list[dict[str, Any]], bo
         if m.thinking:
             msg["reasoning_content"] = m.thinking
         if m.tool_calls:
-            msg["tool_calls"] = [{"id": c.id or f"call_{i}_{j}", "type": "function",
-                                  "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)}}
-                                 for j, c in enumerate(m.tool_calls)]
+            # Ollama sends arguments as objects; a string holding one (as OpenAI clients send) is decoded.
+            calls = [{"id": c.id or f"call_{i}_{j}", "type": "function",
+                      "function": {"name": c.function.name,
+                                   "arguments": {} if c.function.arguments is None else c.function.arguments}}
+                     for j, c in enumerate(m.tool_calls)]
+            for call in calls:
+                arguments_as_object(call)
+            msg["tool_calls"] = calls
         if m.tool_name:  # templates read the tool's name as `name` (OpenAI style) or `tool_name`
             msg["name"] = msg["tool_name"] = m.tool_name
         out.append(msg)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import uuid
 from typing import Any, AsyncIterator
 
@@ -16,7 +15,7 @@ from llmserve.parsing.forced import first_call_only
 from llmserve.parsing.tool_choice import ToolPlan, plan_tools
 from llmserve.server.dialect_kit import SSE_DONE, STREAM_HEADERS, sse
 from llmserve.server.errors import to_error
-from llmserve.text.chat_template import message_text, render_chat
+from llmserve.text.chat_template import arguments_as_object, message_text, render_chat
 
 from .deltas import openai_delta
 from .params import chat_sampling, guided_mask, guided_spec, new_request, now
@@ -51,7 +50,7 @@ class Chat(Endpoint):
             msg = m.model_dump(exclude_none=True)
             msg["content"] = message_text(m.content, i) or ""
             for call in msg.get("tool_calls") or []:
-                _arguments_as_object(call)
+                arguments_as_object(call)
             messages.append(msg)
         if body.disable_chat_template:
             return "\n".join(m["content"] for m in messages), None
@@ -183,19 +182,6 @@ class Chat(Endpoint):
         except Exception as exc:  # noqa: BLE001 - after the 200, errors travel in-band
             yield sse(self.p.error_body(to_error(exc))[1])
         yield SSE_DONE
-
-
-def _arguments_as_object(call: Any) -> None:
-    """History tool calls carry ``arguments`` as a JSON string; chat templates (Llama 3.1,
-    Qwen, Hermes...) expect the object, so a string holding an object is decoded."""
-    fn = call.get("function") if isinstance(call, dict) else None
-    if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
-        try:
-            value = json.loads(fn["arguments"])
-        except ValueError:
-            return  # not JSON: the template gets the text as sent
-        if isinstance(value, dict):
-            fn["arguments"] = value
 
 
 def _finish(reason: str | None, called: bool) -> str | None:

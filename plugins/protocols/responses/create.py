@@ -139,7 +139,7 @@ class Create:
                 raise InvalidRequestError("tool_choice required or a named function cannot be combined with a JSON "
                                           "text.format", param="tool_choice")
             spec = GuidedSpec("json_schema", plan.schema, param="tool_choice")
-        mask_factory = await asyncio.to_thread(ctx.guided.compile, spec) if spec is not None else None
+        mask_factory = await ctx.guided.compile_async(spec) if spec is not None else None
         effort = body.reasoning.effort if body.reasoning is not None else None
         template_kwargs = {"reasoning_effort": effort} if effort else None
         make_chain = ParseChain.factory(ctx.registry, tool_parser=cfg.tool_call_parser,

@@ -19,10 +19,7 @@ import json
 from typing import Any
 
 from llmserve.errors import InvalidRequestError
-
-# Dialect-neutral, kept in the openai plugin for now: history tool-call arguments (a JSON
-# string on the wire) decoded into the object chat templates expect.
-from llmserve.plugins.protocols.openai.chat import _arguments_as_object
+from llmserve.text.chat_template import arguments_as_object
 
 ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
 TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
@@ -109,7 +106,7 @@ class Conversation:
             fields[key] = value
         call = {"id": fields["call_id"], "type": "function",
                 "function": {"name": fields["name"], "arguments": fields["arguments"]}}
-        _arguments_as_object(call)
+        arguments_as_object(call)
         self._names[fields["call_id"]] = fields["name"]
         last = self.messages[-1] if self.messages else None
         if last is not None and last["role"] == "assistant" and not self._reasoning:
