@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -48,6 +49,21 @@ class ServerProcess:
         self.proc = subprocess.Popen([sys.executable, "-m", "llmserve", "serve", "--port", str(self.port), *args],
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env,
                                      cwd=ROOT)
+        # Drain the log as it comes: a server whose pipe fills (64 KiB: a few hundred request
+        # lines) blocks in its next log call, and every request it serves then hangs.
+        self._log: list[str] = []
+        self._reader = threading.Thread(target=self._drain, daemon=True)
+        self._reader.start()
+
+    def _drain(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._log.append(line)
+
+    @property
+    def log(self) -> str:
+        """What the server has written so far (stdout and stderr)."""
+        return "".join(self._log)
 
     def wait_ready(self, timeout: float = 120) -> "ServerProcess":
         import httpx
@@ -55,7 +71,8 @@ class ServerProcess:
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.proc.stdout.read()}")
+                self._reader.join(timeout=5)
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log}")
             try:
                 if httpx.get(self.url + "/health", timeout=1).status_code == 200:
                     return self
@@ -71,7 +88,8 @@ class ServerProcess:
                 self.proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
-        return self.proc.stdout.read() if self.proc.stdout else ""
+        self._reader.join(timeout=5)
+        return self.log
 
 
 @pytest.fixture

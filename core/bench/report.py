@@ -17,13 +17,14 @@ METRICS = (("ttft", "TTFT", "Time to First Token"), ("itl", "ITL", "Inter-token 
 
 class Progress:
     """Requests done out of ``total``: a bar redrawn in place on a terminal (at most ten times a
-    second), otherwise one plain line at most once a second (log files get no ``\\r``)."""
+    second), otherwise one plain line at most once a second and one at the end (log files get no
+    ``\\r``)."""
 
     def __init__(self, total: int, label: str, stream: TextIO | None = None, enabled: bool = True) -> None:
         self.total, self.label, self.enabled = total, label, enabled
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty()
-        self.done = self.failed = 0
+        self.done = self.failed = self.drawn = 0
         self.start = self.last = time.monotonic()
 
     def update(self, sample: Sample) -> None:
@@ -35,6 +36,7 @@ class Progress:
             self._draw(now)
 
     def _draw(self, now: float) -> None:
+        self.drawn = self.done
         failed = f", {self.failed} failed" if self.failed else ""
         text = f"{self.label}: {self.done}/{self.total} requests{failed}, {now - self.start:.1f} s"
         if self.tty:
@@ -46,9 +48,13 @@ class Progress:
         self.stream.flush()
 
     def close(self) -> None:
-        if self.enabled and self.tty:
+        if not self.enabled:
+            return
+        if self.tty:
             self.stream.write("\n")
             self.stream.flush()
+        elif self.drawn != self.done:  # a level faster than a second still says it finished
+            self._draw(time.monotonic())
 
 
 def level_result(run: LevelRun, detailed: bool = False) -> dict[str, Any]:

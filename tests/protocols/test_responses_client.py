@@ -28,7 +28,7 @@ TOOLS = [{"type": "function", "name": "get_weather", "description": "Current wea
          {"type": "function", "name": "add", "description": "Add two integers", "parameters": ADD, "strict": True}]
 SCHEMAS = {"get_weather": WEATHER, "add": ADD}
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
-                                           "age": {"type": "integer", "minimum": 0, "maximum": 150},
+                                           "age": {"type": "integer"},  # bounds are not enforced (guided-decoding.md)
                                            "pets": {"type": "array", "items": {"type": "string", "maxLength": 12},
                                                     "maxItems": 3}},
           "required": ["name", "age", "pets"], "additionalProperties": False}
