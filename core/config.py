@@ -82,6 +82,9 @@ class ServerConfig(BaseModel):
     sse_ping_interval: float = Field(10.0, ge=0, description=(
         "On SSE streams, send a `: ping` comment after this many seconds without data (long prefills, queueing), "
         "so proxies keep the connection; 0: never."))
+    heap_trim_interval: float = Field(10.0, ge=0, description=(
+        "Seconds between checks that give freed heap memory back to the system (glibc malloc_trim) after "
+        "requests, while none is open, so large requests do not leave RSS grown; 0: never."))
     shutdown_timeout: float = Field(30.0, ge=0, description=(
         "On SIGTERM: refuse new requests (503) and let in-flight ones finish for up to this many seconds, then "
         "abort the rest and exit 0; 0 aborts at once."))

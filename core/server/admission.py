@@ -52,6 +52,7 @@ class Admission:
         self.waiting_tokens = 0      # prompt tokens waiting for their prefill
         self.requests: set[RequestContext] = set()
         self.rejected = 0
+        self.opened = 0              # HTTP requests seen, ever (the heap trimmer's sign of activity)
         self._idle = asyncio.Event()  # binds to the event loop on first use
 
     # -- limits ---------------------------------------------------------------------------------
@@ -104,6 +105,7 @@ class Admission:
         ctx.owner = self
         ctx.deadline = deadline_after(self.config.request_timeout)
         self.requests.add(ctx)
+        self.opened += 1
 
     def close(self, ctx: RequestContext) -> None:
         """Give back everything ``ctx`` reserved (idempotent)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import threading
@@ -13,6 +14,7 @@ from llmserve.errors import ConfigError
 from llmserve.hooks.manager import PluginManager
 from llmserve.hooks.registry import Registry
 from llmserve.server.context import ServerContext
+from llmserve.server.memory import trim_when_idle
 
 log = logging.getLogger("llmserve.server")
 T = TypeVar("T")
@@ -143,9 +145,11 @@ def build_server(config: ServerConfig, plugins: PluginManager) -> tuple[Any, Ser
         context.ready = True
         path = context.model.path if context.model is not None else "-"
         log.info("serving %s (%s) with protocols: %s", context.model_name, path, ", ".join(protocols))
+        trimmer = asyncio.create_task(trim_when_idle(context, config.heap_trim_interval))
         try:
             yield
         finally:
+            trimmer.cancel()
             context.ready = False
             try:
                 plugins.hook.shutdown(context=context)
