@@ -125,6 +125,9 @@ class ServerConfig(BaseModel):
         "Let browsers send cookies and Authorization headers cross-origin (CORS); not allowed with origin *."))
     chat_template_render_timeout: float = Field(5.0, gt=0, le=600, description=(
         "Seconds a chat template may take to render before the request fails with 400."))
+    chat_template: str | None = Field(None, description=(
+        "Chat template to use instead of the model's own: a file path or the template text (e.g. a template "
+        "that renders `tools` when the model's drops them)."))
     trust_request_chat_template: bool = Field(False, description="Allow requests to send their own chat_template.")
     tool_call_parser: str | None = Field(None, description=(
         "Tool-call parser that turns model output into tool_calls (see `llmserve plugins`)."))

@@ -15,6 +15,7 @@ from llmserve.hooks.manager import PluginManager
 from llmserve.hooks.registry import Registry
 from llmserve.server.context import ServerContext
 from llmserve.server.memory import trim_when_idle
+from llmserve.text.chat_template import server_template
 
 log = logging.getLogger("llmserve.server")
 T = TypeVar("T")
@@ -166,8 +167,13 @@ def build_server(config: ServerConfig, plugins: PluginManager) -> tuple[Any, Ser
     from llmserve.engine.client import EngineClient
     from llmserve.engine.engine import LLMEngine
 
+    template = server_template(config.chat_template) if config.chat_template else None  # before the load
+
     def load() -> LLMEngine:
         context.model = backend.load()
+        if template is not None:  # --chat-template replaces the model's own, for every dialect
+            context.model.chat_template = template
+            context.model.tokenizer.chat_template = template
         return LLMEngine(backend, context.model, config)  # allocates the KV pool
 
     engine = on_passing_thread(load)

@@ -124,6 +124,34 @@ def compile_template(source: str) -> Any:
     return env.from_string(source)
 
 
+def server_template(value: str) -> str:
+    """The template ``--chat-template`` names: a file's contents when ``value`` is an existing
+    file, else ``value`` itself when it looks like a template. Checked as the model's own
+    template is (sandbox vetting, syntax), so a bad one stops the server at start, not each
+    request. Raises ``ConfigError``."""
+    from pathlib import Path
+
+    from llmserve.errors import ConfigError
+    from llmserve.text.sandbox import vet_template
+
+    path = Path(value).expanduser()
+    if path.is_file():
+        source = path.read_text(encoding="utf-8")
+    elif any(mark in value for mark in ("{{", "{%")):
+        source = value
+    else:
+        raise ConfigError(f"--chat-template: {value!r} is neither a file nor a template (a file path that "
+                          f"does not exist?)")
+    why = vet_template(source)
+    if why is not None:
+        raise ConfigError(f"--chat-template was refused: {why} (a jinja template-injection payload)")
+    try:
+        compile_template(source)
+    except Exception as exc:  # noqa: BLE001 - jinja's syntax errors, one line
+        raise ConfigError(f"--chat-template is not a valid template: {type(exc).__name__}: {exc}") from None
+    return source
+
+
 @lru_cache(maxsize=32)
 def template_variables(source: str) -> frozenset[str]:
     """The variables ``source`` reads from its context (what ``chat_template_kwargs`` may set)."""
