@@ -65,6 +65,9 @@ class EngineClient:
         """Token ids of ``text``; a text over ``--max-prompt-chars`` is refused (400) untokenized.
         Blocks while it tokenizes: from the event loop, await ``aencode`` instead."""
         self.limits.check_prompt(text, param)
+        return self._tokenize(text, add_special_tokens)
+
+    def _tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
     async def in_worker(self, func: Callable[..., T], *args: object, **kwargs: object) -> T:
@@ -75,7 +78,7 @@ class EngineClient:
     async def aencode(self, text: str, add_special_tokens: bool = True, param: str = "prompt") -> list[int]:
         """``encode`` off the event loop: the size check here, the tokenizing in a worker thread."""
         self.limits.check_prompt(text, param)
-        return await self.in_worker(self.encode, text, add_special_tokens, param)
+        return await self.in_worker(self._tokenize, text, add_special_tokens)
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
@@ -122,8 +125,12 @@ class EngineClient:
         loop, await ``aprepare`` instead.
         """
         self.check_limits(request, param)
+        return self._fill(request, param)
+
+    def _fill(self, request: GenerateRequest, param: str) -> list[int]:
+        """``prepare`` past the bounds check: tokenize what is missing, then validate."""
         if request.prompt_token_ids is None:
-            request.prompt_token_ids = self.encode(request.prompt or "", request.add_special_tokens)
+            request.prompt_token_ids = self._tokenize(request.prompt or "", request.add_special_tokens)
         if request.sampling.bad_words:
             ids = request.sampling.bad_words_token_ids + self._bad_words_ids(request.sampling.bad_words)
             request.sampling = request.sampling.model_copy(update={"bad_words_token_ids": ids, "bad_words": []})
@@ -143,7 +150,7 @@ class EngineClient:
         if request.prompt_token_ids is not None and not request.sampling.bad_words:
             self.validate(request.prompt_token_ids, request, param)  # nothing to tokenize
             return request.prompt_token_ids
-        return await self.in_worker(self.prepare, request, param)
+        return await self.in_worker(self._fill, request, param)
 
     async def embed(self, inputs: list[list[int]], param: str = "input") -> list[list[float]]:
         """Pooled embeddings of token-id lists (an embedding model, ``--task embed``)."""

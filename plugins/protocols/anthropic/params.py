@@ -48,12 +48,17 @@ def system_text(system: Any) -> str | None:
     """``system`` as one string (text blocks joined by newlines), or None."""
     if system is None or isinstance(system, str):
         return system or None
+    return _joined_text(system, "system", "system blocks must be text blocks")
+
+
+def _joined_text(blocks: list[Any], where: str, refusal: str) -> str:
+    """The texts of a list of text blocks, joined by newlines; any other block is a 400."""
     parts = []
-    for j, block in enumerate(system):
-        where = f"system.{j}"
-        if _block_type(block, where) != "text":
-            raise InvalidRequestError(f"{where}: system blocks must be text blocks", param=where)
-        parts.append(_text(block.get("text"), f"{where}.text"))
+    for j, block in enumerate(blocks):
+        at = f"{where}.{j}"
+        if _block_type(block, at) != "text":
+            raise InvalidRequestError(f"{at}: {refusal}", param=at)
+        parts.append(_text(block.get("text"), f"{at}.text"))
     return "\n".join(parts)
 
 
@@ -64,13 +69,7 @@ def _tool_result_text(block: dict[str, Any], where: str) -> str:
     if not isinstance(content, list):
         raise InvalidRequestError(f"{where}.content: must be a string or a list of text blocks",
                                   param=f"{where}.content")
-    parts = []
-    for k, inner in enumerate(content):
-        at = f"{where}.content.{k}"
-        if _block_type(inner, at) != "text":
-            raise InvalidRequestError(f"{at}: tool results may hold text blocks only", param=at)
-        parts.append(_text(inner.get("text"), f"{at}.text"))
-    return "\n".join(parts)
+    return _joined_text(content, f"{where}.content", "tool results may hold text blocks only")
 
 
 def chat_messages(body: CountTokensRequest) -> list[dict[str, Any]]:

@@ -32,6 +32,10 @@ MANAGEMENT = ("this server does not manage models over HTTP ({what} is disabled)
               "started with; restart it with --model to change models")
 NDJSON_RESPONSES = stream_responses(NDJSON)
 _HEAD_OK = {200: {"description": "The resource exists (no body)"}}
+# Model management: (method, path, what is refused). Never touches the disk.
+MANAGEMENT_ROUTES = (("POST", "/api/pull", "pulling models"), ("POST", "/api/push", "pushing models"),
+                     ("POST", "/api/create", "creating models"), ("POST", "/api/copy", "copying models"),
+                     ("DELETE", "/api/delete", "deleting models"))
 
 
 class Forbidden(LLMServeError):
@@ -121,26 +125,16 @@ class OllamaProtocol(Protocol):
         def refuse(what: str) -> Forbidden:
             return Forbidden(MANAGEMENT.format(what=what))
 
-        # Bodies are declared for the OpenAPI document only: nothing in them is read.
-        @router.post("/api/pull", summary="Ollama: refused (no model downloads)")
-        async def pull(body: ManagementRequest | None = None) -> Response:
-            raise refuse("pulling models")
+        # Bodies are declared for the OpenAPI document only: nothing in them is used.
+        def refusing(what: str) -> Any:
+            async def refused(body: ManagementRequest | None = None) -> Response:
+                raise refuse(what)
+            return refused
 
-        @router.post("/api/push", summary="Ollama: refused (no model uploads)")
-        async def push(body: ManagementRequest | None = None) -> Response:
-            raise refuse("pushing models")
-
-        @router.post("/api/create", summary="Ollama: refused (no model creation)")
-        async def create(body: ManagementRequest | None = None) -> Response:
-            raise refuse("creating models")
-
-        @router.post("/api/copy", summary="Ollama: refused (no model copies)")
-        async def copy(body: ManagementRequest | None = None) -> Response:
-            raise refuse("copying models")
-
-        @router.delete("/api/delete", summary="Ollama: refused (no model deletion)")
-        async def delete(body: ManagementRequest | None = None) -> Response:
-            raise refuse("deleting models")
+        for method, path, what in MANAGEMENT_ROUTES:
+            name = path.rsplit("/", 1)[1]
+            router.add_api_route(path, refusing(what), methods=[method], summary=f"Ollama: refused ({what})",
+                                 operation_id=f"ollama_{name}", name=name)
 
         async def blobs(digest: str) -> Response:
             raise refuse("uploading blobs")
