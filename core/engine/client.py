@@ -124,11 +124,7 @@ class EngineClient:
         instead of in the middle of a stream. It blocks while it tokenizes: from the event
         loop, await ``aprepare`` instead.
         """
-        self.check_limits(request, param)
-        return self._fill(request, param)
-
-    def _fill(self, request: GenerateRequest, param: str) -> list[int]:
-        """``prepare`` past the bounds check: tokenize what is missing, then validate."""
+        self.check_limits(request, param)  # cheap: lengths only
         if request.prompt_token_ids is None:
             request.prompt_token_ids = self._tokenize(request.prompt or "", request.add_special_tokens)
         if request.sampling.bad_words:
@@ -150,7 +146,7 @@ class EngineClient:
         if request.prompt_token_ids is not None and not request.sampling.bad_words:
             self.validate(request.prompt_token_ids, request, param)  # nothing to tokenize
             return request.prompt_token_ids
-        return await self.in_worker(self._fill, request, param)
+        return await self.in_worker(self.prepare, request, param)
 
     async def embed(self, inputs: list[list[int]], param: str = "input") -> list[list[float]]:
         """Pooled embeddings of token-id lists (an embedding model, ``--task embed``)."""
