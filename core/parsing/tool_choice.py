@@ -14,11 +14,19 @@ This module only plans; ``llmserve.parsing.chain.ParseChain.factory`` turns a pl
 
 ``parallel_tool_calls: false`` limits the result to one call (``maxItems: 1`` when forced,
 later calls dropped under ``auto``).
+
+Parameter schemas keep their local definitions (pydantic's ``$defs``, older ``definitions``):
+a named function's schema is its parameters as they are; the ``required`` array moves each
+tool's definitions into the array schema's own ``$defs`` under a per-tool key
+(``<tool>__<name>``) and points that tool's ``$ref``s there, so two tools may both define
+``Address`` differently.
 """
 
 from __future__ import annotations
 
+import copy
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -65,6 +73,73 @@ def _parameters(tool: dict[str, Any]) -> dict[str, Any]:
     return params if params else {"type": "object", "properties": {}}
 
 
+_DEF_KEYS = ("$defs", "definitions")
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")  # keys stay plain: decoders resolve a $ref by its last segment
+
+
+def _pointer(segment: str) -> str:
+    """A key as a JSON-pointer segment (how a ``$ref`` spells it)."""
+    return segment.replace("~", "~0").replace("/", "~1")
+
+
+def _rewrite_refs(node: Any, refs: dict[str, str]) -> Any:
+    if isinstance(node, dict):
+        out = {k: _rewrite_refs(v, refs) for k, v in node.items()}
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref in refs:
+            out["$ref"] = refs[ref]
+        return out
+    if isinstance(node, list):
+        return [_rewrite_refs(v, refs) for v in node]
+    return node
+
+
+def _hoisted(tools: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Each tool's parameters without its local definitions, and every tool's definitions
+    together under per-tool keys, with each tool's ``$ref``s rewritten to those keys."""
+    shared: dict[str, Any] = {}
+
+    def key_for(*parts: str) -> str:
+        key = "__".join(_UNSAFE.sub("_", p) for p in parts)
+        base, n = key, 1
+        while key in shared:
+            n += 1
+            key = f"{base}_{n}"
+        shared[key] = None  # reserved; filled once the refs are known
+        return key
+
+    params_out = []
+    for tool in tools:
+        name = tool["function"]["name"]
+        params = copy.deepcopy(_parameters(tool))
+        refs: dict[str, str] = {}
+        local: dict[str, Any] = {}
+        for defs_key in _DEF_KEYS:
+            defs = params.pop(defs_key, None)
+            if not isinstance(defs, dict):
+                continue
+            for def_name, body in defs.items():
+                key = key_for(name, str(def_name))
+                refs[f"#/{defs_key}/{_pointer(str(def_name))}"] = f"#/$defs/{key}"
+                local[key] = body
+        if _uses_root_ref(params):  # a recursive schema that points at its own top
+            key = key_for(name)
+            refs["#"] = f"#/$defs/{key}"
+            local[key] = params
+        for key, body in local.items():
+            shared[key] = _rewrite_refs(body, refs)
+        params_out.append({"$ref": refs["#"]} if "#" in refs else _rewrite_refs(params, refs))
+    return params_out, shared
+
+
+def _uses_root_ref(node: Any) -> bool:
+    if isinstance(node, dict):
+        return node.get("$ref") == "#" or any(_uses_root_ref(v) for v in node.values())
+    if isinstance(node, list):
+        return any(_uses_root_ref(v) for v in node)
+    return False
+
+
 def plan_tools(tools: Any, tool_choice: Any, parallel_tool_calls: bool | None, *,
                auto_enabled: bool, tool_parser: str | None) -> ToolPlan:
     """Validate ``tools``/``tool_choice`` (400s name the field) and decide the plan.
@@ -88,12 +163,15 @@ def plan_tools(tools: Any, tool_choice: Any, parallel_tool_calls: bool | None, *
                                       param="tool_choice")
         return ToolPlan("auto", offered=tools, parallel=parallel)
     if tool_choice == "required":
+        arguments, defs = _hoisted(tools)
         branches = [{"type": "object",
                      "properties": {"name": {"type": "string", "enum": [t["function"]["name"]]},
-                                    "arguments": _parameters(t)},
-                     "required": ["name", "arguments"]} for t in tools]
+                                    "arguments": args},
+                     "required": ["name", "arguments"]} for t, args in zip(tools, arguments)]
         schema: dict[str, Any] = {"type": "array", "minItems": 1,
                                   "items": branches[0] if len(branches) == 1 else {"anyOf": branches}}
+        if defs:
+            schema["$defs"] = defs
         if not parallel:
             schema["maxItems"] = 1
         return ToolPlan("forced", offered=tools, schema=schema, parallel=parallel)
