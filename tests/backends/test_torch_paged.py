@@ -414,6 +414,47 @@ def test_cuda_matches_cpu(tiny_dir: str, reference) -> None:
     b.close()
 
 
+def test_fused_forward_takes_any_attention_output_layout(tiny_dir: str, reference, monkeypatch) -> None:
+    """The attention kernel chooses its output's memory layout: CUDA's SDPA returns batched decode
+    rows with the heads apart in memory (a layout no view can flatten), and the fused forward must
+    still read it. Here every attention output is handed over in that layout, on the CPU."""
+    from llmserve.plugins.backends.torch import fused as fused_module
+
+    real = fused_module.paged_attention
+
+    def heads_apart(*args: object, **kwargs: object) -> torch.Tensor:
+        out = real(*args, **kwargs)                      # [T, H, D]
+        return out.transpose(0, 1).contiguous().transpose(0, 1)
+
+    monkeypatch.setattr(fused_module, "paged_attention", heads_apart)
+    b = make_backend(tiny_dir, fused=True, kernel=False)
+    a, c = seq(22, 10), seq(23, 6)
+    b.forward_logits([item(0, a[:9], 0, [3, 1, 7]), item(1, c[:5], 0, [5, 9])])
+    got = b.forward_logits([item(0, [a[9]], 9, [3, 1, 7]), item(1, [c[5]], 5, [5, 9])])
+    check(got[0], reference(a)[9:10])
+    check(got[1], reference(c)[5:6])
+    b.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "transformers"])
+def test_cuda_batched_decode_matches_cpu(tiny_dir: str, reference, fused: bool) -> None:
+    """Twelve sequences prefilled in one step, then decoded together, as a server batches them."""
+    b = TorchBackend(SimpleNamespace(model=tiny_dir, dtype="float32", device="cuda", max_model_len=None),
+                     TorchOptions.from_environ(fused_forward=fused))
+    b.load()
+    assert (b._fused is not None) == fused
+    b.init_kv_cache(KVCacheSpec(block_size=BS, num_blocks=128))
+    seqs = [seq(40 + i, 3 + i) for i in range(12)]
+    tables = [list(range(8 * i, 8 * i + 8)) for i in range(12)]
+    b.forward_logits([item(i, s[:-1], 0, t) for i, (s, t) in enumerate(zip(seqs, tables))])
+    got = b.forward_logits([item(i, [s[-1]], len(s) - 1, t) for i, (s, t) in enumerate(zip(seqs, tables))])
+    for g, s in zip(got, seqs):
+        torch.testing.assert_close(g.cpu(), reference(s)[-1:], atol=1e-3, rtol=1e-3)
+    b.close()
+
+
 @pytest.mark.parametrize("value,fused", [("0", False), ("off", False), ("1", True), (None, True)])
 def test_fused_forward_environment_switch(tiny_dir: str, monkeypatch, value: str | None, fused: bool) -> None:
     """LLMSERVE_FUSED_FORWARD=0 keeps transformers' modules (the comparison the docs describe)."""

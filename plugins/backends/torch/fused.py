@@ -226,6 +226,8 @@ class FusedDecoder:
             qk = qkv[:, :k_end].view(T, H + kvh, D)
             v = qkv[:, k_end:].view(T, kvh, D)
             o = paged_attention(cache, meta, lay.idx, qk[:, :H], qk[:, H:], v, lay.scaling, lay.window)
-            x = ops.add_rms_norm(h, lay.o(o.view(T, q_end)), lay.ln2, lay.eps2)
+            # reshape, not view: the attention output's layout is the kernel's choice (CUDA's
+            # SDPA returns decode rows with heads apart in memory, which no view can merge).
+            x = ops.add_rms_norm(h, lay.o(o.reshape(T, q_end)), lay.ln2, lay.eps2)
             delta = lay.down(ops.silu_mul(lay.gu(x)))
         return ops.add_rms_norm(h, delta, self.norm_w, self.norm_eps)
