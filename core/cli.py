@@ -12,7 +12,7 @@ import inspect
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Literal, Optional, get_args, get_type_hints
+from typing import TYPE_CHECKING, Any, Callable, Literal, Optional, Sequence, get_args, get_type_hints
 
 import typer
 from pydantic import BaseModel
@@ -20,7 +20,8 @@ from pydantic import BaseModel
 from llmserve import __version__
 from llmserve.bench.command import bench_cli
 from llmserve.chat_cli import chat_command
-from llmserve.config import FIELDS, ServerConfig, _kind, flag_name, load_config, load_options, option_flag
+from llmserve.config import (FIELDS, FLAG_ALIASES, ServerConfig, _kind, flag_name, load_config, load_options,
+                             option_flag)
 from llmserve.errors import ConfigError
 from llmserve.ray_serve import ray_serve_command
 from llmserve.hooks.manager import PluginManager
@@ -60,8 +61,8 @@ def fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-def _option(name: str, model: type[BaseModel], field: str, flag: str) -> inspect.Parameter:
-    """The typer parameter ``name`` for ``model.field`` as the long option ``flag``."""
+def _option(name: str, model: type[BaseModel], field: str, flag: str, aliases: Sequence[str] = ()) -> inspect.Parameter:
+    """The typer parameter ``name`` for ``model.field`` as the long option ``flag`` (and ``aliases``)."""
     info = model.model_fields[field]
     kind = _kind(field, model)
     help_text = info.description or ""
@@ -70,15 +71,15 @@ def _option(name: str, model: type[BaseModel], field: str, flag: str) -> inspect
     if choices:
         help_text += f" One of: {', '.join(choices)}."
     if kind == "bool":
-        default = typer.Option(None, f"{flag}/--no-{flag[2:]}", help=help_text, show_default=False)
+        default = typer.Option(None, f"{flag}/--no-{flag[2:]}", *aliases, help=help_text, show_default=False)
         annotation: Any = Optional[bool]
     elif kind in ("list", "dict"):
-        default = typer.Option(None, flag, help=help_text, show_default=False)
+        default = typer.Option(None, flag, *aliases, help=help_text, show_default=False)
         annotation = Optional[list[str]]
     else:
         base = literal[0] if literal else info.annotation
         annotation = Optional[base] if base in (int, float) else Optional[str]
-        default = typer.Option(None, flag, help=help_text, show_default=False)
+        default = typer.Option(None, flag, *aliases, help=help_text, show_default=False)
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
 
 
@@ -92,7 +93,7 @@ def with_config_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     own = [p.replace(annotation=hints.get(p.name, p.annotation))
            for p in inspect.signature(fn).parameters.values() if p.name != "flags"]
     own_names = {p.name for p in own}
-    extra = [_option(f, ServerConfig, f, flag_name(f)) for f in FIELDS if f not in own_names]
+    extra = [_option(f, ServerConfig, f, flag_name(f), FLAG_ALIASES.get(f, ())) for f in FIELDS if f not in own_names]
 
     def wrapper(**kwargs: Any) -> Any:
         flags: dict[str, Any] = {f: kwargs.pop(f) for f in FIELDS if f in kwargs and f not in own_names}
@@ -123,7 +124,7 @@ def add_backend_options(registry: "Registry") -> None:
 
     A flag that would shadow a server setting is left out (YAML and environment still set it).
     """
-    taken = {flag_name(f) for f in FIELDS}
+    taken = {flag_name(f) for f in FIELDS} | {a for names in FLAG_ALIASES.values() for a in names}
     params = []
     for section, model in backend_option_models(registry).items():
         for field in model.model_fields:
@@ -160,12 +161,16 @@ def with_cli_plugins(specs: list[str] | None) -> PluginManager:
 
 @cli.command()
 @with_config_options
-def serve(model: Optional[str] = typer.Argument(
-              None, help="Model directory or .gguf file (default: embedded SmolLM2-135M-Instruct)."),
+def serve(model_arg: Optional[str] = typer.Argument(
+              None, metavar="MODEL", show_default=False,
+              help="Model directory or .gguf file (default: embedded SmolLM2-135M-Instruct); or --model."),
           config: Optional[Path] = CONFIG_OPTION, *, flags: dict[str, Any]) -> None:
     """Load a model and serve it in every enabled dialect."""
-    if model is not None:
-        flags["model"] = model
+    if model_arg is not None:
+        if flags.get("model") not in (None, model_arg):  # vLLM's --model spelling, given as well
+            fail(f"the model is given twice, as the MODEL argument ({model_arg!r}) and as --model "
+                 f"({flags['model']!r}); give one")
+        flags["model"] = model_arg
     cfg, _ = resolve_config(flags, config)
     from llmserve.server.serve import run_server
 

@@ -38,6 +38,15 @@ class ServerConfig(BaseModel):
         "has one served name, any name is accepted and answered under that name, as TGI and llama.cpp do (Hugging "
         "Face clients send placeholders such as `tgi`); with several --served-model-name an unknown one is a 404 "
         "either way."))
+    tokenizer: str | None = Field(None, description=(
+        "Tokenizer directory to use instead of the model's own (its chat template comes with it)."))
+    generation_config: str = Field("auto", description=(
+        "Where default sampling parameters come from: auto reads the model directory's generation_config.json "
+        "(temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens) and applies those a request "
+        "leaves unset; vllm ignores the file; or a directory holding a generation_config.json."))
+    seed: int | None = Field(None, ge=0, description=(
+        "Server-wide random seed: requests without their own seed get one drawn from it, in arrival order, so "
+        "the same requests sent in the same order after a restart get the same outputs."))
     backend: str = Field("torch", description="Backend plugin that runs the model.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="Weight and activation dtype.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Device to run on.")
@@ -73,6 +82,9 @@ class ServerConfig(BaseModel):
     max_prompt_chars: int | None = Field(None, ge=1, description=(
         "Longest prompt text accepted, in characters, checked before tokenizing (a longer one gets 400 at once; "
         "also the cap of the tokenize routes). Default: 32 characters per token of the context length."))
+    max_logprobs: int = Field(20, ge=0, le=20, description=(
+        "Most log probabilities a request may ask for per token (logprobs, top_logprobs, prompt_logprobs); "
+        "more get 400. 20 is also the server's ceiling."))
     max_stop_strings: int = Field(64, ge=0, description="Most stop strings one request may send (more: 400).")
     max_stop_chars: int = Field(32 * 1024, ge=0, description=(
         "Most characters the stop strings of one request may have in all (more: 400)."))
@@ -98,6 +110,18 @@ class ServerConfig(BaseModel):
     api_key: list[str] = Field(default_factory=list, description=(
         "API keys clients must send (Authorization: Bearer KEY or X-Api-Key: KEY) on every route but /health, "
         "/ping and /ready; repeatable. Empty: no authentication."))
+    root_path: str = Field("", description=(
+        "URL prefix under which a reverse proxy serves this server, e.g. /llm (the proxy strips it before "
+        "forwarding); /openapi.json names it as the server's URL."))
+    ssl_keyfile: str | None = Field(None, description="Private key file (PEM): serve HTTPS with --ssl-certfile.")
+    ssl_certfile: str | None = Field(None, description="Certificate chain file (PEM): serve HTTPS with --ssl-keyfile.")
+    ssl_ca_certs: str | None = Field(None, description=(
+        "CA certificates file (PEM) used to verify client certificates (with --ssl-cert-reqs)."))
+    ssl_cert_reqs: int = Field(0, ge=0, le=2, description=(
+        "Whether HTTPS clients must present a certificate: 0 no, 1 optional, 2 required (Python's ssl.CERT_*)."))
+    enable_request_id_headers: bool = Field(True, description=(
+        "Accepted for vLLM compatibility and always on: every response carries X-Request-Id (the client's own, "
+        "or a new one)."))
     public_metrics: bool = Field(False, description=(
         "Serve GET /metrics without an API key (by default it needs one when --api-key is set)."))
     timeout_keep_alive: float = Field(5.0, gt=0, description=(
@@ -123,11 +147,21 @@ class ServerConfig(BaseModel):
         "CORS off."))
     cors_allow_credentials: bool = Field(False, description=(
         "Let browsers send cookies and Authorization headers cross-origin (CORS); not allowed with origin *."))
+    cors_allow_methods: list[str] = Field(["GET", "POST", "OPTIONS"], description=(
+        "HTTP methods browsers may use cross-origin (CORS), or * for any; repeatable."))
+    cors_allow_headers: list[str] = Field(["*"], description=(
+        "Request headers browsers may send cross-origin (CORS), or * for any; repeatable."))
     chat_template_render_timeout: float = Field(5.0, gt=0, le=600, description=(
         "Seconds a chat template may take to render before the request fails with 400."))
     chat_template: str | None = Field(None, description=(
         "Chat template to use instead of the model's own: a file path or the template text (e.g. a template "
         "that renders `tools` when the model's drops them)."))
+    return_tokens_as_token_ids: bool = Field(False, description=(
+        "In OpenAI logprobs, name each token `token_id:ID` instead of its text (so tokens that are not valid "
+        "UTF-8 on their own stay identifiable); a request's own return_tokens_as_token_ids overrides it."))
+    enable_force_include_usage: bool = Field(False, description=(
+        "Send the usage chunk at the end of every OpenAI stream, as if each request set "
+        "stream_options.include_usage."))
     trust_request_chat_template: bool = Field(False, description="Allow requests to send their own chat_template.")
     tool_call_parser: str | None = Field(None, description=(
         "Tool-call parser that turns model output into tool_calls (see `llmserve plugins`)."))
@@ -173,7 +207,10 @@ class ServerConfig(BaseModel):
 _PLUGIN_INPUTS = ("plugin_sections", "config_file", "plugin_flags")
 FIELDS = [name for name in ServerConfig.model_fields if name not in _PLUGIN_INPUTS]
 # YAML keys that are spelled differently from the field.
-ALIASES = {"plugin": "plugins"}
+ALIASES = {"plugin": "plugins", "allowed_origins": "cors_allow_origins", "allowed_methods": "cors_allow_methods",
+           "allowed_headers": "cors_allow_headers", "allow_credentials": "cors_allow_credentials"}
+# Other spellings of a field's flag (vLLM's names for the same settings): field -> flags.
+FLAG_ALIASES = {field: ["--" + key.replace("_", "-")] for key, field in ALIASES.items() if field != "plugins"}
 
 
 def flag_name(field: str) -> str:

@@ -12,7 +12,7 @@ Only numbers and ids go in: never prompts, outputs or headers.
 from __future__ import annotations
 
 from contextvars import ContextVar, Token
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -50,6 +50,7 @@ class RequestContext:
     completion_tokens: int = 0
     ttft: float | None = None           # seconds from engine arrival to the first token
     engine_id: str | None = None        # the first engine request id seen
+    warnings: list[str] = field(default_factory=list)  # sent as X-Llmserve-Warning (ASCII, no user text)
 
     def add_waiting_tokens(self, count: int) -> None:
         if self.closed or count <= 0:

@@ -127,6 +127,8 @@ class EngineClient:
         self.check_limits(request, param)  # cheap: lengths only
         if request.prompt_token_ids is None:
             request.prompt_token_ids = self._tokenize(request.prompt or "", request.add_special_tokens)
+        request.sampling = self.engine.defaults.apply(request.sampling, len(request.prompt_token_ids),
+                                                      self.max_model_len)
         if request.sampling.bad_words:
             ids = request.sampling.bad_words_token_ids + self._bad_words_ids(request.sampling.bad_words)
             request.sampling = request.sampling.model_copy(update={"bad_words_token_ids": ids, "bad_words": []})
@@ -138,14 +140,14 @@ class EngineClient:
         if request.prompt_token_ids is None:
             self.limits.check_prompt(request.prompt, param)
         self.limits.check_stops(request.sampling)
+        self.limits.check_logprobs(request.sampling)
 
     async def aprepare(self, request: GenerateRequest, param: str = "prompt") -> list[int]:
         """``prepare`` off the event loop: the bounds are checked here, at once, and only a
         request within them is tokenized, in a worker thread."""
         self.check_limits(request, param)
         if request.prompt_token_ids is not None and not request.sampling.bad_words:
-            self.validate(request.prompt_token_ids, request, param)  # nothing to tokenize
-            return request.prompt_token_ids
+            return self.prepare(request, param)  # nothing to tokenize: no worker needed
         return await self.in_worker(self.prepare, request, param)
 
     async def embed(self, inputs: list[list[int]], param: str = "input") -> list[list[float]]:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from llmserve.engine.backend import Backend, KVCacheSpec, ModelInfo, StepItem
 from llmserve.engine.block_manager import BlockManager
+from llmserve.engine.defaults import SamplingDefaults
 from llmserve.engine.embed import EmbedQueue
 from llmserve.engine.faults import FailingMask, FaultInjector, InjectedFault
 from llmserve.engine.limits import RequestLimits
@@ -80,6 +81,7 @@ class LLMEngine:
         self.block_size = int(getattr(config, "block_size", 16))
         self.metrics: "Metrics | None" = None  # attached by the server before the loop starts
         self.limits = RequestLimits.from_config(config, self.max_model_len)
+        self.defaults = SamplingDefaults.from_config(config)  # --generation-config, --seed
         self.faults = FaultInjector.from_env()
         if self.faults.active:
             log.warning("fault injection is on (%s): for tests only", self.faults)

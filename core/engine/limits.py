@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmserve.errors import InvalidRequestError
-from llmserve.sampling import SamplingParams
+from llmserve.sampling import MAX_LOGPROBS, SamplingParams
 
 # Characters per token assumed when the prompt cap is derived from the context length: far
 # above what real text averages (about 4), so a prompt refused by it would have been refused
@@ -29,16 +29,18 @@ class RequestLimits:
     max_stop_strings: int = DEFAULT_MAX_STOP_STRINGS
     max_stop_chars: int = DEFAULT_MAX_STOP_CHARS
     max_model_len: int = 0
+    max_logprobs: int = MAX_LOGPROBS
 
     @classmethod
     def from_config(cls, config: Any, max_model_len: int) -> "RequestLimits":
         prompt = getattr(config, "max_prompt_chars", None)
         stops = getattr(config, "max_stop_strings", None)
         chars = getattr(config, "max_stop_chars", None)
+        logprobs = getattr(config, "max_logprobs", None)
         return cls(max_prompt_chars=int(prompt) if prompt is not None else CHARS_PER_TOKEN * max_model_len,
                    max_stop_strings=DEFAULT_MAX_STOP_STRINGS if stops is None else int(stops),
                    max_stop_chars=DEFAULT_MAX_STOP_CHARS if chars is None else int(chars),
-                   max_model_len=max_model_len)
+                   max_model_len=max_model_len, max_logprobs=MAX_LOGPROBS if logprobs is None else int(logprobs))
 
     def check_prompt(self, text: str | None, param: str = "prompt") -> None:
         """Refuse a prompt text too long to tokenize (400), before any tokenizing."""
@@ -52,6 +54,14 @@ class RequestLimits:
                 f"This model's maximum context length is {self.max_model_len} tokens. However, your request has "
                 f"{chars} characters of input, more than the {self.max_prompt_chars} this server tokenizes "
                 f"(--max-prompt-chars). Please reduce the length of the input.", param=param)
+
+    def check_logprobs(self, sampling: SamplingParams) -> None:
+        """Refuse more log probabilities per token than ``--max-logprobs`` allows (400)."""
+        for name in ("logprobs", "prompt_logprobs"):
+            asked = getattr(sampling, name)
+            if asked is not None and asked > self.max_logprobs:
+                raise InvalidRequestError(f"{name}: at most {self.max_logprobs} log probabilities per token are "
+                                          f"allowed on this server (--max-logprobs), got {asked}", param=name)
 
     def check_stops(self, sampling: SamplingParams, param: str = "stop") -> None:
         """Refuse more stop strings, or more stop-string characters, than the server allows (400)."""

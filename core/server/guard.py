@@ -89,7 +89,8 @@ class RequestGuard:
                 state["status"] = message["status"]
                 # Every reply names its request: the client's id when it is a plain token, else ours.
                 kept = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"x-request-id"]
-                message = {**message, "headers": [*kept, request_id]}
+                warnings = [(b"x-llmserve-warning", w.encode("ascii")) for w in ctx.warnings]
+                message = {**message, "headers": [*kept, request_id, *warnings]}
             await send(message)
 
         try:
@@ -234,5 +235,5 @@ def install(app: "FastAPI", context: "ServerContext") -> None:
         # Added last, so it runs first: preflights are answered before the API-key check
         # (browsers send them without credentials) and refusals still carry CORS headers.
         app.add_middleware(CORSMiddleware, allow_origins=origins, allow_credentials=config.cors_allow_credentials,
-                           allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"],
-                           expose_headers=["X-Request-Id", "Retry-After"], max_age=600)
+                           allow_methods=list(config.cors_allow_methods), allow_headers=list(config.cors_allow_headers),
+                           expose_headers=["X-Request-Id", "Retry-After", "X-Llmserve-Warning"], max_age=600)

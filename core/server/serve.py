@@ -64,7 +64,8 @@ class _NoQueryStrings(logging.Filter):
 
 
 def uvicorn_options(config: ServerConfig) -> dict[str, Any]:
-    """The ``uvicorn.Config`` keyword arguments for ``config``: HTTP limits, keep-alive and logging."""
+    """The ``uvicorn.Config`` keyword arguments for ``config``: HTTP limits, keep-alive, logging,
+    the proxy's path prefix and TLS."""
     from llmserve.server.edge import edge_protocol
 
     access = logging.getLogger("uvicorn.access")
@@ -74,7 +75,29 @@ def uvicorn_options(config: ServerConfig) -> dict[str, Any]:
     # values work (the tests use them), so the float goes through untouched.
     return {"http": edge_protocol(config), "timeout_keep_alive": config.timeout_keep_alive,
             "log_level": config.uvicorn_log_level or config.log_level,
-            "access_log": not config.disable_uvicorn_access_log}
+            "access_log": not config.disable_uvicorn_access_log, "root_path": config.root_path,
+            "ssl_keyfile": config.ssl_keyfile, "ssl_certfile": config.ssl_certfile,
+            "ssl_ca_certs": config.ssl_ca_certs, "ssl_cert_reqs": config.ssl_cert_reqs}
+
+
+def check_tls(config: ServerConfig) -> None:
+    """Refuse, before the model loads, TLS settings uvicorn would fail on with a traceback."""
+    if not (config.ssl_keyfile or config.ssl_certfile):
+        if config.ssl_ca_certs or config.ssl_cert_reqs:
+            raise ConfigError("--ssl-ca-certs and --ssl-cert-reqs need HTTPS: give --ssl-certfile and --ssl-keyfile")
+        return
+    if not config.ssl_certfile:
+        raise ConfigError("--ssl-keyfile needs --ssl-certfile (the certificate to serve HTTPS with)")
+    import ssl
+
+    from uvicorn.config import create_ssl_context
+
+    try:
+        create_ssl_context(config.ssl_certfile, config.ssl_keyfile, None, ssl.PROTOCOL_TLS_SERVER,
+                           config.ssl_cert_reqs, config.ssl_ca_certs, "TLSv1")
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"cannot serve HTTPS with --ssl-certfile {config.ssl_certfile!r} and --ssl-keyfile "
+                          f"{config.ssl_keyfile!r}: {exc}") from None
 
 
 def plugin_options(config: ServerConfig, registry: Registry) -> dict[str, Any]:
@@ -194,5 +217,6 @@ def run_server(config: ServerConfig, plugins: PluginManager) -> int:
     from llmserve.server.lifecycle import serve
 
     setup_logging(config.log_level)
+    check_tls(config)
     app, context = build_server(config, plugins)
     return serve(app, context)  # drains on SIGTERM; exits non-zero when the engine died

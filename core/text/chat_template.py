@@ -4,6 +4,7 @@ sandbox (``llmserve.text.sandbox``), under a wall-clock deadline."""
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 from datetime import datetime
@@ -11,7 +12,15 @@ from functools import lru_cache
 from typing import Any
 
 from llmserve.errors import InvalidRequestError
+from llmserve.request_context import current_context
 from llmserve.text.sandbox import MAX_RENDER_CHARS, CappedSandbox, TemplateTooCostly
+
+log = logging.getLogger("llmserve.text")
+
+#: The response header that says the model was not shown the request's tools.
+TOOLS_WARNING = ("tools-not-in-prompt: the chat template left the request's tools out of the prompt, so the model "
+                 "cannot see them; serve with --chat-template set to a template that renders tools")
+_warned_templates: set[str] = set()
 
 __all__ = ["MAX_RENDER_CHARS", "TemplateTooCostly", "render_chat", "compile_template", "message_text",
            "template_kwargs_for", "RESERVED_TEMPLATE_KWARGS"]
@@ -222,9 +231,29 @@ def render_chat(tokenizer: Any, messages: list[dict[str, Any]], *, tools: list[d
     except Exception as exc:  # noqa: BLE001 - a broken template is the caller's input
         raise InvalidRequestError(f"the chat template could not be rendered: {type(exc).__name__}: {exc}",
                                   param="chat_template" if chat_template else "messages") from None
+    if tools:
+        _check_tools_rendered(source, tools, text)
     if continue_final_message:
         # Cut everything the template appended after the final message's content.
         last = messages[-1].get("content") if messages else None
         if isinstance(last, str) and last.strip() and last.strip() in text:
             text = text[: text.rindex(last.strip()) + len(last.strip())]
     return text
+
+
+def _check_tools_rendered(source: str, tools: list[dict], text: str) -> None:
+    """Flag a template that drops ``tools`` (SmolLM2's does, silently): when a tool's name is not
+    in the rendered prompt, the response gets ``X-Llmserve-Warning`` and the server logs it once
+    per template."""
+    names = [(tool.get("function") or tool).get("name") for tool in tools if isinstance(tool, dict)]
+    missing = [name for name in names if isinstance(name, str) and name and name not in text]
+    if not missing:
+        return
+    ctx = current_context()
+    if ctx is not None and TOOLS_WARNING not in ctx.warnings:
+        ctx.warnings.append(TOOLS_WARNING)
+    if source not in _warned_templates:
+        _warned_templates.add(source)
+        log.warning("the chat template did not render a request's tools (%d of %d missing from the prompt): the "
+                    "model cannot call them; use --chat-template with a template that renders tools (responses "
+                    "carry X-Llmserve-Warning; logged once)", len(missing), len(names))

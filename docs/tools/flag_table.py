@@ -2,7 +2,7 @@
 import json
 from typing import Literal, get_args, get_origin
 
-from llmserve.config import ENV_PREFIX, FIELDS, ServerConfig, _kind, flag_name
+from llmserve.config import ENV_PREFIX, FIELDS, FLAG_ALIASES, ServerConfig, _kind, flag_name
 
 
 def type_of(field):
@@ -30,10 +30,11 @@ def default_of(field):
 def flag_of(field):
     flag = flag_name(field)
     if field == "model":
-        return "`MODEL` (argument; `--model` in `config show`)"
+        return "`MODEL` (argument) or `--model`"
+    aliases = "".join(f" (also `{a}`)" for a in FLAG_ALIASES.get(field, ()))
     if _kind(field) == "bool":
-        return f"`{flag}` / `--no-{flag[2:]}`"
-    return f"`{flag}`"
+        return f"`{flag}` / `--no-{flag[2:]}`{aliases}"
+    return f"`{flag}`{aliases}"
 
 
 print("| Flag | Type | Default | Environment variable | Description |")

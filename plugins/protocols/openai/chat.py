@@ -136,7 +136,7 @@ class Chat(Endpoint):
     async def _stream(self, body: ChatCompletionRequest, req: Any, head: dict,
                       make_chain: ChainMaker | None, parallel: bool) -> AsyncIterator[str]:
         opts = body.stream_options
-        include_usage = bool(opts and opts.include_usage)
+        include_usage = bool(opts and opts.include_usage) or self.p.context.config.enable_force_include_usage
         continuous = bool(opts and opts.continuous_usage_stats)
         usage = (len(req.prompt_token_ids), 0, 0)
         chains: dict[int, ParseChain | None] = {}
