@@ -17,6 +17,9 @@ LMEVAL := .venv-lmeval/.installed
 # install with pins of its own: a venv of its own with llmserve, torch and the embedded model.
 RAY := .venv-ray/.installed
 
+# The browser the playground's tests drive (Debian's packages), installed only when missing.
+CHROMIUM := /usr/bin/chromium
+
 .PHONY: install serve test bench clean
 
 $(STAMP): pyproject.toml setup.py
@@ -49,13 +52,16 @@ $(RAY): pyproject.toml setup.py
 	.venv-ray/bin/pip install --quiet -e ".[ray]"
 	touch $(RAY)
 
+$(CHROMIUM):
+	apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver
+
 install: $(STAMP)
 
 serve: install
 	$(BIN)/llmserve serve $(ARGS)
 
 # The four venvs are independent: build them side by side (mostly download time), then test.
-test:
+test: $(CHROMIUM)
 	$(MAKE) --no-print-directory -j4 $(STAMP) $(AIPERF) $(LMEVAL) $(RAY)
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/pytest -q $(PYTEST_ARGS)
 

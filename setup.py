@@ -9,5 +9,6 @@ def _packages(root: str, prefix: str) -> list[str]:
 setup(
     packages=_packages("core", "llmserve") + _packages("plugins", "llmserve.plugins"),
     package_dir={"llmserve": "core", "llmserve.plugins": "plugins"},
-    package_data={"llmserve": ["py.typed"], "llmserve.plugins": ["**/*.jinja", "**/*.c", "**/*.h"]},
+    package_data={"llmserve": ["py.typed"], "llmserve.plugins": ["**/*.jinja", "**/*.c", "**/*.h",
+                                                                 "**/*.html", "**/*.css", "**/*.js"]},
 )

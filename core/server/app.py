@@ -15,18 +15,33 @@ from llmserve.errors import ConfigError, LLMServeError, NotFoundError
 from llmserve.server.dialect_kit import adopt_routes
 from llmserve.server.errors import openai_error_response, to_error
 from llmserve.server.guard import install as install_guard
+from llmserve.server.negotiation import media_of
 from llmserve.server.openapi import OPENAI_ERROR_SCHEMA, declare_errors
 from llmserve.server.shared import mount_shared
+from llmserve.server.startup import LoadingGate
 
 if TYPE_CHECKING:
     from llmserve.server.protocol import Protocol
     from llmserve.server.context import ServerContext
 
 
-def _claims(route: BaseRoute, prefix: str) -> list[tuple[str, str]]:
+def _claims(route: BaseRoute, prefix: str) -> list[tuple[str, str, str]]:
+    """(method, path, media type) claimed by ``route``; the media type is "" but for a negotiated
+    route (``negotiation.answers_media``), which may share its method and path with one plain route."""
     path = prefix + getattr(route, "path", "")
     methods = getattr(route, "methods", None) or {"WEBSOCKET"}
-    return [(m, path) for m in sorted(methods) if m != "HEAD"]
+    media = media_of(getattr(route, "endpoint", None)) or ""
+    return [(m, path, media) for m in sorted(methods) if m != "HEAD"]
+
+
+def _split_negotiated(router: APIRouter) -> APIRouter | None:
+    """Move ``router``'s negotiated routes to a router of their own (None if it has none): it is
+    included before every other, so they are tried before the plain route they share a path with."""
+    negotiated = [r for r in router.routes if media_of(getattr(r, "endpoint", None))]
+    if not negotiated:
+        return None
+    router.routes[:] = [r for r in router.routes if not media_of(getattr(r, "endpoint", None))]
+    return APIRouter(routes=negotiated)
 
 
 def build_app(context: "ServerContext", protocols: "dict[str, Protocol]", lifespan: Any = None) -> FastAPI:
@@ -37,9 +52,11 @@ def build_app(context: "ServerContext", protocols: "dict[str, Protocol]", lifesp
     app = FastAPI(title="llmserve", version=__version__, docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.context = context
     owners: dict[object, "Protocol"] = {}   # route endpoint -> protocol that owns it
-    claimed: dict[tuple[str, str], str] = {}
+    claimed: dict[tuple[str, str, str], str] = {}
     shared_groups: dict[tuple[str, str], list] = {}
     table: list[tuple[str, set[str], object]] = []  # (path, methods, endpoint) for the middleware
+    leading: list[tuple[APIRouter, str]] = []   # negotiated routes, included first
+    included: list[tuple[APIRouter, str]] = []
     for name, protocol in protocols.items():
         prefix = context.config.protocol_prefix.get(name, "").rstrip("/")
         router = protocol.router()
@@ -48,9 +65,10 @@ def build_app(context: "ServerContext", protocols: "dict[str, Protocol]", lifesp
             declare_errors(route, [protocol.error_schema or OPENAI_ERROR_SCHEMA])
             for claim in _claims(route, prefix):
                 if claim in claimed:
-                    method, path = claim
+                    method, path, media = claim
                     raise ConfigError(
-                        f"{method} {path} is claimed by both protocol '{claimed[claim]}' and protocol "
+                        f"{method} {path}{f' ({media})' if media else ''} is claimed by both protocol "
+                        f"'{claimed[claim]}' and protocol "
                         f"'{name}'; serve only one (--protocols) or mount one under a prefix "
                         f"(--protocol-prefix {name}=/{name})"
                     )
@@ -60,13 +78,19 @@ def build_app(context: "ServerContext", protocols: "dict[str, Protocol]", lifesp
                 owners[endpoint] = protocol
                 methods = set(getattr(route, "methods", None) or ())
                 table.append((prefix + getattr(route, "path", ""), methods, endpoint))
-        app.include_router(router, prefix=prefix)
+        front = _split_negotiated(router)
+        if front is not None:
+            leading.append((front, prefix))
+        included.append((router, prefix))
         for shared in protocol.shared_routes():
             shared_groups.setdefault((shared.method.upper(), prefix + shared.path), []).append((protocol, shared))
+    for router, prefix in leading + included:
+        app.include_router(router, prefix=prefix)
+    table.sort(key=lambda entry: media_of(entry[2]) is None)  # the order the router tries them in
     for (method, path), entries in shared_groups.items():
-        if (method, path) in claimed:
+        if (method, path, "") in claimed:
             raise ConfigError(f"{method} {path} is a shared route of {entries[0][0].__class__.__name__} but protocol "
-                              f"'{claimed[(method, path)]}' also claims it outright")
+                              f"'{claimed[(method, path, '')]}' also claims it outright")
         shared_router = APIRouter()
         shared_endpoint = mount_shared(shared_router, method, path, entries)
         for route in shared_router.routes:
@@ -106,6 +130,8 @@ def build_app(context: "ServerContext", protocols: "dict[str, Protocol]", lifesp
     for exc_type in (LLMServeError, HTTPException, RequestValidationError, ValueError, TypeError, KeyError,
                      Exception):
         app.add_exception_handler(exc_type, on_error)
+    # Inside the guard: while the model loads, routes that need it answer 503 in their dialect.
+    app.add_middleware(LoadingGate, fastapi_app=app, context=context)
     # The one request middleware (request context, API keys, body limit, admission, abort on
     # disconnect, request log) and CORS; raises on unsafe CORS.
     install_guard(app, context)

@@ -24,9 +24,12 @@ from fastapi.routing import APIRoute, request_response
 from pydantic import BaseModel, ConfigDict, GetCoreSchemaHandler, ValidationError
 from pydantic_core import CoreSchema
 from starlette.responses import Response
+from starlette.routing import Match
+from starlette.types import Scope
 
 from llmserve.errors import InvalidRequestError, LLMServeError
 from llmserve.server.errors import field_error, to_error
+from llmserve.server.negotiation import wanted
 
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
@@ -130,9 +133,16 @@ class DialectRoute(APIRoute):
     uvicorn logs a traceback and closes the keep-alive connection, so a client with a
     connection pool (tritonclient, openai) fails its next call. Request validation errors are
     caught here too, so every error of the route takes this one path.
+    A route marked with ``negotiation.answers_media`` matches only the requests that prefer its
+    media type.
     """
 
     protocol: ClassVar[ErrorFormat | None] = None
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        if not wanted(scope, self.endpoint):
+            return Match.NONE, {}
+        return super().matches(scope)
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()

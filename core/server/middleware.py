@@ -21,6 +21,7 @@ from starlette.types import Message, Scope, Send
 from llmserve.errors import (InvalidRequestError, LLMServeError, PayloadTooLargeError, RequestTimeoutError,
                              UnauthorizedError)
 from llmserve.server.errors import openai_error_response
+from llmserve.server.negotiation import wanted
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -106,7 +107,7 @@ class Checks:
             path = path[len(root):] or "/"
         partial: tuple[str | None, Any] = (None, None)
         for regex, methods, endpoint, template in self._routes():
-            if regex.match(path):
+            if regex.match(path) and wanted(scope, endpoint):  # a negotiated route only for its media type
                 if scope["method"] in methods or (scope["method"] == "HEAD" and "GET" in methods):
                     return template, endpoint
                 if partial[0] is None:

@@ -18,7 +18,8 @@ from .conftest import InProcServer
 from .test_http_edge import raw
 
 KEY = "edge-key-5d1e"
-PROBES = {"/health", "/ping", "/ready"}  # open without a key: liveness and readiness, nothing else
+PROBES = {"/health", "/ping", "/ready"}  # open without a key: liveness and readiness
+PAGES = {"/playground", "/docs", "/redoc", "/assets/{name}"}  # and the browser pages' static files (GET)
 OUTSIDE_PLUGIN = '''
 """A third-party dialect: plain FastAPI routes, several methods, a path parameter."""
 from fastapi import APIRouter, WebSocket
@@ -120,7 +121,9 @@ def test_every_mounted_route_needs_a_key_in_every_method(keyed):
             status, headers, _ = raw(keyed.port, method, path, body=b"{}" if method in ("POST", "PUT", "PATCH")
                                      else None)
             public = template in PROBES and (method in methods or (method == "HEAD" and "GET" in methods))
-            if public:
+            if template in PAGES and method in ("GET", "HEAD"):
+                assert status != 401, (method, path, status)
+            elif public:
                 assert status == 200, (method, path, status)
             else:
                 assert status == 401, (method, path, status)
@@ -140,7 +143,7 @@ HOSTS = ["a/v1?", "x/", "a#", "localhost/health?", "h/v1/models#", "evil.example
 
 def test_host_header_tricks_change_nothing(keyed):
     for template, methods in _routes(keyed):
-        if template in PROBES:
+        if template in PROBES | PAGES:
             continue
         path, method = _concrete(template), sorted(methods)[0]
         for host in HOSTS:
