@@ -179,10 +179,10 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
 WITH_TOOLS = "{% for t in tools or [] %}[{{ t.function.name }}]{% endfor %}" + TEMPLATE
 
 
-def test_tools_left_out_of_the_prompt_are_flagged(echo_app, caplog):
+def test_tools_left_out_of_the_prompt_are_flagged(echo_app, caplog, monkeypatch):
     from llmserve.text import chat_template
 
-    chat_template._warned_templates.clear()
+    monkeypatch.setattr(chat_template, "_tools_warning_logged", False)  # as in a fresh server
     tools_on = {"enable_auto_tool_choice": True, "tool_call_parser": "hermes"}
     client, _ = echo_app(chat_template=TEMPLATE, **tools_on)
     body = {"model": "echo", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}], "tools": TOOLS}

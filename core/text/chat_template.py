@@ -20,7 +20,7 @@ log = logging.getLogger("llmserve.text")
 #: The response header that says the model was not shown the request's tools.
 TOOLS_WARNING = ("tools-not-in-prompt: the chat template left the request's tools out of the prompt, so the model "
                  "cannot see them; serve with --chat-template set to a template that renders tools")
-_warned_templates: set[str] = set()
+_tools_warning_logged = False  # the log line comes once per server; the header on every such response
 
 __all__ = ["MAX_RENDER_CHARS", "TemplateTooCostly", "render_chat", "compile_template", "message_text",
            "template_kwargs_for", "RESERVED_TEMPLATE_KWARGS"]
@@ -232,7 +232,7 @@ def render_chat(tokenizer: Any, messages: list[dict[str, Any]], *, tools: list[d
         raise InvalidRequestError(f"the chat template could not be rendered: {type(exc).__name__}: {exc}",
                                   param="chat_template" if chat_template else "messages") from None
     if tools:
-        _check_tools_rendered(source, tools, text)
+        _check_tools_rendered(tools, text)
     if continue_final_message:
         # Cut everything the template appended after the final message's content.
         last = messages[-1].get("content") if messages else None
@@ -241,19 +241,20 @@ def render_chat(tokenizer: Any, messages: list[dict[str, Any]], *, tools: list[d
     return text
 
 
-def _check_tools_rendered(source: str, tools: list[dict], text: str) -> None:
+def _check_tools_rendered(tools: list[dict], text: str) -> None:
     """Flag a template that drops ``tools`` (SmolLM2's does, silently): when a tool's name is not
-    in the rendered prompt, the response gets ``X-Llmserve-Warning`` and the server logs it once
-    per template."""
-    names = [(tool.get("function") or tool).get("name") for tool in tools if isinstance(tool, dict)]
+    in the rendered prompt, the response gets ``X-Llmserve-Warning`` and the server logs it once."""
+    global _tools_warning_logged
+    specs = [tool.get("function") or tool for tool in tools if isinstance(tool, dict)]
+    names = [spec.get("name") for spec in specs if isinstance(spec, dict)]
     missing = [name for name in names if isinstance(name, str) and name and name not in text]
     if not missing:
         return
     ctx = current_context()
     if ctx is not None and TOOLS_WARNING not in ctx.warnings:
         ctx.warnings.append(TOOLS_WARNING)
-    if source not in _warned_templates:
-        _warned_templates.add(source)
+    if not _tools_warning_logged:
+        _tools_warning_logged = True
         log.warning("the chat template did not render a request's tools (%d of %d missing from the prompt): the "
                     "model cannot call them; use --chat-template with a template that renders tools (responses "
                     "carry X-Llmserve-Warning; logged once)", len(missing), len(names))
