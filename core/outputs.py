@@ -10,11 +10,13 @@ FinishReason = Literal["stop", "length", "abort", "error"]
 
 @dataclass(slots=True)
 class TokenLogprob:
-    """One token's log-probability and its top alternatives as ``(token_id, logprob)`` pairs."""
+    """One token's log-probability and its top alternatives as ``(token_id, logprob)`` pairs;
+    ``rank`` (1 = most likely) when the backend reports it (prompt tokens)."""
 
     token_id: int
     logprob: float
     top: list[tuple[int, float]] = field(default_factory=list)
+    rank: int | None = None
 
 
 @dataclass(slots=True)

@@ -57,6 +57,10 @@ class SamplingParams(BaseModel):
     logprobs_mode: Literal["raw", "processed"] = Field(
         "raw", description="raw: log-softmax of the model's logits; processed: after temperature and top-p."
     )
+    allowed_token_ids: list[int] | None = Field(None, min_length=1, description="Only these tokens are sampled.")
+    logprob_token_ids: list[int] | None = Field(
+        None, min_length=1, max_length=MAX_LOGPROBS,
+        description="The alternatives reported per sampled token are these tokens, instead of the best ones.")
 
     @field_validator("logit_bias")
     @classmethod

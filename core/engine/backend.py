@@ -74,8 +74,9 @@ class StepItem:
     ``start_pos`` are already in the cache.
 
     When ``sample`` is True the backend samples one new token from the logits of the last
-    fed position, using ``sampling``, ``prompt_ids``/``output_ids`` (penalties, min_tokens),
-    ``seed_offset`` (a per-sequence seed is ``sampling.seed + seed_offset``) and ``mask``.
+    fed position (only among ``sampling.allowed_token_ids`` when set), using ``sampling``,
+    ``prompt_ids``/``output_ids`` (penalties, min_tokens), ``seed_offset`` (a per-sequence
+    seed is ``sampling.seed + seed_offset``) and ``mask``.
     ``prompt_logprob_targets`` (when not None) are the tokens at positions
     ``start_pos + 1 ...``: the backend returns their log-probabilities from the logits of
     the fed positions (one fewer than fed on the last prompt chunk).
@@ -100,8 +101,10 @@ class StepResult:
 
     ``token_id`` is None when the item did not sample. ``logprob`` is the sampled token's
     log-probability (raw log-softmax unless ``sampling.logprobs_mode == "processed"``) and
-    ``top`` its ``sampling.logprobs`` best alternatives. ``prompt_logprobs`` holds, per
-    target, ``(logprob, top alternatives)``.
+    ``top`` its ``sampling.logprobs`` best alternatives (or, with ``sampling.logprob_token_ids``,
+    those tokens' logprobs in that order). ``prompt_logprobs`` holds, per target,
+    ``(logprob, top alternatives)``; ``prompt_ranks`` (optional) each target's rank in its
+    distribution (1 = most likely, ties counted).
     """
 
     seq_id: int
@@ -109,6 +112,7 @@ class StepResult:
     logprob: float = 0.0
     top: list[tuple[int, float]] | None = None
     prompt_logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
+    prompt_ranks: list[int] | None = None
 
 
 class Backend(ABC):

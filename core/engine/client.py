@@ -93,7 +93,9 @@ class EngineClient:
             raise InvalidRequestError(f"token id {bad} is out of vocabulary (vocab size {vocab})", param=param)
         sp = request.sampling
         for name, ids in (("logit_bias", sp.logit_bias.keys()), ("stop_token_ids", sp.stop_token_ids),
-                          ("bad_words_token_ids", [t for seq in sp.bad_words_token_ids for t in seq])):
+                          ("bad_words_token_ids", [t for seq in sp.bad_words_token_ids for t in seq]),
+                          ("allowed_token_ids", sp.allowed_token_ids or ()),
+                          ("logprob_token_ids", sp.logprob_token_ids or ())):
             bad = next((t for t in ids if not 0 <= t < vocab), None)
             if bad is not None:
                 raise InvalidRequestError(f"{name}: token id {bad} is out of vocabulary (vocab size {vocab})",

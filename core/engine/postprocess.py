@@ -79,8 +79,10 @@ def add_prompt_logprobs(state: RequestState, sched: ScheduledSeq, result: StepRe
     logprobs = result.prompt_logprobs or []
     collected = state.prompt_logprobs if state.prompt_logprobs is not None else []
     targets = seq.token_ids[start + 1: start + 1 + len(logprobs)]
-    for tok, (lp, top) in zip(targets, logprobs):
-        collected.append(TokenLogprob(tok, lp, top))
+    ranks: list[int | None] = list(result.prompt_ranks or [])
+    ranks += [None] * (len(targets) - len(ranks))
+    for tok, (lp, top), rank in zip(targets, logprobs, ranks):
+        collected.append(TokenLogprob(tok, lp, top, rank))
     if len(collected) >= len(state.prompt_ids):
         state.prompt_logprobs_done = True
 

@@ -16,7 +16,7 @@ from .attention import PagedKVCache, PrefillSegment, StepMetadata, step_context
 from .fused import FusedDecoder
 from .loader import LoadedModel, load_model
 from .options import TorchOptions
-from .sampler import Sampler, prompt_logprobs
+from .sampler import Sampler, ranked_prompt_logprobs
 
 log = logging.getLogger("llmserve.backend.torch")
 
@@ -305,5 +305,6 @@ class TorchBackend(Backend):
             if not targets:
                 continue
             k = (it.sampling.prompt_logprobs if it.sampling is not None else None) or 0
-            results[i].prompt_logprobs = prompt_logprobs(logits[start:start + len(targets)], targets, k)
+            results[i].prompt_logprobs, results[i].prompt_ranks = ranked_prompt_logprobs(
+                logits[start:start + len(targets)], targets, k)
         return results

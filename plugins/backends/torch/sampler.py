@@ -41,10 +41,29 @@ def _top_lists(logprobs: torch.Tensor, ks: Sequence[int]) -> list[TopList]:
 
 def prompt_logprobs(logits: torch.Tensor, targets: list[int], k: int) -> list[tuple[float, TopList]]:
     """Raw log-probabilities of ``targets[i]`` under ``logits[i]`` plus the top ``k`` of each row."""
+    return ranked_prompt_logprobs(logits, targets, k)[0]
+
+
+def ranked_prompt_logprobs(logits: torch.Tensor, targets: list[int],
+                           k: int) -> tuple[list[tuple[float, TopList]], list[int]]:
+    """``prompt_logprobs`` and each target's rank in its row (1 = best; ties count, as vLLM's)."""
     lsm = torch.log_softmax(logits[: len(targets)].float(), dim=-1)
-    picked = lsm.gather(1, torch.tensor(targets, device=lsm.device)[:, None])[:, 0].tolist()
+    picked_t = lsm.gather(1, torch.tensor(targets, device=lsm.device)[:, None])
+    ranks = (lsm >= picked_t).sum(-1).clamp_(min=1).tolist()
     tops = _top_lists(lsm, [k] * len(targets))
-    return [(_clean(lp), top) for lp, top in zip(picked, tops)]
+    return [(_clean(lp), top) for lp, top in zip(picked_t[:, 0].tolist(), tops)], ranks
+
+
+def _row_tops(lsm: torch.Tensor, rows: list[int], params: list[SamplingParams]) -> list[TopList]:
+    """The alternatives of each row of ``lsm`` (``rows`` index ``params``): the best
+    ``logprobs``, or the tokens of ``logprob_token_ids`` in their order."""
+    tops = _top_lists(lsm, [0 if params[i].logprob_token_ids else params[i].logprobs or 0 for i in rows])
+    for j, i in enumerate(rows):
+        chosen = params[i].logprob_token_ids
+        if chosen:
+            values = lsm[j, torch.tensor(chosen, device=lsm.device)].tolist()
+            tops[j] = [(t, _clean(v)) for t, v in zip(chosen, values)]
+    return tops
 
 
 def _padded(rows: list[list[int]], device: torch.device) -> torch.Tensor:
@@ -117,8 +136,16 @@ class Sampler:
                               torch.tensor(vals, device=dev, dtype=logits.dtype), accumulate=True)
 
     def _ban(self, logits: torch.Tensor, items: list[StepItem], params: list[SamplingParams]) -> None:
-        """bad_words_token_ids, min_tokens and the LogitsMask hook: set forbidden tokens to -inf."""
+        """allowed_token_ids, bad_words_token_ids, min_tokens and the LogitsMask hook: set
+        forbidden tokens to -inf."""
         V = logits.shape[1]
+        for i, prm in enumerate(params):
+            if prm.allowed_token_ids is not None:  # before the rest: every later fallback keeps it
+                ids = [t for t in prm.allowed_token_ids if 0 <= t < V]
+                if ids:
+                    ok = torch.zeros(V, dtype=torch.bool, device=logits.device)
+                    ok[torch.tensor(ids, device=logits.device)] = True
+                    logits[i].masked_fill_(~ok, NEG_INF)
         rows, cols = [], []
         for i, (item, prm) in enumerate(zip(items, params)):
             out = item.output_ids
@@ -216,6 +243,7 @@ class Sampler:
         proc = raw
         edits = any(p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty or p.logit_bias
                     or p.bad_words_token_ids or len(it.output_ids) < p.min_tokens or it.mask is not None
+                    or p.allowed_token_ids is not None
                     for it, p in zip(items, params))
         if edits:
             proc = raw.clone()
@@ -296,7 +324,7 @@ class Sampler:
                 lsm_p = torch.log_softmax(src[processed], -1)
                 for i, lp in zip(processed, lsm_p.gather(1, tok_col[processed])[:, 0].tolist()):
                     lps[i] = lp
-                tops.update(zip(processed, _top_lists(lsm_p, [params[i].logprobs for i in processed])))
+                tops.update(zip(processed, _row_tops(lsm_p, processed, params)))
             rawrows = [i for i in want if params[i].logprobs_mode != "processed"]
             if rawrows and any(params[i].logprobs for i in rawrows):
                 lsm_r = torch.log_softmax(raw[rawrows], -1)
@@ -305,7 +333,7 @@ class Sampler:
                 # (a greedy token must equal the best alternative).
                 for i, lp in zip(rawrows, lsm_r.gather(1, tok_col[rawrows])[:, 0].tolist()):
                     lps[i] = lp
-                tops.update(zip(rawrows, _top_lists(lsm_r, [params[i].logprobs for i in rawrows])))
+                tops.update(zip(rawrows, _row_tops(lsm_r, rawrows, params)))
             for i in want:
                 tops.setdefault(i, [])
         return [SampleOutput(t, _clean(lp), tops.get(i)) for i, (t, lp) in enumerate(zip(tokens.tolist(), lps))]

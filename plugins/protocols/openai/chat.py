@@ -18,8 +18,8 @@ from llmserve.server.errors import to_error
 from llmserve.text.chat_template import arguments_as_object, message_text, render_chat
 
 from .deltas import openai_delta
-from .params import chat_sampling, guided_mask, guided_spec, new_request, now
-from .replies import SYSTEM_FINGERPRINT, Endpoint, chat_logprobs, usage_dict
+from .params import chat_sampling, guided_mask, guided_spec, max_logprobs, new_request, now, truncate, truncation
+from .replies import SYSTEM_FINGERPRINT, Endpoint, chat_logprobs, prompt_logprobs, usage_dict
 from .wire import ChatCompletionRequest
 
 
@@ -76,7 +76,8 @@ class Chat(Endpoint):
         else:
             mask_factory = await guided_mask(ctx, body)
         make_chain = self.parsers(body, plan, constrained=mask_factory is not None)
-        sampling = chat_sampling(body)
+        sampling = chat_sampling(body, ctx.engine.info.vocab_size, max_logprobs(ctx.config))
+        keep = truncation(body, ctx.engine.max_model_len)
         if make_chain is not None and make_chain().needs_special_tokens:
             sampling.skip_special_tokens = False  # the markers a parser looks for must reach it
         if body.stream and sampling.num_sequences > sampling.n:
@@ -84,6 +85,10 @@ class Chat(Endpoint):
         # In a worker thread: rendering is capped (--chat-template-render-timeout), but even a
         # capped template must not stall other requests on the event loop meanwhile.
         prompt, prompt_ids = await asyncio.to_thread(self.render, body, plan)
+        if keep is not None:
+            if prompt_ids is None:
+                prompt_ids = await ctx.engine.aencode(prompt or "", False, param="messages")
+            prompt, prompt_ids = None, truncate(prompt_ids, keep, body.truncation_side)
         req = new_request(body, sampling, prompt=prompt, prompt_ids=prompt_ids, header_id=request_id,
                           add_special_tokens=False, mask_factory=mask_factory)
         try:
@@ -105,7 +110,9 @@ class Chat(Endpoint):
         n = req.sampling.n
         acc: dict[int, dict] = {}
         usage = (0, 0, 0)
+        prompt_lps = None
         async for _, event in self.p.context.engine.generate_many([req]):
+            prompt_lps = event.prompt_logprobs if event.prompt_logprobs is not None else prompt_lps
             for d in event.outputs:
                 if d.index >= n:
                     continue
@@ -117,6 +124,7 @@ class Chat(Endpoint):
                     c["finish"], c["stop"] = d.finish_reason, d.stop_reason
             usage = (event.usage.prompt_tokens, event.usage.completion_tokens, event.usage.cached_tokens)
         choices = []
+        labels = self.labels(body)
         for index in sorted(acc):
             c = acc[index]
             last = body.messages[-1].content
@@ -124,14 +132,15 @@ class Chat(Endpoint):
             chain = make_chain() if make_chain is not None else None
             message, called = _message(chain, c["text"], c["ids"], prefix, parallel)
             choice = {"index": index, "message": message,
-                      "logprobs": {"content": chat_logprobs(c["lps"], self.tt), "refusal": None}
+                      "logprobs": {"content": chat_logprobs(c["lps"], labels), "refusal": None}
                       if body.logprobs else None,
-                      "finish_reason": _finish(c["finish"], called), "stop_reason": c["stop"]}
-            if body.return_token_ids:
-                choice["prompt_token_ids"] = req.prompt_token_ids
-                choice["token_ids"] = c["ids"]
+                      "finish_reason": _finish(c["finish"], called), "stop_reason": c["stop"],
+                      "token_ids": c["ids"] if body.return_token_ids else None}
             choices.append(choice)
-        return {**head, "choices": choices, "usage": usage_dict(*usage)}
+        # vLLM's extra keys are always there, null unless asked for.
+        return {**head, "choices": choices, "usage": usage_dict(*usage),
+                "prompt_logprobs": prompt_logprobs(prompt_lps, self.tt, req.sampling.prompt_logprobs or 0),
+                "prompt_token_ids": req.prompt_token_ids if body.return_token_ids else None}
 
     async def _stream(self, body: ChatCompletionRequest, req: Any, head: dict,
                       make_chain: ChainMaker | None, parallel: bool) -> AsyncIterator[str]:
@@ -140,9 +149,10 @@ class Chat(Endpoint):
         continuous = bool(opts and opts.continuous_usage_stats)
         usage = (len(req.prompt_token_ids), 0, 0)
         chains: dict[int, ParseChain | None] = {}
+        labels = self.labels(body)
 
-        def chunk(choice: dict) -> str:
-            out = {**head, "choices": [choice]}
+        def chunk(choice: dict, **top: Any) -> str:
+            out = {**head, **top, "choices": [choice]}
             if include_usage:
                 out["usage"] = usage_dict(*usage) if continuous else None
             return sse(out)
@@ -156,7 +166,10 @@ class Chat(Endpoint):
                         first = {"role": "assistant", "content": ""}
                         if body.echo and isinstance(body.messages[-1].content, str):
                             first["content"] = body.messages[-1].content
-                        yield chunk({"index": d.index, "delta": first, "logprobs": None, "finish_reason": None})
+                        # The stream's first chunk carries the prompt's ids (vLLM).
+                        once = body.return_token_ids and len(chains) == 1
+                        ids = {"prompt_token_ids": req.prompt_token_ids} if once else {}
+                        yield chunk({"index": d.index, "delta": first, "logprobs": None, "finish_reason": None}, **ids)
                     chain = chains[d.index]
                     if chain is None:
                         delta: dict[str, Any] = {"content": d.text} if d.text or not d.finish_reason else {}
@@ -173,7 +186,7 @@ class Chat(Endpoint):
                     if d.finish_reason:
                         choice["stop_reason"] = d.stop_reason
                     if body.logprobs and d.logprobs:
-                        choice["logprobs"] = {"content": chat_logprobs(d.logprobs, self.tt), "refusal": None}
+                        choice["logprobs"] = {"content": chat_logprobs(d.logprobs, labels), "refusal": None}
                     if body.return_token_ids:
                         choice["token_ids"] = d.token_ids
                     yield chunk(choice)

@@ -14,8 +14,8 @@ from llmserve.parsing.chain import ChainMaker, ParseChain
 from llmserve.server.dialect_kit import SSE_DONE, STREAM_HEADERS, sse
 from llmserve.server.errors import to_error
 
-from .params import completion_sampling, guided_mask, new_request, now
-from .replies import SYSTEM_FINGERPRINT, Endpoint, completion_logprobs, usage_dict
+from .params import completion_sampling, guided_mask, max_logprobs, new_request, now, truncate, truncation
+from .replies import SYSTEM_FINGERPRINT, Endpoint, completion_logprobs, prompt_logprobs, usage_dict
 from .wire import CompletionRequest
 
 
@@ -50,7 +50,8 @@ class Completions(Endpoint):
         ctx = self.p.context
         engine = ctx.engine
         model = ctx.check_model(body.model)
-        sampling = completion_sampling(body)
+        sampling = completion_sampling(body, engine.info.vocab_size, max_logprobs(ctx.config))
+        keep = truncation(body, engine.max_model_len)
         if body.stream and sampling.num_sequences > sampling.n:
             raise InvalidRequestError("best_of > n is not supported when streaming", param="best_of")
         prompts = split_prompts(body.prompt)
@@ -63,6 +64,10 @@ class Completions(Endpoint):
         base = body.request_id or request_id or uuid.uuid4().hex
         reqs = []
         for i, (text, ids) in enumerate(prompts):
+            if keep is not None:
+                if ids is None:
+                    ids = await engine.aencode(text or "", body.add_special_tokens is not False)
+                text, ids = None, truncate(ids, keep, body.truncation_side)
             req = new_request(body, sampling, prompt=text, prompt_ids=ids, header_id=base,
                               add_special_tokens=body.add_special_tokens is not False,
                               suffix=f"-{i}" if len(prompts) > 1 else "", mask_factory=mask_factory)
@@ -105,11 +110,16 @@ class Completions(Endpoint):
                 usage[1] += event.usage.completion_tokens
                 usage[2] += event.usage.cached_tokens
         out = []
+        labels = self.labels(body)
         for index in sorted(choices):
             c, req = choices[index], reqs[index // n]
             prefix = self._prompt_text(req) if body.echo else ""
+            # vLLM's choice always carries its extra keys, null unless asked for.
             item = {"index": index, "text": prefix + c.text, "logprobs": None,
-                    "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+                    "finish_reason": c.finish_reason, "stop_reason": c.stop_reason, "token_ids": None,
+                    "prompt_logprobs": prompt_logprobs(prompt_lps.get(index // n), self.tt,
+                                                       req.sampling.prompt_logprobs or 0),
+                    "prompt_token_ids": None}
             if make_chain is not None:
                 parsed = make_chain().parse(c.text)
                 item["text"] = prefix + (parsed["content"] or "")
@@ -117,7 +127,7 @@ class Completions(Endpoint):
             if body.logprobs is not None:
                 items = self._echo_items(req, prompt_lps.get(index // n)) if body.echo else []
                 items += list(zip(c.token_ids, c.logprobs))
-                item["logprobs"] = completion_logprobs(items, self.tt, 0, body.logprobs)
+                item["logprobs"] = completion_logprobs(items, labels, 0, req.sampling.logprobs or 0)
             if body.return_token_ids:
                 item["prompt_token_ids"] = req.prompt_token_ids
                 item["token_ids"] = c.token_ids
@@ -131,6 +141,7 @@ class Completions(Endpoint):
         include_usage = bool(opts and opts.include_usage) or self.p.context.config.enable_force_include_usage
         continuous = bool(opts and opts.continuous_usage_stats)
         started: set[int] = set()
+        labels = self.labels(body)
         chains: dict[int, ParseChain] = {}
         offsets: dict[int, int] = {}
         totals: dict[int, tuple[int, int, int]] = {}
@@ -148,7 +159,8 @@ class Completions(Endpoint):
                         if d.finish_reason:
                             parsed.extend(chain.finish())
                         text, reasoning = parsed.content, parsed.reasoning or None
-                    if index not in started:
+                    first = index not in started
+                    if first:
                         started.add(index)
                         if body.echo:
                             text = self._prompt_text(req) + text
@@ -158,11 +170,12 @@ class Completions(Endpoint):
                     if make_chain is not None:
                         choice["reasoning_content"] = reasoning
                     if body.logprobs is not None:
-                        choice["logprobs"] = completion_logprobs(items, self.tt, offsets.get(index, 0), body.logprobs)
+                        choice["logprobs"] = completion_logprobs(items, labels, offsets.get(index, 0),
+                                                                 req.sampling.logprobs or 0)
                     offsets[index] = offsets.get(index, 0) + len(text)
                     if body.return_token_ids:
                         choice["token_ids"] = d.token_ids
-                        if d.index == 0 and index not in offsets:
+                        if first:
                             choice["prompt_token_ids"] = req.prompt_token_ids
                     chunk = {**head, "choices": [choice]}
                     if include_usage:

@@ -10,7 +10,7 @@ from typing import Any
 from llmserve.errors import InvalidRequestError
 from llmserve.guided import GuidedSpec, legacy_specs, only_one, structured_outputs_spec
 from llmserve.request import GenerateRequest
-from llmserve.sampling import SamplingParams
+from llmserve.sampling import MAX_LOGPROBS, SamplingParams
 
 from .wire import ChatCompletionRequest, CompletionRequest, SamplingFields
 
@@ -24,10 +24,53 @@ def _logit_bias(raw: dict[str, float] | None) -> dict[int, float]:
     return out
 
 
+def max_logprobs(config: Any) -> int:
+    """The server's cap on logprob alternatives (``max_logprobs`` when configured)."""
+    value = getattr(config, "max_logprobs", None)
+    return MAX_LOGPROBS if value is None else int(value)
+
+
+def _prompt_logprobs(value: int | None, vocab_size: int, cap: int) -> int | None:
+    """vLLM's reading of ``prompt_logprobs``: -1 asks for the whole vocabulary, and any count
+    over the server's cap is refused with vLLM's message."""
+    if value is None:
+        return None
+    wanted = vocab_size if value == -1 else value
+    if wanted > cap:
+        raise InvalidRequestError(f"Requested prompt logprobs of {wanted}, which is greater than max allowed: {cap}",
+                                  param="prompt_logprobs")
+    return wanted
+
+
+def _unsupported(body: SamplingFields) -> None:
+    if body.use_beam_search:
+        raise InvalidRequestError("use_beam_search: beam search is not supported by this server (use n or best_of "
+                                  "to get several candidates)", param="use_beam_search")
+
+
+def _logprob_token_ids(body: SamplingFields, logprobs_on: bool) -> list[int] | None:
+    ids = body.logprob_token_ids
+    if ids is None:
+        return None
+    if not ids:
+        raise InvalidRequestError("`logprob_token_ids` must not be an empty list.", param="logprob_token_ids")
+    if not logprobs_on:
+        raise InvalidRequestError("when using `logprob_token_ids`, `logprobs` must be set.",
+                                  param="logprob_token_ids")
+    if len(ids) > MAX_LOGPROBS:
+        raise InvalidRequestError(f"`logprob_token_ids` may name at most {MAX_LOGPROBS} tokens, got {len(ids)}",
+                                  param="logprob_token_ids")
+    return list(ids)
+
+
 def sampling_params(body: SamplingFields, max_tokens: int | None, logprobs: int | None,
                     prompt_logprobs: int | None = None) -> SamplingParams:
+    _unsupported(body)
     stop = [body.stop] if isinstance(body.stop, str) else body.stop
     mode = "processed" if (body.temp_scaled_logprobs or body.top_p_normalized_logprobs) else None
+    chosen = _logprob_token_ids(body, logprobs is not None)
+    if chosen is not None:
+        logprobs = len(chosen)  # the named tokens take the place of the best alternatives
     return SamplingParams.build(
         n=body.n, best_of=body.best_of, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
         min_p=body.min_p, typical_p=body.typical_p, frequency_penalty=body.frequency_penalty,
@@ -37,13 +80,14 @@ def sampling_params(body: SamplingFields, max_tokens: int | None, logprobs: int 
         min_tokens=body.min_tokens, max_tokens=max_tokens, bad_words=body.bad_words,
         bad_words_token_ids=body.bad_words_token_ids, skip_special_tokens=body.skip_special_tokens,
         spaces_between_special_tokens=body.spaces_between_special_tokens, logprobs=logprobs,
-        prompt_logprobs=prompt_logprobs, logprobs_mode=mode)
+        prompt_logprobs=prompt_logprobs, logprobs_mode=mode, allowed_token_ids=body.allowed_token_ids,
+        logprob_token_ids=chosen)
 
 
-def completion_sampling(body: CompletionRequest) -> SamplingParams:
+def completion_sampling(body: CompletionRequest, vocab_size: int, cap: int = MAX_LOGPROBS) -> SamplingParams:
     if body.suffix is not None:
         raise InvalidRequestError("suffix is not supported", param="suffix")
-    prompt_lp = body.prompt_logprobs
+    prompt_lp = _prompt_logprobs(body.prompt_logprobs, vocab_size, cap)
     if body.echo and body.logprobs is not None:
         prompt_lp = body.logprobs if prompt_lp is None else max(prompt_lp, body.logprobs)
     max_tokens = 16 if body.max_tokens is None else body.max_tokens
@@ -52,25 +96,46 @@ def completion_sampling(body: CompletionRequest) -> SamplingParams:
     return sampling_params(body, max_tokens, body.logprobs, prompt_lp)
 
 
-def chat_sampling(body: ChatCompletionRequest) -> SamplingParams:
+def chat_sampling(body: ChatCompletionRequest, vocab_size: int, cap: int = MAX_LOGPROBS) -> SamplingParams:
     top = None
     if body.logprobs:
         top = body.top_logprobs or 0
     elif body.top_logprobs:
         raise InvalidRequestError("top_logprobs requires logprobs to be true", param="top_logprobs")
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    prompt_lp = _prompt_logprobs(body.prompt_logprobs, vocab_size, cap)
     # Errors name the core's fields; report the ones this request actually sent.
     sent = {"logprobs": "top_logprobs"}
     if body.max_completion_tokens is not None:
         sent["max_tokens"] = "max_completion_tokens"
     try:
-        return sampling_params(body, max_tokens, top)
+        return sampling_params(body, max_tokens, top, prompt_lp)
     except InvalidRequestError as exc:
         if exc.param not in sent:
             raise
         name = sent[exc.param]
         message = exc.message.replace(exc.param, name, 1) if exc.message.startswith(exc.param) else exc.message
         raise InvalidRequestError(message, param=name) from None
+
+
+def truncation(body: Any, max_model_len: int) -> int | None:
+    """How many prompt tokens ``truncate_prompt_tokens`` keeps (-1: the context length), or None."""
+    keep = getattr(body, "truncate_prompt_tokens", None)
+    if keep is None:
+        return None
+    if keep == -1:
+        return max_model_len
+    if keep > max_model_len:
+        raise InvalidRequestError("truncate_prompt_tokens value is greater than max_model_len. Please, select a "
+                                  "smaller truncation size.", param="truncate_prompt_tokens")
+    return keep
+
+
+def truncate(ids: list[int], keep: int | None, side: str | None) -> list[int]:
+    """``ids`` cut to ``keep`` tokens: by default (``left``) the first ones go, as in vLLM."""
+    if keep is None or len(ids) <= keep:
+        return ids
+    return ids[:keep] if side == "right" else ids[len(ids) - keep:]
 
 
 def guided_spec(body: SamplingFields) -> GuidedSpec | None:

@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse
 from llmserve.errors import InvalidRequestError
 from llmserve.server.dialect_kit import WireModel
 
-from .params import now
+from .params import now, truncate, truncation
 
 Inputs = Union[str, list[str], list[int], list[list[int]]]
 
@@ -26,14 +26,33 @@ class EmbeddingRequest(WireModel):
     dimensions: int | None = None
     user: str | None = None
     add_special_tokens: bool | None = True
+    truncate_prompt_tokens: int | None = Field(None, ge=-1)
+    truncation_side: Literal["left", "right"] | None = None
 
 
 class ScoreRequest(WireModel):
+    """vLLM's score request under each of its spellings: ``text_1``/``text_2``,
+    ``queries``/``documents``, ``queries``/``items`` and ``data_1``/``data_2``."""
+
     model: str | None = None
     text_1: str | list[str] | None = None
     text_2: str | list[str] | None = None
     queries: str | list[str] | None = None
     documents: str | list[str] | None = None
+    items: str | list[str] | None = None
+    data_1: str | list[str] | None = None
+    data_2: str | list[str] | None = None
+
+    def pair(self) -> tuple[list[str], list[str]]:
+        """The two sides, from the first spelling the request used (the error names it)."""
+        for first, second in (("text_1", "text_2"), ("queries", "documents"), ("queries", "items"),
+                              ("data_1", "data_2")):
+            if getattr(self, first) is not None and getattr(self, second) is not None:
+                return _texts(getattr(self, first), first), _texts(getattr(self, second), second)
+        for first, second in (("text_1", "text_2"), ("queries", "documents"), ("data_1", "data_2")):
+            if getattr(self, first) is not None:
+                raise InvalidRequestError(f"{second} is required", param=second)
+        raise InvalidRequestError("text_1 is required", param="text_1")
 
 
 class RerankRequest(WireModel):
@@ -80,7 +99,9 @@ class Pooling:
     async def embeddings(self, body: EmbeddingRequest) -> JSONResponse:
         ctx = self.p.context
         model = ctx.check_model(body.model)
+        keep = truncation(body, ctx.engine.max_model_len)
         ids = _as_id_lists(ctx.engine, body.input, body.add_special_tokens is not False, "input")
+        ids = [truncate(i, keep, body.truncation_side) for i in ids]
         vectors = await ctx.engine.embed(ids)
         if body.dimensions is not None and body.dimensions != len(vectors[0]):
             raise InvalidRequestError(f"dimensions: this model only produces {len(vectors[0])}-dimensional "
@@ -109,8 +130,7 @@ class Pooling:
 
     async def score(self, body: ScoreRequest) -> JSONResponse:
         model = self.p.context.check_model(body.model)
-        first = _texts(body.text_1 if body.text_1 is not None else body.queries, "text_1")
-        second = _texts(body.text_2 if body.text_2 is not None else body.documents, "text_2")
+        first, second = body.pair()
         scores, tokens = await self._scores(first, second)
         data = [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)]
         return JSONResponse({"id": f"score-{uuid.uuid4().hex}", "object": "list", "created": now(), "model": model,

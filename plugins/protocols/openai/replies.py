@@ -32,6 +32,14 @@ class Endpoint:
             self._tt = TokenText(self.p.context.engine.tokenizer)
         return self._tt
 
+    def labels(self, body: Any) -> "TokenText | TokenIds":
+        """How logprob entries name tokens: their text, or ``token_id:<id>`` when the request
+        (else the server's ``return_tokens_as_token_ids``) asks for ids."""
+        as_ids = body.return_tokens_as_token_ids
+        if as_ids is None:
+            as_ids = getattr(self.p.context.config, "return_tokens_as_token_ids", None)
+        return TOKEN_IDS if as_ids else self.tt
+
 
 class TokenText:
     """Token id -> its text, cached (logprob entries need it per token)."""
@@ -44,7 +52,39 @@ class TokenText:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
 
-def chat_logprobs(entries: list[TokenLogprob], tt: TokenText) -> list[dict]:
+class TokenIds:
+    """Tokens named ``token_id:<id>`` (vLLM's ``return_tokens_as_token_ids``): unambiguous
+    where a token's text is not valid UTF-8 on its own."""
+
+    @staticmethod
+    def text(token_id: int) -> str:
+        return f"token_id:{token_id}"
+
+
+TOKEN_IDS = TokenIds()
+
+
+def prompt_logprobs(entries: list[TokenLogprob | None] | None, tt: TokenText, want: int) -> list | None:
+    """vLLM's ``prompt_logprobs``: per prompt position ``null`` (the first token) or
+    ``{"<token id>": {"logprob", "rank", "decoded_token"}}`` for the prompt's own token and its
+    ``want`` best alternatives."""
+    if entries is None:
+        return None
+    out: list[dict | None] = []
+    for e in entries:
+        if e is None:
+            out.append(None)
+            continue
+        best = [t for t, _ in e.top]
+        rank = e.rank if e.rank is not None else (best.index(e.token_id) + 1 if e.token_id in best else None)
+        item = {str(e.token_id): {"logprob": clamp(e.logprob), "rank": rank, "decoded_token": tt.text(e.token_id)}}
+        for r, (t, lp) in enumerate(e.top[:want], 1):
+            item.setdefault(str(t), {"logprob": clamp(lp), "rank": r, "decoded_token": tt.text(t)})
+        out.append(item)
+    return out
+
+
+def chat_logprobs(entries: list[TokenLogprob], tt: "TokenText | TokenIds") -> list[dict]:
     out = []
     for e in entries:
         tok = tt.text(e.token_id)
@@ -54,7 +94,7 @@ def chat_logprobs(entries: list[TokenLogprob], tt: TokenText) -> list[dict]:
     return out
 
 
-def completion_logprobs(items: list[tuple[int, TokenLogprob | None]], tt: TokenText, offset: int,
+def completion_logprobs(items: list[tuple[int, TokenLogprob | None]], tt: "TokenText | TokenIds", offset: int,
                         want_top: int) -> dict:
     """OpenAI completions logprobs over ``(token_id, logprob entry)``; a None entry (the first
     prompt token under echo) gives null logprob and null top_logprobs."""

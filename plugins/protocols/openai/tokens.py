@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from starlette.responses import JSONResponse
 
 from llmserve.errors import InvalidRequestError
@@ -26,6 +26,14 @@ class TokenizeRequest(WireModel):
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     return_token_strs: bool | None = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_way_to_end_the_prompt(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("continue_final_message") and data.get("add_generation_prompt"):
+            raise InvalidRequestError("Cannot set both `continue_final_message` and `add_generation_prompt` to "
+                                      "True.", param="continue_final_message")
+        return data
 
 
 class DetokenizeRequest(WireModel):
@@ -63,7 +71,8 @@ class Tokens:
         else:
             raise InvalidRequestError("either prompt or messages is required", param="prompt")
         ids = await engine.aencode(text, special, param="messages" if body.messages is not None else "prompt")
-        out: dict[str, Any] = {"count": len(ids), "max_model_len": engine.max_model_len, "tokens": ids}
+        out: dict[str, Any] = {"count": len(ids), "max_model_len": engine.max_model_len, "tokens": ids,
+                               "token_strs": None}  # vLLM always sends the key
         if body.return_token_strs:
             out["token_strs"] = engine.tokenizer.convert_ids_to_tokens(ids)
         return JSONResponse(out)

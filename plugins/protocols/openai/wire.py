@@ -59,6 +59,14 @@ class SamplingFields(WireModel):
     structured_outputs: dict[str, Any] | None = None
     structural_tag: Any = None
     metadata: dict[str, Any] | None = None
+    truncate_prompt_tokens: int | None = Field(None, ge=-1)
+    truncation_side: Literal["left", "right"] | None = None
+    allowed_token_ids: list[int] | None = None
+    return_tokens_as_token_ids: bool | None = None
+    logprob_token_ids: list[int] | None = None
+    use_beam_search: bool | None = None
+    length_penalty: float | None = None
+    early_stopping: bool | Literal["never"] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -74,13 +82,36 @@ class SamplingFields(WireModel):
                                           "or structured_outputs", param=unknown[0])
         return data
 
+    @model_validator(mode="before")
+    @classmethod
+    def _stream_options_need_stream(cls, data: Any) -> Any:
+        """OpenAI and vLLM refuse ``stream_options`` on a request that does not stream."""
+        if isinstance(data, dict) and data.get("stream_options") and not data.get("stream"):
+            raise InvalidRequestError("Stream options can only be defined when `stream=True`.",
+                                      param="stream_options")
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _prompt_logprobs_rules(cls, data: Any) -> Any:
+        """vLLM's rules: -1 (the whole vocabulary) or a count, and none while streaming."""
+        value = data.get("prompt_logprobs") if isinstance(data, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool):
+            if data.get("stream") and (value > 0 or value == -1):
+                raise InvalidRequestError("`prompt_logprobs` are not available when `stream=True`.",
+                                          param="prompt_logprobs")
+            if value < -1:
+                raise InvalidRequestError("`prompt_logprobs` must be a positive value or -1.",
+                                          param="prompt_logprobs")
+        return data
+
 
 class CompletionRequest(SamplingFields):
     prompt: Union[str, list[str], list[int], list[list[int]]]
     echo: bool | None = False
     logprobs: int | None = None
     suffix: str | None = None
-    prompt_logprobs: int | None = None
+    prompt_logprobs: int | None = Field(None, ge=-1)
     add_special_tokens: bool | None = True
     response_format: ResponseFormat | None = None
 
@@ -117,3 +148,14 @@ class ChatCompletionRequest(SamplingFields):
     disable_chat_template: bool | None = False
     prompt_token_ids: list[int] | None = None
     documents: list[dict[str, Any]] | None = None
+    prompt_logprobs: int | None = Field(None, ge=-1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_way_to_end_the_prompt(cls, data: Any) -> Any:
+        """The template either opens a new assistant turn or continues the last message, not both
+        (vLLM, transformers and llama.cpp refuse the pair)."""
+        if isinstance(data, dict) and data.get("continue_final_message") and data.get("add_generation_prompt"):
+            raise InvalidRequestError("Cannot set both `continue_final_message` and `add_generation_prompt` to "
+                                      "True.", param="continue_final_message")
+        return data
