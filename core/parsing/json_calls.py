@@ -1,10 +1,25 @@
-"""Tool-call objects and lists streamed with ``json_scan.JsonScanner``.
+"""Tool-call objects and lists read with ``json_scan.JsonScanner``.
 
-``CallObject`` and ``CallList`` parse ``{"name": ..., "arguments": {...}}`` and
-``[call, ...]``; they report to a sink (the parser) with ``_call_start(name)`` and
-``_call_args(fragment)``. Both follow the body protocol of ``base.RegionToolParser``:
-``feed(text) -> consumed``, ``end()``, and the attributes ``done``, ``failed``,
-``committed`` and ``rest``.
+``CheckedCall``, ``CallObject`` and ``CallList`` parse ``{"name": ..., "arguments": {...}}``
+and ``[call, ...]``; they report to a sink (the parser) with ``_call_start(name)``,
+``_call_args(fragment)`` and ``_text(content)``. All follow the body protocol of
+``streaming.RegionToolParser``: ``feed(text) -> consumed``, ``end(cut)``, and the
+attributes ``done``, ``failed``, ``committed`` and ``rest``.
+
+Two policies, one per kind of output:
+
+- *checked* (``CheckedCall``, ``CallList(checked=True)``): free model text, where a call may
+  be malformed. A call is released whole, once its object is complete and valid: ``name`` a
+  non-empty string and the arguments a JSON object (or a JSON string holding one, passed
+  through once). Anything else is not a call. In a list, an element that is complete JSON but
+  not a valid call is skipped (its text becomes content) and its valid siblings stay calls;
+  broken JSON ends the list there. The tool parsers use this.
+- *streamed* (``CallObject``, ``CallList``'s default): output valid by construction (forced
+  ``tool_choice``), where arguments stream as they are generated and a cut-off call is closed.
+
+Output cut off inside a call (``end(cut=True)``) keeps the call when its name and the start
+of its object arguments are known, with the arguments closed into valid JSON; the region's
+end marker arriving first (``end(cut=False)``) is malformed output, not a call.
 """
 
 from __future__ import annotations
@@ -35,6 +50,115 @@ def arguments_from_value(raw: str) -> str:
             return raw
         return value if isinstance(inner, (dict, list)) else raw
     return raw
+
+
+def checked_arguments(raw: str) -> str | None:
+    """The ``arguments`` string for the complete JSON value ``raw``, or None if it is not an
+    object: ``{...}`` as written, a string holding a JSON object passed through once."""
+    if raw.startswith("{"):
+        return raw
+    value = json.loads(raw)
+    if not isinstance(value, str):
+        return None
+    try:
+        inner = json.loads(value, parse_constant=_no_constants)
+    except ValueError:
+        return None
+    return value if isinstance(inner, dict) else None
+
+
+class CheckedCall:
+    """One call object of free model text, released whole once complete and valid (the
+    *checked* policy of the module doc). ``arg_keys`` name the arguments key (the first one
+    present is used; other keys are ignored, key order is free); ``accept(name)`` may reject
+    a name. ``complete`` tells a list that the object was whole JSON even when it was not a
+    call, so the list can go on after it.
+    """
+
+    def __init__(self, sink: Any, arg_keys: tuple[str, ...] = ("arguments", "parameters"),
+                 accept: Callable[[str], bool] | None = None) -> None:
+        self.sink = sink
+        self.sc = JsonScanner(watch_depth=1)
+        self.arg_keys, self.accept = arg_keys, accept
+        self.key: str | None = None
+        self.role: str | None = None
+        self.name_at = self.name_end = self.args_at = self.args_end = -1
+        self.committed = self.done = self.failed = self.complete = False
+        self.rest = 0
+
+    def feed(self, s: str) -> int:
+        if self.done:
+            return 0
+        n = self.sc.feed(s)
+        self._events()
+        if self.sc.done:
+            self._complete()
+        elif self.sc.error:
+            self.done = self.failed = True
+        return n
+
+    def end(self, cut: bool = True) -> None:
+        if self.done:
+            return
+        self.sc.end()
+        self._events()
+        if self.sc.done:
+            self._complete()
+        elif cut:
+            self._cut()
+        else:
+            self.done = self.failed = True
+
+    def _events(self) -> None:
+        for kind, value in self.sc.events:
+            if kind == "key":
+                self.key = value
+            elif kind == "vstart":
+                self.role = None
+                if self.key == "name" and self.name_at < 0:
+                    self.role, self.name_at = "name", value
+                elif self.key in self.arg_keys and self.args_at < 0:
+                    self.role, self.args_at = "args", value
+            elif self.role == "name":
+                self.name_end = value
+            elif self.role == "args":
+                self.args_end = value
+        self.sc.events.clear()
+
+    def _name(self) -> str | None:
+        if self.name_end < 0:
+            return None
+        name = json.loads(self.sc.text()[self.name_at:self.name_end])
+        if not isinstance(name, str) or not name or (self.accept and not self.accept(name)):
+            return None
+        return name
+
+    def _complete(self) -> None:
+        self.done, self.complete, self.rest = True, True, self.sc.raw
+        name = self._name()
+        args = checked_arguments(self.sc.text()[self.args_at:self.args_end]) if self.args_end >= 0 else None
+        self._release(name, args)
+
+    def _cut(self) -> None:
+        """The output ended inside the object: keep the call if its name and the start of its
+        object arguments are known, the arguments closed at the last valid point."""
+        self.done, self.rest = True, self.sc.safe_raw
+        name, text = self._name(), self.sc.text()
+        if self.args_end >= 0:
+            args = checked_arguments(text[self.args_at:self.args_end])
+        elif self.args_at >= 0 and text[self.args_at] == "{":
+            args = text[self.args_at:self.sc.safe] + self.sc.closer(1)
+        else:
+            args = None
+        self._release(name, args)
+
+    def _release(self, name: str | None, args: str | None) -> None:
+        if name is None or args is None:
+            self.failed = True
+            return
+        self.committed = True
+        self.sink._call_start(name)
+        self.sink._call_args(args)
 
 
 class CallObject:
@@ -79,7 +203,7 @@ class CallObject:
                 self._stream()
         return n
 
-    def end(self) -> None:
+    def end(self, cut: bool = True) -> None:
         if self.done:
             return
         self.sc.end()
@@ -160,22 +284,42 @@ class CallObject:
 
 class CallList:
     """``[call, call, ...]``, or a single call object when ``single_ok`` and the text starts
-    with ``{``. A call that fails before anything was sent fails the list if it is the first,
-    otherwise the list ends there (``rest`` points at that call)."""
+    with ``{``. Streamed (the default): a call that fails before anything was sent fails the
+    list if it is the first, otherwise the list ends there (``rest`` points at that call).
+    ``checked=True``: the elements are ``CheckedCall`` objects; an element that is whole JSON
+    but not a call is skipped and becomes content, released before the next call (held while
+    no call was made: a list without any call fails as a whole); broken JSON ends the list."""
 
-    def __init__(self, sink: Any, single_ok: bool = True, **call_options: Any) -> None:
-        self.sink, self.single_ok, self.options = sink, single_ok, call_options
+    def __init__(self, sink: Any, single_ok: bool = True, checked: bool = False, **call_options: Any) -> None:
+        self.sink, self.single_ok, self.checked, self.options = sink, single_ok, checked, call_options
         self.state = "open"
-        self.obj: CallObject | None = None
+        self.obj: Any = None
         self.unit = 0
         self.raw = 0
         self.single = False
+        self.piece: list[str] = []  # raw text of the current element (checked lists)
+        self.skipped: list[str] = []  # elements that were not calls, not yet released
         self.committed = self.done = self.failed = False
         self.rest = 0
+
+    # Sink of the elements of a checked list: skipped elements go out before the next call.
+    def _call_start(self, name: str, call_id: str | None = None) -> None:
+        self._release_skipped()
+        self.sink._call_start(name)
+
+    def _call_args(self, fragment: str) -> None:
+        self.sink._call_args(fragment)
+
+    def _release_skipped(self) -> None:
+        for text in self.skipped:
+            self.sink._text(text)
+        self.skipped = []
 
     def _stop(self, rest: int) -> None:
         self.done, self.rest = True, rest
         self.failed = not self.committed  # a list without calls (even ``[]``) stays text
+        if self.committed:
+            self._release_skipped()
 
     def feed(self, s: str) -> int:
         i, n = 0, len(s)
@@ -183,6 +327,8 @@ class CallList:
             if self.state == "elem":
                 assert self.obj is not None  # the "elem" state always has its call object
                 k = self.obj.feed(s[i:])
+                if self.checked:
+                    self.piece.append(s[i:i + k])
                 i += k
                 self.raw += k
                 self._after_elem()
@@ -215,7 +361,11 @@ class CallList:
         return i
 
     def _new_elem(self) -> None:
-        self.obj, self.unit, self.state = CallObject(self.sink, **self.options), self.raw, "elem"
+        if self.checked:
+            self.obj, self.piece = CheckedCall(self, **self.options), []
+        else:
+            self.obj = CallObject(self.sink, **self.options)
+        self.unit, self.state = self.raw, "elem"
 
     def _after_elem(self) -> None:
         obj = self.obj
@@ -223,7 +373,11 @@ class CallList:
             return
         self.committed = self.committed or obj.committed
         if obj.failed:
-            self._stop(self.unit)
+            if self.checked and obj.complete and not self.single:
+                self.skipped.append("".join(self.piece))  # whole JSON, not a call: skip it
+                self.state = "sep"
+            else:
+                self._stop(self.unit)
         elif obj.sc.done and not self.single:
             self.state = "sep"
         else:
@@ -231,12 +385,12 @@ class CallList:
                 self.state = "closed"
             self._stop(self.unit + obj.rest)
 
-    def end(self) -> None:
+    def end(self, cut: bool = True) -> None:
         if self.done:
             return
         if self.state == "elem":
             assert self.obj is not None  # the "elem" state always has its call object
-            self.obj.end()
+            self.obj.end(cut)
             self._after_elem()
         if not self.done:
             self._stop(self.raw)

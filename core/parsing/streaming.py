@@ -161,6 +161,10 @@ class StreamingToolParser(ToolParser):
         else:
             calls.append(ToolCallDelta(self._calls - 1, arguments=fragment))
 
+    def _known(self, name: str) -> bool:
+        """Whether ``name`` is one of the request's tools (any name when it lists none)."""
+        return not self.tool_names or name in self.tool_names
+
     def _new_id(self) -> str:
         return new_call_id(self.id_length, self.id_prefix)
 
@@ -279,7 +283,7 @@ class RegionToolParser(StreamingToolParser):
             if tag < 0 and not final:
                 return False
             truncated = tag < 0  # the output ended inside the region
-            body.end()
+            body.end(truncated)  # False: the end marker came before the body was complete
         self._body = None
         if body.failed and not body.committed:  # nothing was sent: the region is plain text
             if self.end_marker:

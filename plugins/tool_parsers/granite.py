@@ -17,4 +17,4 @@ class GraniteToolParser(RegionToolParser):
     body_markers = frozenset({"["})
 
     def _new_body(self, marker: str) -> Any:
-        return CallList(self, single_ok=True)
+        return CallList(self, single_ok=True, checked=True)

@@ -20,4 +20,4 @@ class HermesToolParser(RegionToolParser):
     end_marker = "</tool_call>"
 
     def _new_body(self, marker: str) -> Any:
-        return CallList(self, single_ok=True)
+        return CallList(self, single_ok=True, checked=True)

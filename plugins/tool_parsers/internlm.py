@@ -11,15 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 from llmserve.parsing.streaming import RegionToolParser
-from llmserve.parsing.json_calls import CallObject
+from llmserve.parsing.json_calls import CheckedCall
 
 
 class InternLMToolParser(RegionToolParser):
     start_markers = ("<|action_start|><|plugin|>",)
     end_marker = "<|action_end|>"
 
-    def _known(self, name: str) -> bool:
-        return not self.tool_names or name in self.tool_names
-
     def _new_body(self, marker: str) -> Any:
-        return CallObject(self, arg_keys=("parameters", "arguments"), accept=self._known)
+        return CheckedCall(self, arg_keys=("parameters", "arguments"), accept=self._known)

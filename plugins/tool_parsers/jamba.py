@@ -16,4 +16,4 @@ class JambaToolParser(RegionToolParser):
     end_marker = "</tool_calls>"
 
     def _new_body(self, marker: str) -> Any:
-        return CallList(self, single_ok=True)
+        return CallList(self, single_ok=True, checked=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from llmserve.parsing.streaming import RegionToolParser
-from llmserve.parsing.json_calls import CallObject
+from llmserve.parsing.json_calls import CheckedCall
 
 
 class Llama3JsonToolParser(RegionToolParser):
@@ -21,4 +21,4 @@ class Llama3JsonToolParser(RegionToolParser):
     separators = ";"
 
     def _new_body(self, marker: str) -> Any:
-        return CallObject(self, arg_keys=("parameters", "arguments"), require_args=True)
+        return CheckedCall(self, arg_keys=("parameters", "arguments"))

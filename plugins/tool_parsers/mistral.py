@@ -2,20 +2,24 @@
 
 - pre-v11 tokenizers: ``[TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]`` (a single
   object is accepted too). Text after the list is content (vLLM drops it when not streaming).
-- v11+: ``[TOOL_CALLS]name{...}``, one marker per call.
+  Text between the marker and the list (``[TOOL_CALLS] junk [{...}]``) is content too; the
+  list after it is read as in vLLM's fallback.
+- v11+: ``[TOOL_CALLS]name{...}``, one marker per call. A name with no arguments (followed by
+  the end of the output or the next marker) is a call with ``{}`` when it is one of the
+  request's tools (any name when the request lists none); vLLM skips such a marker.
 - v13+ HF tokenizers keep the separator: ``[TOOL_CALLS]name[ARGS]{...}``; also
   ``[TOOL_CALLS]name[CALL_ID]id[ARGS]{...}``, whose id is used as the call id.
 
-Ids are 9 letters and digits (Mistral chat templates reject longer ones). Arguments are
-validated as they stream: a cut-off or broken object is closed so it stays valid JSON (vLLM
-returns v11 arguments unvalidated). ``[TOOL_CALLS]`` is a special token, so the request keeps
-special tokens.
+Calls follow the checked rules of ``json_calls``: released whole once complete and valid;
+broken JSON after a marker makes that region content (vLLM returns v11 arguments
+unvalidated). Ids are 9 letters and digits (Mistral chat templates reject longer ones).
+``[TOOL_CALLS]`` is a special token, so the request keeps special tokens.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Callable
 
 from llmserve.parsing.streaming import RegionToolParser
 from llmserve.parsing.json_calls import CallList
@@ -23,20 +27,21 @@ from llmserve.parsing.json_scan import JsonScanner
 
 _NAME = re.compile(r"[A-Za-z0-9_.\-]+")
 _WS = re.compile(r"\s*")
-ARGS, CALL_ID = "[ARGS]", "[CALL_ID]"
+MARKER, ARGS, CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
 
 
 class NamedCall:
-    """``name{...}``, ``name[ARGS]{...}`` or ``name[CALL_ID]id[ARGS]{...}`` (body protocol)."""
+    """``name{...}``, ``name[ARGS]{...}`` or ``name[CALL_ID]id[ARGS]{...}`` (body protocol),
+    released whole when the arguments object closes; a bare ``name`` (or ``name[ARGS]``) that
+    ends its region is a call with ``{}`` if ``known(name)``."""
 
-    def __init__(self, sink: Any) -> None:
-        self.sink = sink
-        self.state = "name"
+    def __init__(self, sink: Any, known: Callable[[str], bool]) -> None:
+        self.sink, self.known = sink, known
+        self.state = "name"  # name, id (after [CALL_ID]), gap (after the name or [ARGS]), args
         self.name = self.call_id = ""
         self.raw = 0
         self.sc: JsonScanner | None = None
         self.args_at = 0
-        self.sent = 0
         self.committed = self.done = self.failed = False
         self.rest = 0
 
@@ -44,13 +49,12 @@ class NamedCall:
         i, n = 0, len(s)
         while i < n and not self.done:
             if self.state == "args":
-                k = self.sc.feed(s[i:])
-                i += k
-                self._stream()
+                assert self.sc is not None  # set when the arguments begin
+                i += self.sc.feed(s[i:])
                 if self.sc.done:
-                    self.done, self.rest = True, self.args_at + self.sc.raw
+                    self._call(self.sc.text(), self.args_at + self.sc.raw)
                 elif self.sc.error:
-                    self._close()
+                    self.done = self.failed = True
                 break
             if self.state in ("name", "id"):
                 m = _NAME.match(s, i)
@@ -61,88 +65,159 @@ class NamedCall:
                         self.call_id += m.group()
                     i = m.end()
                     continue
-            rest = s[i:]
-            markers = (ARGS, CALL_ID) if self.state == "name" else (ARGS,) if self.state == "id" else ()
-            hit = next((mk for mk in markers if rest.startswith(mk)), None)
-            if hit is not None and (self.name or self.state != "name"):
-                self.state = "id" if hit == CALL_ID else "brace"
-                i += len(hit)
-                continue
-            if any(mk.startswith(rest) for mk in markers):
-                break  # maybe a marker: wait for more text
-            if rest[0] == "{" and self.state in ("name", "brace") and self.name:
-                self.state, self.args_at = "args", self.raw + i
-                self.sc = JsonScanner()
-                self.committed = True
-                self.sink._call_start(self.name, self.call_id or None)
-                continue
-            self.done = self.failed = True
+                markers = (ARGS, CALL_ID) if self.state == "name" else (ARGS,)
+                hit = next((mk for mk in markers if s.startswith(mk, i)), None)
+                if hit is not None and self.name:
+                    self.state = "id" if hit == CALL_ID else "gap"
+                    i += len(hit)
+                    continue
+                if any(mk.startswith(s[i:]) for mk in markers):
+                    break  # maybe a marker: wait for more text
+                if self.state == "id" or not self.name:
+                    self.done = self.failed = True
+                    break
+                self.state = "gap"
+            m = _WS.match(s, i)  # gap: whitespace, then the arguments, the next marker or the end
+            i = m.end() if m else i
+            if i == n:
+                break
+            if s[i] == "{":
+                self.state, self.args_at, self.sc = "args", self.raw + i, JsonScanner()
+            elif s.startswith(MARKER, i):
+                self._bare(self.raw + i)
+            elif not MARKER.startswith(s[i:]):
+                self.done = self.failed = True
+            else:
+                break  # maybe the next marker: wait for more text
         self.raw += i
         return i
 
-    def _stream(self) -> None:
-        end = self.sc.safe
-        if end > self.sent:
-            self.sink._call_args(self.sc.text()[self.sent:end])
-            self.sent = end
+    def _bare(self, rest: int) -> None:
+        if self.known(self.name):
+            self._call("{}", rest)
+        else:
+            self.done = self.failed = True
 
-    def _close(self) -> None:
-        self._stream()
-        self.sink._call_args(self.sc.closer())
-        self.done, self.rest = True, self.args_at + self.sc.safe_raw
+    def _call(self, args: str, rest: int) -> None:
+        self.done, self.committed, self.rest = True, True, rest
+        self.sink._call_start(self.name, self.call_id or None)
+        self.sink._call_args(args)
 
-    def end(self) -> None:
+    def end(self, cut: bool = True) -> None:
         if self.done:
             return
-        if self.state != "args":
-            self.done = self.failed = True
-            return
-        self.sc.end()
-        if self.sc.done:
-            self._stream()
-            self.done, self.rest = True, self.args_at + self.sc.raw
+        if self.state == "args":
+            assert self.sc is not None  # set when the arguments begin
+            self.sc.end()
+            if self.sc.done:  # never for an object; kept for symmetry with the scanner
+                self._call(self.sc.text(), self.args_at + self.sc.raw)
+            else:  # cut off inside the arguments: closed at the last valid point
+                self._call(self.sc.text()[:self.sc.safe] + self.sc.closer(), self.args_at + self.sc.safe_raw)
+        elif self.name and self.state != "id":
+            self._bare(self.raw)
         else:
-            self._close()
+            self.done = self.failed = True
 
 
 class MistralBody:
-    """Picks the form from the first character after the marker and whitespace."""
+    """Picks the form from the first character after the marker and whitespace: ``[``/``{``
+    the JSON list, else ``name...``; if that is no call either, the text up to the first
+    ``[`` that opens a list of call objects is junk (content once a call is made)."""
 
-    def __init__(self, sink: Any) -> None:
-        self.sink = sink
+    def __init__(self, sink: Any, known: Callable[[str], bool]) -> None:
+        self.sink, self.known = sink, known
         self.inner: Any = None
+        self.mode = ""  # list, named, junk (looking for a list), probe (a "[" being tried)
         self.skip = 0
+        self.raw = 0  # consumed after the leading whitespace
+        self.base = 0  # where the inner body started
+        self.seen: list[str] = []  # text consumed while junk may still turn out to precede a list
+        self.junk = -1  # length of the junk before the list (-1: none)
         self.committed = self.done = self.failed = False
         self.rest = 0
 
+    # Sink of the inner bodies: junk goes out as content before the first call.
+    def _call_start(self, name: str, call_id: str | None = None) -> None:
+        if self.junk >= 0:
+            self.sink._text("".join(self.seen)[:self.junk])
+        self.junk, self.seen = -1, []
+        self.sink._call_start(name, call_id)
+
+    def _call_args(self, fragment: str) -> None:
+        self.sink._call_args(fragment)
+
+    def _text(self, text: str) -> None:
+        self.sink._text(text)
+
     def feed(self, s: str) -> int:
-        i = 0
-        if self.inner is None:
+        i, n = 0, len(s)
+        if self.inner is None and not self.mode:
             i = _WS.match(s).end()
             self.skip += i
-            if i == len(s):
+            if i == n:
                 return i
-            self.inner = CallList(self.sink, single_ok=True) if s[i] in "[{" else NamedCall(self.sink)
-        i += self.inner.feed(s[i:])
-        self._sync()
+            self._start(s[i] in "[{", "list" if s[i] in "[{" else "named")
+        while i < n and not self.done:
+            if self.mode == "junk":
+                j = s.find("[", i)
+                if j < 0:
+                    self._take(s[i:])
+                    i = n
+                    break
+                self._take(s[i:j])
+                i = j
+                if s.startswith(MARKER, j):
+                    self.done = self.failed = True  # the next call's marker: no list here
+                    break
+                if MARKER.startswith(s[j:]):
+                    break  # maybe the next marker: wait for more text
+                self.junk = self.raw
+                self._start(True, "probe")
+            k = self.inner.feed(s[i:])
+            if self.mode in ("named", "probe"):
+                self._take(s[i:i + k])
+            else:
+                self.raw += k
+            i += k
+            if self.mode == "probe" and (self.inner.state in ("elem", "sep", "next") or self.inner.committed):
+                self.mode = "list"  # a call object follows the "[": this is the list
+            if self.inner.done:
+                if self.inner.failed and self.mode == "named" and self.inner.state != "args":
+                    self.mode = "junk"
+                elif self.inner.failed and self.mode == "probe":
+                    self.mode = "junk"
+                else:
+                    self._sync()
+            elif k == 0:
+                break
         return i
 
-    def end(self) -> None:
-        if self.inner is None:
-            self.done = self.failed = True
+    def _start(self, is_list: bool, mode: str) -> None:
+        self.base, self.mode = self.raw, mode
+        self.inner = CallList(self, single_ok=mode == "list", checked=True) if is_list else NamedCall(self, self.known)
+
+    def _take(self, text: str) -> None:
+        self.seen.append(text)
+        self.raw += len(text)
+
+    def end(self, cut: bool = True) -> None:
+        if self.done:
             return
-        self.inner.end()
-        self._sync()
+        if self.inner is not None and self.mode in ("list", "named"):
+            self.inner.end(cut)
+            self._sync()
+        else:
+            self.done = self.failed = True
 
     def _sync(self) -> None:
         inner = self.inner
         self.committed, self.done, self.failed = inner.committed, inner.done, inner.failed
-        self.rest = self.skip + inner.rest
+        self.rest = self.skip + self.base + inner.rest
 
 
 class MistralToolParser(RegionToolParser):
-    start_markers = ("[TOOL_CALLS]",)
+    start_markers = (MARKER,)
     id_length, id_prefix = 9, ""
 
     def _new_body(self, marker: str) -> Any:
-        return MistralBody(self)
+        return MistralBody(self, self._known)

@@ -6,10 +6,11 @@ Arguments are keyword arguments with literal values (str, int, float, bool, None
 tuples and dicts of those); they become a JSON object in source order (``None`` -> ``null``).
 Each call is sent whole (name and arguments) when its element ends, at ``,`` or ``]``.
 
-Invalid elements: if the first element is not a valid call the whole output is content (it
-was prose that starts with ``[``); a later invalid element (positional or non-literal
-arguments, ``1e999``, bytes, a syntax error) becomes content and its valid siblings stay calls
-(as in recent vLLM). Text after the closing ``]`` is content (vLLM rejects the output).
+Invalid elements (positional or non-literal arguments, ``1e999``, bytes, a syntax error) are
+skipped: their text becomes content and their valid siblings stay calls, wherever they are in
+the list (as in recent vLLM). A list without any valid call is content as a whole (it was
+prose that starts with ``[``). Text after the closing ``]`` is content (vLLM rejects the
+output).
 A cut-off output keeps the complete calls; the unfinished element is dropped (if no call was
 complete, the whole output is content).
 """
@@ -72,6 +73,7 @@ class PythonicList:
         self.quote = ""
         self.esc = False
         self.lead = ""
+        self.skipped: list[str] = []  # elements that are not calls, held until the list has one
         self.committed = self.done = self.failed = False
         self.rest = 0
 
@@ -87,8 +89,6 @@ class PythonicList:
                 if stop is None:
                     break
                 self._element("".join(self.parts))
-                if self.done:
-                    break
                 self.state, self.lead = "next" if stop == "," else "closed", ""
                 if stop == "]":
                     self.done, self.rest, self.failed = True, self.raw + 1, not self.committed
@@ -151,20 +151,26 @@ class PythonicList:
 
     def _element(self, source: str) -> None:
         call = parse_call(source)
-        if call is not None:
+        if call is None:
+            self.skipped.append(source)  # not a call: content, released once the list has a call
+        else:
             self.committed = True
+            self._release_skipped()
             self.sink._call_start(call[0])
             self.sink._call_args(call[1])
-        elif not self.committed:
-            self.done = self.failed = True
-        else:
+        if self.committed:
+            self._release_skipped()
+
+    def _release_skipped(self) -> None:
+        for source in self.skipped:
             self.sink._text(source)
+        self.skipped = []
 
     def _stop(self) -> None:
         self.done, self.rest = True, self.raw
         self.failed = not self.committed
 
-    def end(self) -> None:
+    def end(self, cut: bool = True) -> None:
         if self.done:
             return
         if self.state == "elem" and not self.quote and not self.depth:

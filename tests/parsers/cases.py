@@ -31,14 +31,13 @@ HERMES = [
     Case("non_ascii", "Voilà :\n" + hermes_block("translate", UNICODE), content="Voilà :",
          calls=[("translate", UNICODE)]),
     Case("empty_arguments", hermes_block("get_time", "{}"), calls=[("get_time", "{}")]),
-    Case("no_arguments_key", '<tool_call>{"name": "get_time"}</tool_call>', calls=[("get_time", "{}")]),
     Case("parameters_key", hermes_block("get_weather", WEATHER, key="parameters"), calls=[("get_weather", WEATHER)]),
     Case("arguments_before_name", '<tool_call>{"arguments": {"q": 1}, "id": 7, "name": "search"}</tool_call>',
          calls=[("search", '{"q": 1}')]),
     Case("arguments_as_string", '<tool_call>{"name": "f", "arguments": "{\\"a\\": [1, 2]}"}</tool_call>',
          calls=[("f", '{"a": [1, 2]}')]),
     Case("arguments_string_not_json", '<tool_call>{"name": "f", "arguments": "{\\"a\\": NaN}"}</tool_call>',
-         calls=[("f", '"{\\"a\\": NaN}"')]),
+         content='<tool_call>{"name": "f", "arguments": "{\\"a\\": NaN}"}</tool_call>'),
     Case("list_in_block",
          '<tool_call>[{"name": "a", "arguments": {}}, {"name": "b", "arguments": {"x": 1}}]</tool_call>',
          calls=[("a", "{}"), ("b", '{"x": 1}')]),
@@ -58,7 +57,12 @@ HERMES = [
     Case("malformed_then_good", '<tool_call>oops</tool_call>\n' + hermes_block("get_time", "{}"),
          content="<tool_call>oops</tool_call>", calls=[("get_time", "{}")]),
     Case("malformed_after_name", '<tool_call>{"name": "f", "arguments": {"a": 1, "b": }}</tool_call> after',
-         content=', "b": }} after', calls=[("f", '{"a": 1}')]),
+         content='<tool_call>{"name": "f", "arguments": {"a": 1, "b": }}</tool_call> after'),
+    Case("text_after_object_in_block", hermes_block("get_time", "{}").replace("}\n<", "} ok\n<"),
+         content=" ok", calls=[("get_time", "{}")]),
+    Case("bad_block_between_good", hermes_block("a", "{}") + '\n<tool_call>{"name": "b"}</tool_call>\n'
+         + hermes_block("c", '{"x": 1}'), content='\n<tool_call>{"name": "b"}</tool_call>',
+         calls=[("a", "{}"), ("c", '{"x": 1}')]),
     Case("name_not_string", '<tool_call>{"name": 5, "arguments": {}}</tool_call>',
          content='<tool_call>{"name": 5, "arguments": {}}</tool_call>'),
 ]
@@ -87,7 +91,22 @@ MISTRAL = [
          calls=[("a", '{"x": 1}')]),
     Case("truncated_marker", "Answer: 42[TOOL_CAL", content="Answer: 42[TOOL_CAL"),
     Case("malformed_not_json", "[TOOL_CALLS] not json at all", content="[TOOL_CALLS] not json at all"),
-    Case("malformed_name_only", "[TOOL_CALLS]get_weather", content="[TOOL_CALLS]get_weather"),
+    Case("v11_name_without_arguments", "[TOOL_CALLS]get_time", calls=[("get_time", "{}")]),
+    Case("v11_names_without_arguments",
+         f"[TOOL_CALLS]get_time [TOOL_CALLS]get_time[ARGS][TOOL_CALLS]get_weather{WEATHER}",
+         calls=[("get_time", "{}"), ("get_time", "{}"), ("get_weather", WEATHER)]),
+    Case("v11_known_name_without_arguments", "Now.[TOOL_CALLS]get_time[ARGS]", content="Now.",
+         calls=[("get_time", "{}")], tools=TOOLS),
+    Case("v11_unknown_name_without_arguments", "[TOOL_CALLS]get_wea", content="[TOOL_CALLS]get_wea", tools=TOOLS),
+    Case("v11_name_then_text", "[TOOL_CALLS]get_time now please", content="[TOOL_CALLS]get_time now please"),
+    Case("v11_broken_arguments", '[TOOL_CALLS]run{"code": "print("hi")"}[TOOL_CALLS]get_time{}',
+         content='[TOOL_CALLS]run{"code": "print("hi")"}', calls=[("get_time", "{}")]),
+    Case("v7_junk_before_list", '[TOOL_CALLS]  junk [{"name": "add", "arguments": {"a": 1, "b": 2}}] trail',
+         content="junk trail", calls=[("add", '{"a": 1, "b": 2}')]),
+    Case("v7_words_before_list", 'Ok.[TOOL_CALLS]Calling [it]: [ {"name": "a", "arguments": {}}]',
+         content="Ok.Calling [it]:", calls=[("a", "{}")]),
+    Case("v7_junk_without_list", "[TOOL_CALLS] see [1] and [x", content="[TOOL_CALLS] see [1] and [x"),
+    Case("v7_junk_list_not_calls", '[TOOL_CALLS] x [{"a": 1}] y', content='[TOOL_CALLS] x [{"a": 1}] y'),
     Case("malformed_then_good", "[TOOL_CALLS]oops, sorry[TOOL_CALLS]get_time{}",
          content="[TOOL_CALLS]oops, sorry", calls=[("get_time", "{}")]),
 ]
@@ -116,6 +135,11 @@ PYTHONIC = [
     Case("malformed_positional", "[get_weather('Paris')]", content="[get_weather('Paris')]"),
     Case("bad_sibling", "[a(x=1), b(y=undefined_name), c(z=1e999), d(w=b'x'), e(v=2)]",
          content=" b(y=undefined_name) c(z=1e999) d(w=b'x')", calls=[("a", '{"x": 1}'), ("e", '{"v": 2}')]),
+    Case("bad_first_sibling", "[b(y=undefined_name), a(x=1)]", content="b(y=undefined_name)",
+         calls=[("a", '{"x": 1}')]),
+    Case("no_good_sibling", "[b(y=undefined_name), c('positional')] ok",
+         content="[b(y=undefined_name), c('positional')] ok"),
+    Case("bad_sibling_then_cut_off", "[b(1), a(x=1), c(z='", content="b(1)", calls=[("a", '{"x": 1}')]),
     Case("markdown_link", "[docs](https://example.com) say hi", content="[docs](https://example.com) say hi"),
     Case("plain_list", "[1, 2, 3] are numbers", content="[1, 2, 3] are numbers"),
 ]
@@ -138,6 +162,8 @@ LLAMA3 = [
     Case("truncated_before_arguments", '{"name": "get_weather", "param',
          content='{"name": "get_weather", "param'),
     Case("malformed_no_parameters", '{"name": "get_weather"}', content='{"name": "get_weather"}'),
+    Case("bad_then_good", '{"name": "a"}; {"name": "b", "parameters": {}}', content='{"name": "a"};',
+         calls=[("b", "{}")]),
     Case("json_in_prose", 'Use {"a": {"b": [1, 2]}} as config {curly}',
          content='Use {"a": {"b": [1, 2]}} as config {curly}'),
     Case("malformed_builtin_tool", '<|python_tag|>brave_search.call(query="x")',
@@ -206,8 +232,77 @@ INTERNLM = [
          content="<|action_start|><|plugin|>oops<|action_end|>"),
 ]
 
+# The malformed-output rules, one table run through every JSON parser: (id, call object,
+# expected call or None). None means "not a call": the whole output is content, verbatim.
+OPEN = {"hermes": "<tool_call>\n", "mistral": "[TOOL_CALLS] [", "llama3_json": "<|python_tag|>",
+        "granite": "<|tool_call|>[", "jamba": "<tool_calls>[", "internlm": "<|action_start|><|plugin|>"}
+CLOSE = {"hermes": "\n</tool_call>", "mistral": "]", "llama3_json": "", "granite": "]", "jamba": "]</tool_calls>",
+         "internlm": "<|action_end|>"}
+LISTS = ("hermes", "mistral", "granite", "jamba")  # formats whose region may hold a list of calls
+GOOD_A, GOOD_C = '{"name": "a", "arguments": {}}', '{"name": "c", "arguments": {"x": 1}}'
+RULES = [
+    ("rule_valid", '{"name": "f", "arguments": {"a": 1}}', ("f", '{"a": 1}')),
+    ("rule_arguments_first", '{"arguments": {"a": [1]}, "name": "f"}', ("f", '{"a": [1]}')),
+    ("rule_arguments_string_object", '{"name": "f", "arguments": "{\\"a\\": 1}"}', ("f", '{"a": 1}')),
+    ("rule_no_arguments", '{"name": "f"}', None),
+    ("rule_arguments_null", '{"name": "f", "arguments": null}', None),
+    ("rule_arguments_list", '{"name": "f", "arguments": [1]}', None),
+    ("rule_arguments_string_not_object", '{"name": "f", "arguments": "a=1"}', None),
+    ("rule_no_name", '{"arguments": {"a": 1}}', None),
+    ("rule_empty_name", '{"name": "", "arguments": {}}', None),
+    ("rule_name_not_string", '{"name": ["f"], "arguments": {}}', None),
+    ("rule_broken_in_arguments", '{"name": "f", "arguments": {"a": 1, "b": }}', None),
+    ("rule_unescaped_quote", '{"name": "run", "arguments": {"code": "print("hi")"}}', None),
+    ("rule_single_quotes", "{'name': 'f', 'arguments': {}}", None),
+    ("rule_trailing_comma", '{"name": "f", "arguments": {"a": 1},}', None),
+]
+
+
+def rule_cases(parser: str) -> list[Case]:
+    """The shared rules in ``parser``'s format: malformed calls, cut-off calls, text around
+    calls, and (for list formats) bad siblings."""
+    wrap = OPEN[parser] + "{}" + CLOSE[parser]
+    out = []
+    for rid, obj, call in RULES:
+        text = OPEN[parser] + obj + CLOSE[parser]
+        out.append(Case(rid, text, calls=[call]) if call else Case(rid, text, content=text))
+    cut = OPEN[parser] + '{"name": "f", "arguments": {"a": 1, "b": "x'
+    out.append(Case("rule_cut_off_in_arguments", cut, calls=[("f", '{"a": 1, "b": "x"}')]))
+    cut = OPEN[parser] + '{"arguments": {"a": 1}, "na'
+    out.append(Case("rule_cut_off_before_name", cut, content=cut))
+    if CLOSE[parser].strip("]"):  # an end marker before the object closed: malformed, not cut off
+        text = OPEN[parser] + '{"name": "f", "arguments": {"a": 1}' + CLOSE[parser].lstrip("]")
+        out.append(Case("rule_end_marker_inside_object", text, content=text))
+    text = "Before. " + wrap.format(GOOD_A) + " mid " + wrap.format(GOOD_C) + " After."
+    both = [("a", "{}"), ("c", '{"x": 1}')]
+    out.append(Case("rule_text_around_calls", text, content="Before. mid After.", calls=both))
+    text = "Before.\n\n" + wrap.format(GOOD_A) + "\n\n" + wrap.format(GOOD_C) + "\n"
+    out.append(Case("rule_whitespace_next_to_calls", text, content="Before.", calls=both))
+    if parser in LISTS:
+        listed = ("[" if parser == "hermes" else "") + "{}" + ("]" if parser == "hermes" else "")
+        in_list = OPEN[parser] + listed + CLOSE[parser]
+        out += [
+            Case("rule_bad_sibling", in_list.format(f'{GOOD_A}, {{"name": "b"}}, {GOOD_C}'), content='{"name": "b"}',
+                 calls=[("a", "{}"), ("c", '{"x": 1}')]),
+            Case("rule_bad_first_sibling", in_list.format(f'{{"name": 7, "arguments": {{}}}}, {GOOD_C}'),
+                 content='{"name": 7, "arguments": {}}', calls=[("c", '{"x": 1}')]),
+            Case("rule_no_good_sibling", in_list.format('{"name": "b"}, {"x": 1}'),
+                 content=in_list.format('{"name": "b"}, {"x": 1}')),
+        ]
+        text = in_list.format(f'{GOOD_A}, {{"name": "b", "arguments": {{"y": ]}}}}, {GOOD_C}')
+        rest = text[text.index('{"name": "b"'):]
+        end_marker = CLOSE[parser].lstrip("]")  # dropped; the rest of the region is content
+        rest = rest[:len(rest) - len(end_marker)]
+        out.append(Case("rule_broken_sibling_ends_the_list", text, content=rest, calls=[("a", "{}")]))
+    return out
+
+
+RULE_CASES = {name: rule_cases(name) for name in OPEN}
+
 TOOL_CASES = {"hermes": HERMES, "mistral": MISTRAL, "pythonic": PYTHONIC, "llama3_json": LLAMA3,
               "granite": GRANITE, "jamba": JAMBA, "internlm": INTERNLM}
+for _name, _cases in RULE_CASES.items():
+    TOOL_CASES[_name] = TOOL_CASES[_name] + _cases
 for _name, _cases in TOOL_CASES.items():
     for _case in _cases:
         _case.tool_parser = _name

@@ -25,8 +25,9 @@ CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "day
 
 def test_openai_delta_shapes():
     assert openai_delta(ParseDelta()) is None
-    assert openai_delta(ParseDelta(content="hi", reasoning="hm")) == {"reasoning_content": "hm", "content": "hi"}
-    assert openai_delta(ParseDelta(reasoning="hm"), reasoning_key="reasoning") == {"reasoning": "hm"}
+    assert openai_delta(ParseDelta(content="hi", reasoning="hm")) == {"reasoning": "hm", "reasoning_content": "hm",
+                                                                       "content": "hi"}
+    assert openai_delta(ParseDelta(reasoning="hm"), reasoning_keys=("reasoning",)) == {"reasoning": "hm"}
     first = ToolCallDelta(0, id="call_x", name="f", arguments="")
     assert openai_delta(ParseDelta(tool_calls=[first, ToolCallDelta(0, arguments='{"a"')])) == {"tool_calls": [
         {"index": 0, "id": "call_x", "type": "function", "function": {"name": "f", "arguments": ""}},
@@ -35,12 +36,15 @@ def test_openai_delta_shapes():
 
 def test_streamed_deltas_follow_the_openai_shape():
     c = ParseChain(HermesToolParser())
+    closes = CALL.index("}}") + 2  # where the call object is complete
     deltas = [openai_delta(c.feed(ch)) for ch in CALL] + [openai_delta(c.finish())]
+    # A call of free model text is sent once it is complete and valid: nothing before the
+    # object closes, then one delta with the id, the name and the whole arguments.
+    assert not any(deltas[:closes - 1])
     pieces = [call for d in deltas if d for call in d.get("tool_calls", [])]
-    assert pieces[0]["id"].startswith("call_") and pieces[0]["function"]["name"] == "get_weather"
-    assert all(set(p) == {"index", "function"} and set(p["function"]) == {"arguments"} for p in pieces[1:])
-    assert len(pieces) > 10  # the arguments really stream, fragment by fragment
-    assert "".join(p["function"]["arguments"] for p in pieces) == '{"city": "Paris", "days": [1, 2]}'
+    assert deltas[closes - 1] == {"tool_calls": pieces}
+    assert len(pieces) == 1 and pieces[0]["id"].startswith("call_") and pieces[0]["type"] == "function"
+    assert pieces[0]["function"] == {"name": "get_weather", "arguments": '{"city": "Paris", "days": [1, 2]}'}
     assert not any(d and "content" in d for d in deltas)
     assert c.tools_called
 

@@ -1,7 +1,8 @@
 """Every registered tool and reasoning parser takes time linear in the model's output, streamed
 (in deltas of 1 to 7 characters) and whole, on adversarial output: unclosed ``<tool_call>`` and
 ``<think>`` tags by the thousand, ``[`` followed by thousands of ``a(``, deep brackets, objects
-nested and left open, and each parser's own markers repeated or followed by those. The parsers
+nested and left open, lists of thousands of elements that are not calls (each one held until
+the list has a call), and each parser's own markers repeated or followed by those. The parsers
 are read from the registry at run time, so a parser added later is covered too.
 
 A prompt-injected model can be made to write any of these; a parser quadratic in them pins the
@@ -40,6 +41,8 @@ def generic_inputs() -> dict[str, object]:
         "objects nested, open": lambda n: repeat('{"a": ', n),
         "calls nested, open": lambda n: repeat('{"name": "a", "arguments": ', n),
         "lists nested, open": lambda n: repeat("[a(b=", n),
+        "list of objects that are not calls": lambda n: "[" + repeat('{"a": 1}, ', n - 1),
+        "list of calls that are not valid": lambda n: "[" + repeat("x(1), ", n - 1),
     }
 
 
@@ -57,6 +60,8 @@ def inputs_for(kind: str, name: str) -> dict[str, object]:
         out[f"{m} repeated"] = lambda n, m=m: repeat(m, n)
         out[f"{m} then [ and a("] = lambda n, m=m: m + "[" + repeat("a(", n - len(m) - 1)
         out[f"{m} then objects nested"] = lambda n, m=m: m + repeat('{"a": ', n - len(m))
+        out[f"{m} then words and ["] = lambda n, m=m: m + repeat("x [", n - len(m))
+        out[f"{m} then objects that are not calls"] = lambda n, m=m: m + "[" + repeat('{"a": 1}, ', n - len(m) - 1)
     return out
 
 
