@@ -61,7 +61,7 @@ def start(cmd: list[str], port: int, log_path: Path, env: dict[str, str]) -> sub
         if proc.poll() is not None:
             raise RuntimeError(f"{cmd[0]} exited early; see {log_path}")
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+            if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=2).status_code == 200:
                 return proc
         except httpx.HTTPError:
             pass

@@ -159,7 +159,7 @@ def run(args: argparse.Namespace, proc: subprocess.Popen, url: str, port: int, l
     end = time.time() + 600
     while True:
         try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
+            if httpx.get(url + "/ready", timeout=2).status_code == 200:
                 break
         except httpx.HTTPError:
             pass

@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from llmserve import __version__
 from llmserve.bench.command import bench_cli
 from llmserve.chat_cli import chat_command
+from llmserve.cli_help import BACKEND_PANEL, PanelCommand, default_text, help_context, panel_of
 from llmserve.config import (FIELDS, FLAG_ALIASES, ServerConfig, _kind, flag_name, load_config, load_options,
                              option_flag)
 from llmserve.errors import ConfigError
@@ -30,8 +31,10 @@ from llmserve.hooks.records import resolve
 if TYPE_CHECKING:
     from llmserve.hooks.registry import Registry
 
-cli = typer.Typer(no_args_is_help=True, add_completion=False, help="llmserve: serve LLMs in every major dialect.")
-config_cli = typer.Typer(no_args_is_help=True, help="Inspect the effective configuration.")
+# Plain help (no rich boxes): it wraps at any width and never cuts a flag name; -h is --help.
+cli = typer.Typer(no_args_is_help=True, add_completion=False, help="llmserve: serve LLMs in every major dialect.",
+                  rich_markup_mode=None, context_settings=help_context())
+config_cli = typer.Typer(no_args_is_help=True, help="Inspect the effective configuration.", rich_markup_mode=None)
 cli.add_typer(config_cli, name="config")
 
 _plugins: PluginManager | None = None
@@ -70,16 +73,21 @@ def _option(name: str, model: type[BaseModel], field: str, flag: str, aliases: S
     choices = get_args(info.annotation) if getattr(info.annotation, "__origin__", None) is Literal else ()
     if choices:
         help_text += f" One of: {', '.join(choices)}."
+    help_text = f"{help_text} {default_text(model, field)}".strip()
+    panel = panel_of(field) if model is ServerConfig else BACKEND_PANEL
     if kind == "bool":
-        default = typer.Option(None, f"{flag}/--no-{flag[2:]}", *aliases, help=help_text, show_default=False)
+        default = typer.Option(None, f"{flag}/--no-{flag[2:]}", *aliases, help=help_text, show_default=False,
+                               rich_help_panel=panel)
         annotation: Any = Optional[bool]
     elif kind in ("list", "dict"):
-        default = typer.Option(None, flag, *aliases, help=help_text, show_default=False)
+        default = typer.Option(None, flag, *aliases, help=help_text, show_default=False,
+                               rich_help_panel=panel)
         annotation = Optional[list[str]]
     else:
         base = literal[0] if literal else info.annotation
         annotation = Optional[base] if base in (int, float) else Optional[str]
-        default = typer.Option(None, flag, *aliases, help=help_text, show_default=False)
+        default = typer.Option(None, flag, *aliases, help=help_text, show_default=False,
+                               rich_help_panel=panel)
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
 
 
@@ -159,7 +167,7 @@ def with_cli_plugins(specs: list[str] | None) -> PluginManager:
     return pm
 
 
-@cli.command()
+@cli.command(cls=PanelCommand)
 @with_config_options
 def serve(model_arg: Optional[str] = typer.Argument(
               None, metavar="MODEL", show_default=False,
@@ -241,7 +249,7 @@ def parse_cmd(tool_parser: Optional[str] = typer.Option(None, "--tool-parser", h
     typer.echo(json.dumps(result, ensure_ascii=False))
 
 
-@config_cli.command("show")
+@config_cli.command("show", cls=PanelCommand)
 @with_config_options
 def config_show(config: Optional[Path] = CONFIG_OPTION,
                 as_json: bool = typer.Option(False, "--json", help="Print JSON."), *, flags: dict[str, Any]) -> None:
@@ -273,6 +281,39 @@ def config_show(config: Optional[Path] = CONFIG_OPTION,
 def version_cmd() -> None:
     """Print the llmserve version."""
     typer.echo(__version__)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"llmserve {__version__}")
+        raise typer.Exit(0)
+
+
+@cli.callback()
+def _global_options(version: bool = typer.Option(False, "--version", "-V", is_eager=True, callback=_print_version,
+                                                 help="Print the version and exit.")) -> None:
+    """llmserve: serve LLMs in every major dialect."""
+
+
+@cli.command("warmup", cls=PanelCommand)
+@with_config_options
+def warmup_cmd(model_arg: Optional[str] = typer.Argument(
+                   None, metavar="MODEL", show_default=False,
+                   help="Model directory or .gguf file to prepare (default: the embedded model)."),
+               config: Optional[Path] = CONFIG_OPTION, *, flags: dict[str, Any]) -> None:
+    """Do the slow once-per-machine work now: build the native kernels, convert and cache the model.
+
+    Takes the options of `serve`; a `serve` with the same model then starts from the caches.
+    """
+    if model_arg is not None:
+        flags["model"] = model_arg
+    cfg, _ = resolve_config(flags, config)
+    from llmserve.warmup import warm_up
+
+    try:
+        warm_up(cfg, plugin_manager())
+    except ConfigError as exc:
+        fail(str(exc))
 
 
 # Client commands: they import their HTTP client and load generator when they run.

@@ -74,7 +74,8 @@ class ServerProcess:
                 self._reader.join(timeout=5)
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log}")
             try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                # /ready, not /health: the server answers /health while its model still loads
+                if httpx.get(self.url + "/ready", timeout=1).status_code == 200:
                     return self
             except httpx.HTTPError:
                 time.sleep(0.2)

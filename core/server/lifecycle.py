@@ -22,10 +22,11 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import uvicorn
 
@@ -43,24 +44,69 @@ EXIT_DEADLINE_S = 2.0  # from engine death to process exit, whatever clients or 
 
 
 class LLMServer(uvicorn.Server):
-    """``uvicorn.Server`` with llmserve's drain-then-exit shutdown and engine-death exit."""
+    """``uvicorn.Server`` with llmserve's drain-then-exit shutdown and engine-death exit.
 
-    def __init__(self, config: uvicorn.Config, context: "ServerContext") -> None:
+    Given ``load`` (``serve.prepare_server``'s), it serves while the model loads on a thread:
+    then ``on_ready`` runs and ``/ready`` turns 200, or a failed load stops the server and its
+    exception is kept in ``load_error``.
+    """
+
+    def __init__(self, config: uvicorn.Config, context: "ServerContext", load: Callable[[], None] | None = None,
+                 on_ready: Callable[[], None] | None = None) -> None:
         super().__init__(config)
         self.context = context
         self.exit_code = 0
+        self.load, self.on_ready = load, on_ready
+        self.load_error: BaseException | None = None
+        self.loader: threading.Thread | None = None
+        self.watchdog = False  # the real process: exit hard if stopping stalls after engine death
         self._aio: asyncio.AbstractEventLoop | None = None
         self._draining: asyncio.Task | None = None
         self._signals = 0
 
     async def startup(self, sockets: Any = None) -> None:
         self._aio = asyncio.get_running_loop()
-        engine = self.context.engine
-        if engine is not None:
-            engine.on_death(lambda exc: self._call(self._engine_died))
-            if engine.is_dead:
-                self._engine_died()
+        if self.context.engine is not None:
+            self._attach_engine()
         await super().startup(sockets=sockets)
+        if self.load is not None and self.started:
+            self.loader = threading.Thread(target=self._load, name="llmserve-load", daemon=True)
+            self.loader.start()
+
+    def _attach_engine(self) -> None:
+        engine = self.context.engine
+        assert engine is not None
+        engine.on_death(lambda exc: self._call(self._engine_died))
+        if self.watchdog:
+            engine.on_death(lambda exc: _exit_watchdog())
+        if engine.is_dead:
+            self._engine_died()
+
+    # -- loading ----------------------------------------------------------------------------------
+    def _load(self) -> None:
+        assert self.load is not None
+        try:
+            self.load()
+        except BaseException as exc:  # noqa: BLE001 - reported by serve() once the server stopped
+            self.load_error = exc
+            self._call(self._load_failed)
+            return
+        self._call(self._loaded)
+
+    def _loaded(self) -> None:
+        self._attach_engine()
+        if self.should_exit:  # stopped while loading: the lifespan has already shut down
+            engine = self.context.engine
+            if engine is not None:
+                engine.shutdown()
+            return
+        self.context.ready = True
+        if self.on_ready is not None:
+            self.on_ready()
+
+    def _load_failed(self) -> None:
+        self.exit_code = self.exit_code or 1
+        self.should_exit = True
 
     # -- signals ----------------------------------------------------------------------------------
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
@@ -137,25 +183,43 @@ class LLMServer(uvicorn.Server):
         self.should_exit = True
 
 
-def make_server(app: Any, context: "ServerContext", *, port: int | None = None) -> LLMServer:
+def make_server(app: Any, context: "ServerContext", *, port: int | None = None, load: Callable[[], None] | None = None,
+                on_ready: Callable[[], None] | None = None) -> LLMServer:
     """The uvicorn server for ``app`` with the HTTP settings of ``context.config``
-    (``port`` overrides the configured one)."""
+    (``port`` overrides the configured one; ``load`` and ``on_ready`` as ``LLMServer`` takes them)."""
     from llmserve.server.serve import uvicorn_options
 
     config = context.config
     return LLMServer(uvicorn.Config(app, host=config.host, port=config.port if port is None else port,
-                                    **uvicorn_options(config)), context)
+                                    **uvicorn_options(config)), context, load, on_ready)
 
 
-def serve(app: Any, context: "ServerContext") -> int:
-    """Run ``app`` until it is stopped; return the process exit code."""
-    server = make_server(app, context)
-    engine = context.engine
-    if engine is not None:
-        engine.on_death(lambda exc: _exit_watchdog())
-    server.run()
+def serve(app: Any, context: "ServerContext", sockets: list[socket.socket] | None = None,
+          load: Callable[[], None] | None = None, on_ready: Callable[[], None] | None = None) -> int:
+    """Run ``app`` (on ``sockets`` when given, loading the model with ``load`` meanwhile) until it
+    is stopped; return the process exit code. A failed load is raised once the server stopped: a
+    ``ConfigError`` for what the user can fix (one line), anything else as it came."""
+    from llmserve.server.startup import as_startup_error
+
+    port = sockets[0].getsockname()[1] if sockets else None
+    server = make_server(app, context, port=port, load=load, on_ready=on_ready)
+    server.watchdog = True
+    server.run(sockets=sockets)
+    if server.load_error is not None:
+        raise as_startup_error(server.load_error) or server.load_error
     if not server.started:
-        return 3  # uvicorn's STARTUP_FAILURE (e.g. the port is taken)
+        return 3  # uvicorn's STARTUP_FAILURE
+    if server.loader is not None and server.loader.is_alive():
+        # Stopped while the model was still loading: that thread cannot be interrupted, and the
+        # interpreter must not be torn down under it.
+        log.info("stopped while the model was loading")
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        logging.shutdown()
+        os._exit(server.exit_code)
     return server.exit_code
 
 

@@ -6,8 +6,10 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from typing import Any, AsyncIterator, Callable, TypeVar
 
+from llmserve import progress
 from llmserve.config import ServerConfig, load_options, unknown_key_message
 from llmserve.hooks.records import ProtocolSpec, resolve
 from llmserve.errors import ConfigError
@@ -15,6 +17,7 @@ from llmserve.hooks.manager import PluginManager
 from llmserve.hooks.registry import Registry
 from llmserve.server.context import ServerContext
 from llmserve.server.memory import trim_when_idle
+from llmserve.server.startup import base_url, bind_socket, ready_summary
 from llmserve.text.chat_template import server_template
 
 log = logging.getLogger("llmserve.server")
@@ -51,6 +54,7 @@ def on_passing_thread(fn: Callable[[], T]) -> T:
 def setup_logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("llmserve").setLevel(level.upper())
+    progress.install()  # a live line on a terminal, plain periodic lines in a log
 
 
 class _NoQueryStrings(logging.Filter):
@@ -141,6 +145,15 @@ def build_server(config: ServerConfig, plugins: PluginManager) -> tuple[Any, Ser
     Everything that can be checked without the model (plugins, options, protocols and their
     routes) is checked first, so configuration mistakes fail fast.
     """
+    app, context, load = prepare_server(config, plugins)
+    load()
+    return app, context
+
+
+def prepare_server(config: ServerConfig, plugins: PluginManager) -> tuple[Any, ServerContext, Callable[[], None]]:
+    """``build_server`` up to the model: (app, context, load). The app already serves the probes;
+    ``load()`` (blocking) loads the model, starts the engine and runs the startup hooks, after
+    which ``context.engine`` is set and every route serves."""
     from llmserve.server.app import build_app
 
     for spec in config.plugins:
@@ -166,9 +179,10 @@ def build_server(config: ServerConfig, plugins: PluginManager) -> tuple[Any, Ser
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
-        context.ready = True
-        path = context.model.path if context.model is not None else "-"
-        log.info("serving %s (%s) with protocols: %s", context.model_name, path, ", ".join(protocols))
+        if context.engine is not None:  # loaded before the app started; else the loader sets it
+            context.ready = True
+            path = context.model.path if context.model is not None else "-"
+            log.info("serving %s (%s) with protocols: %s", context.model_name, path, ", ".join(protocols))
         trimmer = asyncio.create_task(trim_when_idle(context, config.heap_trim_interval))
         try:
             yield
@@ -192,31 +206,55 @@ def build_server(config: ServerConfig, plugins: PluginManager) -> tuple[Any, Ser
 
     template = server_template(config.chat_template) if config.chat_template else None  # before the load
 
-    def load() -> LLMEngine:
-        context.model = backend.load()
+    def load_engine() -> LLMEngine:
+        model = backend.load()
         if template is not None:  # --chat-template replaces the model's own, for every dialect
-            context.model.chat_template = template
-            context.model.tokenizer.chat_template = template
-        return LLMEngine(backend, context.model, config)  # allocates the KV pool
+            model.chat_template = template
+            model.tokenizer.chat_template = template
+        with progress.phase("allocating the KV pool"):
+            engine = LLMEngine(backend, model, config)
+        context.model = model
+        return engine
 
-    engine = on_passing_thread(load)
-    context.metrics.resize(engine.max_model_len)
-    engine.metrics = context.metrics  # before the loop starts: the engine thread records into it
-    context.engine = EngineClient(engine)
-    for plugin_name, hook in plugins.impls("startup"):
-        try:
-            hook(context=context)
-        except Exception as exc:  # noqa: BLE001 - one clear line, not a traceback
-            context.engine.shutdown()
-            raise ConfigError(f"startup hook of plugin '{plugin_name}' failed: {type(exc).__name__}: {exc}") from None
-    return app, context
+    def load() -> None:
+        engine = on_passing_thread(load_engine)
+        context.metrics.resize(engine.max_model_len)
+        engine.metrics = context.metrics  # before the loop starts: the engine thread records into it
+        client = EngineClient(engine)
+        context.engine = client  # from here on every route serves (the loading gate opens)
+        for plugin_name, hook in plugins.impls("startup"):
+            try:
+                hook(context=context)
+            except Exception as exc:  # noqa: BLE001 - one clear line, not a traceback
+                client.shutdown()
+                raise ConfigError(f"startup hook of plugin '{plugin_name}' failed: {type(exc).__name__}: "
+                                  f"{exc}") from None
+
+    return app, context, load
 
 
 def run_server(config: ServerConfig, plugins: PluginManager) -> int:
     """Build and run the server until it is stopped; return the process exit code."""
     from llmserve.server.lifecycle import serve
 
+    started = time.monotonic()
     setup_logging(config.log_level)
     check_tls(config)
-    app, context = build_server(config, plugins)
-    return serve(app, context)  # drains on SIGTERM; exits non-zero when the engine died
+    # The port first: a taken one fails before anything loads. The model then loads while the
+    # server already answers /health (200) and /ready (503 "loading").
+    sock = bind_socket(config.host, config.port)
+    try:
+        app, context, load = prepare_server(config, plugins)
+    except BaseException:
+        sock.close()
+        raise
+    port = int(sock.getsockname()[1])
+    log.info("listening on %s: GET /health answers now, GET /ready once the model is loaded",
+             base_url(context, port))
+
+    def ready() -> None:
+        for line in ready_summary(context, app.state.protocols, port, time.monotonic() - started):
+            log.info("%s", line)
+
+    # Drains on SIGTERM; exits non-zero when the engine died or the load failed.
+    return serve(app, context, sockets=[sock], load=load, on_ready=ready)

@@ -44,13 +44,23 @@ class EchoBackend(Backend):
     """Keeps a token-level "KV cache" in block slots, so prefix hits and block tables are exercised.
 
     ``LLMSERVE_ECHO_STEP_DELAY`` (seconds) makes every step that long, like a real model, so
-    tests can catch requests while they wait or run.
+    tests can catch requests while they wait or run; ``LLMSERVE_ECHO_LOAD_DELAY`` (seconds)
+    makes the load that long, reported as a progress phase (start-up tests).
     """
 
     step_delay = 0.0
 
     def load(self) -> ModelInfo:
         self.step_delay = float(os.environ.get("LLMSERVE_ECHO_STEP_DELAY", "0") or 0)
+        load_delay = float(os.environ.get("LLMSERVE_ECHO_LOAD_DELAY", "0") or 0)
+        if load_delay:  # a slow load, reported the way real loads are (start-up tests)
+            from llmserve import progress
+
+            parts = max(1, int(load_delay / 0.05))
+            with progress.phase("loading echo weights", total=parts, unit="parts"):
+                for _ in range(parts):
+                    time.sleep(load_delay / parts)
+                    progress.advance()
         return ModelInfo(name="echo", path="echo://",
                          max_model_len=int(getattr(self.config, "max_model_len", None) or 512),
                          vocab_size=257, eos_token_ids=[EOS], tokenizer=ByteTokenizer())

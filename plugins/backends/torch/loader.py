@@ -7,14 +7,17 @@ import hashlib
 import importlib.util
 import logging
 import os
+import re
 import shutil
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
+from llmserve import progress
 from llmserve.errors import ConfigError
 
 from .attention import ATTN_IMPL, register_attention
@@ -94,11 +97,16 @@ def _convert_gguf(path: str, cache_root: str) -> str:
     if os.path.isfile(os.path.join(target, "config.json")):
         log.info("loaded from cache %s (converted from %s)", target, os.path.basename(path))
         return target
-    log.info("converting GGUF %s (first run, ~20 s); cache: %s", os.path.basename(path), target)
+    log.info("converting GGUF %s once (later starts read the cache %s; `llmserve warmup` does it ahead)",
+             os.path.basename(path), target)
     t0 = time.monotonic()
     folder, fname = os.path.split(os.path.abspath(path))
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=fname)
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=fname)
+    with progress.phase(f"converting GGUF {fname}"), quiet_bars():
+        try:
+            model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=fname)
+            tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=fname)
+        except (OSError, ValueError, KeyError, NotImplementedError) as exc:
+            raise load_error(path, exc) from None
     # The weights are plain dequantized tensors now; drop the GGUF marker so they can be saved.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
@@ -122,6 +130,88 @@ def _convert_gguf(path: str, cache_root: str) -> str:
     return target
 
 
+@contextmanager
+def quiet_bars() -> Iterator[None]:
+    """Route transformers' progress bars (and its GGUF reader's own tqdm) into llmserve's
+    progress reporter: one live line on a terminal, plain lines in a log, never ``\\r`` lines."""
+    import transformers.utils.logging as hf_logging
+
+    bar = progress.bar_factory()
+    set_hook = getattr(hf_logging, "set_tqdm_hook", None)
+    previous = set_hook(lambda factory, args, kwargs: bar(*args, **kwargs)) if set_hook else None
+    if set_hook is None:
+        hf_logging.disable_progress_bar()
+    try:
+        import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:
+        gguf_utils = None
+    own = getattr(gguf_utils, "tqdm", None)
+    if own is not None:
+        gguf_utils.tqdm = bar  # it imports tqdm.auto itself, past the hook
+    try:
+        yield
+    finally:
+        if own is not None:
+            gguf_utils.tqdm = own
+        if set_hook is not None:
+            set_hook(previous)
+
+
+def load_error(source: str | None, exc: BaseException) -> ConfigError:
+    """What transformers raised while loading ``source``, as one line that says what to do."""
+    import transformers
+
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else type(exc).__name__
+    version = transformers.__version__
+    if m := re.search(r"model type `([^`]+)` but Transformers does not recognize", text):
+        return ConfigError(f"model {source!r} has model type '{m.group(1)}', an architecture transformers {version} "
+                           "does not know: upgrade transformers (pip install -U transformers) or serve another model")
+    if m := re.search(r"Unrecognized configuration class .*?(\w+Config)", text):
+        return ConfigError(f"model {source!r} ({m.group(1)}) is not a text-generation model (transformers has no "
+                           "causal-LM class for it): serve a causal LM, or an embedding model with --task embed")
+    if m := re.search(r"GGUF model with architecture (\S+) is not supported", text):
+        return ConfigError(f"GGUF file {source!r} holds a '{m.group(1)}' model, an architecture transformers "
+                           f"{version} cannot read from GGUF: serve the model's Hugging Face directory instead, "
+                           "or a GGUF of a supported architecture (llama, mistral, qwen2, qwen3, ...)")
+    if "GGUF magic" in text or "not a GGUF file" in text:
+        return ConfigError(f"{source!r} is not a GGUF file (wrong magic bytes): check the path, or re-download it")
+    if isinstance(exc, NotImplementedError) or re.search(r"(quantization|tensor) type", text, re.I):
+        return ConfigError(f"GGUF file {source!r} uses a tensor type this installation cannot dequantize "
+                           f"({first}): serve a GGUF in a common type (F16, BF16, Q8_0, Q4_K_M, ...) or "
+                           "upgrade the gguf package")
+    return ConfigError(f"cannot load model {source!r}: {first}")
+
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def local_model_dir(source: str) -> str:
+    """The local Hugging Face directory ``source`` names: an existing path, or a Hub id already
+    in the local Hugging Face cache. Anything else is a one-line error that says what to pass."""
+    path = os.path.expanduser(source)
+    if os.path.isdir(path):
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise ConfigError(f"model directory {source!r} has no config.json: pass a Hugging Face model directory "
+                              "(config.json, tokenizer and weights) or a .gguf file")
+        return path
+    if os.path.exists(path):
+        raise ConfigError(f"model {source!r} is a file but not a .gguf: pass a Hugging Face model directory or a "
+                          ".gguf file")
+    if _HUB_ID.fullmatch(source) and not source.startswith((".", "/", "~")):
+        try:
+            from huggingface_hub import snapshot_download
+
+            return str(snapshot_download(source, local_files_only=True))
+        except Exception:  # noqa: BLE001 - not in the local cache, whatever the reason
+            raise ConfigError(
+                f"{source!r} looks like a Hugging Face Hub id, and llmserve never downloads models: download it "
+                f"first (`huggingface-cli download {source} --local-dir DIR`) and serve DIR, or serve a .gguf "
+                "file") from None
+    raise ConfigError(f"model path {source!r} does not exist: pass a Hugging Face model directory (with "
+                      "config.json) or a .gguf file")
+
+
 def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
     ids: list[int] = []
     gen = getattr(model, "generation_config", None)
@@ -138,7 +228,7 @@ def _resolve_source(model: str | None) -> tuple[str | None, str]:
         return embedded_model_path(), EMBEDDED_NAME
     if str(model).lower().endswith(".gguf"):
         if not os.path.isfile(model):
-            raise ConfigError(f"GGUF file not found: {model}")
+            raise ConfigError(f"GGUF file not found: {model} (check the path; no --model serves the embedded model)")
         return str(model), os.path.basename(str(model))
     return None, os.path.basename(str(model).rstrip("/\\")) or str(model)
 
@@ -160,9 +250,10 @@ def load_model(config: Any) -> LoadedModel:
     # On CUDA let accelerate place weights straight on the GPU instead of staging them in RAM.
     placement = {"device_map": str(device)} if device.type == "cuda" else {}
     try:
-        model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=dtype, trust_remote_code=trust, **placement)
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"cannot load model {source!r}: {exc}") from None
+        with progress.phase(f"loading {name}"), quiet_bars():
+            model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=dtype, trust_remote_code=trust, **placement)
+    except (OSError, ValueError, KeyError) as exc:
+        raise load_error(source, exc) from None
     tokenizer_dir = getattr(config, "tokenizer", None)  # --tokenizer: another tokenizer than the model's
     try:
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir or hf_dir, trust_remote_code=trust)
@@ -210,4 +301,4 @@ def hf_directory(source: str | None, cache_dir: str | None = None) -> str:
         return _convert_gguf(embedded_model_path(), cache_root)
     if str(source).lower().endswith(".gguf"):
         return _convert_gguf(str(source), cache_root)
-    return str(source)
+    return local_model_dir(str(source))

@@ -3,12 +3,15 @@ engine step, and samples on the same device."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import threading
 from typing import Any
 
 import torch
 
+from llmserve import progress
 from llmserve.engine.backend import Backend, KVCacheSpec, ModelInfo, StepItem, StepResult
 from llmserve.errors import ConfigError
 
@@ -68,6 +71,8 @@ class TorchBackend(Backend):
         opts = self.options
         if str(getattr(self.config, "device", "auto")).lower() != "cuda":
             _set_cpu_threads(opts.threads)
+            if opts.cpu_kernels and str(getattr(self.config, "dtype", "auto")) in ("auto", "float32"):
+                self.warm_up(wait=False)  # the compilers run while the weights load
         lm = self.loaded = load_model(self.config)
         model = lm.model
         self._decoder = (model.get_decoder() if hasattr(model, "get_decoder")
@@ -76,17 +81,24 @@ class TorchBackend(Backend):
         # Native CPU kernels: fp32 on the CPU only, unless the options turn them off.
         pack = self._native = lm.device.type == "cpu" and lm.dtype == torch.float32 and opts.cpu_kernels
         ops = None
-        if pack:
-            from .native.ops import elementwise_ops, packed_linear
-
-            ops = self._ops = elementwise_ops()
-            if type(self._lm_head) is torch.nn.Linear:
-                # A copy: the weight is usually tied to the input embedding, which keeps its layout.
-                self._packed_head = packed_linear(self._lm_head.weight, self._lm_head.bias, opts.compact_weights)
-        if opts.fused_forward:
-            self._fused = FusedDecoder.build(model, pack=pack, ops=ops, compact=opts.compact_weights,
-                                             native_decode=opts.native_step)
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        # Packing searches each matrix for lossless 4/8-bit panels: seconds per model, so it reports
+        # (in weights, since one matrix, the head, may be a large part of them).
+        linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)] if opts.fused_forward else [
+            self._lm_head]
+        weights = sum(m.weight.numel() for m in linears if isinstance(m, torch.nn.Linear))
+        with progress.phase("packing weights", weights, "weights") if pack else contextlib.nullcontext():
+            if pack:
+                from .native.ops import elementwise_ops, packed_linear
+
+                ops = self._ops = elementwise_ops()
+                if type(self._lm_head) is torch.nn.Linear:
+                    # A copy: the weight is usually tied to the input embedding, which keeps its layout.
+                    self._packed_head = packed_linear(self._lm_head.weight, self._lm_head.bias,
+                                                      opts.compact_weights)
+            if opts.fused_forward:
+                self._fused = FusedDecoder.build(model, pack=pack, ops=ops, compact=opts.compact_weights,
+                                                 native_decode=opts.native_step)
         self._num_layers = int(cfg.num_hidden_layers)
         heads = int(cfg.num_attention_heads)
         self._kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
@@ -104,6 +116,16 @@ class TorchBackend(Backend):
             eos_token_ids=lm.eos_token_ids, tokenizer=lm.tokenizer, chat_template=lm.chat_template,
             dtype=str(lm.dtype).removeprefix("torch."), device=lm.device.type,
         )
+
+    def warm_up(self, wait: bool = True) -> None:
+        """Build (or find cached) every native CPU kernel; ``llmserve warmup`` waits for them,
+        a load starts them on a thread of their own. Nothing to do without a CPU or a compiler."""
+        from .native.build import build_all
+
+        if wait:
+            build_all()
+        else:
+            threading.Thread(target=build_all, name="llmserve-kernels", daemon=True).start()
 
     def init_kv_cache(self, spec: KVCacheSpec) -> int:
         lm = self._require_loaded()

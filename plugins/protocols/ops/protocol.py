@@ -1,8 +1,9 @@
 """Operations routes: liveness (/health, /ping), readiness (/ready) and Prometheus /metrics.
 
-/health and /ping answer 200 while the engine thread is alive (503 once it died) and never
-need an API key; /ready also says whether the server should get traffic (model loaded, not
-draining); /metrics needs a key unless the server runs with --public-metrics.
+/health and /ping answer 200 while the process is alive, the model loading included (503 once
+the engine died), and never need an API key; /ready also says whether the server should get
+traffic (503 "loading" until the model is loaded, "draining" on shutdown); /metrics needs a key
+unless the server runs with --public-metrics. All of them answer while the model loads.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
+from llmserve import progress
 from llmserve.server.dialect_kit import dialect_router
 from llmserve.server.metrics import CONTENT_TYPE
 from llmserve.server.middleware import public_route
@@ -26,7 +28,11 @@ class OpsProtocol(Protocol):
     def _ready(self) -> Response:
         reason = self.context.readiness()
         if reason is not None:
-            return JSONResponse({"status": "not ready", "reason": reason}, status_code=503)
+            body = {"status": "not ready", "reason": reason}
+            phase = progress.reporter().current() if reason == "loading" else None
+            if phase is not None:  # what the load is doing now, as the start-up log says it
+                body["progress"] = phase.describe()
+            return JSONResponse(body, status_code=503)
         return JSONResponse({"status": "ready"}, status_code=200)
 
     def _metrics(self) -> Response:

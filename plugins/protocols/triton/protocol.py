@@ -12,6 +12,7 @@ from starlette.responses import JSONResponse, Response
 
 from llmserve import __version__
 from llmserve.errors import EngineDeadError, LLMServeError, NotFoundError
+from llmserve.server.startup import while_loading
 from llmserve.outputs import RequestOutput
 from llmserve.request import GenerateRequest
 from llmserve.server.dialect_kit import dialect_router, load_json, parse_model
@@ -132,12 +133,14 @@ class TritonProtocol(Protocol):
                                                 "generate"]})
 
         @r.get("/v2/health/live")
+        @while_loading
         async def server_live() -> JSONResponse:
             engine = self.context.engine
             live = not (engine is not None and engine.is_dead)
             return JSONResponse({"live": live}, status_code=200 if live else 503)
 
         @r.get("/v2/health/ready")
+        @while_loading
         async def server_ready() -> JSONResponse:
             ready = self.ready()
             return JSONResponse({"ready": ready}, status_code=200 if ready else 503)

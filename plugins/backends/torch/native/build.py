@@ -21,12 +21,15 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from llmserve import progress
+
 log = logging.getLogger("llmserve.backend.torch")
 
 CSRC = Path(__file__).with_name("csrc")
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 _lock = threading.Lock()
 _loaded: dict[str, ctypes.CDLL | None] = {}
+_building: dict[str, threading.Lock] = {}
 
 PTR, I64, INT, F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 
@@ -64,7 +67,7 @@ def _build(compiler: str, name: str) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     log.info("compiling the CPU kernel %s (once per machine) into %s", name, target.parent)
     # Build next to the target and rename: concurrent first starts never load a half-written file.
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp, progress.phase(f"compiling the CPU kernel {name}"):
         out = Path(tmp) / target.name
         proc = subprocess.run([compiler, *_FLAGS, str(path), "-o", str(out), "-lm"],
                               capture_output=True, text=True, timeout=120)
@@ -79,6 +82,10 @@ def library(name: str, what: str) -> ctypes.CDLL | None:
     with _lock:
         if name in _loaded:
             return _loaded[name]
+        own = _building.setdefault(name, threading.Lock())
+    with own:  # one build per kernel; different kernels build side by side
+        if name in _loaded:
+            return _loaded[name]
         lib = None
         if not (compiler := os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")):
             log.info("no C compiler found: %s stays on the torch path", what)
@@ -89,6 +96,20 @@ def library(name: str, what: str) -> ctypes.CDLL | None:
                 log.warning("the CPU %s kernel is unavailable (%s); using the torch path", what, exc)
         _loaded[name] = lib
         return lib
+
+
+def kernel_names() -> list[str]:
+    """Every kernel this package can build (``csrc/*.c``)."""
+    return sorted(p.stem for p in CSRC.glob("*.c"))
+
+
+def build_all() -> dict[str, bool]:
+    """Build (or find cached) every kernel, two compilers at a time; ``name -> usable``.
+    ``llmserve warmup`` calls it so that the first ``serve`` finds them built."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as pool:
+        return dict(zip(kernel_names(), pool.map(lambda n: library(n, n) is not None, kernel_names())))
 
 
 def bind(lib: ctypes.CDLL, name: str, restype: Any, *argtypes: Any) -> ctypes._CFuncPtr:

@@ -13,6 +13,8 @@ from typing import Callable
 
 import torch
 
+from llmserve import progress
+
 from .build import F32, I64, INT, PTR, bind, library
 from .panels import pack_codes
 
@@ -113,6 +115,7 @@ class PackedLinear:
         self.bias = bias.detach().contiguous() if bias is not None else None
         self._fn = bind(lib, f"packed_linear_{self.format}", None, *[PTR] * 4, I64, I64, I64, INT)
         self.kernel: int = ctypes.cast(self._fn, PTR).value
+        progress.advance(self.out_features * self.in_features)  # the start-up's "packing weights"
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2 or x.shape[1] != self.in_features:
