@@ -109,7 +109,8 @@ class ServerConfig(BaseModel):
         "Mount a dialect under a path prefix, e.g. tgi=/tgi; repeatable."))
     api_key: list[str] = Field(default_factory=list, description=(
         "API keys clients must send (Authorization: Bearer KEY or X-Api-Key: KEY) on every route but /health, "
-        "/ping and /ready; repeatable. Empty: no authentication."))
+        "/ping, /ready and the browser pages' static files (docs/playground.md); repeatable. Empty: no "
+        "authentication."))
     root_path: str = Field("", description=(
         "URL prefix under which a reverse proxy serves this server, e.g. /llm (the proxy strips it before "
         "forwarding); /openapi.json names it as the server's URL."))
