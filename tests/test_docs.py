@@ -105,3 +105,47 @@ def test_index_links_exist():
     assert local, "docs/index.md links to no page"
     missing = [link for link in local if not (DOCS / link).resolve().is_file()]
     assert not missing, f"docs/index.md links to missing pages: {missing}"
+
+
+# ---- (e) no page says a built feature is planned or missing -----------------------------------
+
+STALE_WORDS = re.compile(r"\b(planned|not yet|coming soon|in progress|not built|not implemented|"
+                         r"at this stage|work in progress|TODO)\b", re.I)
+PAGES = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
+
+# Sentences with those words that are true today: (page, words of the sentence around the match).
+# When the feature gets built, the sentence must change and its entry must go.
+TRUE_STATEMENTS = {
+    ("docs/engine.md", "CUDA graphs are not built"),
+    ("docs/benchmarks.md", "CUDA graphs, not built yet"),
+    ("docs/scale-out.md", "admitted but not yet in the running batch"),
+    ("docs/scale-out.md", "Not built yet"),
+    ("docs/scale-out.md", "is planned but does not exist"),
+    ("docs/ollama.md", "so they are not implemented at all rather than restricted"),
+    ("docs/vllm-native.md", "Beam search is not implemented"),
+}
+
+
+def stale_phrases() -> list[tuple[str, int, str, str]]:
+    """(page, line, the words around the match, the match) for every stale-sounding phrase."""
+    found = []
+    for page in PAGES:
+        text = page.read_text()
+        for match in STALE_WORDS.finditer(text):
+            around = re.sub(r"\s+", " ", text[max(0, match.start() - 120):match.end() + 120])
+            found.append((str(page.relative_to(ROOT)), text.count("\n", 0, match.start()) + 1, around,
+                          match.group(0)))
+    return found
+
+
+def test_no_page_calls_a_feature_planned_or_missing():
+    unexplained = [f"{page}:{line}: '{word}' in ...{around}..." for page, line, around, word in stale_phrases()
+                   if not any(page == p and words in around for p, words in TRUE_STATEMENTS)]
+    assert not unexplained, ("a page says something is planned, missing or in progress; if it is built, fix the "
+                             "page; if the sentence is true, add it to TRUE_STATEMENTS:\n" + "\n".join(unexplained))
+
+
+def test_every_true_statement_is_still_on_its_page():
+    found = stale_phrases()
+    gone = [(p, w) for p, w in TRUE_STATEMENTS if not any(page == p and w in around for page, _, around, _ in found)]
+    assert not gone, f"remove these from TRUE_STATEMENTS, their pages no longer say them: {gone}"
