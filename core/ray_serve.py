@@ -175,6 +175,21 @@ def build_application(config: "ServerConfig", options: RayOptions) -> Any:
     return deployment.bind(config)
 
 
+def replica_error(serve: Any) -> str | None:
+    """The last line of the error a failed replica raised (a ``ConfigError``'s message, say),
+    from Ray Serve's status of the deployment."""
+    try:
+        deployments = serve.status().applications[APP_NAME].deployments.values()
+    except (KeyError, AttributeError):
+        return None
+    for status in deployments:
+        lines = [line.strip() for line in (status.message or "").splitlines() if line.strip()]
+        if lines:  # "llmserve.errors.ConfigError: model path ... does not exist": the message alone
+            last = lines[-1]
+            return last.split(": ", 1)[1] if last.startswith("llmserve.") and ": " in last else last
+    return None
+
+
 def run(config: "ServerConfig", options: RayOptions) -> int:
     """Deploy the replicas on Ray (a local instance unless ``options.address``), serve on
     ``config.host:config.port`` through Ray's proxy until SIGINT or SIGTERM, then take the
@@ -192,7 +207,10 @@ def run(config: "ServerConfig", options: RayOptions) -> int:
         signal.signal(sig, lambda *_: stop.set())
     try:
         serve.start(http_options={"host": config.host, "port": config.port})
-        serve.run(application, name=APP_NAME, route_prefix="/")
+        try:
+            serve.run(application, name=APP_NAME, route_prefix="/")
+        except RuntimeError as exc:  # Ray's "Deploying application failed": say why in one line
+            raise ValueError(f"the replicas did not start: {replica_error(serve) or exc}") from None
         replicas = (f"{options.replicas} replica(s)" if options.max_replicas is None
                     else f"{options.min_replicas if options.min_replicas is not None else options.replicas}"
                          f"-{options.max_replicas} replicas (autoscaling)")
