@@ -297,6 +297,7 @@ def test_smollm_prompt_logprobs_and_sampling_fields(smollm_server):
     plp = r.choices[0].prompt_logprobs
     assert plp[0] is None and len(plp) == len(ids)
     for position, token in zip(plp[1:], ids[1:]):
+        position = dict(position)
         mine = position.pop(str(token))
         assert mine["rank"] >= 1 and mine["logprob"] <= 0 and isinstance(mine["decoded_token"], str)
         # The best three follow, unless the prompt token is one of them (then it stands for itself).
