@@ -10,11 +10,11 @@ body (parsed by a body object from ``json_calls``/``pythonic``), and an optional
 
 Content rules shared by all built-in parsers: whitespace right before a call, between calls
 and after the last call is dropped; other text around calls is kept as content (nothing is
-lost); a region whose body cannot be parsed before anything was sent is content verbatim,
-markers included. Once a call was sent it stays: if the body breaks later, the call's
-arguments are closed and the unused text of the region becomes content; if the output ends
-inside the region (cut off by max_tokens), the arguments are closed and the unfinished rest
-is dropped.
+lost); a region whose body made no call is content verbatim, markers included. A body that
+made calls and then stops (a broken list element) leaves the unused text of the region as
+content; if the output ends inside the region (cut off by max_tokens), the body closes what
+it can (``end(cut=True)``) and the unfinished rest is dropped. Which calls a body makes is its
+own rule: the checked bodies of ``json_calls`` make a call only from complete, valid text.
 """
 
 from __future__ import annotations
