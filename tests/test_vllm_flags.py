@@ -197,3 +197,15 @@ def test_tools_left_out_of_the_prompt_are_flagged(echo_app, caplog, monkeypatch)
     assert "x-llmserve-warning" not in plain.headers
     client, _ = echo_app(chat_template=WITH_TOOLS, **tools_on)
     assert "x-llmserve-warning" not in client.post("/v1/chat/completions", json=body).headers
+
+
+# -- tokens named by id -------------------------------------------------------------------------
+def test_return_tokens_as_token_ids_server_wide(echo_app):
+    client = sdk(echo_app, return_tokens_as_token_ids=True)
+    reply = client.completions.create(model="echo", prompt="hi", max_tokens=2, logprobs=1)
+    assert reply.choices[0].logprobs.tokens == ["token_id:104", "token_id:105"]  # the echo model's bytes
+    own = client.completions.create(model="echo", prompt="hi", max_tokens=2, logprobs=1,
+                                    extra_body={"return_tokens_as_token_ids": False})
+    assert own.choices[0].logprobs.tokens == ["h", "i"]  # a request's own choice wins
+    plain = sdk(echo_app).completions.create(model="echo", prompt="hi", max_tokens=2, logprobs=1)
+    assert plain.choices[0].logprobs.tokens == ["h", "i"]
