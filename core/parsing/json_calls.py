@@ -298,6 +298,7 @@ class CallList:
         self.raw = 0
         self.single = False
         self.piece: list[str] = []  # raw text of the current element (checked lists)
+        self.lead = ""  # whitespace before it: a skipped element is content with its spacing
         self.skipped: list[str] = []  # elements that were not calls, not yet released
         self.committed = self.done = self.failed = False
         self.rest = 0
@@ -335,6 +336,8 @@ class CallList:
                 continue
             m = _WS_RUN.match(s, i)
             if m:
+                if self.checked and self.state in ("first", "next"):
+                    self.lead += m.group()
                 self.raw += m.end() - i
                 i = m.end()
                 continue
@@ -362,7 +365,7 @@ class CallList:
 
     def _new_elem(self) -> None:
         if self.checked:
-            self.obj, self.piece = CheckedCall(self, **self.options), []
+            self.obj, self.piece, self.lead = CheckedCall(self, **self.options), [self.lead], ""
         else:
             self.obj = CallObject(self.sink, **self.options)
         self.unit, self.state = self.raw, "elem"

@@ -282,7 +282,7 @@ def rule_cases(parser: str) -> list[Case]:
         listed = ("[" if parser == "hermes" else "") + "{}" + ("]" if parser == "hermes" else "")
         in_list = OPEN[parser] + listed + CLOSE[parser]
         out += [
-            Case("rule_bad_sibling", in_list.format(f'{GOOD_A}, {{"name": "b"}}, {GOOD_C}'), content='{"name": "b"}',
+            Case("rule_bad_sibling", in_list.format(f'{GOOD_A}, {{"name": "b"}}, {GOOD_C}'), content=' {"name": "b"}',
                  calls=[("a", "{}"), ("c", '{"x": 1}')]),
             Case("rule_bad_first_sibling", in_list.format(f'{{"name": 7, "arguments": {{}}}}, {GOOD_C}'),
                  content='{"name": 7, "arguments": {}}', calls=[("c", '{"x": 1}')]),

@@ -70,7 +70,8 @@ ARRAY_OUTPUTS = [
     ('[ {"arguments": {"city": "Zürich", "n": [1, {"a": "}"}]}, "name": "get_weather"} ,\n'
      ' {"name":"ping","arguments":{}} ]',
      [("get_weather", '{"city": "Zürich", "n": [1, {"a": "}"}]}'), ("ping", "{}")]),
-    # The free-text parsers' rule (json_calls.arguments_from_value): null arguments are "{}".
+    # Forced output is read by the streamed CallList (json_calls.arguments_from_value): null
+    # arguments are "{}" (the tool parsers' checked rule makes such an object no call).
     ('[{"name": "ping", "arguments": null}]', [("ping", "{}")]),
 ]
 
