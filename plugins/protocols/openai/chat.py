@@ -17,7 +17,7 @@ from llmserve.server.dialect_kit import SSE_DONE, STREAM_HEADERS, sse
 from llmserve.server.errors import to_error
 from llmserve.text.chat_template import arguments_as_object, message_text, render_chat
 
-from .deltas import openai_delta
+from .deltas import REASONING_KEYS, openai_delta
 from .params import chat_sampling, guided_mask, guided_spec, max_logprobs, new_request, now, truncate, truncation
 from .replies import SYSTEM_FINGERPRINT, Endpoint, chat_logprobs, prompt_logprobs, usage_dict
 from .wire import ChatCompletionRequest
@@ -29,6 +29,13 @@ class Chat(Endpoint):
         cfg = self.p.context.config
         return plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls,
                           auto_enabled=cfg.enable_auto_tool_choice, tool_parser=cfg.tool_call_parser)
+
+    def count_tokens(self, text: str | None) -> int:
+        """Tokens of ``text``: the reasoning parser's share of the output, re-tokenized (it is
+        cut out of the text, so its token ids are not at hand), for ``reasoning_tokens``."""
+        if not text:
+            return 0
+        return len(self.p.context.engine.tokenizer.encode(text, add_special_tokens=False))
 
     def parsers(self, body: ChatCompletionRequest, plan: ToolPlan, constrained: bool) -> ChainMaker | None:
         """A maker of fresh parse chains (one per choice), or None when nothing is parsed."""
@@ -102,11 +109,11 @@ class Chat(Endpoint):
                 "system_fingerprint": SYSTEM_FINGERPRINT}
         if body.stream:
             head["object"] = "chat.completion.chunk"
-            return ctx.sse_response(self._stream(body, req, head, make_chain, plan.parallel), headers=STREAM_HEADERS)
-        return JSONResponse(await self._complete(body, req, head, make_chain, plan.parallel))
+            return ctx.sse_response(self._stream(body, req, head, make_chain, plan), headers=STREAM_HEADERS)
+        return JSONResponse(await self._complete(body, req, head, make_chain, plan))
 
     async def _complete(self, body: ChatCompletionRequest, req: Any, head: dict,
-                        make_chain: ChainMaker | None, parallel: bool) -> dict:
+                        make_chain: ChainMaker | None, plan: ToolPlan) -> dict:
         n = req.sampling.n
         acc: dict[int, dict] = {}
         usage = (0, 0, 0)
@@ -125,12 +132,16 @@ class Chat(Endpoint):
             usage = (event.usage.prompt_tokens, event.usage.completion_tokens, event.usage.cached_tokens)
         choices = []
         labels = self.labels(body)
+        reasoning_tokens = 0
         for index in sorted(acc):
             c = acc[index]
             last = body.messages[-1].content
             prefix = (last or "") if body.echo and isinstance(last, str) else ""
             chain = make_chain() if make_chain is not None else None
-            message, called = _message(chain, c["text"], c["ids"], prefix, parallel)
+            message, called, reasoning = _message(chain, c["text"], c["ids"], prefix, plan.parallel,
+                                                  cut=_cut_forced(plan, c["finish"]),
+                                                  show_reasoning=body.include_reasoning is not False)
+            reasoning_tokens += self.count_tokens(reasoning)
             choice = {"index": index, "message": message,
                       "logprobs": {"content": chat_logprobs(c["lps"], labels), "refusal": None}
                       if body.logprobs else None,
@@ -138,17 +149,18 @@ class Chat(Endpoint):
                       "token_ids": c["ids"] if body.return_token_ids else None}
             choices.append(choice)
         # vLLM's extra keys are always there, null unless asked for.
-        return {**head, "choices": choices, "usage": usage_dict(*usage),
+        return {**head, "choices": choices, "usage": _with_reasoning(usage_dict(*usage), reasoning_tokens),
                 "prompt_logprobs": prompt_logprobs(prompt_lps, self.tt, req.sampling.prompt_logprobs or 0),
                 "prompt_token_ids": req.prompt_token_ids if body.return_token_ids else None}
 
     async def _stream(self, body: ChatCompletionRequest, req: Any, head: dict,
-                      make_chain: ChainMaker | None, parallel: bool) -> AsyncIterator[str]:
+                      make_chain: ChainMaker | None, plan: ToolPlan) -> AsyncIterator[str]:
         opts = body.stream_options
         include_usage = bool(opts and opts.include_usage) or self.p.context.config.enable_force_include_usage
         continuous = bool(opts and opts.continuous_usage_stats)
         usage = (len(req.prompt_token_ids), 0, 0)
         chains: dict[int, ParseChain | None] = {}
+        reasoning: dict[int, str] = {}  # per choice, counted into usage at the end
         labels = self.labels(body)
 
         def chunk(choice: dict, **top: Any) -> str:
@@ -169,7 +181,10 @@ class Chat(Endpoint):
                         # The stream's first chunk carries the prompt's ids (vLLM).
                         once = body.return_token_ids and len(chains) == 1
                         ids = {"prompt_token_ids": req.prompt_token_ids} if once else {}
+                        # The role chunk precedes the choice's tokens: its running usage counts none.
+                        counted, usage = usage, (usage[0], 0, usage[2])
                         yield chunk({"index": d.index, "delta": first, "logprobs": None, "finish_reason": None}, **ids)
+                        usage = counted
                     chain = chains[d.index]
                     if chain is None:
                         delta: dict[str, Any] = {"content": d.text} if d.text or not d.finish_reason else {}
@@ -177,8 +192,13 @@ class Chat(Endpoint):
                     else:
                         parsed = chain.feed(d.text, d.token_ids)
                         if d.finish_reason:
-                            parsed.extend(chain.finish())
-                        delta = openai_delta(parsed if parallel else first_call_only(parsed)) or {}
+                            end = chain.finish()
+                            if not _cut_forced(plan, d.finish_reason):  # no made-up closers for a cut call
+                                parsed.extend(end)
+                        reasoning[d.index] = reasoning.get(d.index, "") + parsed.reasoning
+                        if body.include_reasoning is False:
+                            parsed.reasoning = ""
+                        delta = openai_delta(parsed if plan.parallel else first_call_only(parsed)) or {}
                         finish = _finish(d.finish_reason, chain.tools_called)
                         if not (delta or d.finish_reason or (body.logprobs and d.logprobs) or body.return_token_ids):
                             continue  # the parser holds the text back for now
@@ -191,7 +211,8 @@ class Chat(Endpoint):
                         choice["token_ids"] = d.token_ids
                     yield chunk(choice)
             if include_usage:
-                yield sse({**head, "choices": [], "usage": usage_dict(*usage)})
+                spent = sum(self.count_tokens(text) for text in reasoning.values())
+                yield sse({**head, "choices": [], "usage": _with_reasoning(usage_dict(*usage), spent)})
         except Exception as exc:  # noqa: BLE001 - after the 200, errors travel in-band
             yield sse(self.p.error_body(to_error(exc))[1])
         yield SSE_DONE
@@ -202,22 +223,36 @@ def _finish(reason: str | None, called: bool) -> str | None:
     return "tool_calls" if called and reason not in (None, "length") else reason
 
 
-def _message(chain: ParseChain | None, text: str, ids: list[int], prefix: str,
-             parallel: bool) -> tuple[dict[str, Any], bool]:
-    """The assistant message of one choice, and whether it called tools."""
+def _cut_forced(plan: ToolPlan, reason: str | None) -> bool:
+    """A forced call (``required`` or a named function) cut off by ``max_tokens``: OpenAI and vLLM
+    answer ``finish_reason: "length"`` without ``tool_calls`` (the arguments would not parse)."""
+    return plan.mode == "forced" and reason == "length"
+
+
+def _with_reasoning(usage: dict[str, Any], reasoning_tokens: int) -> dict[str, Any]:
+    """Chat usage with OpenAI's ``completion_tokens_details.reasoning_tokens``."""
+    spent = min(reasoning_tokens, usage["completion_tokens"])  # re-tokenized text can come out longer
+    return {**usage, "completion_tokens_details": {"reasoning_tokens": spent}}
+
+
+def _message(chain: ParseChain | None, text: str, ids: list[int], prefix: str, parallel: bool, *,
+             cut: bool = False, show_reasoning: bool = True) -> tuple[dict[str, Any], bool, str | None]:
+    """The assistant message of one choice, whether it called tools, and its reasoning text
+    (returned even when ``show_reasoning`` is false, for usage). ``cut``: drop the calls."""
     if chain is None:
-        return {"role": "assistant", "content": prefix + text}, False
+        return {"role": "assistant", "content": prefix + text}, False, None
     chain.feed(text, ids)
     chain.finish()
     result = chain.result()
-    calls = result["tool_calls"] if parallel else result["tool_calls"][:1]
+    calls = [] if cut else result["tool_calls"] if parallel else result["tool_calls"][:1]
     content = result["content"]
     if content is None and not calls and result["reasoning_content"] is None:
         content = ""
     message: dict[str, Any] = {"role": "assistant", "content": prefix + content if content is not None else
                                (prefix or None)}
     if chain.reasoning_parser is not None:
-        message["reasoning_content"] = result["reasoning_content"]
+        for key in REASONING_KEYS:  # include_reasoning false: the keys stay, null
+            message[key] = result["reasoning_content"] if show_reasoning else None
     if calls:
         message["tool_calls"] = calls
-    return message, bool(calls)
+    return message, bool(calls), result["reasoning_content"]

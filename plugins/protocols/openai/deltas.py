@@ -11,8 +11,14 @@ from typing import Any
 from llmserve.parsing.contract import ParseDelta
 
 
-def openai_delta(delta: ParseDelta, reasoning_key: str = "reasoning_content") -> dict[str, Any] | None:
+#: Where the thinking goes: vLLM's current field, then the older name its clients still read.
+REASONING_KEYS = ("reasoning", "reasoning_content")
+
+
+def openai_delta(delta: ParseDelta, reasoning_keys: tuple[str, ...] = REASONING_KEYS) -> dict[str, Any] | None:
     """A ``ParseDelta`` as the ``delta`` object of an OpenAI chat chunk; ``None`` when empty.
+
+    Reasoning text appears under each of ``reasoning_keys`` (the same text twice by default).
 
     A call's first piece becomes ``{"index", "id", "type": "function", "function": {"name",
     "arguments"}}``, later pieces ``{"index", "function": {"arguments"}}``.
@@ -21,7 +27,8 @@ def openai_delta(delta: ParseDelta, reasoning_key: str = "reasoning_content") ->
         return None
     out: dict[str, Any] = {}
     if delta.reasoning:
-        out[reasoning_key] = delta.reasoning
+        for key in reasoning_keys:
+            out[key] = delta.reasoning
     if delta.content:
         out["content"] = delta.content
     if delta.tool_calls:

@@ -82,14 +82,14 @@ class SamplingFields(WireModel):
                                           "or structured_outputs", param=unknown[0])
         return data
 
-    @model_validator(mode="before")
-    @classmethod
-    def _stream_options_need_stream(cls, data: Any) -> Any:
-        """OpenAI and vLLM refuse ``stream_options`` on a request that does not stream."""
-        if isinstance(data, dict) and data.get("stream_options") and not data.get("stream"):
+    @model_validator(mode="after")
+    def _stream_options_need_stream(self) -> "SamplingFields":
+        """OpenAI and vLLM refuse ``stream_options`` (but not an empty one) on a request that does
+        not stream; after validation, so a bad value inside it is named first."""
+        if self.stream_options is not None and self.stream_options.model_fields_set and not self.stream:
             raise InvalidRequestError("Stream options can only be defined when `stream=True`.",
                                       param="stream_options")
-        return data
+        return self
 
     @model_validator(mode="before")
     @classmethod
@@ -149,6 +149,7 @@ class ChatCompletionRequest(SamplingFields):
     prompt_token_ids: list[int] | None = None
     documents: list[dict[str, Any]] | None = None
     prompt_logprobs: int | None = Field(None, ge=-1)
+    include_reasoning: bool | None = True
 
     @model_validator(mode="before")
     @classmethod
