@@ -6,11 +6,13 @@ The end-to-end run on Ray is tests/scale_out/test_ray_serve.py.
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
 from llmserve.config import ServerConfig
-from llmserve.ray_serve import REPLICA_HEADER, RayOptions, deployment_options, with_replica_header
+from llmserve.ray_serve import (REPLICA_HEADER, LLMServeReplica, RayOptions, deployment_options,
+                                with_replica_header)
 
 
 def test_fixed_replicas():
@@ -63,3 +65,20 @@ def test_every_response_names_its_replica():
     assert (b"content-type", b"text/plain") in headers
     assert all(k != b"x-request-id" for k, _ in headers)  # Ray's proxy adds its own
     assert sent[1] == {"type": "http.response.body", "body": b"ok"}
+
+
+def test_health_check_fails_once_the_engine_died(echo_app, monkeypatch):
+    """What Ray calls every --health-check-period: fine while the engine runs, an error (so Ray
+    replaces the replica) once the engine loop has died."""
+    monkeypatch.setenv("LLMSERVE_FAULT_INJECTION", "step:1")  # the first model step kills the engine
+    client, context = echo_app()
+    replica = LLMServeReplica.__new__(LLMServeReplica)  # the replica's state without a Ray actor
+    replica.context = context
+    replica.check_health()
+    r = client.post("/v1/completions", json={"model": "echo", "prompt": "hi", "max_tokens": 2})
+    assert r.status_code >= 500
+    deadline = time.time() + 10
+    while not context.engine.is_dead and time.time() < deadline:
+        time.sleep(0.02)
+    with pytest.raises(RuntimeError, match="engine of this replica died"):
+        replica.check_health()

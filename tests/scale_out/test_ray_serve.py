@@ -208,3 +208,16 @@ def test_two_replicas_behind_ray_serve_survive_a_killed_replica():
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def test_a_replica_that_cannot_load_its_model_stops_ray_serve_in_one_line(tmp_path):
+    missing = tmp_path / "no-such-model"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0"}
+    result = subprocess.run([str(ray_llmserve()), "ray-serve", str(missing), "--host", "127.0.0.1", "--port",
+                             str(free_port()), "--log-level", "warning"], capture_output=True, text=True, env=env,
+                            cwd=ROOT, timeout=300)
+    assert result.returncode == 2, result.stderr[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    # the replica's own error (the loader's message), not Ray's traceback
+    assert last.startswith("error: the replicas did not start: ") and str(missing) in last, last
+    assert "Traceback" not in last and "RayTaskError" not in last
