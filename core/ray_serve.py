@@ -263,6 +263,9 @@ def ray_serve_command(model_arg: Optional[str] = typer.Argument(
     if importlib.util.find_spec("ray") is None:
         fail("llmserve ray-serve needs Ray Serve: pip install 'llmserve[ray]'")
     if model_arg is not None:
+        if flags.get("model") not in (None, model_arg):
+            fail(f"the model is given twice, as the MODEL argument ({model_arg!r}) and as --model "
+                 f"({flags['model']!r}); give one")
         flags["model"] = model_arg
     cfg, _ = resolve_config(flags, config)
     options = RayOptions(replicas=replicas, min_replicas=min_replicas, max_replicas=max_replicas,

@@ -221,3 +221,15 @@ def test_a_replica_that_cannot_load_its_model_stops_ray_serve_in_one_line(tmp_pa
     # the replica's own error (the loader's message), not Ray's traceback
     assert last.startswith("error: the replicas did not start: ") and str(missing) in last, last
     assert "Traceback" not in last and "RayTaskError" not in last
+
+
+@pytest.mark.parametrize("args, message", [
+    (["a-model", "--model", "another"], "the model is given twice"),
+    (["--min-replicas", "3", "--max-replicas", "2"], "--min-replicas (3) must be between 0 and --max-replicas (2)"),
+    (["--ssl-keyfile", "k.pem", "--ssl-certfile", "c.pem"], "--ssl-keyfile is not used under Ray Serve"),
+])
+def test_bad_options_fail_in_one_line(args, message):
+    result = subprocess.run([str(ray_llmserve()), "ray-serve", *args], capture_output=True, text=True, cwd=ROOT,
+                            timeout=120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1].startswith("error: ") and message in result.stderr
