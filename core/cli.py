@@ -318,7 +318,7 @@ def warmup_cmd(model_arg: Optional[str] = typer.Argument(
 
 # Client commands: they import their HTTP client and load generator when they run.
 cli.command("chat")(chat_command)
-cli.command("ray-serve")(with_config_options(ray_serve_command))  # Ray is imported only when it runs
+cli.command("ray-serve", cls=PanelCommand)(with_config_options(ray_serve_command))  # Ray is imported only when it runs
 cli.add_typer(bench_cli, name="bench")
 
 

@@ -121,7 +121,10 @@ def write_rows(formatter: Any, rows: list[tuple[str, str]], column: int) -> None
     width = max(formatter.width - column - indent, 20)
     for first, second in rows:
         formatter.write(f"{'':>{indent}}{first}")
-        lines = textwrap.wrap(second, width, break_on_hyphens=False, break_long_words=False) or [""]
+        # "[default: X]" stays on one line (a NUL stands for its space while wrapping)
+        text = second.replace("[default: ", "[default:\0")
+        lines = [line.replace("\0", " ") for line in
+                 textwrap.wrap(text, width, break_on_hyphens=False, break_long_words=False)] or [""]
         if len(first) <= column - 2:
             formatter.write(" " * (column - len(first)))
         else:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import sys
 import threading
 import time
@@ -162,10 +163,7 @@ def _detect_mode(stream: IO[str]) -> str:
 
 
 def _columns() -> int:
-    try:
-        return max(20, os.get_terminal_size(sys.stderr.fileno()).columns)
-    except (OSError, ValueError):
-        return 80
+    return max(20, shutil.get_terminal_size((80, 24)).columns)  # $COLUMNS, the terminal, else 80
 
 
 class _LogGuard(logging.Filter):
@@ -195,15 +193,23 @@ def install(stream: IO[str] | None = None, mode: str | None = None) -> Reporter:
     """Make a fresh process-wide reporter and keep log lines off its live line (``setup_logging`` calls it)."""
     global _reporter
     _reporter = Reporter(stream, mode)
-    if _reporter.live:
-        for handler in logging.getLogger().handlers:
-            if not any(isinstance(f, _LogGuard) for f in handler.filters):
-                handler.addFilter(_LogGuard(_reporter))
-            else:
-                for f in handler.filters:
-                    if isinstance(f, _LogGuard):
-                        f.reporter = _reporter
+    guard_logs()
     return _reporter
+
+
+def guard_logs() -> None:
+    """Have every handler configured so far clear the live line before it writes a record (call
+    again once a library configured its own handlers, as uvicorn does)."""
+    if _reporter is None or not _reporter.live:
+        return
+    loggers = [logging.getLogger(), *(lg for lg in logging.Logger.manager.loggerDict.values()
+                                      if isinstance(lg, logging.Logger))]
+    for handler in {h for lg in loggers for h in lg.handlers}:
+        guards = [f for f in handler.filters if isinstance(f, _LogGuard)]
+        if guards:
+            guards[0].reporter = _reporter
+        else:
+            handler.addFilter(_LogGuard(_reporter))
 
 
 def phase(name: str, total: int | None = None, unit: str = "") -> contextlib.AbstractContextManager[Phase]:

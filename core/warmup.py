@@ -1,8 +1,8 @@
 """``llmserve warmup``: do a first start's once-per-machine work ahead of time.
 
-The backend is built as ``serve`` builds it; its ``warm_up()`` (when it has one: the torch backend
-compiles its native CPU kernels there) runs, then its ``load()`` (which converts and caches a GGUF
-model); the model is then released. A ``serve`` of the same model afterwards finds every cache.
+The backend is built as ``serve`` builds it and its ``warm_up()`` runs (the torch backend compiles
+its native CPU kernels and converts a GGUF model into its cache there); a backend without one is
+loaded once and released. A ``serve`` of the same model afterwards finds every cache.
 """
 
 from __future__ import annotations
@@ -43,8 +43,9 @@ def warm_up(config: ServerConfig, plugins: "PluginManager") -> float:
         warm = getattr(backend, "warm_up", None)
         if callable(warm):
             warm()
-        info = backend.load()
-        log.info("warm: %s (%s, %s on %s)", info.name, info.path, info.dtype, info.device)
+            return
+        info = backend.load()  # a backend without its own warm-up: one load fills its caches
+        log.info("loaded %s (%s) once", info.name, info.path)
         backend.close()
 
     on_passing_thread(run)

@@ -256,3 +256,53 @@ def test_out_of_memory_while_loading_is_one_line():
     error = as_startup_error(MemoryError())
     assert isinstance(error, ConfigError) and "not enough memory" in str(error) and "--num-kv-blocks" in str(error)
     assert as_startup_error(KeyError("a bug")) is None  # a bug keeps its traceback
+
+
+# ---- llmserve warmup --------------------------------------------------------------------------
+
+def test_warmup_builds_the_kernels_and_converts_the_model(tmp_path, monkeypatch):
+    pytest.importorskip("transformers")
+    sys.path.insert(0, str(ROOT / "tests" / "backends"))
+    from test_torch_loader import build_tiny
+
+    import transformers
+
+    from llmserve.config import load_config
+    from llmserve.hooks.manager import PluginManager
+    from llmserve.plugins.backends.torch.native import build
+    from llmserve.warmup import warm_up
+
+    # A ".gguf" whose conversion is a tiny HF model (no real GGUF needed to prove the cache fills).
+    source = tmp_path / "src"
+    build_tiny(str(source))
+    gguf = tmp_path / "tiny.Q8_0.gguf"
+    gguf.write_bytes(b"GGUF stand-in")
+    real_model, real_tok = transformers.AutoModelForCausalLM.from_pretrained, transformers.AutoTokenizer.from_pretrained
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained",
+                        lambda path, *a, gguf_file=None, **k: real_model(str(source) if gguf_file else path, *a, **k))
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained",
+                        lambda path, *a, gguf_file=None, **k: real_tok(str(source) if gguf_file else path, *a, **k))
+    built: list[str] = []
+    monkeypatch.setattr(build, "library", lambda name, what: built.append(name) or None)
+    config, _ = load_config({"model": str(gguf), "cache_dir": str(tmp_path / "cache")}, environ={})
+    warm_up(config, PluginManager().load(autoload=False))
+    assert sorted(built) == build.kernel_names() and "packed_linear" in built
+    converted = list((tmp_path / "cache" / "converted").glob("*/config.json"))
+    assert len(converted) == 1  # the next start reads this instead of converting
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # a cold warm-up compiles every kernel and converts the model
+def test_a_serve_after_warmup_builds_and_converts_nothing(tmp_path):
+    env = {"LLMSERVE_KERNEL_CACHE": str(tmp_path / "kernels")}
+    out = run_cli("warmup", "--cache-dir", str(tmp_path / "cache"), env=env, timeout=900)
+    assert out.returncode == 0, out.stderr
+    assert "converting GGUF" in out.stderr and "native CPU kernels: " in out.stderr
+    server = ServerProcess("--cache-dir", str(tmp_path / "cache"), "--dtype", "float32", "--max-model-len", "1024",
+                           env=env)
+    try:
+        server.wait_ready(timeout=600)
+    finally:
+        log = server.stop()
+    assert "loaded from cache" in log and "converting GGUF" not in log and "compiling the CPU kernel" not in log
+    assert re.search(r"packing weights: done in \d", log) or "packing weights" not in log

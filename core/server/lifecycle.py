@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import uvicorn
 
+from llmserve import progress
 from llmserve.errors import ShuttingDownError
 
 if TYPE_CHECKING:
@@ -190,8 +191,10 @@ def make_server(app: Any, context: "ServerContext", *, port: int | None = None, 
     from llmserve.server.serve import uvicorn_options
 
     config = context.config
-    return LLMServer(uvicorn.Config(app, host=config.host, port=config.port if port is None else port,
-                                    **uvicorn_options(config)), context, load, on_ready)
+    settings = uvicorn.Config(app, host=config.host, port=config.port if port is None else port,
+                              **uvicorn_options(config))
+    progress.guard_logs()  # uvicorn's own log handlers exist now: keep them off the live line too
+    return LLMServer(settings, context, load, on_ready)
 
 
 def serve(app: Any, context: "ServerContext", sockets: list[socket.socket] | None = None,

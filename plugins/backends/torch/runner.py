@@ -118,14 +118,20 @@ class TorchBackend(Backend):
         )
 
     def warm_up(self, wait: bool = True) -> None:
-        """Build (or find cached) every native CPU kernel; ``llmserve warmup`` waits for them,
-        a load starts them on a thread of their own. Nothing to do without a CPU or a compiler."""
+        """What ``llmserve warmup`` does ahead of a first start: build (or find cached) every
+        native CPU kernel and convert a GGUF model into its cache. ``wait=False`` (a load) only
+        starts the kernel builds, on a thread of their own, while the weights load."""
+        from .loader import hf_directory
         from .native.build import build_all
 
-        if wait:
-            build_all()
-        else:
+        if not wait:
             threading.Thread(target=build_all, name="llmserve-kernels", daemon=True).start()
+            return
+        if self.options.cpu_kernels:
+            built = build_all()
+            log.info("native CPU kernels: %s", ", ".join(f"{name} {'ready' if ok else 'unavailable'}"
+                                                          for name, ok in built.items()))
+        hf_directory(getattr(self.config, "model", None), getattr(self.config, "cache_dir", None))
 
     def init_kv_cache(self, spec: KVCacheSpec) -> int:
         lm = self._require_loaded()
