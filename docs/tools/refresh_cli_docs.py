@@ -30,8 +30,8 @@ p = "docs/cli.md"
 s = open(p).read()
 for marker, args in (("top-help", ()), ("serve-help", ("serve",))):
     sample = helped(*args)
-    s = re.sub(rf"(<!-- {marker} -->\n).*?(<!-- /{marker} -->)", lambda m, sample=sample: m.group(1) + sample + m.group(2),
-               s, flags=re.S)
+    s = re.sub(rf"(<!-- {marker} -->\n).*?(<!-- /{marker} -->)",
+               lambda m, sample=sample: m.group(1) + sample + m.group(2), s, flags=re.S)
 s = re.sub(r"(<!-- flag-table -->\n).*?(<!-- /flag-table -->)", lambda m: m.group(1) + table + m.group(2), s,
            flags=re.S)
 s = re.sub(r"(<!-- config-show -->\n).*?(<!-- /config-show -->)", lambda m: m.group(1) + block + m.group(2), s,
