@@ -152,7 +152,9 @@ class MistralBody:
     def feed(self, s: str) -> int:
         i, n = 0, len(s)
         if self.inner is None and not self.mode:
-            i = _WS.match(s).end()
+            lead = _WS.match(s)
+            assert lead is not None  # \s* always matches
+            i = lead.end()
             self.skip += i
             if i == n:
                 return i
@@ -174,10 +176,12 @@ class MistralBody:
                 self.junk = self.raw
                 self._start(True, "probe")
             k = self.inner.feed(s[i:])
-            if self.mode in ("named", "probe"):
+            if self.mode == "probe" or (self.mode == "named" and self.inner.state != "args"):
                 self._take(s[i:i + k])
             else:
                 self.raw += k
+                if self.mode == "named":  # v11 arguments: no list (nor junk before one) now
+                    self.seen = []
             i += k
             if self.mode == "probe" and (self.inner.state in ("elem", "sep", "next") or self.inner.committed):
                 self.mode = "list"  # a call object follows the "[": this is the list
