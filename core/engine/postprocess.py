@@ -73,7 +73,11 @@ def prompt_logprob_targets(state: RequestState, seq: Sequence, num_tokens: int) 
 
 
 def add_prompt_logprobs(state: RequestState, sched: ScheduledSeq, result: StepResult) -> None:
-    """Record the prompt logprobs of one prefill chunk (after the scheduler advanced it)."""
+    """Record the prompt logprobs of one prefill chunk (after the scheduler advanced it).
+
+    Entries go to their prompt position (entry 0 is the first token's ``None``), so a chunk
+    computed again after a preemption replaces what it reported before instead of adding to it.
+    """
     seq = sched.seq
     start = seq.num_computed_tokens - sched.num_tokens
     logprobs = result.prompt_logprobs or []
@@ -81,8 +85,12 @@ def add_prompt_logprobs(state: RequestState, sched: ScheduledSeq, result: StepRe
     targets = seq.token_ids[start + 1: start + 1 + len(logprobs)]
     ranks: list[int | None] = list(result.prompt_ranks or [])
     ranks += [None] * (len(targets) - len(ranks))
-    for tok, (lp, top), rank in zip(targets, logprobs, ranks):
-        collected.append(TokenLogprob(tok, lp, top, rank))
+    for pos, (tok, (lp, top), rank) in enumerate(zip(targets, logprobs, ranks), start + 1):
+        entry = TokenLogprob(tok, lp, top, rank)
+        if pos < len(collected):
+            collected[pos] = entry
+        else:
+            collected.append(entry)
     if len(collected) >= len(state.prompt_ids):
         state.prompt_logprobs_done = True
 
