@@ -84,6 +84,15 @@ def test_prompt_logprobs_refusals(oai):
         extra_body={**CHAT, "prompt_logprobs": 1})), "prompt_logprobs")
 
 
+def test_prompt_logprobs_follow_the_servers_max_logprobs(echo_app):
+    client, _ = echo_app(max_logprobs=2)
+    r = client.post("/v1/completions", json={"prompt": "ab", "max_tokens": 1, "prompt_logprobs": 3})
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == "Requested prompt logprobs of 3, which is greater than max allowed: 2"
+    r = client.post("/v1/completions", json={"prompt": "ab", "max_tokens": 1, "prompt_logprobs": 2})
+    assert r.status_code == 200 and r.json()["choices"][0]["prompt_logprobs"][1]["98"]["rank"] == 1
+
+
 # ------------------------------------------------------------------------- keys vLLM always sends
 def test_completion_choice_keys_are_null_when_not_asked(oai, http):
     choice = oai.completions.create(model="echo", prompt="ab", max_tokens=2).choices[0]

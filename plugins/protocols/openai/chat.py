@@ -18,7 +18,7 @@ from llmserve.server.errors import to_error
 from llmserve.text.chat_template import arguments_as_object, message_text, render_chat
 
 from .deltas import REASONING_KEYS, openai_delta
-from .params import chat_sampling, guided_mask, guided_spec, max_logprobs, new_request, now, truncate, truncation
+from .params import chat_sampling, guided_mask, guided_spec, new_request, now, truncate, truncation
 from .replies import SYSTEM_FINGERPRINT, Endpoint, chat_logprobs, prompt_logprobs, usage_dict
 from .wire import ChatCompletionRequest
 
@@ -83,7 +83,7 @@ class Chat(Endpoint):
         else:
             mask_factory = await guided_mask(ctx, body)
         make_chain = self.parsers(body, plan, constrained=mask_factory is not None)
-        sampling = chat_sampling(body, ctx.engine.info.vocab_size, max_logprobs(ctx.config))
+        sampling = chat_sampling(body, ctx.engine.info.vocab_size, ctx.engine.limits.max_logprobs)
         keep = truncation(body, ctx.engine.max_model_len)
         if make_chain is not None and make_chain().needs_special_tokens:
             sampling.skip_special_tokens = False  # the markers a parser looks for must reach it

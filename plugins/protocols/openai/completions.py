@@ -14,7 +14,7 @@ from llmserve.parsing.chain import ChainMaker, ParseChain
 from llmserve.server.dialect_kit import SSE_DONE, STREAM_HEADERS, sse
 from llmserve.server.errors import to_error
 
-from .params import completion_sampling, guided_mask, max_logprobs, new_request, now, truncate, truncation
+from .params import completion_sampling, guided_mask, new_request, now, truncate, truncation
 from .replies import SYSTEM_FINGERPRINT, Endpoint, completion_logprobs, prompt_logprobs, usage_dict
 from .wire import CompletionRequest
 
@@ -50,7 +50,7 @@ class Completions(Endpoint):
         ctx = self.p.context
         engine = ctx.engine
         model = ctx.check_model(body.model)
-        sampling = completion_sampling(body, engine.info.vocab_size, max_logprobs(ctx.config))
+        sampling = completion_sampling(body, engine.info.vocab_size, engine.limits.max_logprobs)
         keep = truncation(body, engine.max_model_len)
         if body.stream and sampling.num_sequences > sampling.n:
             raise InvalidRequestError("best_of > n is not supported when streaming", param="best_of")

@@ -24,12 +24,6 @@ def _logit_bias(raw: dict[str, float] | None) -> dict[int, float]:
     return out
 
 
-def max_logprobs(config: Any) -> int:
-    """The server's cap on logprob alternatives (``max_logprobs`` when configured)."""
-    value = getattr(config, "max_logprobs", None)
-    return MAX_LOGPROBS if value is None else int(value)
-
-
 def _prompt_logprobs(value: int | None, vocab_size: int, cap: int) -> int | None:
     """vLLM's reading of ``prompt_logprobs``: -1 asks for the whole vocabulary, and any count
     over the server's cap is refused with vLLM's message."""
