@@ -23,7 +23,7 @@ webdriver = pytest.importorskip("selenium.webdriver")
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support import expected_conditions as EC
-from selenium.webdriver.support.ui import WebDriverWait
+from selenium.webdriver.support.ui import Select, WebDriverWait
 
 CHROMIUM, DRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -95,9 +95,9 @@ def assistant_replies(driver) -> list:
     return driver.find_elements(By.CSS_SELECTOR, ".msg.assistant")
 
 
-def finished_reply(driver, count: int):
+def finished_reply(driver, count: int, seconds: float = 60):
     """The ``count``-th assistant reply once its stats line (written when the stream ends) is there."""
-    wait(driver, 60).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ".msg.assistant .stats")) >= count)
+    wait(driver, seconds).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ".msg.assistant .stats")) >= count)
     return assistant_replies(driver)[count - 1]
 
 
@@ -161,7 +161,10 @@ def test_page_loads_without_a_key_and_chats_with_the_typed_key(server_process, b
     send(browser, "hello")
     wait(browser).until(EC.visibility_of_element_located((By.ID, "error")))
     assert "API key" in browser.find_element(By.ID, "error").text
-    assert assistant_replies(browser) == []  # the refused turn left no reply
+    # The refused turn left the conversation; its text is back in the box to send again.
+    assert browser.find_elements(By.CSS_SELECTOR, ".msg") == []
+    assert browser.find_element(By.ID, "prompt").get_attribute("value") == "hello"
+    browser.find_element(By.ID, "prompt").clear()
 
     key = browser.find_element(By.ID, "api-key")
     key.send_keys(KEY)
@@ -195,3 +198,31 @@ def test_swagger_ui_renders_from_local_files(server_process, browser, tmp_path):
     wait(browser, 60).until(EC.presence_of_element_located((By.CSS_SELECTOR, "#redoc .api-content")))
     urls = requested_urls(browser)
     assert urls and all(u.startswith(server.url + "/") for u in urls), urls
+
+
+@pytest.mark.slow
+def test_real_model_forced_tool_call_and_json_schema_mode(smollm_server, browser, tmp_path):
+    """The embedded SmolLM2: the page's named tool_choice and JSON schema mode constrain what it says."""
+    browser.get(smollm_server.url + "/")
+    wait(browser).until(EC.text_to_be_present_in_element((By.ID, "model"), "SmolLM2"))
+    tokens = browser.find_element(By.ID, "max-tokens")
+    tokens.clear()
+    tokens.send_keys("80")
+    browser.find_element(By.CSS_SELECTOR, "#tools-box summary").click()
+    browser.find_element(By.ID, "tools-example").click()
+    Select(browser.find_element(By.ID, "tool-choice")).select_by_value("fn:get_weather")
+    send(browser, "What is the weather like in Paris today?")
+    reply = finished_reply(browser, 1, 240)
+    assert reply.find_element(By.CSS_SELECTOR, ".tool-call .tool-name").text == "get_weather"
+    arguments = json.loads(reply.find_element(By.CSS_SELECTOR, ".tool-call .tool-args").text)
+    assert set(arguments) == {"city"} and isinstance(arguments["city"], str)
+
+    browser.find_element(By.ID, "tools").clear()  # no tools: a plain request with a schema
+    browser.find_element(By.CSS_SELECTOR, "#schema-box summary").click()
+    browser.find_element(By.ID, "schema-on").click()
+    send(browser, "Name a city and the country it is in.")
+    reply = finished_reply(browser, 2, 240)
+    answer = json.loads(reply.find_element(By.CSS_SELECTOR, ".content").text)
+    assert set(answer) == {"city", "country"} and all(isinstance(v, str) for v in answer.values())
+    assert "tokens/s" in reply.find_element(By.CSS_SELECTOR, ".stats").text
+    screenshot(browser, tmp_path, "playground-smollm2")

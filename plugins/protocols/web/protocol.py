@@ -31,7 +31,7 @@ ASSETS = {"playground.js": ("", JS), "playground.css": ("", CSS), "docs.js": (""
           "swagger-ui-bundle.js": ("ui", JS), "swagger-ui.css": ("ui", CSS), "redoc.standalone.js": ("ui", JS),
           "favicon.png": ("ui", PNG)}
 # The pages load nothing from elsewhere, whatever a bundled script would fetch (ReDoc's footer logo):
-# the browser itself refuses. Inline styles only: the docs UIs set them from script.
+# the browser itself refuses. Inline styles are allowed: the docs UIs set them from script.
 CSP = ("default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; font-src 'self' data:; "
        "worker-src 'self' blob:; frame-ancestors 'self'; base-uri 'none'; form-action 'none'")
 UI_PACKAGE = "fastapi_offline"  # ships swagger-ui's and redoc's dist files in its static/ folder

@@ -29,6 +29,7 @@
   try { $("api-key").value = window.localStorage.getItem(KEY_STORE) || ""; } catch (e) { /* storage disabled */ }
   $("api-key").addEventListener("change", function () {
     try { window.localStorage.setItem(KEY_STORE, apiKey()); } catch (e) { /* storage disabled */ }
+    metricsRefused = false;
     loadModel();
     loadMetrics();
   });
@@ -71,9 +72,15 @@
     return values;
   }
 
+  var metricsRefused = false;  // no polling with a key the server refuses: asked again when the key changes
   function loadMetrics() {
+    if (metricsRefused) { return; }
     fetch(root + "/metrics", { headers: headers(false) }).then(function (r) {
-      if (!r.ok) { $("metrics").textContent = "metrics: " + (r.status === 401 ? "API key needed" : "HTTP " + r.status); return; }
+      if (!r.ok) {
+        metricsRefused = r.status === 401;
+        $("metrics").textContent = "metrics: " + (metricsRefused ? "API key needed" : "HTTP " + r.status);
+        return;
+      }
       return r.text().then(function (text) {
         var v = parseMetrics(text);
         var parts = [
@@ -236,7 +243,7 @@
     var body;
     history.push({ role: "user", content: text });
     try { body = requestBody(); } catch (e) { history.pop(); showError(e.message); return; }
-    addMessage("user", text);
+    var question = addMessage("user", text);
     var view = addMessage("assistant", "");
     var t = { sent: performance.now(), first: null, end: null, chunks: 0, usage: null, finish: null };
     var content = "";
@@ -298,8 +305,10 @@
         t.end = performance.now();
         if (controller && err.name !== "AbortError") { controller.abort(); }  // a broken stream is not read on
         if (err.name === "AbortError") { showStats(view, Object.assign(t, { finish: "stopped" })); history.push({ role: "assistant", content: content }); return; }
-        history.pop();  // the turn failed: it is not part of the conversation
+        history.pop();  // the turn failed: it leaves the conversation, its text goes back to the box
         view.box.remove();
+        question.box.remove();
+        if (!$("prompt").value) { $("prompt").value = text; }
         showError(err.message);
         if (/API key/.test(err.message)) { $("api-key").focus(); }
       })
