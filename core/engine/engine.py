@@ -173,9 +173,8 @@ class LLMEngine:
         for seq in state.seqs:
             self.scheduler.abort(seq)
         self.backend.release([s.seq_id for s in state.seqs])
-        if self.metrics is not None:
-            self.metrics.request_finished("error" if error is not None else reason, state.timings,
-                                          len(state.prompt_ids), sum(s.num_output_tokens for s in state.seqs))
+        self._count_finished(state, "error" if error is not None else reason,
+                             sum(s.num_output_tokens for s in state.seqs))
         if error is not None:
             state.sink(RequestOutput(request_id, finished=True, error=error, timings=state.timings))
 
@@ -200,7 +199,16 @@ class LLMEngine:
             kv_blocks_used=blocks.num_blocks - blocks.num_free_blocks, kv_blocks_total=blocks.num_blocks,
             prefix_queried_tokens=blocks.prefix_queried_tokens, prefix_hit_tokens=blocks.prefix_hit_tokens,
             preemptions=self.scheduler.num_preemptions_total, prompt_tokens=self.stats["prompt_tokens"],
-            generation_tokens=self.stats["generation_tokens"], steps=self.stats["steps"])
+            generation_tokens=self.stats["generation_tokens"], steps=self.stats["steps"],
+            block_size=self.block_size, prefix_caching=blocks.enable_prefix_caching)
+
+    def _count_finished(self, state: RequestState, reason: str, generated: int, now: float | None = None) -> None:
+        """Record a finished request in the metrics, with its parameters (engine thread)."""
+        if self.metrics is not None:
+            self.metrics.request_finished(reason, state.timings, len(state.prompt_ids), generated, now,
+                                          n=state.request.sampling.n,
+                                          max_tokens=state.seqs[0].state.max_tokens if state.seqs else None,
+                                          preemptions=sum(s.num_preemptions for s in state.seqs))
 
     # -- the step ------------------------------------------------------------------------------
     def step(self) -> None:
@@ -222,6 +230,8 @@ class LLMEngine:
         self.faults.check_step(self.stats["steps"] + 1)
         results = self.backend.step(items)  # an exception here is fatal: the loop reports it
         self.stats["steps"] += 1
+        if self.metrics is not None:
+            self.metrics.iteration(sum(s.num_tokens for s in scheduled))
         self.scheduler.on_step_done(scheduled)
         touched: dict[str, RequestState] = {}
         finished: list[Sequence] = []
@@ -292,6 +302,5 @@ class LLMEngine:
             state.last_emit = now
             if out.finished:
                 reason = next((d.finish_reason for d in out.outputs if d.finish_reason), "stop")
-                self.metrics.request_finished(reason, state.timings, len(state.prompt_ids),
-                                              out.usage.completion_tokens, now)
+                self._count_finished(state, reason, out.usage.completion_tokens, now)
         state.sink(out)

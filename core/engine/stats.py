@@ -30,6 +30,8 @@ class EngineStats:
     prompt_tokens: int = 0              # prompt tokens of finished requests
     generation_tokens: int = 0          # generated tokens
     steps: int = 0                      # backend steps run
+    block_size: int = 0                 # tokens per KV block (0: no model yet)
+    prefix_caching: bool = False        # whether KV blocks of shared prefixes are reused
 
     @property
     def kv_usage(self) -> float:

@@ -31,7 +31,14 @@ TOKEN_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5
                          10.0, 20.0, 40.0, 80.0)
 REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
                            120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+# Tokens run through the model in one engine step; preemptions of one request; its n.
+STEP_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+PREEMPTION_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
+N_BUCKETS = (1, 2, 5, 10, 20)
 FINISH_REASONS = ("stop", "length", "abort", "error")
+# Why requests wait (vLLM's two reasons; they add up to vllm:num_requests_waiting). Here every
+# waiting request waits for capacity: nothing defers one for a transient reason.
+WAITING_REASONS = ("capacity", "deferred")
 
 
 def token_buckets(max_len: int) -> tuple[float, ...]:
@@ -55,7 +62,7 @@ class Histogram:
     def __init__(self, name: str, help_text: str, bounds: Iterable[float]) -> None:
         self.name = name
         self.help = help_text
-        self.bounds = tuple(bounds)
+        self.bounds = tuple(float(b) for b in bounds)  # le="1.0", as prometheus_client writes it
         self.counts = [0] * (len(self.bounds) + 1)
         self.sum = 0.0
         self.count = 0
@@ -88,6 +95,21 @@ def _num(value: float) -> str:
     return repr(value)
 
 
+def _cache_config_info(stats: EngineStats) -> list[str]:
+    """vLLM's info-style gauge (always 1) whose labels carry the KV-cache configuration; like
+    vLLM's it has no model_name label, and an unknown value reads "None"."""
+    loaded = stats.kv_blocks_total > 0
+    info = {"block_size": str(stats.block_size) if loaded else "None",
+            "cache_dtype": "auto",  # the KV cache is kept in the model's dtype
+            "enable_prefix_caching": str(stats.prefix_caching),
+            "engine": "0",
+            "num_cpu_blocks": "None",  # no CPU swap space
+            "num_gpu_blocks": str(stats.kv_blocks_total) if loaded else "None"}
+    labels = ",".join(f'{key}="{_escape(value)}"' for key, value in info.items())
+    return ["# HELP vllm:cache_config_info Information of the KV-cache configuration (the labels; the value "
+            "is always 1).", "# TYPE vllm:cache_config_info gauge", f"vllm:cache_config_info{{{labels}}} 1.0"]
+
+
 def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
@@ -113,6 +135,13 @@ class Metrics:
                                  "the first token in seconds.", REQUEST_LATENCY_BUCKETS)
         self.decode = Histogram("vllm:request_decode_time_seconds", "Time from the first to the last token "
                                 "in seconds.", REQUEST_LATENCY_BUCKETS)
+        self.inference = Histogram("vllm:request_inference_time_seconds", "Time from the first engine step "
+                                   "to the end (prefill and decode) in seconds.", REQUEST_LATENCY_BUCKETS)
+        self.step_tokens = Histogram("vllm:iteration_tokens_total", "Tokens run through the model per engine "
+                                     "step.", STEP_TOKEN_BUCKETS)
+        self.preempted = Histogram("vllm:request_num_preemptions", "Preemptions per finished request.",
+                                   PREEMPTION_BUCKETS)
+        self.n = Histogram("vllm:request_params_n", "The n request parameter of finished requests.", N_BUCKETS)
         self.resize(max_model_len)
 
     def resize(self, max_model_len: int) -> None:
@@ -120,6 +149,8 @@ class Metrics:
         bounds = token_buckets(max(1, int(max_model_len)))
         self.prompt_len = Histogram("vllm:request_prompt_tokens", "Prompt tokens per request.", bounds)
         self.gen_len = Histogram("vllm:request_generation_tokens", "Generated tokens per request.", bounds)
+        self.max_tokens = Histogram("vllm:request_params_max_tokens", "The max_tokens request parameter of "
+                                    "finished requests.", bounds)
 
     # -- writers ---------------------------------------------------------------------------------
     def rejected(self, reason: str) -> None:
@@ -131,9 +162,15 @@ class Metrics:
         self.itl.observe(seconds)
         self.tpot.observe(seconds)
 
+    def iteration(self, tokens: int) -> None:
+        """Engine thread: one engine step ran ``tokens`` tokens (prompt chunks and decodes)."""
+        self.step_tokens.observe(tokens)
+
     def request_finished(self, reason: str, timings: Timings, prompt_tokens: int, generation_tokens: int,
-                         now: float | None = None) -> None:
-        """Engine thread: a generate request ended (``reason`` is stop/length/abort/error)."""
+                         now: float | None = None, n: int = 1, max_tokens: int | None = None,
+                         preemptions: int = 0) -> None:
+        """Engine thread: a generate request ended (``reason`` is stop/length/abort/error);
+        ``n``, ``max_tokens`` are its parameters, ``preemptions`` those of its sequences."""
         now = now or time.time()
         self.success[reason] = self.success.get(reason, 0) + 1
         self.last_finished = now
@@ -142,6 +179,7 @@ class Metrics:
         self.e2e.observe(max(0.0, end - arrival))
         if timings.scheduled is not None:
             self.queue.observe(max(0.0, timings.scheduled - arrival))
+            self.inference.observe(max(0.0, end - timings.scheduled))
         if timings.first_token is not None:
             self.ttft.observe(max(0.0, timings.first_token - arrival))
             self.decode.observe(max(0.0, end - timings.first_token))
@@ -149,6 +187,10 @@ class Metrics:
                 self.prefill.observe(max(0.0, timings.first_token - timings.scheduled))
         self.prompt_len.observe(prompt_tokens)
         self.gen_len.observe(generation_tokens)
+        self.n.observe(n)
+        self.preempted.observe(preemptions)
+        if max_tokens:  # as vLLM: only a request that has one
+            self.max_tokens.observe(max_tokens)
 
     # -- exposition -----------------------------------------------------------------------------
     def render(self, model_name: str, engine: EngineStats | None = None) -> str:
@@ -172,6 +214,12 @@ class Metrics:
         stats = engine if engine is not None else EngineStats()
         gauge("vllm:num_requests_running", "Sequences in the running batch.", stats.running)
         gauge("vllm:num_requests_waiting", "Sequences waiting to be scheduled.", stats.waiting)
+        out.extend(["# HELP vllm:num_requests_waiting_by_reason Waiting sequences by reason: capacity (no room "
+                    "in the batch or the KV cache yet) or deferred; they add up to vllm:num_requests_waiting.",
+                    "# TYPE vllm:num_requests_waiting_by_reason gauge"])
+        for reason in WAITING_REASONS:
+            waiting = stats.waiting if reason == "capacity" else 0
+            out.append(f'vllm:num_requests_waiting_by_reason{{{labels},reason="{reason}"}} {_num(float(waiting))}')
         gauge("vllm:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0 to 1).", stats.kv_usage)
         gauge("vllm:gpu_cache_usage_perc", "Fraction of KV-cache blocks in use (0 to 1); older name of "
               "vllm:kv_cache_usage_perc.", stats.kv_usage)
@@ -184,8 +232,10 @@ class Metrics:
         counter("vllm:generation_tokens_total", "Generated tokens.", stats.generation_tokens)
         counter("vllm:request_success_total", "Finished requests by finish reason.", self.success, "finished_reason")
         for hist in (self.ttft, self.itl, self.tpot, self.e2e, self.queue, self.prefill, self.decode,
-                     self.prompt_len, self.gen_len):
+                     self.inference, self.prompt_len, self.gen_len, self.step_tokens, self.preempted, self.n,
+                     self.max_tokens):
             out.extend(hist.lines(labels))
+        out.extend(_cache_config_info(stats))
         counter("llmserve:admission_rejections_total", "Requests refused by admission control, by reason.",
                 self.rejections, "reason")
         return "\n".join(out) + "\n"
