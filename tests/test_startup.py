@@ -298,6 +298,7 @@ def test_a_serve_after_warmup_builds_and_converts_nothing(tmp_path):
     out = run_cli("warmup", "--cache-dir", str(tmp_path / "cache"), env=env, timeout=900)
     assert out.returncode == 0, out.stderr
     assert "converting GGUF" in out.stderr and "native CPU kernels: " in out.stderr
+    assert "\r" not in out.stderr  # the GGUF reader's tqdm bar went through the reporter
     server = ServerProcess("--cache-dir", str(tmp_path / "cache"), "--dtype", "float32", "--max-model-len", "1024",
                            env=env)
     try:
@@ -305,4 +306,5 @@ def test_a_serve_after_warmup_builds_and_converts_nothing(tmp_path):
     finally:
         log = server.stop()
     assert "loaded from cache" in log and "converting GGUF" not in log and "compiling the CPU kernel" not in log
+    assert "\r" not in log
     assert re.search(r"packing weights: done in \d", log) or "packing weights" not in log
