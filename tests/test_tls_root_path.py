@@ -34,7 +34,8 @@ def wait_https(server: ServerProcess, cert: str, timeout: float = 60) -> str:
         if server.proc.poll() is not None:
             raise RuntimeError(f"server exited with {server.proc.returncode}:\n{server.stop()}")
         try:
-            if httpx.get(url + "/health", verify=trusted, timeout=1).status_code == 200:
+            # /ready, not /health: /health answers while the model still loads
+            if httpx.get(url + "/ready", verify=trusted, timeout=1).status_code == 200:
                 return url
         except httpx.HTTPError:
             time.sleep(0.2)
