@@ -30,6 +30,7 @@ class ModelInfo:
     dtype: str = "float32"
     device: str = "cpu"
     task: str = "generate"          # "generate" or "embed"
+    quantization: str | None = None  # how the weights are stored when not plainly in ``dtype``
 
     def __post_init__(self) -> None:
         # A model is refused at load when its own chat template is a template-injection

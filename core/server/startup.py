@@ -111,9 +111,11 @@ def ready_summary(context: "ServerContext", protocols: dict[str, Any], port: int
     info, engine, config = context.model, context.engine, context.config
     lines = [f"ready in {seconds:.1f} s"]
     if info is not None:
-        source = " (read from GGUF)" if str(info.path).lower().endswith(".gguf") else ""
+        notes = [n for n in ("read from GGUF" if str(info.path).lower().endswith(".gguf") else None,
+                             getattr(info, "quantization", None)) if n]
+        stored = f" ({'; '.join(notes)})" if notes else ""
         lines.append(f"  model    {context.model_name} ({info.path})")
-        lines.append(f"  weights  {info.dtype} on {info.device}{source}; context {info.max_model_len} tokens")
+        lines.append(f"  weights  {info.dtype} on {info.device}{stored}; context {info.max_model_len} tokens")
     inner = getattr(engine, "engine", None)
     blocks = getattr(getattr(inner, "block_manager", None), "num_blocks", None)
     if blocks and info is not None and info.task != "embed":

@@ -114,8 +114,19 @@ class TorchBackend(Backend):
         return ModelInfo(
             name=lm.name, path=lm.path, max_model_len=lm.max_model_len, vocab_size=lm.vocab_size,
             eos_token_ids=lm.eos_token_ids, tokenizer=lm.tokenizer, chat_template=lm.chat_template,
-            dtype=str(lm.dtype).removeprefix("torch."), device=lm.device.type,
+            dtype=str(lm.dtype).removeprefix("torch."), device=lm.device.type, quantization=self._stored_as(),
         )
+
+    def _stored_as(self) -> str | None:
+        """The packed linears' formats, e.g. ``lossless panels: q4 120, q8 1`` (None when none is packed)."""
+        fused = self._fused
+        linears = [self._packed_head, *(getattr(lay, p) for lay in (fused.layers if fused else ())
+                                        for p in ("qkv", "o", "gu", "down"))]
+        formats = [f for f in (getattr(lin, "format", None) for lin in linears if lin is not None) if f]
+        if not formats:
+            return None
+        counts = ", ".join(f"{f} {formats.count(f)}" for f in ("q4", "q8", "f32") if f in formats)
+        return f"packed for the CPU kernels: {counts} matrices"
 
     def warm_up(self, wait: bool = True) -> None:
         """What ``llmserve warmup`` does ahead of a first start: build (or find cached) every
