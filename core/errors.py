@@ -65,6 +65,12 @@ class EngineDeadError(LLMServeError):
     type = "engine_dead_error"
 
 
+class ModelLoadingError(EngineDeadError):
+    """The model is still loading: every route but the probes answers this (HTTP 503, retry)."""
+
+    type = "unavailable_error"
+
+
 class GenerationError(LLMServeError):
     """A failure while generating one request; other requests are unaffected (HTTP 500)."""
 

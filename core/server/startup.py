@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from starlette.types import Receive, Scope, Send
 
-from llmserve.errors import ConfigError, EngineDeadError
+from llmserve.errors import ConfigError, ModelLoadingError
 from llmserve.server.middleware import PUBLIC_ATTR, Checks
 
 if TYPE_CHECKING:
@@ -27,12 +27,6 @@ log = logging.getLogger("llmserve.server")
 F = TypeVar("F", bound=Callable[..., Any])
 WHILE_LOADING_ATTR = "__llmserve_while_loading__"
 RETRY_AFTER_S = 5
-
-
-class ModelLoadingError(EngineDeadError):
-    """The model is still loading: every route but the probes answers this (HTTP 503)."""
-
-    type = "unavailable_error"
 
 
 def while_loading(endpoint: F) -> F:

@@ -19,6 +19,7 @@ from starlette.responses import Response
 from llmserve.errors import (
     EngineDeadError,
     LLMServeError,
+    ModelLoadingError,
     OverloadedError,
     RequestTimeoutError,
     ShuttingDownError,
@@ -38,7 +39,7 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "
 
 def error_status(error: LLMServeError) -> int:
     """The Anthropic status of a core error."""
-    if isinstance(error, (OverloadedError, ShuttingDownError)):
+    if isinstance(error, (OverloadedError, ShuttingDownError, ModelLoadingError)):
         return 529  # try again shortly (or on another replica): Anthropic's overload status
     if isinstance(error, RequestTimeoutError):
         return 504

@@ -19,6 +19,7 @@ from llmserve.errors import (
     EngineDeadError,
     InvalidRequestError,
     LLMServeError,
+    ModelLoadingError,
     NotFoundError,
     OverloadedError,
     PayloadTooLargeError,
@@ -51,6 +52,8 @@ def error_body(error: LLMServeError) -> tuple[int, dict[str, str]]:
         return 404, {"error": msg, "error_type": "not_found"}
     if isinstance(error, UnauthorizedError):
         return error.status, {"error": msg, "error_type": "authentication"}
+    if isinstance(error, ModelLoadingError):  # not a failed generation: retry once /ready answers 200
+        return error.status, {"error": msg, "error_type": "unavailable"}
     status = error.status if isinstance(error, EngineDeadError) or error.status == 408 else 424
     return status, {"error": f"Request failed during generation: {msg}", "error_type": "generation"}
 
