@@ -216,14 +216,19 @@ def serve(app: Any, context: "ServerContext", sockets: list[socket.socket] | Non
         # Stopped while the model was still loading: that thread cannot be interrupted, and the
         # interpreter must not be torn down under it.
         log.info("stopped while the model was loading")
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-        logging.shutdown()
-        os._exit(server.exit_code)
+        _exit_now(server.exit_code)
     return server.exit_code
+
+
+def _exit_now(code: int) -> None:
+    """Flush the logs and end the process at once (no interpreter teardown)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    logging.shutdown()
+    os._exit(code)
 
 
 def _exit_watchdog() -> None:
@@ -233,13 +238,7 @@ def _exit_watchdog() -> None:
     in-process test server must not take its test runner down."""
     def hard_exit() -> None:
         log.error("the server did not stop within %.0f s of the engine's death: exiting now", EXIT_DEADLINE_S)
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-        logging.shutdown()
-        os._exit(ENGINE_DEAD_EXIT_CODE)
+        _exit_now(ENGINE_DEAD_EXIT_CODE)
 
     timer = threading.Timer(EXIT_DEADLINE_S, hard_exit)
     timer.daemon = True
