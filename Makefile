@@ -19,6 +19,8 @@ RAY := .venv-ray/.installed
 
 # The browser the playground's tests drive (Debian's packages), installed only when missing.
 CHROMIUM := /usr/bin/chromium
+# apt needs root: as another user, go through sudo.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: install serve test bench clean
 
@@ -58,7 +60,7 @@ $(RAY): $(RAY_BASE) pyproject.toml setup.py | $(STAMP)
 	touch $(RAY)
 
 $(CHROMIUM):
-	apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver
+	$(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver
 
 install: $(STAMP)
 
