@@ -10,21 +10,16 @@
 
 from __future__ import annotations
 
-import json
 
 import pytest
+
+from .test_openai_shapes import sse_events
 
 THOUGHT, ANSWER = "Paris is in France.", "The capital is Paris."
 SAID = f"<think>{THOUGHT}</think>{ANSWER}"
 TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {
     "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}}]
 NAMED = {"type": "function", "function": {"name": "add"}}
-
-
-def sse_events(text: str) -> list[dict]:
-    events = [line[6:] for line in text.split("\n\n") if line.startswith("data: ")]
-    assert events[-1] == "[DONE]"
-    return [json.loads(e) for e in events[:-1]]
 
 
 def chat(client, said: str, stream: bool = False, **extra):

@@ -15,6 +15,8 @@ import json
 import openai
 import pytest
 
+from .test_openai_shapes import sse_events
+
 TEMPLATE = "{% for m in messages %}{{ m.content }}{% endfor %}"
 CHAT = {"chat_template": TEMPLATE}
 
@@ -42,12 +44,6 @@ def refused(call, param: str) -> str:
     error = info.value.body
     assert error["param"] == param, error
     return error["message"]
-
-
-def sse_events(text: str) -> list[dict]:
-    events = [line[6:] for line in text.split("\n\n") if line.startswith("data: ")]
-    assert events[-1] == "[DONE]"
-    return [json.loads(e) for e in events[:-1]]
 
 
 # ------------------------------------------------------------------------- prompt_logprobs
