@@ -21,7 +21,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf import quants as gguf_quants
 
-from .build import CSRC, I64, PTR, bind, library
+from .build import I64, PTR, bind, library
 
 _T = GGMLQuantizationType
 SUPPORTED: dict[int, str] = {int(t): t.name for t in (
@@ -137,8 +137,6 @@ class GGUFLinear:
 
 
 def _library() -> ctypes.CDLL | None:
-    if not (CSRC / "gguf_linear.c").exists():
-        return None
     return library("gguf_linear", "GGUF linear-layer")
 
 
@@ -155,7 +153,8 @@ def gguf_linear(parts: list[QuantTensor], bias: torch.Tensor | None = None) -> G
     n = sum(p.shape[0] for p in parts)
     if bias is not None and (bias.dim() != 1 or bias.shape[0] != n):
         raise ValueError(f"bias: expected [{n}], got {list(bias.shape)}")
-    return GGUFLinear(_library(), parts, bias)
+    lib = _library()
+    return GGUFLinear(lib, parts, bias) if lib is not None else None
 
 
 def gguf_rows(t: QuantTensor, ids: torch.Tensor) -> torch.Tensor:

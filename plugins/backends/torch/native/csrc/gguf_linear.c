@@ -1,0 +1,406 @@
+/* y = x @ W^T (+ bias) for fp32 x on an AVX2/FMA/F16C CPU, with W read straight from GGUF
+ * blocks in the file's own layout (no fp32 copy, no repacking).
+ *
+ * Numerics: each weight is rebuilt in fp32 exactly as gguf-py's ``quants.dequantize`` (and
+ * ggml's dequantizer) rebuilds it, then multiplied into x with fp32 FMAs; x is never quantized.
+ * So y equals an fp32 matmul on the dequantized matrix up to summation order.
+ *  - F32 as stored; F16 through F16C (exact); BF16 by a 16-bit shift.
+ *  - Q8_0: d * q; Q4_0: d * (q - 8); Q5_0: d * (q - 16); Q4_1 / Q5_1: d * q + m.
+ *  - Q4_K / Q5_K: (d * sc) * q - (dmin * m) per 32, sc and m the 6-bit packed scales.
+ *  - Q6_K: (d * sc) * (q - 32) per 16, sc a signed byte.
+ * Where the dequantizer multiplies and then adds, the product is exact in fp32 (an fp16 scale
+ * has 11 significant bits, times at most 6 + 5 more), so one FMA rounds exactly like the
+ * multiply-then-add; tests/backends/test_gguf_kernels.py checks every type bit for bit.
+ *
+ * Two paths, as packed_linear.c's quantized panels:
+ *  - few rows of x (a decode step): row-major dot products straight from the blocks, several
+ *    output rows per pass so each x load feeds several FMAs, the next rows prefetched;
+ *  - more rows (prefill, large batches): per thread, 16 output rows are unpacked into an fp32
+ *    panel [K][16] (a transpose, 32 k at a time through L1) and fp32_panel.h's 6 x 16
+ *    microkernel runs over the rows of x, so decoding is paid once per panel, not per row.
+ * Threads split the outputs. The weight argument is a descriptor of segments (the parts of a
+ * fused projection, each its own type, concatenated along N), written by gguf_ops.py.
+ * Built at run time by build.py (gcc -O3 -march=native -fopenmp).
+ */
+#if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
+#error "the GGUF linear kernel needs AVX2, FMA and F16C"
+#endif
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fp32_panel.h"
+#include "vec_math.h"
+
+/* gguf.GGMLQuantizationType values */
+enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,
+       T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14, T_BF16 = 30 };
+
+#define CK 32 /* weights per decoded chunk: four ymm registers */
+
+/* One part of the weight, as gguf_ops.py writes it: every field an int64. */
+typedef struct {
+    int64_t type, base, stride, n, rows; /* rows: address of int32 [n] or 0 */
+} Seg;
+typedef struct {
+    int64_t nseg;
+    Seg seg[];
+} Desc;
+
+static inline const uint8_t *seg_row(const Seg *s, int64_t n) {
+    const int32_t *rows = (const int32_t *)(intptr_t)s->rows;
+    return (const uint8_t *)(intptr_t)s->base + (rows ? (int64_t)rows[n] : n) * s->stride;
+}
+
+static inline float h2f(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+static inline __m256i u8x8(const uint8_t *p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
+static inline __m256i srl(__m256i v, int s) { return _mm256_srl_epi32(v, _mm_cvtsi32_si128(s)); }
+static inline __m256 cvt(__m256i v) { return _mm256_cvtepi32_ps(v); }
+
+/* The 6-bit scale and min of sub-block j (0..7) of a Q4_K / Q5_K super-block's 12 bytes. */
+static inline void k_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *mn = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+        *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+/* Weights 32c .. 32c + 31 of one stored row, rebuilt exactly (``type`` is a compile-time
+ * constant wherever this is inlined). For the float types K need not be a multiple of 32:
+ * callers take full chunks only (see tail_weight). */
+static inline __attribute__((always_inline)) void dq32(const int type, const uint8_t *row, int64_t c, __m256 w[4]) {
+    switch (type) {
+    case T_F32: {
+        const float *f = (const float *)row + c * CK;
+        for (int v = 0; v < 4; v++) w[v] = _mm256_loadu_ps(f + 8 * v);
+        break;
+    }
+    case T_F16: {
+        const uint8_t *h = row + c * CK * 2;
+        for (int v = 0; v < 4; v++) w[v] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + 16 * v)));
+        break;
+    }
+    case T_BF16: {
+        const uint8_t *h = row + c * CK * 2;
+        for (int v = 0; v < 4; v++)
+            w[v] = _mm256_castsi256_ps(
+                _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(h + 16 * v))), 16));
+        break;
+    }
+    case T_Q8_0: {
+        const uint8_t *b = row + c * 34;
+        const __m256 d = _mm256_set1_ps(h2f(b));
+        for (int v = 0; v < 4; v++)
+            w[v] = _mm256_mul_ps(cvt(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + 8 * v)))), d);
+        break;
+    }
+    case T_Q4_0:
+    case T_Q4_1: {
+        /* weight i < 16: low nibble of byte i; weight 16 + i: its high nibble */
+        const uint8_t *b = row + c * (type == T_Q4_0 ? 18 : 20), *qs = b + (type == T_Q4_0 ? 2 : 4);
+        const __m256 d = _mm256_set1_ps(h2f(b));
+        const __m256i e0 = u8x8(qs), e1 = u8x8(qs + 8), f = _mm256_set1_epi32(15);
+        __m256i q[4] = {_mm256_and_si256(e0, f), _mm256_and_si256(e1, f), _mm256_srli_epi32(e0, 4),
+                        _mm256_srli_epi32(e1, 4)};
+        if (type == T_Q4_0) {
+            for (int v = 0; v < 4; v++) w[v] = _mm256_mul_ps(cvt(_mm256_sub_epi32(q[v], _mm256_set1_epi32(8))), d);
+        } else {
+            const __m256 m = _mm256_set1_ps(h2f(b + 2));
+            for (int v = 0; v < 4; v++) w[v] = _mm256_fmadd_ps(cvt(q[v]), d, m); /* d * q exact */
+        }
+        break;
+    }
+    case T_Q5_0:
+    case T_Q5_1: {
+        /* as Q4_x, plus bit i of the 32-bit qh as bit 4 of weight i */
+        const uint8_t *b = row + c * (type == T_Q5_0 ? 22 : 24), *hp = b + (type == T_Q5_0 ? 2 : 4);
+        const uint8_t *qs = hp + 4;
+        uint32_t qh;
+        memcpy(&qh, hp, 4);
+        const __m256 d = _mm256_set1_ps(h2f(b));
+        const __m256i e0 = u8x8(qs), e1 = u8x8(qs + 8), f = _mm256_set1_epi32(15), one = _mm256_set1_epi32(1);
+        const __m256i hv = _mm256_set1_epi32((int)qh), lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        __m256i q[4] = {_mm256_and_si256(e0, f), _mm256_and_si256(e1, f), _mm256_srli_epi32(e0, 4),
+                        _mm256_srli_epi32(e1, 4)};
+        for (int v = 0; v < 4; v++) {
+            const __m256i bit = _mm256_and_si256(
+                _mm256_srlv_epi32(hv, _mm256_add_epi32(lane, _mm256_set1_epi32(8 * v))), one);
+            q[v] = _mm256_or_si256(q[v], _mm256_slli_epi32(bit, 4));
+        }
+        if (type == T_Q5_0) {
+            for (int v = 0; v < 4; v++) w[v] = _mm256_mul_ps(cvt(_mm256_sub_epi32(q[v], _mm256_set1_epi32(16))), d);
+        } else {
+            const __m256 m = _mm256_set1_ps(h2f(b + 2));
+            for (int v = 0; v < 4; v++) w[v] = _mm256_fmadd_ps(cvt(q[v]), d, m); /* d * q exact */
+        }
+        break;
+    }
+    case T_Q4_K:
+    case T_Q5_K: {
+        /* super-block of 256: d, dmin, 12 scale bytes, [Q5_K: 32 high-bit bytes,] 128 nibble
+         * bytes; sub-block j: low (j even) or high (j odd) nibbles of bytes 32 (j / 2) .. + 31 */
+        const uint8_t *sb = row + (c >> 3) * (type == T_Q4_K ? 144 : 176);
+        const int j = (int)(c & 7);
+        int sc, mn;
+        k_scale_min(sb + 4, j, &sc, &mn);
+        const __m256 D = _mm256_set1_ps(h2f(sb) * (float)sc), Mn = _mm256_set1_ps(h2f(sb + 2) * (float)mn);
+        const uint8_t *qs = sb + (type == T_Q4_K ? 16 : 48) + (j >> 1) * 32;
+        const int shift = (j & 1) * 4;
+        for (int v = 0; v < 4; v++) {
+            __m256i q = _mm256_and_si256(srl(u8x8(qs + 8 * v), shift), _mm256_set1_epi32(15));
+            if (type == T_Q5_K) /* bit j of high-bit byte i is bit 4 of weight i */
+                q = _mm256_or_si256(q, _mm256_slli_epi32(
+                                           _mm256_and_si256(srl(u8x8(sb + 16 + 8 * v), j), _mm256_set1_epi32(1)), 4));
+            w[v] = _mm256_fmsub_ps(cvt(q), D, Mn); /* (d * sc) * q exact: rounds as the multiply-then-subtract */
+        }
+        break;
+    }
+    case T_Q6_K: {
+        /* super-block of 256: 128 low-nibble bytes, 64 high-2-bit bytes, 16 signed scales, d.
+         * weight e = 128 h + r: low nibble from byte 64 h + r % 64 (shift 4 (r / 64)), high
+         * bits from byte 32 h + r % 32 (shift 2 (r / 32)); scale e / 16. */
+        const uint8_t *sb = row + (c >> 3) * 210;
+        const int e0 = (int)(c & 7) * CK, h = e0 >> 7, r0 = e0 & 127;
+        const uint8_t *ql = sb + h * 64 + (r0 & 63), *qh = sb + 128 + h * 32;
+        const int8_t *scales = (const int8_t *)(sb + 192) + e0 / 16;
+        const float d = h2f(sb + 208);
+        const int ls = (r0 >> 6) * 4, hs = (r0 >> 5) * 2;
+        for (int v = 0; v < 4; v++) {
+            __m256i q = _mm256_and_si256(srl(u8x8(ql + 8 * v), ls), _mm256_set1_epi32(15));
+            q = _mm256_or_si256(q, _mm256_slli_epi32(_mm256_and_si256(srl(u8x8(qh + 8 * v), hs), _mm256_set1_epi32(3)), 4));
+            q = _mm256_sub_epi32(q, _mm256_set1_epi32(32));
+            w[v] = _mm256_mul_ps(cvt(q), _mm256_set1_ps(d * (float)scales[v >> 1]));
+        }
+        break;
+    }
+    }
+}
+
+/* Weight k of a float-typed row (the tail past the last full chunk when K % 32 != 0). */
+static inline float tail_weight(int type, const uint8_t *row, int64_t k) {
+    if (type == T_F32) {
+        float f;
+        memcpy(&f, row + 4 * k, 4);
+        return f;
+    }
+    if (type == T_F16) return h2f(row + 2 * k);
+    uint32_t u = (uint32_t)(row[2 * k] | (row[2 * k + 1] << 8)) << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+#define DISPATCH(type, CALL)                                                          \
+    switch (type) {                                                                   \
+    case T_F32: CALL(T_F32); break;                                                   \
+    case T_F16: CALL(T_F16); break;                                                   \
+    case T_BF16: CALL(T_BF16); break;                                                 \
+    case T_Q8_0: CALL(T_Q8_0); break;                                                 \
+    case T_Q4_0: CALL(T_Q4_0); break;                                                 \
+    case T_Q4_1: CALL(T_Q4_1); break;                                                 \
+    case T_Q5_0: CALL(T_Q5_0); break;                                                 \
+    case T_Q5_1: CALL(T_Q5_1); break;                                                 \
+    case T_Q4_K: CALL(T_Q4_K); break;                                                 \
+    case T_Q5_K: CALL(T_Q5_K); break;                                                 \
+    case T_Q6_K: CALL(T_Q6_K); break;                                                 \
+    default: break;                                                                   \
+    }
+
+static int supported(int64_t type) {
+    switch (type) {
+    case T_F32: case T_F16: case T_BF16: case T_Q8_0: case T_Q4_0: case T_Q4_1: case T_Q5_0: case T_Q5_1:
+    case T_Q4_K: case T_Q5_K: case T_Q6_K: return 1;
+    default: return 0;
+    }
+}
+
+/* ---- row dequantizer (embedding lookups and the tests' bit-for-bit check) ---- */
+
+static inline __attribute__((always_inline)) void dq_row(const int type, const uint8_t *row, int64_t K, float *out) {
+    const int64_t full = K / CK;
+    for (int64_t c = 0; c < full; c++) {
+        __m256 w[4];
+        dq32(type, row, c, w);
+        for (int v = 0; v < 4; v++) _mm256_storeu_ps(out + c * CK + 8 * v, w[v]);
+    }
+    for (int64_t k = full * CK; k < K; k++) out[k] = tail_weight(type, row, k);
+}
+
+/* out [count, K] = stored rows ids[i] of a tensor of ``type`` (row stride ``stride`` bytes).
+ * Returns 0, or -1 for a type this file does not read. */
+int gguf_dequant_rows(int64_t type, const uint8_t *base, int64_t stride, const int64_t *ids, int64_t count,
+                      int64_t K, float *out) {
+    if (!supported(type)) return -1;
+#pragma omp parallel for schedule(static) if (count * K > 65536)
+    for (int64_t i = 0; i < count; i++) {
+        const uint8_t *row = base + ids[i] * stride;
+#define DQ_ROW(T) dq_row(T, row, K, out + i * K)
+        DISPATCH(type, DQ_ROW)
+#undef DQ_ROW
+    }
+    return 0;
+}
+
+/* ---- few rows: dot products straight from the blocks ---- */
+#define GR 4     /* output rows per pass (R below: 4, or 2 for 3-4 rows of x, to stay in registers) */
+#define DMAX 4   /* rows of x per pass */
+#define DIRECT 4 /* up to this many rows of x: straight from the blocks; beyond, through panels */
+
+/* sums[m * GR + r] = x row m . weight row r (r < R, m < M; R and M compile-time constants).
+ * Two accumulators per pair halve the FMA dependency chains. */
+static inline __attribute__((always_inline)) void dot_rows(const int type, const int R, const int M,
+                                                          const uint8_t *const *rw, const float *x, int64_t K,
+                                                          float *sums) {
+    __m256 acc[GR][DMAX][2];
+    for (int r = 0; r < R; r++)
+        for (int m = 0; m < M; m++) acc[r][m][0] = acc[r][m][1] = _mm256_setzero_ps();
+    const int64_t full = K / CK;
+    for (int64_t c = 0; c < full; c++) {
+        for (int r = 0; r < R; r++) {
+            __m256 w[4];
+            dq32(type, rw[r], c, w);
+            for (int m = 0; m < M; m++) {
+                const float *xp = x + m * K + c * CK;
+                acc[r][m][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xp), w[0], acc[r][m][0]);
+                acc[r][m][1] = _mm256_fmadd_ps(_mm256_loadu_ps(xp + 8), w[1], acc[r][m][1]);
+                acc[r][m][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xp + 16), w[2], acc[r][m][0]);
+                acc[r][m][1] = _mm256_fmadd_ps(_mm256_loadu_ps(xp + 24), w[3], acc[r][m][1]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int m = 0; m < M; m++) {
+            float s = hsum8(_mm256_add_ps(acc[r][m][0], acc[r][m][1]));
+            for (int64_t k = full * CK; k < K; k++) s += x[m * K + k] * tail_weight(type, rw[r], k);
+            sums[m * GR + r] = s;
+        }
+}
+
+static inline __attribute__((always_inline)) void direct_unit(const int type, const uint8_t *const *rw, int cnt,
+                                                             const float *x, int64_t M, int64_t K, const float *bias,
+                                                             float *y, int64_t ldy) {
+    float sums[DMAX * GR];
+    for (int64_t m0 = 0; m0 < M; m0 += DMAX) {
+        const int64_t mm = M - m0 < DMAX ? M - m0 : DMAX;
+        const float *xm = x + m0 * K;
+        switch (mm) {
+        case 1: dot_rows(type, 4, 1, rw, xm, K, sums); break;
+        case 2: dot_rows(type, 4, 2, rw, xm, K, sums); break;
+        case 3: dot_rows(type, 2, 3, rw, xm, K, sums); dot_rows(type, 2, 3, rw + 2, xm, K, sums + 2); break;
+        default: dot_rows(type, 2, 4, rw, xm, K, sums); dot_rows(type, 2, 4, rw + 2, xm, K, sums + 2); break;
+        }
+        for (int64_t m = 0; m < mm; m++)
+            for (int r = 0; r < cnt; r++) y[(m0 + m) * ldy + r] = sums[m * GR + r] + (bias ? bias[r] : 0.0f);
+    }
+}
+
+/* ---- more rows: unpack 16 output rows into an fp32 panel [K][16], then the 6 x 16 kernel ---- */
+
+/* The 8 x 8 block at src (row stride ls) transposed into dst (row stride ld). */
+static inline void transpose8(const float *src, int64_t ls, float *dst, int64_t ld) {
+    __m256 r[8], t[8], s[8];
+    for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(src + i * ls);
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        s[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+        s[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+        s[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        s[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+    }
+    for (int i = 0; i < 4; i++) {
+        _mm256_storeu_ps(dst + i * ld, _mm256_permute2f128_ps(s[i], s[i + 4], 0x20));
+        _mm256_storeu_ps(dst + (i + 4) * ld, _mm256_permute2f128_ps(s[i], s[i + 4], 0x31));
+    }
+}
+
+/* 16 stored rows (rw; rows past cnt repeat a valid one and are never stored) as the panel
+ * [K][16]: 32 k at a time into tmp [16][32] (L1), then transposed into place. */
+static inline __attribute__((always_inline)) void unpack_panel(const int type, const uint8_t *const *rw, int64_t K,
+                                                              float *panel, float *tmp) {
+    const int64_t chunks = (K + CK - 1) / CK, full = K / CK;
+    for (int64_t c = 0; c < chunks; c++) {
+        for (int r = 0; r < NR; r++) {
+            if (c < full) {
+                __m256 w[4];
+                dq32(type, rw[r], c, w);
+                for (int v = 0; v < 4; v++) _mm256_storeu_ps(tmp + r * CK + 8 * v, w[v]);
+            } else { /* float types only: the tail past K is never read by the microkernel */
+                for (int64_t k = 0; k < CK; k++)
+                    tmp[r * CK + k] = c * CK + k < K ? tail_weight(type, rw[r], c * CK + k) : 0.0f;
+            }
+        }
+        for (int kb = 0; kb < CK; kb += 8)
+            for (int rb = 0; rb < NR; rb += 8) transpose8(tmp + rb * CK + kb, CK, panel + (c * CK + kb) * NR + rb, NR);
+    }
+}
+
+/* Each OpenMP thread's scratch panel (the threads persist, so it is allocated once). */
+static __thread float *g_scratch = NULL;
+static __thread int64_t g_scratch_len = 0;
+
+/* y [M, N] (row stride N) = x [M, K] @ W^T (+ bias), W the descriptor's segments along N. */
+void gguf_linear_f32(const float *x, const void *wp, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
+                     int nthreads) {
+    const Desc *desc = (const Desc *)wp;
+    const int64_t nseg = desc->nseg;
+    const int direct = M <= DIRECT;
+    const int64_t unit = direct ? GR : NR;
+    int64_t total = 0;
+    for (int64_t s = 0; s < nseg; s++) total += (desc->seg[s].n + unit - 1) / unit;
+    const int64_t need = ((K + CK - 1) / CK * CK + CK) * NR;
+    (void)N;
+#pragma omp parallel num_threads(nthreads)
+    {
+        float *panel = NULL;
+        if (!direct) {
+            if (g_scratch_len < need) {
+                free(g_scratch);
+                g_scratch = aligned_alloc(64, (size_t)need * sizeof(float));
+                g_scratch_len = g_scratch ? need : 0;
+            }
+            panel = g_scratch;
+        }
+#pragma omp for schedule(static)
+        for (int64_t u = 0; u < total; u++) {
+            int64_t s = 0, left = u, col = 0;
+            for (; s < nseg; s++) { /* the unit's segment and its first output */
+                const int64_t us = (desc->seg[s].n + unit - 1) / unit;
+                if (left < us) break;
+                left -= us;
+                col += desc->seg[s].n;
+            }
+            const Seg *sg = &desc->seg[s];
+            const int64_t n0 = left * unit, cnt = sg->n - n0 < unit ? sg->n - n0 : unit;
+            col += n0;
+            const uint8_t *rw[NR];
+            for (int64_t r = 0; r < unit; r++) rw[r] = seg_row(sg, n0 + (r < cnt ? r : 0));
+            const float *b = bias ? bias + col : NULL;
+            if (direct || panel == NULL) { /* few rows (or no scratch memory): from the blocks */
+                for (int64_t g = 0; g < cnt; g += GR) {
+                    const int gc = (int)(cnt - g < GR ? cnt - g : GR);
+#define DIRECT_UNIT(T) direct_unit(T, rw + g, gc, x, M, K, b ? b + g : NULL, y + col + g, N)
+                    DISPATCH(sg->type, DIRECT_UNIT)
+#undef DIRECT_UNIT
+                }
+                continue;
+            }
+#define UNPACK(T) unpack_panel(T, rw, K, panel, panel + need - CK * NR)
+            DISPATCH(sg->type, UNPACK)
+#undef UNPACK
+            float bpad[NR];
+            panel_rows(x, K, panel, panel_bias(b ? bias : NULL, col, cnt, bpad), y, N, col, cnt, 0, M, NULL);
+        }
+    }
+}
