@@ -53,7 +53,9 @@ def converted_model_dir(model: str | None, cache_dir: str | None) -> str:
     return hf_directory(model, cache_dir)
 
 
-def start(cmd: list[str], port: int, log_path: Path, env: dict[str, str]) -> subprocess.Popen:
+def start(cmd: list[str], port: int, log_path: Path, env: dict[str, str],
+          ready_path: str = "/ready") -> subprocess.Popen:
+    """Start ``cmd`` and return once GET ``ready_path`` answers 200."""
     log = open(log_path, "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     deadline = time.time() + 600
@@ -61,11 +63,11 @@ def start(cmd: list[str], port: int, log_path: Path, env: dict[str, str]) -> sub
         if proc.poll() is not None:
             raise RuntimeError(f"{cmd[0]} exited early; see {log_path}")
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=2).status_code == 200:
+            if httpx.get(f"http://127.0.0.1:{port}{ready_path}", timeout=2).status_code == 200:
                 return proc
         except httpx.HTTPError:
             pass
-        time.sleep(0.5)
+        time.sleep(0.1)  # fine enough to time a start
     proc.kill()
     raise TimeoutError(f"{cmd} did not become ready")
 

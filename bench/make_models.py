@@ -1,0 +1,137 @@
+"""Random-weight benchmark models of real size, as a Hugging Face directory and as GGUF files.
+
+The default model has Llama-3.2-1B's shape (hidden 2048, 16 layers, intermediate 8192, 32
+heads, 8 KV heads, head_dim 64, rope_theta 500000, tied embeddings) with SmolLM2's 49152-token
+vocabulary, tokenizer and chat template (taken from the embedded model); ``--small`` makes a
+~300 MB model of the same family for quick runs. Weights are seeded random (normal,
+std 0.02 as Llama's initializer_range) saved in bf16 with ``save_pretrained``; the GGUF files
+come from llama.cpp's own tools: ``convert_hf_to_gguf.py`` writes BF16 and Q8_0, and
+``llama-quantize`` makes Q4_K_M and Q4_0 from the BF16 file (see bench/llama_cpp.py for
+where they come from). Files that exist are kept.
+
+    python bench/make_models.py              # ~/.cache/llmserve/bench-models/llama-1b-shape*
+    python bench/make_models.py --small
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import llama_cpp  # bench/llama_cpp.py: the script's folder is first on sys.path
+
+DEFAULT_DIR = Path.home() / ".cache" / "llmserve" / "bench-models"
+SHAPES = {
+    "llama-1b-shape": dict(hidden_size=2048, num_hidden_layers=16, intermediate_size=8192,
+                           num_attention_heads=32, num_key_value_heads=8),
+    "llama-small-shape": dict(hidden_size=768, num_hidden_layers=12, intermediate_size=3072,
+                              num_attention_heads=12, num_key_value_heads=4),
+}
+CONVERTER_TYPES = ("BF16", "Q8_0")  # written by convert_hf_to_gguf.py
+QUANTIZE_TYPES = ("Q4_K_M", "Q4_0")  # written by llama-quantize from the BF16 file
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
+
+
+def gguf_path(models_dir: Path, name: str, qtype: str) -> Path:
+    return models_dir / f"{name}-{qtype}.gguf"
+
+
+def size_text(path: Path) -> str:
+    total = sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else path.stat().st_size
+    return f"{total / 1e9:.2f} GB" if total >= 1e9 else f"{total / 1e6:.0f} MB"
+
+
+def write_hf_model(out: Path, shape: dict, seed: int) -> None:
+    """A seeded random LlamaForCausalLM of ``shape`` with the embedded SmolLM2's tokenizer."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from llmserve.plugins.backends.torch.loader import hf_directory
+
+    tok_dir = Path(hf_directory(None))
+    ref = json.loads((tok_dir / "config.json").read_text())
+    config = LlamaConfig(**shape, head_dim=64, vocab_size=ref["vocab_size"], max_position_embeddings=8192,
+                         rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=True,
+                         initializer_range=0.02, bos_token_id=ref.get("bos_token_id"),
+                         eos_token_id=ref.get("eos_token_id"), pad_token_id=ref.get("pad_token_id"))
+    torch.manual_seed(seed)
+    print(f"initialising {out.name}: {shape}", flush=True)
+    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, max_shard_size="8GB")
+    for name in TOKENIZER_FILES:
+        if (tok_dir / name).is_file():
+            shutil.copy(tok_dir / name, tmp / name)
+    tmp.rename(out)  # only a finished directory carries the final name
+
+
+def converter_requirements() -> None:
+    """The converter imports sentencepiece even for a tokenizer.json model: pip-install it into
+    this environment when missing (bench-only, like llama.cpp itself)."""
+    import importlib.util
+
+    if importlib.util.find_spec("sentencepiece") is None:
+        print("pip-installing sentencepiece for convert_hf_to_gguf.py", flush=True)
+        subprocess.run([sys.executable, "-m", "pip", "install", "sentencepiece"], check=True)
+
+
+def convert(tools: llama_cpp.LlamaCpp, hf_dir: Path, out: Path, qtype: str) -> None:
+    converter_requirements()
+    tmp = out.with_name(out.name + ".partial")
+    cmd = [sys.executable, str(tools.converter), str(hf_dir), "--outfile", str(tmp), "--outtype", qtype.lower()]
+    print("converting: " + " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True, env=tools.converter_env(), stdout=subprocess.DEVNULL)
+    tmp.rename(out)
+
+
+def quantize(tools: llama_cpp.LlamaCpp, source: Path, out: Path, qtype: str, threads: int) -> None:
+    tmp = out.with_name(out.name + ".partial")
+    cmd = [str(tools.quantize), str(source), str(tmp), qtype, str(threads)]
+    print("quantizing: " + " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    tmp.rename(out)
+
+
+def make(name: str, models_dir: Path, tools: llama_cpp.LlamaCpp | None, seed: int, threads: int) -> dict[str, Path]:
+    """Every file of model ``name`` (made when missing); returns the paths by type ("hf", "BF16", ...)."""
+    models_dir.mkdir(parents=True, exist_ok=True)
+    hf_dir = models_dir / name
+    if not (hf_dir / "config.json").is_file():
+        write_hf_model(hf_dir, SHAPES[name], seed)
+    paths: dict[str, Path] = {"hf": hf_dir}
+    if tools is None:
+        return paths
+    for qtype in CONVERTER_TYPES:
+        paths[qtype] = gguf_path(models_dir, name, qtype)
+        if not paths[qtype].is_file():
+            convert(tools, hf_dir, paths[qtype], qtype)
+    for qtype in QUANTIZE_TYPES:
+        paths[qtype] = gguf_path(models_dir, name, qtype)
+        if not paths[qtype].is_file():
+            quantize(tools, paths["BF16"], paths[qtype], qtype, threads)
+    return paths
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--small", action="store_true", help="the ~300 MB model instead of the 1B-shaped one")
+    ap.add_argument("--models-dir", default=str(DEFAULT_DIR))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=2, help="llama-quantize threads")
+    ap.add_argument("--hf-only", action="store_true", help="only the safetensors directory (no llama.cpp needed)")
+    ap.add_argument("--llama-cpp", default=None, help="folder holding llama-server and llama-quantize")
+    args = ap.parse_args()
+    name = "llama-small-shape" if args.small else "llama-1b-shape"
+    tools = None if args.hf_only else llama_cpp.ensure(args.llama_cpp, need_source=True)
+    paths = make(name, Path(args.models_dir).expanduser(), tools, args.seed, args.threads)
+    for kind, path in paths.items():
+        print(f"{kind:>7}  {size_text(path):>9}  {path}")
+
+
+if __name__ == "__main__":
+    main()
