@@ -30,7 +30,8 @@ PANELS: dict[str, str] = {
     "generation_config": MODEL, "seed": MODEL, "backend": MODEL, "dtype": MODEL, "device": MODEL,
     "max_model_len": MODEL, "trust_remote_code": MODEL, "task": MODEL, "cache_dir": MODEL,
     # engine
-    "block_size": ENGINE, "num_kv_blocks": ENGINE, "kv_cache_memory_fraction": ENGINE, "max_num_seqs": ENGINE,
+    "block_size": ENGINE, "num_kv_blocks": ENGINE, "kv_cache_memory_fraction": ENGINE, "kv_cache_dtype": ENGINE,
+    "max_num_seqs": ENGINE,
     "max_num_batched_tokens": ENGINE, "enable_prefix_caching": ENGINE, "enable_chunked_prefill": ENGINE,
     "enforce_eager": ENGINE,
     # limits and lifecycle

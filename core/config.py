@@ -64,6 +64,9 @@ class ServerConfig(BaseModel):
         "KV pool size in blocks (overrides --kv-cache-memory-fraction)."))
     kv_cache_memory_fraction: float = Field(0.25, gt=0.0, le=0.95, description=(
         "Fraction of free memory given to the KV pool."))
+    kv_cache_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description=(
+        "Dtype of the KV cache: auto is the model's compute dtype; bfloat16 or float16 halve the memory per "
+        "token of a float32 model's cache (keys and values are cast back to the compute dtype when read)."))
     max_num_seqs: int = Field(64, ge=1, description="Most sequences in one engine step.")
     max_num_batched_tokens: int = Field(2048, ge=16, description=(
         "Token budget of one engine step (prefill chunks + decodes)."))

@@ -79,6 +79,7 @@ class LLMEngine:
         self.tokenizer = info.tokenizer
         self.max_model_len = info.max_model_len
         self.block_size = int(getattr(config, "block_size", 16))
+        self.cache_dtype = str(getattr(config, "kv_cache_dtype", "auto"))
         self.metrics: "Metrics | None" = None  # attached by the server before the loop starts
         self.limits = RequestLimits.from_config(config, self.max_model_len)
         self.defaults = SamplingDefaults.from_config(config)  # --generation-config, --seed
@@ -200,7 +201,7 @@ class LLMEngine:
             prefix_queried_tokens=blocks.prefix_queried_tokens, prefix_hit_tokens=blocks.prefix_hit_tokens,
             preemptions=self.scheduler.num_preemptions_total, prompt_tokens=self.stats["prompt_tokens"],
             generation_tokens=self.stats["generation_tokens"], steps=self.stats["steps"],
-            block_size=self.block_size, prefix_caching=blocks.enable_prefix_caching)
+            block_size=self.block_size, prefix_caching=blocks.enable_prefix_caching, cache_dtype=self.cache_dtype)
 
     def _count_finished(self, state: RequestState, reason: str, generated: int, now: float | None = None) -> None:
         """Record a finished request in the metrics, with its parameters (engine thread)."""

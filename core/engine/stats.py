@@ -32,6 +32,7 @@ class EngineStats:
     steps: int = 0                      # backend steps run
     block_size: int = 0                 # tokens per KV block (0: no model yet)
     prefix_caching: bool = False        # whether KV blocks of shared prefixes are reused
+    cache_dtype: str = "auto"           # --kv-cache-dtype as configured
 
     @property
     def kv_usage(self) -> float:

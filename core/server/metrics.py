@@ -100,7 +100,7 @@ def _cache_config_info(stats: EngineStats) -> list[str]:
     vLLM's it has no model_name label, and an unknown value reads "None"."""
     loaded = stats.kv_blocks_total > 0
     info = {"block_size": str(stats.block_size) if loaded else "None",
-            "cache_dtype": "auto",  # the KV cache is kept in the model's dtype
+            "cache_dtype": stats.cache_dtype,  # --kv-cache-dtype as configured, as vLLM reports it
             "enable_prefix_caching": str(stats.prefix_caching),
             "engine": "0",
             "num_cpu_blocks": "None",  # no CPU swap space

@@ -11,6 +11,18 @@ import torch
 import torch.nn.functional as F
 
 ATTN_IMPL = "llmserve_paged"
+KV_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def kv_cache_dtype(name: str | None, compute: torch.dtype) -> torch.dtype:
+    """The dtype ``--kv-cache-dtype name`` keeps keys and values in; ``auto`` is the model's
+    compute dtype."""
+    name = (name or "auto").lower()
+    if name == "auto":
+        return compute
+    if name not in KV_DTYPES:
+        raise ValueError(f"unsupported KV-cache dtype {name!r}; use auto, float32, bfloat16 or float16")
+    return KV_DTYPES[name]
 
 
 class PagedKVCache:
@@ -21,9 +33,12 @@ class PagedKVCache:
     Block ``num_blocks`` is a zeroed "null" block that padding points at; other blocks are
     zeroed when a sequence starts filling them (see ``zero_blocks``).
 
+    ``dtype`` is the cache's own dtype (``--kv-cache-dtype``), which may differ from the model's:
+    keys and values are cast to it when written and back to the queries' dtype when read.
     ``native``: decode attention and the KV write in the native CPU kernels where they apply
-    (CPU fp32); ``matmul_decode``: the torch decode path on the CPU as plain matmuls (measured
-    faster than SDPA there) instead of ``scaled_dot_product_attention``.
+    (an fp32 cache on the CPU; the caller passes False unless the model computes in fp32 too);
+    ``matmul_decode``: the torch decode path on the CPU as plain matmuls (measured faster than
+    SDPA there) instead of ``scaled_dot_product_attention``.
     """
 
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, kv_heads: int,
@@ -67,8 +82,11 @@ class PagedKVCache:
         if self.decode_kernel is None:
             self.pool.index_fill_(3, blocks, 0)
 
-    def gather(self, blocks_view: torch.Tensor, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of ``blocks`` as two ``[kv_heads, len(blocks) * block_size, head_dim]`` views.
+    def gather(self, blocks_view: torch.Tensor, blocks: torch.Tensor,
+               dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of ``blocks`` as two ``[kv_heads, len(blocks) * block_size, head_dim]`` views,
+        in ``dtype`` (the attention's compute dtype) when given: a cache kept in another dtype is
+        cast once per read, the gathered blocks only, never the pool.
 
         Gathers into a workspace reused by every layer and step: a fresh multi-MB tensor per layer
         costs page faults on CPU that are slower than the copy itself.
@@ -78,6 +96,8 @@ class PagedKVCache:
             self._work = torch.empty(need + need // 2, dtype=self.pool.dtype, device=self.pool.device)
         out = self._work[:need].view(2 * self.kv_heads, blocks.numel(), self.block_size, self.head_dim)
         torch.index_select(blocks_view, 1, blocks, out=out)
+        if dtype is not None and dtype != out.dtype:
+            out = out.to(dtype)
         kv = out.view(2, self.kv_heads, -1, self.head_dim)
         return kv[0], kv[1]
 
@@ -177,7 +197,7 @@ def paged_attention(cache: PagedKVCache, meta: StepMetadata, layer: int, q: torc
     if cache.write_kv is not None and k.stride(2) == 1 and v.stride(2) == 1:
         cache.write_kv(slots_view, meta.slot_mapping, k, v)
     else:
-        slots_view.index_copy_(1, meta.slot_mapping, torch.cat((k, v), 1).transpose(0, 1))
+        slots_view.index_copy_(1, meta.slot_mapping, torch.cat((k, v), 1).transpose(0, 1).to(slots_view.dtype))
 
     nd = meta.num_decode
     if nd and cache.decode_kernel is not None:
@@ -189,7 +209,7 @@ def paged_attention(cache: PagedKVCache, meta: StepMetadata, layer: int, q: torc
         if not meta.prefills:
             return out
     elif nd:
-        keys, vals = cache.gather(blocks_view, meta.decode_blocks)
+        keys, vals = cache.gather(blocks_view, meta.decode_blocks, q.dtype)
         keys, vals = keys.view(kvh, nd, -1, D), vals.view(kvh, nd, -1, D)
         # GQA without repeating K/V: a kv head's query group acts as a short query sequence.
         qd = q[:nd].view(nd, kvh, group, D).transpose(0, 1)                # [kvh, nd, G, D]
@@ -214,7 +234,7 @@ def paged_attention(cache: PagedKVCache, meta: StepMetadata, layer: int, q: torc
             keys, vals = k[rows].transpose(0, 1)[None], v[rows].transpose(0, 1)[None]
         else:
             ctx = seg.start + seg.n
-            keys, vals = cache.gather(blocks_view, seg.blocks)
+            keys, vals = cache.gather(blocks_view, seg.blocks, q.dtype)
             keys, vals = keys[None, :, :ctx], vals[None, :, :ctx]
         mask = seg.mask(window, q.device)
         o = F.scaled_dot_product_attention(qs, keys, vals, attn_mask=mask, is_causal=mask is None,

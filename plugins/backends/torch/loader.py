@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import logging
 import os
 import re
@@ -70,12 +71,55 @@ def resolve_device(name: str | None) -> torch.device:
     return torch.device(name)
 
 
-def resolve_dtype(name: str | None, device: torch.device) -> torch.dtype:
+def checkpoint_dtype(model_dir: str) -> str | None:
+    """The dtype a Hugging Face directory's weights are stored in (config.json ``torch_dtype``,
+    ``dtype`` in newer files, or its text config's), e.g. ``"bfloat16"``; None when unstated."""
+    try:
+        with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as fh:
+            cfg = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    for section in (cfg, cfg.get("text_config") or {}):
+        value = (section.get("dtype") or section.get("torch_dtype")) if isinstance(section, dict) else None
+        if isinstance(value, str):
+            return value.removeprefix("torch.").lower()
+    return None
+
+
+def cpu_supports(dtype: torch.dtype) -> bool:
+    """Whether this CPU runs ``dtype`` matmuls in hardware (oneDNN's AVX512-BF16/AMX or
+    AVX512-FP16 paths); without it they are emulated and far slower than fp32."""
+    mkldnn = getattr(torch.ops, "mkldnn", None)
+    probe = {torch.bfloat16: "_is_mkldnn_bf16_supported", torch.float16: "_is_mkldnn_fp16_supported"}[dtype]
+    try:
+        if getattr(mkldnn, probe)():
+            return True
+    except (AttributeError, RuntimeError):
+        pass
+    flags = {torch.bfloat16: ("avx512_bf16", "amx_bf16"), torch.float16: ("avx512_fp16", "amx_fp16")}[dtype]
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            words = set(next((line for line in fh if line.startswith("flags")), "").split())
+    except OSError:
+        return False
+    return any(flag in words for flag in flags)
+
+
+def resolve_dtype(name: str | None, device: torch.device, stored: str | None = None) -> torch.dtype:
+    """The compute dtype for ``--dtype name``; ``auto`` on the CPU keeps a bf16 or fp16
+    checkpoint (``stored``) in its own dtype where the CPU computes it in hardware, else fp32."""
     name = (name or "auto").lower()
     if name == "auto":
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.float32  # CPU half-precision matmuls are slow without AMX/avx512_bf16
+        half = _DTYPES.get(stored or "")
+        if half is None or half == torch.float32:
+            return torch.float32
+        if cpu_supports(half):
+            return half
+        log.info("running the %s checkpoint in float32: this CPU has no %s matmul support (pass --dtype %s to "
+                 "force it)", stored, "AVX512-BF16/AMX" if half == torch.bfloat16 else "AVX512-FP16", stored)
+        return torch.float32
     if name not in _DTYPES:
         raise ConfigError(f"unsupported dtype {name!r}; use auto, float32, bfloat16 or float16")
     return _DTYPES[name]
@@ -239,12 +283,13 @@ def load_model(config: Any) -> LoadedModel:
 
     register_attention()
     device = resolve_device(getattr(config, "device", "auto"))
-    dtype = resolve_dtype(getattr(config, "dtype", "auto"), device)
     trust = bool(getattr(config, "trust_remote_code", False))
     source = getattr(config, "model", None)
     gguf_path, name = _resolve_source(source)
     path = os.path.abspath(gguf_path) if gguf_path else str(source)
     hf_dir = hf_directory(source, getattr(config, "cache_dir", None))
+    # A GGUF's converted weights are fp32 whatever the file held: only HF checkpoints keep theirs.
+    dtype = resolve_dtype(getattr(config, "dtype", "auto"), device, None if gguf_path else checkpoint_dtype(hf_dir))
 
     t0 = time.monotonic()
     # On CUDA let accelerate place weights straight on the GPU instead of staging them in RAM.

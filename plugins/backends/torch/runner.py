@@ -15,7 +15,7 @@ from llmserve import progress
 from llmserve.engine.backend import Backend, KVCacheSpec, ModelInfo, StepItem, StepResult
 from llmserve.errors import ConfigError
 
-from .attention import PagedKVCache, PrefillSegment, StepMetadata, step_context
+from .attention import PagedKVCache, PrefillSegment, StepMetadata, kv_cache_dtype, step_context
 from .fused import FusedDecoder
 from .loader import LoadedModel, load_model
 from .options import TorchOptions
@@ -146,8 +146,12 @@ class TorchBackend(Backend):
 
     def init_kv_cache(self, spec: KVCacheSpec) -> int:
         lm = self._require_loaded()
+        try:
+            kv_dtype = kv_cache_dtype(getattr(self.config, "kv_cache_dtype", "auto"), lm.dtype)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         per_block = PagedKVCache.bytes_per_block(self._num_layers, spec.block_size, self._kv_heads,
-                                                 self._head_dim, lm.dtype)
+                                                 self._head_dim, kv_dtype)
         if spec.num_blocks is not None:
             num_blocks = int(spec.num_blocks)
         else:
@@ -159,15 +163,15 @@ class TorchBackend(Backend):
         # Fewer than spec.min_blocks is refused by the engine, for every backend alike.
         try:
             self.cache = PagedKVCache(self._num_layers, num_blocks, spec.block_size, self._kv_heads,
-                                      self._head_dim, lm.dtype, lm.device, native=self._native,
+                                      self._head_dim, kv_dtype, lm.device, native=self._native,
                                       matmul_decode=self.options.cpu_matmul_decode)
         except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
             raise ConfigError(
                 f"cannot allocate a KV cache of {num_blocks} blocks ({num_blocks * per_block / 2**30:.1f} GiB): "
                 f"{str(exc).splitlines()[0]}; use fewer KV blocks or a smaller --max-model-len"
             ) from None
-        log.info("KV cache: %d blocks x %d tokens (%.2f GiB, %s)", num_blocks, spec.block_size,
-                 num_blocks * per_block / 2**30, lm.device)
+        log.info("KV cache: %d blocks x %d tokens (%.2f GiB, %s, %s)", num_blocks, spec.block_size,
+                 num_blocks * per_block / 2**30, lm.device, str(kv_dtype).removeprefix("torch."))
         log.info("execution plan: %s", self.plan())
         return num_blocks
 
@@ -184,7 +188,8 @@ class TorchBackend(Backend):
         else:
             attention = "matmul" if lm.device.type == "cpu" and self.options.cpu_matmul_decode else "sdpa"
         step = fused is not None and cache is not None and fused.native_step(cache) is not None
-        return (f"device={lm.device.type} dtype={str(lm.dtype).removeprefix('torch.')} "
+        kv = f" kv_dtype={str(cache.pool.dtype).removeprefix('torch.')}" if cache is not None else ""
+        return (f"device={lm.device.type} dtype={str(lm.dtype).removeprefix('torch.')}{kv} "
                 f"threads={torch.get_num_threads()} forward={'fused' if fused else 'transformers'} "
                 f"decode_attention={attention} linears={'packed' if any(formats) else 'torch'} "
                 f"elementwise={'native' if self._ops is not None else 'torch'} native_step={'on' if step else 'off'} "
