@@ -125,8 +125,10 @@ def test_torch_package_init_is_import_light() -> None:
 
 
 @pytest.mark.slow
-def test_real_gguf_cache_roundtrip(tmp_path, caplog) -> None:
-    """The embedded SmolLM2 GGUF: first start converts (~20 s), the second loads the cache."""
+def test_real_gguf_cache_roundtrip(tmp_path, caplog, monkeypatch) -> None:
+    """The embedded SmolLM2 GGUF on the conversion path (served in its own quantization by
+    default): first start converts (~20 s), the second loads the cache."""
+    monkeypatch.setenv("LLMSERVE_GGUF_NATIVE", "0")
     try:
         loader.embedded_model_path()
     except ConfigError as exc:

@@ -120,9 +120,11 @@ class FusedDecoder:
     """Runs the decoder stack of a Llama-style model over one packed step."""
 
     def __init__(self, model: Any, cfg: Any, pack: bool = False, ops: Any = None, compact: bool = True,
-                 native_decode: bool = True) -> None:
+                 native_decode: bool = True, weights: Any = None) -> None:
         base = model.get_decoder()
-        self.embed = base.embed_tokens
+        # ``weights``: ready-made projections and embedding (``gguf_model.GGUFParts``) for a model
+        # whose transformers modules hold no matrices (built on the meta device).
+        self.embed = weights.embed if weights is not None else base.embed_tokens
         self.rotary = base.rotary_emb
         self.norm_w, self.norm_eps = base.norm.weight, float(base.norm.variance_epsilon)
         self.heads = int(cfg.num_attention_heads)
@@ -142,11 +144,15 @@ class FusedDecoder:
             lay.ln1, lay.eps1 = dec.input_layernorm.weight, float(dec.input_layernorm.variance_epsilon)
             post = dec.post_attention_layernorm
             lay.ln2, lay.eps2 = post.weight, float(post.variance_epsilon)
-            qkv, gu = [attn.q_proj, attn.k_proj, attn.v_proj], [mlp.gate_proj, mlp.up_proj]
-            lay.qkv, lay.gu = _TorchLinear(*_fuse(qkv)), _TorchLinear(*_fuse(gu))
-            lay.o = _TorchLinear(attn.o_proj.weight, attn.o_proj.bias)
-            lay.down = _TorchLinear(mlp.down_proj.weight, mlp.down_proj.bias)
-            owners.append((lay, {"qkv": qkv, "o": [attn.o_proj], "gu": gu, "down": [mlp.down_proj]}))
+            if weights is not None:
+                given = weights.layers[len(self.layers)]
+                lay.qkv, lay.o, lay.gu, lay.down = (given[p] for p in ("qkv", "o", "gu", "down"))
+            else:
+                qkv, gu = [attn.q_proj, attn.k_proj, attn.v_proj], [mlp.gate_proj, mlp.up_proj]
+                lay.qkv, lay.gu = _TorchLinear(*_fuse(qkv)), _TorchLinear(*_fuse(gu))
+                lay.o = _TorchLinear(attn.o_proj.weight, attn.o_proj.bias)
+                lay.down = _TorchLinear(mlp.down_proj.weight, mlp.down_proj.bias)
+                owners.append((lay, {"qkv": qkv, "o": [attn.o_proj], "gu": gu, "down": [mlp.down_proj]}))
             lay.scaling = float(attn.scaling)
             # Qwen2 sets a window per layer; Mistral reads the config's for every layer.
             lay.window = (getattr(attn, "sliding_window", None) if hasattr(attn, "sliding_window")
@@ -160,12 +166,13 @@ class FusedDecoder:
 
     @classmethod
     def build(cls, model: Any, pack: bool = False, ops: Any = None, compact: bool = True,
-              native_decode: bool = True) -> "FusedDecoder | None":
+              native_decode: bool = True, weights: Any = None) -> "FusedDecoder | None":
         """A fused decoder for ``model``, or None when it is not a plain Llama-style stack.
         ``pack``: move the projections into the native CPU kernel's layout where it applies
         (``compact``: as lossless 4- or 8-bit panels where those fit); ``ops``: the per-layer
         small operations (default: ``TorchOps``); ``native_decode``: run decode-only steps as
-        one native call where every part is native."""
+        one native call where every part is native; ``weights``: the projections and embedding
+        to use instead of the model's own (a GGUF file's, ``gguf_model.GGUFParts``)."""
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         if getattr(cfg, "model_type", None) not in _ARCHITECTURES or getattr(cfg, "hidden_act", None) != "silu":
             return None
@@ -185,7 +192,7 @@ class FusedDecoder:
             ok = ok and type(base.norm).__name__.endswith("RMSNorm")
             if not ok:
                 return None
-            fused = cls(model, cfg, pack, ops, compact, native_decode)
+            fused = cls(model, cfg, pack, ops, compact, native_decode, weights)
         except (AttributeError, TypeError, ValueError) as exc:
             log.info("fused decoder not used for %s: %s", type(model).__name__, exc)
             return None

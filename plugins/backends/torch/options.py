@@ -32,6 +32,9 @@ class TorchOptions(BaseModel):
                                                     "rebuild every weight bit for bit; off: fp32 panels everywhere.")
     cpu_matmul_decode: bool = Field(True, description="Torch decode attention on the CPU as plain matmuls "
                                                       "(faster there); off: scaled_dot_product_attention.")
+    gguf_native: bool = Field(True, description="Serve GGUF weights in their own quantization, read from the "
+                                                "memory-mapped file by the CPU kernels; off: dequantize to an fp32 "
+                                                "copy cached on disk.")
     threads: int | None = Field(None, ge=1, description="Intra-op CPU threads (default: OMP_NUM_THREADS when set, "
                                                         "else every core this process may run on).")
 

@@ -65,6 +65,7 @@ class TorchBackend(Backend):
         self._fused: FusedDecoder | None = None  # our own forward, when the architecture allows
         self._ops: Any = None  # the native elementwise operations, when they apply
         self._native = False  # native CPU kernels apply (CPU, fp32, options.cpu_kernels)
+        self._gguf: Any = None  # a GGUF file's own weights (gguf_model.GGUFParts) on the native GGUF path
 
     # ------------------------------------------------------------------ lifecycle
     def load(self) -> ModelInfo:
@@ -73,7 +74,14 @@ class TorchBackend(Backend):
             _set_cpu_threads(opts.threads)
             if opts.cpu_kernels and str(getattr(self.config, "dtype", "auto")) in ("auto", "float32"):
                 self.warm_up(wait=False)  # the compilers run while the weights load
-        lm = self.loaded = load_model(self.config)
+        from .gguf_model import load_native, native_gguf_path
+
+        gguf_path = native_gguf_path(self.config, opts)
+        if gguf_path is not None:  # the file's own quantized weights; no fp32 copy
+            self.loaded, self._gguf = load_native(self.config, gguf_path)
+            lm = self.loaded
+        else:
+            lm = self.loaded = load_model(self.config)
         model = lm.model
         self._decoder = (model.get_decoder() if hasattr(model, "get_decoder")
                          else getattr(model, model.base_model_prefix))
@@ -87,18 +95,24 @@ class TorchBackend(Backend):
         linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)] if opts.fused_forward else [
             self._lm_head]
         weights = sum(m.weight.numel() for m in linears if isinstance(m, torch.nn.Linear))
-        with progress.phase("packing weights", weights, "weights") if pack else contextlib.nullcontext():
+        packing = pack and self._gguf is None  # GGUF weights are used as the file stores them
+        with progress.phase("packing weights", weights, "weights") if packing else contextlib.nullcontext():
             if pack:
                 from .native.ops import elementwise_ops, packed_linear
 
                 ops = self._ops = elementwise_ops()
-                if type(self._lm_head) is torch.nn.Linear:
+                if self._gguf is not None:
+                    self._packed_head = self._gguf.head
+                elif type(self._lm_head) is torch.nn.Linear:
                     # A copy: the weight is usually tied to the input embedding, which keeps its layout.
                     self._packed_head = packed_linear(self._lm_head.weight, self._lm_head.bias,
                                                       opts.compact_weights)
             if opts.fused_forward:
-                self._fused = FusedDecoder.build(model, pack=pack, ops=ops, compact=opts.compact_weights,
-                                                 native_decode=opts.native_step)
+                self._fused = FusedDecoder.build(model, pack=packing, ops=ops,
+                                                 compact=opts.compact_weights, native_decode=opts.native_step,
+                                                 weights=self._gguf)
+        if self._gguf is not None and self._fused is None:
+            raise ConfigError(f"the fused forward cannot run {lm.name}; serve it with --no-torch-gguf-native")
         self._num_layers = int(cfg.num_hidden_layers)
         heads = int(cfg.num_attention_heads)
         self._kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
@@ -123,14 +137,19 @@ class TorchBackend(Backend):
         linears = [self._packed_head, *(getattr(lay, p) for lay in (fused.layers if fused else ())
                                         for p in ("qkv", "o", "gu", "down"))]
         formats = [f for f in (getattr(lin, "format", None) for lin in linears if lin is not None) if f]
+        if self._gguf is not None:
+            types = self._gguf.types
+            return "GGUF, read from the file: " + ", ".join(f"{t} {types.count(t)}" for t in sorted(set(types)))
         if not formats:
+
             return None
         counts = ", ".join(f"{f} {formats.count(f)}" for f in ("q4", "q8", "f32") if f in formats)
         return f"packed for the CPU kernels: {counts} matrices"
 
     def warm_up(self, wait: bool = True) -> None:
         """What ``llmserve warmup`` does ahead of a first start: build (or find cached) every
-        native CPU kernel and convert a GGUF model into its cache. ``wait=False`` (a load) only
+        native CPU kernel and convert a GGUF model into its cache (or, for one served in its
+        own quantization, cache its config and tokenizer). ``wait=False`` (a load) only
         starts the kernel builds, on a thread of their own, while the weights load."""
         from .loader import hf_directory
         from .native.build import build_all
@@ -142,7 +161,14 @@ class TorchBackend(Backend):
             built = build_all()
             log.info("native CPU kernels: %s", ", ".join(f"{name} {'ready' if ok else 'unavailable'}"
                                                           for name, ok in built.items()))
+        from .gguf_model import native_gguf_path, prepare
+
+        gguf_path = native_gguf_path(self.config, self.options)
+        if gguf_path is not None:  # served from the file itself: only its config and tokenizer are cached
+            prepare(gguf_path, getattr(self.config, "cache_dir", None))
+            return
         hf_directory(getattr(self.config, "model", None), getattr(self.config, "cache_dir", None))
+
 
     def init_kv_cache(self, spec: KVCacheSpec) -> int:
         lm = self._require_loaded()
@@ -191,9 +217,11 @@ class TorchBackend(Backend):
         kv = f" kv_dtype={str(cache.pool.dtype).removeprefix('torch.')}" if cache is not None else ""
         return (f"device={lm.device.type} dtype={str(lm.dtype).removeprefix('torch.')}{kv} "
                 f"threads={torch.get_num_threads()} forward={'fused' if fused else 'transformers'} "
-                f"decode_attention={attention} linears={'packed' if any(formats) else 'torch'} "
+                f"decode_attention={attention} "
+                f"linears={'gguf' if self._gguf else 'packed' if any(formats) else 'torch'} "
                 f"elementwise={'native' if self._ops is not None else 'torch'} native_step={'on' if step else 'off'} "
-                f"panels=f32:{formats.count('f32')},q4:{formats.count('q4')},q8:{formats.count('q8')}")
+                f"panels=f32:{formats.count('f32')},q4:{formats.count('q4')},q8:{formats.count('q8')}"
+                + (f" weights=gguf:{','.join(sorted(set(self._gguf.types)))}" if self._gguf is not None else ""))
 
     def release(self, seq_ids: list[int]) -> None:
         if self.sampler is not None:
@@ -202,7 +230,7 @@ class TorchBackend(Backend):
     def close(self) -> None:
         device = self.loaded.device if self.loaded else None
         self.cache = self.loaded = self.sampler = None
-        self._decoder = self._lm_head = self._fused = self._packed_head = self._ops = None
+        self._decoder = self._lm_head = self._fused = self._packed_head = self._ops = self._gguf = None
         if device is not None and device.type == "cuda":
             torch.cuda.empty_cache()
 

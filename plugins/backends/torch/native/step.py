@@ -91,7 +91,9 @@ class NativeDecodeStep:
         if not isinstance(fused.ops, ElementwiseOps) or cache.decode_kernel is None or cache.write_kv is None:
             return None
         lays = fused.layers
-        if not lays or not all(isinstance(getattr(lay, p), PackedLinear)
+        # A packed projection or a GGUF one (``gguf_ops.GGUFLinear``): both carry a C kernel of
+        # the step's linear type and the weight pointer it takes.
+        if not lays or not all(isinstance(getattr(lay, p), PackedLinear) or getattr(getattr(lay, p), "kernel", 0)
                                for lay in lays for p in ("qkv", "o", "gu", "down")):
             return None
         H, kvh, D = fused.heads, fused.kv_heads, fused.head_dim

@@ -1,0 +1,118 @@
+"""A lean reader of a GGUF file's header: the scalar metadata and the tensor table, with every
+tensor's bytes as a view of one read-only memory map of the file.
+
+``gguf.GGUFReader`` parses every metadata array into numpy views (a tokenizer's hundred thousand
+strings and merges take seconds); serving needs none of them, since transformers converts the
+tokenizer once and the result is cached. Arrays are skipped here, not decoded.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+# GGUF metadata value types: struct format of the fixed-size ones.
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+_DEFAULT_ALIGNMENT = 32
+
+
+@dataclass
+class TensorInfo:
+    """One tensor of the table: ``shape`` as GGUF lists it (fastest-moving dimension first)."""
+
+    name: str
+    shape: tuple[int, ...]
+    tensor_type: int
+    data: np.ndarray  # its bytes, uint8, a view of the file's mapping (read-only)
+
+
+class GGUFHeaderError(ValueError):
+    """The file is not a GGUF this reader understands."""
+
+
+class GGUFFile:
+    """``fields`` (scalars and strings only; arrays map to None), ``tensors`` by name,
+    ``data_offset`` (where tensor data starts) and ``architecture``."""
+
+    def __init__(self, path: str) -> None:
+        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+        self.path = path
+        raw = np.memmap(path, dtype=np.uint8, mode="r")
+        buf = memoryview(raw)  # type: ignore[arg-type]
+        pos = 0
+
+        def take(fmt: str) -> Any:
+            nonlocal pos
+            value = struct.unpack_from(fmt, buf, pos)[0]
+            pos += struct.calcsize(fmt)
+            return value
+
+        def string() -> str:
+            nonlocal pos
+            n = take("<Q")
+            text = bytes(buf[pos:pos + n]).decode("utf-8", errors="replace")
+            pos += n
+            return text
+
+        def skip(vtype: int) -> None:
+            nonlocal pos
+            if vtype in _SCALARS:
+                pos += struct.calcsize(_SCALARS[vtype])
+            elif vtype == _STRING:
+                n = take("<Q")  # read before pos is: ``pos += take(...)`` would lose take's advance
+                pos += n
+            elif vtype == _ARRAY:
+                item, count = take("<I"), take("<Q")
+                if item in _SCALARS:
+                    pos += struct.calcsize(_SCALARS[item]) * count
+                else:
+                    for _ in range(count):
+                        skip(item)
+            else:
+                raise GGUFHeaderError(f"unknown GGUF metadata type {vtype}")
+
+        try:
+            if bytes(buf[:4]) != b"GGUF":
+                raise GGUFHeaderError(f"{path} is not a GGUF file (wrong magic bytes)")
+            pos = 4
+            version = take("<I")
+            if version not in (2, 3):
+                raise GGUFHeaderError(f"GGUF version {version} is not supported (2 and 3 are)")
+            n_tensors, n_fields = take("<Q"), take("<Q")
+            self.fields: dict[str, Any] = {}
+            for _ in range(n_fields):
+                key, vtype = string(), take("<I")
+                if vtype in _SCALARS:
+                    self.fields[key] = take(_SCALARS[vtype])
+                elif vtype == _STRING:
+                    self.fields[key] = string()
+                else:
+                    self.fields[key] = None
+                    skip(vtype)
+            table = []
+            for _ in range(n_tensors):
+                name, ndims = string(), take("<I")
+                shape = tuple(take("<Q") for _ in range(ndims))
+                table.append((name, shape, take("<I"), take("<Q")))
+        except struct.error:
+            raise GGUFHeaderError(f"{path} is truncated: its GGUF header ends early") from None
+        align = int(self.fields.get("general.alignment") or _DEFAULT_ALIGNMENT)
+        self.data_offset = -(-pos // align) * align
+        self.architecture = str(self.fields.get("general.architecture") or "")
+        self.tensors: dict[str, TensorInfo] = {}
+        for name, shape, ttype, offset in table:
+            try:
+                block, size = GGML_QUANT_SIZES[GGMLQuantizationType(ttype)]
+            except (ValueError, KeyError):
+                block, size = 0, 0  # an unknown type: refused by the caller, by name
+            count = int(np.prod(shape)) if shape else 1
+            nbytes = count // block * size if block else 0
+            start = self.data_offset + offset
+            if start + nbytes > raw.shape[0]:
+                raise GGUFHeaderError(f"{path} is truncated: tensor {name} ends past the end of the file")
+            self.tensors[name] = TensorInfo(name, shape, ttype, raw[start:start + nbytes])

@@ -1,0 +1,314 @@
+"""GGUF models served in their own quantization: the file is memory-mapped and its projections
+run through the native GGUF kernels (``native/gguf_ops.py``), so nothing is dequantized into an
+fp32 copy and the resident memory stays close to the file's size.
+
+Only the metadata goes through transformers (its GGUF config and tokenizer conversion, cached on
+disk by the content of the file's header so a second start skips it). The transformers model is
+built on the meta device as a skeleton the fused decoder reads its shapes and small tensors from:
+the norms and biases are copied out of the file in fp32 and the rotary embedding is built on the
+CPU; the four projections per layer, the input embedding and the output head are the file's own
+tensors. Llama's GGUF files store Q and K with their rows permuted for llama.cpp's RoPE layout;
+the permutation is undone by the kernels' row map, not by a copy.
+
+``native_gguf_path(config, options)`` says whether a model takes this path; everything else
+(other architectures, CUDA, bf16/fp16, ``--no-torch-gguf-native``, the CPU kernels off) keeps the
+converted fp32 copy of ``loader.py``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from llmserve import progress
+from llmserve.errors import ConfigError
+
+from .gguf_file import GGUFFile
+from .loader import (LoadedModel, _eos_ids, _resolve_source, load_error, quiet_bars, resolve_device,
+                     resolve_dtype)
+
+log = logging.getLogger("llmserve.backend.torch")
+
+# GGUF architectures the fused decoder runs (llama.cpp files Mistral models as "llama").
+ARCHITECTURES = {"llama", "qwen2"}
+_METADATA_DIR = "gguf-metadata"
+# transformers' projection name -> the GGUF tensor name within block N.
+_PROJECTIONS = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output",
+                "gate": "ffn_gate", "up": "ffn_up", "down": "ffn_down"}
+
+
+@dataclass
+class GGUFParts:
+    """What the fused decoder and the runner take from the file instead of fp32 weights."""
+
+    layers: list[dict[str, Any]]        # per layer: qkv, o, gu, down (GGUF linears)
+    embed: Callable[[torch.Tensor], torch.Tensor]  # token ids [T] -> fp32 [T, hidden]
+    head: Any                            # the output projection (a GGUF linear)
+    types: list[str] = field(default_factory=list)  # each projection matrix's GGUF type, lower case
+
+
+def _open(path: str) -> GGUFFile:
+    try:
+        return GGUFFile(path)
+    except (ValueError, OSError) as exc:
+        raise load_error(path, exc) from None
+
+
+def native_gguf_path(config: Any, options: Any) -> str | None:
+    """The GGUF file ``config`` serves when it takes the native path here, else None."""
+    if not (getattr(options, "gguf_native", True) and options.cpu_kernels and options.fused_forward):
+        return None
+    source = getattr(config, "model", None)
+    if source is not None and not str(source).lower().endswith(".gguf"):
+        return None
+    if int(getattr(config, "tensor_parallel_size", None) or 1) > 1:
+        return None
+    device = resolve_device(getattr(config, "device", "auto"))
+    if device.type != "cpu" or resolve_dtype(getattr(config, "dtype", "auto"), device) != torch.float32:
+        return None
+    if not _kernels_available():
+        return None
+    path, _ = _resolve_source(source)
+    try:
+        architecture = GGUFFile(path).architecture if path is not None else ""
+    except (ValueError, OSError):
+        return None  # the conversion path reads it, or says in its own words what is wrong
+    return os.path.abspath(path) if architecture in ARCHITECTURES else None
+
+
+def _kernels_available() -> bool:
+    """Whether the native GGUF kernels run here (without them every matmul would dequantize
+    its whole matrix, far slower than the fp32 copy)."""
+    try:
+        from .native import gguf_ops
+    except ImportError:
+        return False
+    probe = gguf_ops.QuantTensor(qtype=0, data=torch.zeros(1, 128, dtype=torch.uint8), shape=(1, 32))  # one F32 row
+    linear = gguf_ops.gguf_linear([probe])
+    return linear is not None and bool(linear.kernel)
+
+
+def prepare(path: str, cache_dir: str | None) -> None:
+    """What ``llmserve warmup`` does for a GGUF served natively: check its tensor types and
+    cache its config and tokenizer."""
+    metadata_dir(path, _File(path).data_offset, cache_dir)
+
+
+def _header_key(path: str, data_offset: int) -> str:
+    """sha256 of the bytes before the tensor data (metadata and tensor table) and the
+    transformers version that converts them."""
+    import transformers
+
+    digest = hashlib.sha256(transformers.__version__.encode())
+    with open(path, "rb") as fh:
+        remaining = data_offset
+        while remaining > 0:
+            chunk = fh.read(min(remaining, 1 << 20))
+            if not chunk:
+                break
+            digest.update(chunk)
+            remaining -= len(chunk)
+    return digest.hexdigest()[:24]
+
+
+def metadata_dir(path: str, data_offset: int, cache_dir: str | None) -> str:
+    """A directory with the config and tokenizer transformers derives from the GGUF metadata,
+    converted on first use and cached under ``cache_dir`` by the header's content."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    root = os.path.join(os.path.expanduser(cache_dir or "~/.cache/llmserve"), _METADATA_DIR)
+    target = os.path.join(root, _header_key(path, data_offset))
+    if os.path.isfile(os.path.join(target, "config.json")):
+        return target
+    folder, fname = os.path.split(path)
+    with progress.phase(f"reading GGUF metadata and tokenizer of {fname}"), quiet_bars():
+        try:
+            config = AutoConfig.from_pretrained(folder, gguf_file=fname)
+            tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=fname)
+        except (OSError, ValueError, KeyError, NotImplementedError) as exc:
+            raise load_error(path, exc) from None
+    os.makedirs(root, exist_ok=True)
+    # Written next to the target and renamed: a crash never leaves a half-written entry.
+    tmp = tempfile.mkdtemp(prefix=".tmp-", dir=root)
+    try:
+        config.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not os.path.isfile(os.path.join(target, "config.json")):
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)  # another process won the race
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def _permutation(rows: int, heads: int) -> torch.Tensor:
+    """The stored row of each output of a llama Q or K matrix: llama.cpp's converter interleaves
+    the two rotary halves of every head, ``(head, half, i) -> (head, i, half)``."""
+    dim = rows // heads // 2
+    return torch.arange(rows, dtype=torch.int32).view(heads, dim, 2).transpose(1, 2).reshape(rows).contiguous()
+
+
+class _File:
+    """The memory-mapped tensors of one GGUF file, by name."""
+
+    def __init__(self, path: str) -> None:
+        from .native import gguf_ops
+
+        self.ops = gguf_ops
+        header = _open(path)
+        self.data_offset, self.architecture, self.tensors = header.data_offset, header.architecture, header.tensors
+        for t in self.tensors.values():  # refused at load, in one line, before anything is built
+            if t.tensor_type not in gguf_ops.SUPPORTED:
+                raise ConfigError(gguf_ops.unsupported_error(t.tensor_type, t.name))
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.tensors
+
+    def quant(self, name: str, rows: torch.Tensor | None = None) -> Any:
+        """The 2-D tensor ``name`` as the kernels' QuantTensor (its bytes stay in the mapping)."""
+        t = self.tensors[name]
+        if len(t.shape) != 2:
+            raise ConfigError(f"GGUF tensor {name} has shape {list(t.shape)}, expected a matrix")
+        k, n = (int(d) for d in t.shape)  # GGUF lists the fastest-moving dimension first
+        raw = t.data.reshape(n, -1)
+        with warnings.catch_warnings():  # the mapping is read-only, and the kernels only read it
+            warnings.simplefilter("ignore", UserWarning)
+            data = torch.from_numpy(raw)
+        return self.ops.QuantTensor(qtype=int(t.tensor_type), data=data, shape=(n, k), rows=rows)
+
+    def vector(self, name: str) -> torch.Tensor:
+        """A 1-D tensor (a norm's weight, a bias) as an fp32 copy."""
+        import numpy as np
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize
+
+        t = self.tensors[name]
+        values = dequantize(np.asarray(t.data), GGMLQuantizationType(t.tensor_type))
+        return torch.from_numpy(np.array(values, dtype=np.float32).reshape(-1))
+
+
+def _skeleton(config: Any) -> Any:
+    """The transformers model on the meta device (no weight memory), with a CPU rotary embedding."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    base = model.get_decoder()
+    base.rotary_emb = type(base.rotary_emb)(config=config)  # inv_freq computed on the CPU
+    return model.eval().requires_grad_(False)
+
+
+def _parameter(module: Any, name: str, value: torch.Tensor) -> None:
+    setattr(module, name, torch.nn.Parameter(value, requires_grad=False))
+
+
+def load_native(config: Any, path: str) -> tuple[LoadedModel, GGUFParts]:
+    """The model of the GGUF file at ``path`` with its weights left in the file's quantization."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    t0 = time.monotonic()
+    source = getattr(config, "model", None)
+    _, name = _resolve_source(source)
+    gguf_file = _File(path)
+    meta = metadata_dir(path, gguf_file.data_offset, getattr(config, "cache_dir", None))
+    model_config = AutoConfig.from_pretrained(meta)
+    tokenizer_dir = getattr(config, "tokenizer", None)  # --tokenizer: another tokenizer than the model's
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir or meta)
+    except (OSError, ValueError) as exc:
+        which = f"tokenizer {tokenizer_dir!r}" if tokenizer_dir else f"the tokenizer of model {source!r}"
+        raise ConfigError(f"cannot load {which}: {exc}") from None
+    model = _skeleton(model_config)
+    parts = _map_weights(model, model_config, gguf_file, gguf_file.architecture == "llama")
+    del gguf_file  # the reader and its fields; the tensors keep their own references to the mapping
+    log.info("loaded %s (GGUF %s, read from the file) in %.1f s", name,
+             ",".join(sorted(set(parts.types))), time.monotonic() - t0)
+    native = int(getattr(model_config, "max_position_embeddings", None) or 2048)
+    wanted = getattr(config, "max_model_len", None)
+    if wanted and wanted > native:
+        log.warning("max_model_len %d exceeds the model's %d positions; using %d", wanted, native, native)
+    lm = LoadedModel(
+        model=model, tokenizer=tokenizer, name=name, path=path,
+        max_model_len=min(int(wanted or native), native),
+        vocab_size=int(model_config.vocab_size), eos_token_ids=_eos_ids(model, tokenizer),
+        chat_template=getattr(tokenizer, "chat_template", None), dtype=torch.float32, device=torch.device("cpu"),
+    )
+    return lm, parts
+
+
+def _map_weights(model: Any, cfg: Any, f: _File, permuted: bool) -> GGUFParts:
+    """Fill the skeleton's small tensors from ``f`` and build the GGUF linears, named as
+    llama.cpp's converter names them (``blk.N.attn_q.weight``, ...)."""
+    ops = f.ops
+    base = model.get_decoder()
+    heads = int(cfg.num_attention_heads)
+    kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
+
+    def need(name: str) -> str:
+        if name not in f:
+            raise ConfigError(f"GGUF file lacks tensor {name}; it is not a complete {cfg.model_type} model")
+        return name
+
+    types: list[str] = []
+
+    def linear(names: list[str], rows: list[torch.Tensor | None], bias: torch.Tensor | None) -> Any:
+        quants = [f.quant(need(n), r) for n, r in zip(names, rows)]
+        types.extend(ops.SUPPORTED[q.qtype].lower() for q in quants)
+        lin = ops.gguf_linear(quants, bias)
+        if lin is None:
+            raise ConfigError(f"the native GGUF kernels cannot run {names[0]}; serve this model with "
+                              "--no-torch-gguf-native (an fp32 copy)")
+        progress.advance(len(names))
+        return lin
+
+    layers: list[dict[str, Any]] = []
+    n_layers = int(cfg.num_hidden_layers)
+    with progress.phase("mapping GGUF weights", 7 * n_layers + 1, "matrices"):
+        for i, dec in enumerate(base.layers):
+            blk = f"blk.{i}."
+            attn = dec.self_attn
+            _parameter(dec.input_layernorm, "weight", f.vector(need(blk + "attn_norm.weight")))
+            _parameter(dec.post_attention_layernorm, "weight", f.vector(need(blk + "ffn_norm.weight")))
+            w = {p: blk + g + ".weight" for p, g in _PROJECTIONS.items()}
+            qk_rows: list[torch.Tensor | None] = [None, None, None]
+            if permuted:
+                q_out, k_out = (int(f.tensors[w[p]].shape[1]) for p in ("q", "k"))
+                qk_rows = [_permutation(q_out, heads), _permutation(k_out, kv_heads), None]
+            biases = [blk + g + ".bias" for g in ("attn_q", "attn_k", "attn_v")]
+            qkv_bias = None
+            if any(b in f for b in biases):
+                qkv_bias = torch.cat([f.vector(need(b)) for b in biases])
+                for proj, b in zip((attn.q_proj, attn.k_proj, attn.v_proj), biases):
+                    if proj.bias is not None:
+                        _parameter(proj, "bias", f.vector(b))
+            layers.append({
+                "qkv": linear([w["q"], w["k"], w["v"]], qk_rows, qkv_bias),
+                "o": linear([w["o"]], [None], None),
+                "gu": linear([w["gate"], w["up"]], [None, None], None),
+                "down": linear([w["down"]], [None], None),
+            })
+        if len(layers) != n_layers:
+            raise ConfigError(f"GGUF file has {len(layers)} layers, its metadata says {n_layers}")
+        _parameter(base.norm, "weight", f.vector(need("output_norm.weight")))
+        embed_t = f.quant(need("token_embd.weight"))
+        head_name = "output.weight" if "output.weight" in f else "token_embd.weight"
+        head = linear([head_name], [None], None)
+    gguf_rows = ops.gguf_rows
+
+    def embed(ids: torch.Tensor) -> torch.Tensor:
+        return gguf_rows(embed_t, ids)
+
+    return GGUFParts(layers=layers, embed=embed, head=head, types=types)
