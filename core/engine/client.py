@@ -218,7 +218,7 @@ class EngineClient:
             raise self.refusal
         prompt_ids = list(await self.aprepare(request))
         aio = asyncio.get_running_loop()
-        queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        queue: asyncio.Queue[RequestOutput | None] = asyncio.Queue()  # None: the deadline passed
         ctx = current_context()  # the HTTP request's admission share, deadline and log counts, if any
         limit = ctx.deadline if ctx is not None else None
         deadline = min((d for d in (request.deadline, limit) if d is not None), default=None)
@@ -246,16 +246,19 @@ class EngineClient:
             ctx.add_waiting_tokens(pending_tokens)
         progress = _Progress()
         done = cut = False
+        # The deadline arrives as an item of the queue, not as a wait_for timeout: on Python
+        # 3.10 and 3.11 wait_for swallows a cancellation (the client left) that lands just as an
+        # event arrives, and the request would then run to its end for nobody.
+        timer = None if deadline is None else aio.call_later(max(0.0, deadline - time.monotonic()),
+                                                             queue.put_nowait, None)
         try:
             while True:
-                if deadline is None:
-                    out = await queue.get()
+                item = await queue.get()
+                if item is None:
+                    out = progress.past_deadline(request, hard=deadline == limit)  # or raises
+                    cut = True
                 else:
-                    try:
-                        out = await asyncio.wait_for(queue.get(), max(0.0, deadline - time.monotonic()))
-                    except asyncio.TimeoutError:
-                        out = progress.past_deadline(request, hard=deadline == limit)  # or raises
-                        cut = True
+                    out = item
                 if ctx is not None and pending_tokens:
                     ctx.remove_waiting_tokens(pending_tokens)
                     pending_tokens = 0
@@ -271,6 +274,8 @@ class EngineClient:
                     done = not cut  # a cut request still runs in the engine: abort it below
                     return
         finally:
+            if timer is not None:
+                timer.cancel()
             if ctx is not None and pending_tokens:
                 ctx.remove_waiting_tokens(pending_tokens)
             if not done:

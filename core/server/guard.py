@@ -17,7 +17,10 @@ For each HTTP request it
   if the client leaves before the response is complete, cancels the route. Cancelling
   reaches the engine client's ``generate()``, whose ``finally`` aborts the request, so its
   KV blocks are freed at the engine's next command poll (before its next step). That covers
-  non-streaming routes too, which would otherwise await the whole result for nobody;
+  non-streaming routes too, which would otherwise await the whole result for nobody. The
+  route is cancelled once, so nothing on its path may swallow that ``CancelledError``: on
+  Python 3.10 and 3.11 ``asyncio.wait_for`` does when the awaited result lands in the same
+  turns (the engine client's deadlines avoid it);
 - writes the one-line request log (``llmserve.access``): ids, route, status, token counts,
   time to first token and total time; never prompts, outputs or headers.
 
