@@ -61,7 +61,7 @@ PANELS: dict[str, str] = {
     # plugins, logging, scale-out
     "plugins": PLUGINS,
     "log_level": LOGGING, "uvicorn_log_level": LOGGING, "disable_uvicorn_access_log": LOGGING,
-    "ray_replicas": SCALE,
+    "ray_replicas": SCALE, "tensor_parallel_size": SCALE,
 }
 
 

@@ -73,6 +73,9 @@ class ServerConfig(BaseModel):
     enable_prefix_caching: bool = Field(True, description="Reuse KV blocks of shared prompt prefixes.")
     enable_chunked_prefill: bool = Field(True, description="Split long prompts across engine steps.")
     enforce_eager: bool = Field(False, description="Disable CUDA graphs.")
+    tensor_parallel_size: int = Field(1, ge=1, le=64, description=(
+        "Split the model's heads, MLP and vocabulary across this many processes (torch backend): one per GPU "
+        "on CUDA (nccl), one per group of cores on the CPU (gloo). 1: one process."))
     # limits and lifecycle
     max_concurrent_requests: int | None = Field(None, ge=1, description=(
         "Most requests served at once, running or waiting (a request counts n / best_of / its prompts); more get "

@@ -135,6 +135,9 @@ class FusedDecoder:
         # Decode-only steps as one native call when every part is native (native/step.py);
         # False keeps the Python layer loop for every step.
         self.native_decode = native_decode
+        # Tensor parallel: sums the row-parallel outputs (o, down) of every rank in place; the
+        # one-call native step cannot pause for it, so a set ``reduce`` keeps the layer loop.
+        self.reduce: Callable[[torch.Tensor], None] | None = None
         self._native: tuple[Any, Any] | None = None  # (cache, NativeDecodeStep or None)
         owners: list[tuple[_Layer, dict[str, list[torch.nn.Linear]]]] = []
         for dec in base.layers:
@@ -203,7 +206,7 @@ class FusedDecoder:
     def native_step(self, cache: PagedKVCache) -> Any:
         """The one-call native decode step over ``cache`` (built once per cache), or None when
         it is turned off or some part of the forward is not native."""
-        if not self.native_decode:
+        if not self.native_decode or self.reduce is not None:
             return None
         if self._native is None or self._native[0] is not cache:
             from .native.step import NativeDecodeStep
@@ -235,6 +238,11 @@ class FusedDecoder:
             o = paged_attention(cache, meta, lay.idx, qk[:, :H], qk[:, H:], v, lay.scaling, lay.window)
             # reshape, not view: the attention output's layout is the kernel's choice (CUDA's
             # SDPA returns decode rows with heads apart in memory, which no view can merge).
-            x = ops.add_rms_norm(h, lay.o(o.reshape(T, q_end)), lay.ln2, lay.eps2)
+            attn_out = lay.o(o.reshape(T, q_end))
+            if self.reduce is not None:
+                self.reduce(attn_out)
+            x = ops.add_rms_norm(h, attn_out, lay.ln2, lay.eps2)
             delta = lay.down(ops.silu_mul(lay.gu(x)))
+            if self.reduce is not None:
+                self.reduce(delta)
         return ops.add_rms_norm(h, delta, self.norm_w, self.norm_eps)

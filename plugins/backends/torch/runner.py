@@ -81,7 +81,7 @@ class TorchBackend(Backend):
             self.loaded, self._gguf = load_native(self.config, gguf_path)
             lm = self.loaded
         else:
-            lm = self.loaded = load_model(self.config)
+            lm = self.loaded = self._load_model()
         model = lm.model
         self._decoder = (model.get_decoder() if hasattr(model, "get_decoder")
                          else getattr(model, model.base_model_prefix))
@@ -130,6 +130,10 @@ class TorchBackend(Backend):
             eos_token_ids=lm.eos_token_ids, tokenizer=lm.tokenizer, chat_template=lm.chat_template,
             dtype=str(lm.dtype).removeprefix("torch."), device=lm.device.type, quantization=self._stored_as(),
         )
+
+    def _load_model(self) -> LoadedModel:
+        """The loaded model, before anything is fused or packed (tensor parallel keeps its shard here)."""
+        return load_model(self.config)
 
     def _stored_as(self) -> str | None:
         """The packed linears' formats, e.g. ``lossless panels: q4 120, q8 1`` (None when none is packed)."""
