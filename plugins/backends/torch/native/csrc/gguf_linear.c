@@ -60,7 +60,6 @@ static inline float h2f(const uint8_t *p) {
 }
 
 static inline __m256i u8x8(const uint8_t *p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
-static inline __m256i srl(__m256i v, int s) { return _mm256_srl_epi32(v, _mm_cvtsi32_si128(s)); }
 static inline __m256 cvt(__m256i v) { return _mm256_cvtepi32_ps(v); }
 
 /* The 6-bit scale and min of sub-block j (0..7) of a Q4_K / Q5_K super-block's 12 bytes. */
@@ -74,10 +73,47 @@ static inline void k_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
     }
 }
 
-/* Weights 32c .. 32c + 31 of one stored row, rebuilt exactly (``type`` is a compile-time
- * constant wherever this is inlined). For the float types K need not be a multiple of 32:
- * callers take full chunks only (see tail_weight). */
-static inline __attribute__((always_inline)) void dq32(const int type, const uint8_t *row, int64_t c, __m256 w[4]) {
+/* BODY(c, ph) for every full chunk c < full with ph = c % 4 a compile-time constant (a
+ * K-quant's ``full`` is a multiple of 8, so its chunks always come four at a time). */
+#define FOR_CHUNKS(full, BODY)                                  \
+    do {                                                        \
+        int64_t c_ = 0;                                         \
+        for (; c_ + 4 <= (full); c_ += 4) {                     \
+            BODY(c_, 0) BODY(c_ + 1, 1) BODY(c_ + 2, 2) BODY(c_ + 3, 3) \
+        }                                                       \
+        for (; c_ < (full); c_++) { BODY(c_, 0) }               \
+    } while (0)
+
+static inline int is_k(int type) { return type == T_Q4_K || type == T_Q5_K || type == T_Q6_K; }
+
+/* The fp32 factors of the K-quant super-block holding chunk c, computed once per super-block
+ * and row as the dequantizer computes them: Q4_K / Q5_K: f[j] = d * sc_j, f[8 + j] = dmin * m_j
+ * per 32; Q6_K: f[i] = d * sc_i per 16. Other types have none. */
+static inline __attribute__((always_inline)) void kprep(const int type, const uint8_t *row, int64_t c, float *f) {
+    if (type == T_Q4_K || type == T_Q5_K) {
+        const uint8_t *sb = row + (c >> 3) * (type == T_Q4_K ? 144 : 176);
+        const float d = h2f(sb), dmin = h2f(sb + 2);
+        for (int j = 0; j < 8; j++) {
+            int sc, mn;
+            k_scale_min(sb + 4, j, &sc, &mn);
+            f[j] = d * (float)sc;
+            f[8 + j] = dmin * (float)mn;
+        }
+    } else if (type == T_Q6_K) {
+        const uint8_t *sb = row + (c >> 3) * 210;
+        const float d = h2f(sb + 208);
+        for (int i = 0; i < 16; i++) f[i] = d * (float)((const int8_t *)(sb + 192))[i];
+    }
+}
+
+/* Weights 32c .. 32c + 31 of one stored row, rebuilt exactly. ``type`` and ``ph`` (c % 4, used
+ * by the K-quants) are compile-time constants wherever this is inlined, so every bit shift is
+ * an immediate (a shift by a register count costs an extra shuffle-port uop, the port the
+ * byte widening already saturates). ``f``: kprep's factors for this chunk's super-block. For
+ * the float types K need not be a multiple of 32: callers take full chunks only (see
+ * tail_weight). */
+static inline __attribute__((always_inline)) void dq32(const int type, const int ph, const uint8_t *row, int64_t c,
+                                                      const float *f, __m256 w[4]) {
     switch (type) {
     case T_F32: {
         const float *f = (const float *)row + c * CK;
@@ -150,16 +186,17 @@ static inline __attribute__((always_inline)) void dq32(const int type, const uin
          * bytes; sub-block j: low (j even) or high (j odd) nibbles of bytes 32 (j / 2) .. + 31 */
         const uint8_t *sb = row + (c >> 3) * (type == T_Q4_K ? 144 : 176);
         const int j = (int)(c & 7);
-        int sc, mn;
-        k_scale_min(sb + 4, j, &sc, &mn);
-        const __m256 D = _mm256_set1_ps(h2f(sb) * (float)sc), Mn = _mm256_set1_ps(h2f(sb + 2) * (float)mn);
+        const __m256 D = _mm256_set1_ps(f[j]), Mn = _mm256_set1_ps(f[8 + j]);
         const uint8_t *qs = sb + (type == T_Q4_K ? 16 : 48) + (j >> 1) * 32;
-        const int shift = (j & 1) * 4;
+        const __m256i hbit = _mm256_set1_epi32(1 << j);
         for (int v = 0; v < 4; v++) {
-            __m256i q = _mm256_and_si256(srl(u8x8(qs + 8 * v), shift), _mm256_set1_epi32(15));
-            if (type == T_Q5_K) /* bit j of high-bit byte i is bit 4 of weight i */
-                q = _mm256_or_si256(q, _mm256_slli_epi32(
-                                           _mm256_and_si256(srl(u8x8(sb + 16 + 8 * v), j), _mm256_set1_epi32(1)), 4));
+            const __m256i e = u8x8(qs + 8 * v); /* j = c % 8 has the parity of ph */
+            __m256i q = ph & 1 ? _mm256_srli_epi32(e, 4) : _mm256_and_si256(e, _mm256_set1_epi32(15));
+            if (type == T_Q5_K) { /* bit j of high-bit byte i is bit 4 of weight i */
+                const __m256i hb = _mm256_and_si256(u8x8(sb + 16 + 8 * v), hbit);
+                q = _mm256_or_si256(q, _mm256_and_si256(_mm256_cmpgt_epi32(hb, _mm256_setzero_si256()),
+                                                        _mm256_set1_epi32(16)));
+            }
             w[v] = _mm256_fmsub_ps(cvt(q), D, Mn); /* (d * sc) * q exact: rounds as the multiply-then-subtract */
         }
         break;
@@ -171,14 +208,13 @@ static inline __attribute__((always_inline)) void dq32(const int type, const uin
         const uint8_t *sb = row + (c >> 3) * 210;
         const int e0 = (int)(c & 7) * CK, h = e0 >> 7, r0 = e0 & 127;
         const uint8_t *ql = sb + h * 64 + (r0 & 63), *qh = sb + 128 + h * 32;
-        const int8_t *scales = (const int8_t *)(sb + 192) + e0 / 16;
-        const float d = h2f(sb + 208);
-        const int ls = (r0 >> 6) * 4, hs = (r0 >> 5) * 2;
+        const int ls = (ph >> 1) * 4, hs = ph * 2; /* r0 / 64 and r0 / 32, with r0 / 32 = c % 4 */
         for (int v = 0; v < 4; v++) {
-            __m256i q = _mm256_and_si256(srl(u8x8(ql + 8 * v), ls), _mm256_set1_epi32(15));
-            q = _mm256_or_si256(q, _mm256_slli_epi32(_mm256_and_si256(srl(u8x8(qh + 8 * v), hs), _mm256_set1_epi32(3)), 4));
+            __m256i q = _mm256_and_si256(_mm256_srli_epi32(u8x8(ql + 8 * v), ls), _mm256_set1_epi32(15));
+            q = _mm256_or_si256(q, _mm256_slli_epi32(
+                                       _mm256_and_si256(_mm256_srli_epi32(u8x8(qh + 8 * v), hs), _mm256_set1_epi32(3)), 4));
             q = _mm256_sub_epi32(q, _mm256_set1_epi32(32));
-            w[v] = _mm256_mul_ps(cvt(q), _mm256_set1_ps(d * (float)scales[v >> 1]));
+            w[v] = _mm256_mul_ps(cvt(q), _mm256_set1_ps(f[e0 / 16 + (v >> 1)]));
         }
         break;
     }
@@ -227,11 +263,16 @@ static int supported(int64_t type) {
 
 static inline __attribute__((always_inline)) void dq_row(const int type, const uint8_t *row, int64_t K, float *out) {
     const int64_t full = K / CK;
-    for (int64_t c = 0; c < full; c++) {
-        __m256 w[4];
-        dq32(type, row, c, w);
-        for (int v = 0; v < 4; v++) _mm256_storeu_ps(out + c * CK + 8 * v, w[v]);
+    float f[16];
+#define DQ_CHUNK(c, ph)                                                           \
+    {                                                                             \
+        __m256 w[4];                                                              \
+        if (is_k(type) && ((c) & 7) == 0) kprep(type, row, c, f);                 \
+        dq32(type, ph, row, c, f, w);                                             \
+        for (int v = 0; v < 4; v++) _mm256_storeu_ps(out + (c) * CK + 8 * v, w[v]); \
     }
+    FOR_CHUNKS(full, DQ_CHUNK);
+#undef DQ_CHUNK
     for (int64_t k = full * CK; k < K; k++) out[k] = tail_weight(type, row, k);
 }
 
@@ -253,7 +294,9 @@ int gguf_dequant_rows(int64_t type, const uint8_t *base, int64_t stride, const i
 /* ---- few rows: dot products straight from the blocks ---- */
 #define GR 4     /* output rows per pass (R below: 4, or 2 for 3-4 rows of x, to stay in registers) */
 #define DMAX 4   /* rows of x per pass */
-#define DIRECT 4 /* up to this many rows of x: straight from the blocks; beyond, through panels */
+#ifndef DIRECT
+#define DIRECT 8 /* up to this many rows of x: straight from the blocks; beyond, through panels */
+#endif
 
 /* sums[m * GR + r] = x row m . weight row r (r < R, m < M; R and M compile-time constants).
  * Two accumulators per pair halve the FMA dependency chains. */
@@ -264,19 +307,25 @@ static inline __attribute__((always_inline)) void dot_rows(const int type, const
     for (int r = 0; r < R; r++)
         for (int m = 0; m < M; m++) acc[r][m][0] = acc[r][m][1] = _mm256_setzero_ps();
     const int64_t full = K / CK;
-    for (int64_t c = 0; c < full; c++) {
-        for (int r = 0; r < R; r++) {
-            __m256 w[4];
-            dq32(type, rw[r], c, w);
-            for (int m = 0; m < M; m++) {
-                const float *xp = x + m * K + c * CK;
-                acc[r][m][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xp), w[0], acc[r][m][0]);
-                acc[r][m][1] = _mm256_fmadd_ps(_mm256_loadu_ps(xp + 8), w[1], acc[r][m][1]);
-                acc[r][m][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xp + 16), w[2], acc[r][m][0]);
-                acc[r][m][1] = _mm256_fmadd_ps(_mm256_loadu_ps(xp + 24), w[3], acc[r][m][1]);
-            }
-        }
+    float f[GR][16];
+#define DOT_CHUNK(c, ph)                                                                      \
+    {                                                                                         \
+        if (is_k(type) && ((c) & 7) == 0)                                                     \
+            for (int r = 0; r < R; r++) kprep(type, rw[r], c, f[r]);                          \
+        for (int r = 0; r < R; r++) {                                                         \
+            __m256 w[4];                                                                      \
+            dq32(type, ph, rw[r], c, f[r], w);                                                \
+            for (int m = 0; m < M; m++) {                                                     \
+                const float *xp = x + m * K + (c) * CK;                                       \
+                acc[r][m][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xp), w[0], acc[r][m][0]);      \
+                acc[r][m][1] = _mm256_fmadd_ps(_mm256_loadu_ps(xp + 8), w[1], acc[r][m][1]);  \
+                acc[r][m][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xp + 16), w[2], acc[r][m][0]); \
+                acc[r][m][1] = _mm256_fmadd_ps(_mm256_loadu_ps(xp + 24), w[3], acc[r][m][1]); \
+            }                                                                                 \
+        }                                                                                     \
     }
+    FOR_CHUNKS(full, DOT_CHUNK);
+#undef DOT_CHUNK
     for (int r = 0; r < R; r++)
         for (int m = 0; m < M; m++) {
             float s = hsum8(_mm256_add_ps(acc[r][m][0], acc[r][m][1]));
@@ -330,19 +379,26 @@ static inline void transpose8(const float *src, int64_t ls, float *dst, int64_t 
 static inline __attribute__((always_inline)) void unpack_panel(const int type, const uint8_t *const *rw, int64_t K,
                                                               float *panel, float *tmp) {
     const int64_t chunks = (K + CK - 1) / CK, full = K / CK;
-    for (int64_t c = 0; c < chunks; c++) {
-        for (int r = 0; r < NR; r++) {
-            if (c < full) {
-                __m256 w[4];
-                dq32(type, rw[r], c, w);
-                for (int v = 0; v < 4; v++) _mm256_storeu_ps(tmp + r * CK + 8 * v, w[v]);
-            } else { /* float types only: the tail past K is never read by the microkernel */
-                for (int64_t k = 0; k < CK; k++)
-                    tmp[r * CK + k] = c * CK + k < K ? tail_weight(type, rw[r], c * CK + k) : 0.0f;
-            }
-        }
+    float f[NR][16];
+#define PANEL_CHUNK(c, ph)                                                                                     \
+    {                                                                                                          \
+        if (is_k(type) && ((c) & 7) == 0)                                                                      \
+            for (int r = 0; r < NR; r++) kprep(type, rw[r], c, f[r]);                                          \
+        for (int r = 0; r < NR; r++) {                                                                         \
+            __m256 w[4];                                                                                       \
+            dq32(type, ph, rw[r], c, f[r], w);                                                                 \
+            for (int v = 0; v < 4; v++) _mm256_storeu_ps(tmp + r * CK + 8 * v, w[v]);                         \
+        }                                                                                                      \
+        for (int kb = 0; kb < CK; kb += 8)                                                                     \
+            for (int rb = 0; rb < NR; rb += 8) transpose8(tmp + rb * CK + kb, CK, panel + ((c) * CK + kb) * NR + rb, NR); \
+    }
+    FOR_CHUNKS(full, PANEL_CHUNK);
+#undef PANEL_CHUNK
+    if (chunks > full) { /* float types only: the tail past K is never read by the microkernel */
+        for (int r = 0; r < NR; r++)
+            for (int64_t k = 0; k < CK; k++) tmp[r * CK + k] = full * CK + k < K ? tail_weight(type, rw[r], full * CK + k) : 0.0f;
         for (int kb = 0; kb < CK; kb += 8)
-            for (int rb = 0; rb < NR; rb += 8) transpose8(tmp + rb * CK + kb, CK, panel + (c * CK + kb) * NR + rb, NR);
+            for (int rb = 0; rb < NR; rb += 8) transpose8(tmp + rb * CK + kb, CK, panel + (full * CK + kb) * NR + rb, NR);
     }
 }
 
