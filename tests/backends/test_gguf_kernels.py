@@ -104,6 +104,36 @@ def test_linear_equals_matmul_on_dequantized(native, qtype):
             check_close(lin(x), x, w)
 
 
+@pytest.fixture(scope="module")
+def avx2_only(native):
+    """The same source built without AVX-512 (the baseline every AVX2 CPU runs): on CPUs with
+    AVX-512 the default build takes the 16-wide few-row path instead."""
+    saved_flags, saved_loaded = build._FLAGS, dict(build._loaded)
+    build._FLAGS = [*saved_flags, "-mno-avx512f"]
+    build._loaded.pop("gguf_linear", None)
+    try:
+        lib = build.library("gguf_linear", "GGUF linear-layer (AVX2)")
+    finally:
+        build._FLAGS = saved_flags
+        build._loaded.clear()
+        build._loaded.update(saved_loaded)
+    assert lib is not None
+    return lib
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_avx2_baseline_equals_matmul_on_dequantized(avx2_only, qtype):
+    block = GGML_QUANT_SIZES[qtype][0]
+    n, k = 21, 2 * max(block, 32) + (3 if block == 1 else 0)
+    raw = next(samples(qtype, n, k, seed=2))
+    t = quant(qtype, raw, n, k)
+    lin = gguf_ops.GGUFLinear(avx2_only, [t], None)
+    w = gguf_ops.dequantize(t)
+    for m in (1, 2, 3, 4, 8, 9):
+        x = torch.randn(m, k)
+        check_close(lin(x), x, w)
+
+
 def test_mixed_parts_rows_and_bias(native):
     k = 512
     rng = np.random.default_rng(3)
