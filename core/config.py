@@ -218,6 +218,7 @@ ALIASES = {"plugin": "plugins", "allowed_origins": "cors_allow_origins", "allowe
            "allowed_headers": "cors_allow_headers", "allow_credentials": "cors_allow_credentials"}
 # Other spellings of a field's flag (vLLM's names for the same settings): field -> flags.
 FLAG_ALIASES = {field: ["--" + key.replace("_", "-")] for key, field in ALIASES.items() if field != "plugins"}
+FLAG_ALIASES["tensor_parallel_size"] = ["-tp"]  # vLLM's short spelling
 
 
 def flag_name(field: str) -> str:
