@@ -298,11 +298,22 @@ int gguf_dequant_rows(int64_t type, const uint8_t *base, int64_t stride, const i
 #define DIRECT 8 /* up to this many rows of x: straight from the blocks; beyond, through panels */
 #endif
 
+/* The lines of the next rows' bytes at ``off`` (one chunk's worth), into L1: a decode step
+ * streams every weight byte from DRAM once, and the next rows (often not adjacent: other
+ * parts, permuted rows) are fetched while this pass computes. */
+static inline __attribute__((always_inline)) void prefetch_rows(const int R, const uint8_t *const *pf, int64_t off,
+                                                               int64_t step) {
+    for (int r = 0; r < R; r++) {
+        _mm_prefetch((const char *)(pf[r] + off), _MM_HINT_T0);
+        if (step > 64) _mm_prefetch((const char *)(pf[r] + off + 64), _MM_HINT_T0);
+    }
+}
+
 /* sums[m * GR + r] = x row m . weight row r (r < R, m < M; R and M compile-time constants).
  * Two accumulators per pair halve the FMA dependency chains. */
 static inline __attribute__((always_inline)) void dot_rows(const int type, const int R, const int M,
                                                           const uint8_t *const *rw, const float *x, int64_t K,
-                                                          float *sums) {
+                                                          float *sums, const uint8_t *const *pf, int64_t pfstep) {
     __m256 acc[GR][DMAX][2];
     for (int r = 0; r < R; r++)
         for (int m = 0; m < M; m++) acc[r][m][0] = acc[r][m][1] = _mm256_setzero_ps();
@@ -312,6 +323,7 @@ static inline __attribute__((always_inline)) void dot_rows(const int type, const
     {                                                                                         \
         if (is_k(type) && ((c) & 7) == 0)                                                     \
             for (int r = 0; r < R; r++) kprep(type, rw[r], c, f[r]);                          \
+        if (pf) prefetch_rows(R, pf, (c) * pfstep, pfstep);                                   \
         for (int r = 0; r < R; r++) {                                                         \
             __m256 w[4];                                                                      \
             dq32(type, ph, rw[r], c, f[r], w);                                                \
@@ -423,7 +435,7 @@ static inline __attribute__((always_inline)) void dq32x(const int type, const in
 /* dot_rows with 16-wide registers (32 of them: up to 4 x 4 pairs with two accumulators each). */
 static inline __attribute__((always_inline)) void dot_rows512(const int type, const int R, const int M,
                                                              const uint8_t *const *rw, const float *x, int64_t K,
-                                                             float *sums) {
+                                                             float *sums, const uint8_t *const *pf, int64_t pfstep) {
     __m512 acc[GR][DMAX][2];
     for (int r = 0; r < R; r++)
         for (int m = 0; m < M; m++) acc[r][m][0] = acc[r][m][1] = _mm512_setzero_ps();
@@ -433,6 +445,7 @@ static inline __attribute__((always_inline)) void dot_rows512(const int type, co
     {                                                                                          \
         if (is_k(type) && ((c) & 7) == 0)                                                      \
             for (int r = 0; r < R; r++) kprep(type, rw[r], c, f[r]);                           \
+        if (pf) prefetch_rows(R, pf, (c) * pfstep, pfstep);                                    \
         for (int r = 0; r < R; r++) {                                                          \
             __m512 w[2];                                                                       \
             dq32x(type, ph, rw[r], c, f[r], w);                                                \
@@ -457,18 +470,28 @@ static inline __attribute__((always_inline)) void dot_rows512(const int type, co
 #define DOT_ROWS dot_rows
 #endif
 
+/* GR weight rows (cnt of them stored) times all M rows of x, DMAX at a time; ``pf``: the next
+ * GR rows to prefetch during the first pass (NULL: none), ``pfstep`` bytes per chunk. */
 static inline __attribute__((always_inline)) void direct_unit(const int type, const uint8_t *const *rw, int cnt,
                                                              const float *x, int64_t M, int64_t K, const float *bias,
-                                                             float *y, int64_t ldy) {
+                                                             float *y, int64_t ldy, const uint8_t *const *pf,
+                                                             int64_t pfstep) {
     float sums[DMAX * GR];
     for (int64_t m0 = 0; m0 < M; m0 += DMAX) {
         const int64_t mm = M - m0 < DMAX ? M - m0 : DMAX;
         const float *xm = x + m0 * K;
+        const uint8_t *const *p = m0 ? NULL : pf, *const *p2 = p ? p + 2 : NULL;
         switch (mm) {
-        case 1: DOT_ROWS(type, 4, 1, rw, xm, K, sums); break;
-        case 2: DOT_ROWS(type, 4, 2, rw, xm, K, sums); break;
-        case 3: DOT_ROWS(type, 2, 3, rw, xm, K, sums); DOT_ROWS(type, 2, 3, rw + 2, xm, K, sums + 2); break;
-        default: DOT_ROWS(type, 2, 4, rw, xm, K, sums); DOT_ROWS(type, 2, 4, rw + 2, xm, K, sums + 2); break;
+        case 1: DOT_ROWS(type, 4, 1, rw, xm, K, sums, p, pfstep); break;
+        case 2: DOT_ROWS(type, 4, 2, rw, xm, K, sums, p, pfstep); break;
+        case 3:
+            DOT_ROWS(type, 2, 3, rw, xm, K, sums, p, pfstep);
+            DOT_ROWS(type, 2, 3, rw + 2, xm, K, sums + 2, p2, pfstep);
+            break;
+        default:
+            DOT_ROWS(type, 2, 4, rw, xm, K, sums, p, pfstep);
+            DOT_ROWS(type, 2, 4, rw + 2, xm, K, sums + 2, p2, pfstep);
+            break;
         }
         for (int64_t m = 0; m < mm; m++)
             for (int r = 0; r < cnt; r++) y[(m0 + m) * ldy + r] = sums[m * GR + r] + (bias ? bias[r] : 0.0f);
@@ -551,7 +574,7 @@ void gguf_linear_f32(const float *x, const void *wp, const float *bias, float *y
             }
             panel = g_scratch;
         }
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 16) /* mixed-type parts cost unevenly per row */
         for (int64_t u = 0; u < total; u++) {
             int64_t s = 0, left = u, col = 0;
             for (; s < nseg; s++) { /* the unit's segment and its first output */
@@ -567,9 +590,15 @@ void gguf_linear_f32(const float *x, const void *wp, const float *bias, float *y
             for (int64_t r = 0; r < unit; r++) rw[r] = seg_row(sg, n0 + (r < cnt ? r : 0));
             const float *b = bias ? bias + col : NULL;
             if (direct || panel == NULL) { /* few rows (or no scratch memory): from the blocks */
+                /* each group of GR rows prefetches the GR rows after it in its part (most often
+                 * the rows this thread multiplies next) */
+                const uint8_t *next[NR + GR];
+                const int64_t pfstep = K >= CK ? (sg->stride + K / CK - 1) / (K / CK) : 0;
+                for (int64_t i = 0; i < cnt + GR; i++) next[i] = seg_row(sg, n0 + GR + i < sg->n ? n0 + GR + i : sg->n - 1);
                 for (int64_t g = 0; g < cnt; g += GR) {
                     const int gc = (int)(cnt - g < GR ? cnt - g : GR);
-#define DIRECT_UNIT(T) direct_unit(T, rw + g, gc, x, M, K, b ? b + g : NULL, y + col + g, N)
+                    const uint8_t *const *pf = n0 + g + GR < sg->n && pfstep ? next + g : NULL;
+#define DIRECT_UNIT(T) direct_unit(T, rw + g, gc, x, M, K, b ? b + g : NULL, y + col + g, N, pf, pfstep)
                     DISPATCH(sg->type, DIRECT_UNIT)
 #undef DIRECT_UNIT
                 }
