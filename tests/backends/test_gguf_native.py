@@ -88,7 +88,7 @@ def test_llama_logits_match_transformers_on_the_dequantized_weights(types: tuple
     backend = make_backend(path, str(tmp_path / "cache"))
     plan = backend.plan()
     assert f"weights=gguf:{','.join(sorted({t.lower() for t in types}))}" in plan and "native_step=on" in plan, plan
-    assert backend.info.quantization.startswith("GGUF, read from the file: ")
+    assert backend.info.quantization.startswith("quantized as in the file: ")
     agree, err = compare(native_logits(backend, ids, prefill=24), reference_logits(path, ids))
     assert agree >= 0.99 and err < MAX_REL_ERR, (agree, err)
 
@@ -161,3 +161,69 @@ def test_an_unserved_tensor_type_is_one_line_config_error(tmp_path) -> None:
         make_backend(str(tmp_path / "q2k.gguf"), str(tmp_path / "cache"))
     message = str(info.value)
     assert "\n" not in message and "blk.0.ffn_up.weight" in message and "Q2_K" in message
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
+def test_requantized_smollm2_greedy_equals_transformers_generate(qtype: str, tmp_path) -> None:
+    """The real SmolLM2 as Q8_0 and Q4_0: greedy continuations through the engine equal
+    transformers' generate on the weights it dequantizes from the same file."""
+    from transformers import AutoModelForCausalLM
+
+    from engine.test_greedy_equality import MAX_NEW, PROMPTS, run_engine
+
+    try:
+        gguf_writer.embedded_gguf()
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    path = str(tmp_path / f"smollm2.{qtype}.gguf")
+    gguf_writer.requantize_embedded(path, qtype)
+    backend = TorchBackend(SimpleNamespace(model=path, dtype="float32", device="cpu", max_model_len=1024,
+                                           cache_dir=str(tmp_path / "cache")), TorchOptions())
+    info = backend.load()
+    assert info.quantization == f"quantized as in the file: {qtype.lower()} 211 matrices"
+    ours, _ = run_engine((backend, info), PROMPTS)
+    folder, name = os.path.split(path)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
+    same = 0
+    with torch.inference_mode():
+        for p in PROMPTS:
+            ids = info.tokenizer(p, return_tensors="pt").input_ids
+            out = model.generate(ids, do_sample=False, max_new_tokens=MAX_NEW, min_new_tokens=MAX_NEW,
+                                 pad_token_id=info.tokenizer.eos_token_id)
+            same += out[0, ids.shape[1]:].tolist() == ours[p]
+    assert len(PROMPTS) == 20 and same >= 18, f"{same}/20 identical"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_a_server_on_a_large_gguf_stays_near_the_file_size(tmp_path) -> None:
+    """A ~300 MB Q8_0 llama served with a small KV pool: the server's resident memory is the
+    file (mapped), the KV pool and the runtime, not an fp32 copy (4x the file)."""
+    import httpx
+    import psutil
+
+    from conftest import ServerProcess
+
+    path = tmp_path / "large.Q8_0.gguf"
+    gguf_writer.write_large_q8_gguf(str(path))
+    size = path.stat().st_size
+    blocks, block_size = 64, 16
+    kv_bytes = blocks * block_size * 12 * 2 * 4 * 64 * 4  # layers x (K, V) x kv heads x head dim x fp32
+    server = ServerProcess("--model", str(path), "--cache-dir", str(tmp_path / "cache"), "--num-kv-blocks",
+                           str(blocks), "--block-size", str(block_size), "--max-model-len", "512",
+                           "--dtype", "float32")
+    try:
+        server.wait_ready(timeout=900)
+        reply = httpx.post(f"{server.url}/v1/completions", timeout=300,
+                           json={"model": "large.Q8_0.gguf", "prompt": "Hello", "max_tokens": 8}).json()
+        assert reply["usage"]["completion_tokens"] >= 1
+        proc = psutil.Process(server.proc.pid)
+        rss = proc.memory_info().rss + sum(c.memory_info().rss for c in proc.children(recursive=True))
+    finally:
+        log = server.stop()
+    print(f"GGUF {size / 2**20:.0f} MiB, KV {kv_bytes / 2**20:.0f} MiB, server RSS {rss / 2**20:.0f} MiB")
+    assert "weights=gguf:q8_0" in log
+    assert not (tmp_path / "cache" / "converted").exists()
+    assert rss <= size + kv_bytes + 400 * 2**20, (rss, size, kv_bytes)

@@ -143,7 +143,8 @@ class TorchBackend(Backend):
         formats = [f for f in (getattr(lin, "format", None) for lin in linears if lin is not None) if f]
         if self._gguf is not None:
             types = self._gguf.types
-            return "GGUF, read from the file: " + ", ".join(f"{t} {types.count(t)}" for t in sorted(set(types)))
+            counts = ", ".join(f"{t} {types.count(t)}" for t in sorted(set(types)))
+            return f"quantized as in the file: {counts} matrices"
         if not formats:
 
             return None
