@@ -295,12 +295,12 @@ def test_warmup_builds_the_kernels_and_converts_the_model(tmp_path, monkeypatch)
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1800)  # a cold warm-up compiles every kernel and converts the model
+@pytest.mark.timeout(1800)  # a cold warm-up compiles every kernel and converts the model's tokenizer
 def test_a_serve_after_warmup_builds_and_converts_nothing(tmp_path):
     env = {"LLMSERVE_KERNEL_CACHE": str(tmp_path / "kernels")}
     out = run_cli("warmup", "--cache-dir", str(tmp_path / "cache"), env=env, timeout=900)
     assert out.returncode == 0, out.stderr
-    assert "converting GGUF" in out.stderr and "native CPU kernels: " in out.stderr
+    assert "GGUF metadata and tokenizer" in out.stderr and "native CPU kernels: " in out.stderr
     assert "\r" not in out.stderr  # the GGUF reader's tqdm bar went through the reporter
     server = ServerProcess("--cache-dir", str(tmp_path / "cache"), "--dtype", "float32", "--max-model-len", "1024",
                            env=env)
@@ -308,6 +308,8 @@ def test_a_serve_after_warmup_builds_and_converts_nothing(tmp_path):
         server.wait_ready(timeout=600)
     finally:
         log = server.stop()
-    assert "loaded from cache" in log and "converting GGUF" not in log and "compiling the CPU kernel" not in log
+    assert "read from the file" in log and "GGUF metadata and tokenizer" not in log
+    assert "compiling the CPU kernel" not in log
+    assert not (tmp_path / "cache" / "converted").exists()  # served in its own quantization: no fp32 copy
     assert "\r" not in log
     assert re.search(r"packing weights: done in \d", log) or "packing weights" not in log

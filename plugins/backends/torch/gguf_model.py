@@ -130,6 +130,7 @@ def metadata_dir(path: str, data_offset: int, cache_dir: str | None) -> str:
     if os.path.isfile(os.path.join(target, "config.json")):
         return target
     folder, fname = os.path.split(path)
+    log.info("reading the GGUF metadata and tokenizer of %s once (later starts read the cache %s)", fname, target)
     with progress.phase(f"reading GGUF metadata and tokenizer of {fname}"), quiet_bars():
         try:
             config = AutoConfig.from_pretrained(folder, gguf_file=fname)
