@@ -523,13 +523,15 @@ static inline void transpose8(const float *src, int64_t ls, float *dst, int64_t 
 /* 16 stored rows (rw; rows past cnt repeat a valid one and are never stored) as the panel
  * [K][16]: 32 k at a time into tmp [16][32] (L1), then transposed into place. */
 static inline __attribute__((always_inline)) void unpack_panel(const int type, const uint8_t *const *rw, int64_t K,
-                                                              float *panel, float *tmp) {
+                                                              float *panel, float *tmp, const uint8_t *const *pf,
+                                                              int64_t pfstep) {
     const int64_t chunks = (K + CK - 1) / CK, full = K / CK;
     float f[NR][16];
 #define PANEL_CHUNK(c, ph)                                                                                     \
     {                                                                                                          \
         if (is_k(type) && ((c) & 7) == 0)                                                                      \
             for (int r = 0; r < NR; r++) kprep(type, rw[r], c, f[r]);                                          \
+        if (pf) prefetch_rows(NR, pf, (c) * pfstep, pfstep);                                                   \
         for (int r = 0; r < NR; r++) {                                                                         \
             __m256 w[4];                                                                                       \
             dq32(type, ph, rw[r], c, f[r], w);                                                                 \
@@ -604,7 +606,11 @@ void gguf_linear_f32(const float *x, const void *wp, const float *bias, float *y
                 }
                 continue;
             }
-#define UNPACK(T) unpack_panel(T, rw, K, panel, panel + need - CK * NR)
+            const uint8_t *next[NR]; /* the next 16 rows of this part, fetched while these are unpacked */
+            for (int64_t i = 0; i < NR; i++) next[i] = seg_row(sg, n0 + NR + i < sg->n ? n0 + NR + i : sg->n - 1);
+            const int64_t pfstep = K >= CK ? (sg->stride + K / CK - 1) / (K / CK) : 0;
+            const uint8_t *const *pf = n0 + NR < sg->n && pfstep ? next : NULL;
+#define UNPACK(T) unpack_panel(T, rw, K, panel, panel + need - CK * NR, pf, pfstep)
             DISPATCH(sg->type, UNPACK)
 #undef UNPACK
             float bpad[NR];
