@@ -15,6 +15,8 @@ openai = pytest.importorskip("openai")
 
 from conftest import ServerProcess
 
+pytestmark = pytest.mark.timeout(600)  # each test starts a two-process server
+
 
 def workers(pid: int) -> list["psutil.Process"]:
     """The spawned rank processes of server ``pid`` (not multiprocessing's resource tracker)."""
@@ -107,3 +109,29 @@ def test_killing_a_worker_during_the_load_fails_the_start(tiny_6_3):
     ranks[0].kill()
     log = assert_gone(server, children)
     assert "tensor-parallel rank 1 died" in log, log
+
+
+def test_a_worker_that_dies_while_idle_fails_the_server(tiny_6_3):
+    server = serve(tiny_6_3)
+    server.wait_ready(timeout=300)
+    ranks = workers(server.proc.pid)
+    children = ranks + ranks[0].children(recursive=True)
+    ranks[0].kill()  # no request in flight: the watcher, not a collective, notices
+    log = assert_gone(server, children)
+    assert "tensor-parallel rank 1 died (exit code -9)" in log and "engine loop died" in log, log
+
+
+def test_sigterm_stops_every_rank_and_exits_0(tiny_6_3):
+    server = serve(tiny_6_3)
+    server.wait_ready(timeout=300)
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+    done = client.completions.create(model=client.models.list().data[0].id, prompt="t5 t6 t7", max_tokens=8,
+                                     temperature=0, extra_body={"ignore_eos": True})
+    assert done.usage.completion_tokens == 8
+    ranks = workers(server.proc.pid)
+    children = ranks + ranks[0].children(recursive=True)
+    server.proc.terminate()
+    # Generous: the exit also waits for a native-kernel build still running from the start.
+    assert server.proc.wait(timeout=240) == 0, server.stop()
+    _, alive = psutil.wait_procs(children, timeout=15)
+    assert alive == [], server.stop()
