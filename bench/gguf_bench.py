@@ -12,7 +12,8 @@ beside each concurrency-1 figure the physical limit: the machine's memory read b
 (measured here over a 2 GiB buffer, well past any L3 cache) over the bytes one decode step
 reads (the weights of the file plus the KV cache). By default the 1B-shaped models of
 bench/make_models.py are run (Q8_0, Q4_K_M, Q4_0), plus a bf16 line: llmserve on the bf16
-safetensors directory vs llama-server on the BF16 GGUF of the same weights.
+safetensors directory vs llama-server on the BF16 GGUF of the same weights (``--quants``
+picks among them).
 
     python bench/make_models.py && python bench/gguf_bench.py --markdown docs/benchmarks.md
     python bench/gguf_bench.py --small --concurrency 1 8 --requests-per-level 8 --max-tokens 32
@@ -146,11 +147,12 @@ def model_set(args: argparse.Namespace) -> list[tuple[str, Path, Path]]:
         return [(Path(m).name, Path(m), Path(m)) for m in args.models]
     name = "llama-small-shape" if args.small else "llama-1b-shape"
     models_dir = Path(args.models_dir).expanduser()
-    lines = [(f"{name} {q}", make_models.gguf_path(models_dir, name, q), make_models.gguf_path(models_dir, name, q))
-             for q in ("Q8_0", "Q4_K_M", "Q4_0")]
-    if args.bf16:
-        lines.append((f"{name} bf16 (llmserve: safetensors)", models_dir / name,
-                      make_models.gguf_path(models_dir, name, "BF16")))
+    lines = []
+    for q in args.quants:
+        gguf = make_models.gguf_path(models_dir, name, "BF16" if q == "bf16" else q)
+        # The bf16 line: llmserve loads the safetensors directory the GGUF files were made from.
+        lines.append((f"{name} bf16 (llmserve: safetensors)", models_dir / name, gguf) if q == "bf16"
+                     else (f"{name} {q}", gguf, gguf))
     missing = [str(p) for _, a, b in lines for p in (a, b) if not p.exists()]
     if missing:
         sys.exit("missing model files (run bench/make_models.py" + (" --small" if args.small else "") + "): "
@@ -205,8 +207,10 @@ def main() -> None:
     ap.add_argument("--models", nargs="+", default=None, help="GGUF files (default: bench/make_models.py's)")
     ap.add_argument("--small", action="store_true", help="the ~300 MB model set instead of the 1B-shaped one")
     ap.add_argument("--models-dir", default=str(make_models.DEFAULT_DIR))
-    ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True,
-                    help="with the default models, add the bf16 line (safetensors vs BF16 GGUF)")
+    ap.add_argument("--quants", nargs="+", default=["Q8_0", "Q4_K_M", "Q4_0", "bf16"],
+                    choices=["Q8_0", "Q4_K_M", "Q4_0", "BF16", "bf16"],
+                    help="which files of the make_models set; bf16: llmserve on the safetensors directory "
+                         "vs llama-server on the BF16 GGUF (BF16: both on the BF16 GGUF)")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--requests-per-level", type=int, default=0, help="default: 2 x concurrency")
     ap.add_argument("--max-tokens", type=int, default=128)

@@ -104,16 +104,31 @@ def cmake_exe() -> str:
     return str(Path(sys.executable).parent / "cmake")
 
 
+def amx_flags_supported() -> bool:
+    """Whether the C compiler takes -mno-amx-* (GCC 11+, recent clang; x86 only)."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return False
+    probe = subprocess.run([cc, "-mno-amx-int8", "-x", "c", "-E", "-", "-o", os.devnull], input="",
+                           capture_output=True, text=True)
+    return probe.returncode == 0
+
+
 def build(source: Path, build_dir: Path, jobs: int) -> None:
     """Configure (once) and build only the server and quantize targets, streaming progress."""
     cmake = cmake_exe()
-    if not (build_dir / "CMakeCache.txt").is_file():
-        generator = ["-G", "Ninja"] if shutil.which("ninja") else []
-        cmd = [cmake, "-S", str(source), "-B", str(build_dir), *generator, "-DCMAKE_BUILD_TYPE=Release",
-               "-DLLAMA_CURL=OFF", "-DGGML_NATIVE=ON", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TESTS=OFF",
-               "-DLLAMA_BUILD_EXAMPLES=OFF", "-DBUILD_SHARED_LIBS=OFF"]
-        log("configuring: " + " ".join(cmd))
-        subprocess.run(cmd, check=True)
+    generator = [] if (build_dir / "CMakeCache.txt").is_file() or not shutil.which("ninja") else ["-G", "Ninja"]
+    # -march=native turns on AMX where the CPU reports it, and ggml's AMX matmul crashes on
+    # such VMs (Sapphire Rapids guests: SIGSEGV in ggml_backend_amx_mul_mat on the first
+    # Q8_0/Q4_0 product, llama.cpp issue 20824); without it the usual AVX-512 repacked kernels
+    # run. An explicit -mno-* wins over -march=native whatever the order.
+    no_amx = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" if amx_flags_supported() else ""
+    cmd = [cmake, "-S", str(source), "-B", str(build_dir), *generator, "-DCMAKE_BUILD_TYPE=Release",
+           "-DLLAMA_CURL=OFF", "-DGGML_NATIVE=ON", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TESTS=OFF",
+           "-DLLAMA_BUILD_EXAMPLES=OFF", "-DBUILD_SHARED_LIBS=OFF", f"-DCMAKE_C_FLAGS={no_amx}",
+           f"-DCMAKE_CXX_FLAGS={no_amx}"]
+    log("configuring: " + " ".join(cmd))
+    subprocess.run(cmd, check=True)
     cmd = [cmake, "--build", str(build_dir), "--config", "Release", "-j", str(jobs), "--target", *TARGETS]
     log("building: " + " ".join(cmd))
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -127,13 +142,14 @@ def build(source: Path, build_dir: Path, jobs: int) -> None:
 
 
 def ensure(llama_cpp_dir: str | Path | None = None, cache: str | Path | None = None, jobs: int = 2,
-           need_source: bool = False) -> LlamaCpp:
+           need_source: bool = False, rebuild: bool = False) -> LlamaCpp:
     """Find llama-server and llama-quantize, building them when neither ``llama_cpp_dir`` nor
-    PATH has them. ``need_source`` also unpacks the vendored sources (for the converter)."""
+    PATH has them (``rebuild``: build again even so). ``need_source`` also unpacks the vendored
+    sources (for the converter)."""
     cache_dir = Path(cache).expanduser() if cache else DEFAULT_CACHE
     given = Path(llama_cpp_dir).expanduser() if llama_cpp_dir else None
-    binaries = [find_binary(name, given) for name in TARGETS]
-    if given is None and None in binaries:  # a build from an earlier run
+    binaries = [None, None] if rebuild else [find_binary(name, given) for name in TARGETS]
+    if given is None and None in binaries and not rebuild:  # a build from an earlier run
         built = [find_binary(name, cache_dir / "build" / "bin") for name in TARGETS]
         if None not in built:
             binaries = built
@@ -156,8 +172,11 @@ def main() -> None:
     ap.add_argument("--llama-cpp", default=None, help="folder holding llama-server and llama-quantize")
     ap.add_argument("--cache", default=None, help=f"download and build folder (default {DEFAULT_CACHE})")
     ap.add_argument("--jobs", type=int, default=2, help="parallel compile jobs")
+    ap.add_argument("--rebuild", action="store_true", help="configure and build again (after a llama.cpp update)")
     args = ap.parse_args()
-    tools = ensure(args.llama_cpp, args.cache, args.jobs, need_source=True)
+    if args.rebuild and args.llama_cpp:
+        ap.error("--rebuild builds the vendored sources; it does not go with --llama-cpp")
+    tools = ensure(args.llama_cpp, args.cache, args.jobs, need_source=True, rebuild=args.rebuild)
     print(f"llama-server:   {tools.server}")
     print(f"llama-quantize: {tools.quantize}")
     print(f"converter:      {tools.converter}")

@@ -70,6 +70,15 @@ def write_hf_model(out: Path, shape: dict, seed: int) -> None:
     tmp.rename(out)  # only a finished directory carries the final name
 
 
+def run_quietly(cmd: list[str], env: dict[str, str] | None = None) -> None:
+    """Run a llama.cpp tool; its per-tensor log is shown only when it fails."""
+    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if proc.returncode != 0:
+        print("\n".join(proc.stdout.splitlines()[-30:]), file=sys.stderr)
+        raise SystemExit(f"{Path(cmd[1] if cmd[0] == sys.executable else cmd[0]).name} failed "
+                         f"(exit {proc.returncode})")
+
+
 def converter_requirements() -> None:
     """The converter imports sentencepiece even for a tokenizer.json model: pip-install it into
     this environment when missing (bench-only, like llama.cpp itself)."""
@@ -85,7 +94,7 @@ def convert(tools: llama_cpp.LlamaCpp, hf_dir: Path, out: Path, qtype: str) -> N
     tmp = out.with_name(out.name + ".partial")
     cmd = [sys.executable, str(tools.converter), str(hf_dir), "--outfile", str(tmp), "--outtype", qtype.lower()]
     print("converting: " + " ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True, env=tools.converter_env(), stdout=subprocess.DEVNULL)
+    run_quietly(cmd, env=tools.converter_env())
     tmp.rename(out)
 
 
@@ -93,7 +102,7 @@ def quantize(tools: llama_cpp.LlamaCpp, source: Path, out: Path, qtype: str, thr
     tmp = out.with_name(out.name + ".partial")
     cmd = [str(tools.quantize), str(source), str(tmp), qtype, str(threads)]
     print("quantizing: " + " ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    run_quietly(cmd)
     tmp.rename(out)
 
 
