@@ -73,15 +73,19 @@ static inline void k_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
     }
 }
 
-/* BODY(c, ph) for every full chunk c < full with ph = c % 4 a compile-time constant (a
- * K-quant's ``full`` is a multiple of 8, so its chunks always come four at a time). */
-#define FOR_CHUNKS(full, BODY)                                  \
-    do {                                                        \
-        int64_t c_ = 0;                                         \
-        for (; c_ + 4 <= (full); c_ += 4) {                     \
-            BODY(c_, 0) BODY(c_ + 1, 1) BODY(c_ + 2, 2) BODY(c_ + 3, 3) \
-        }                                                       \
-        for (; c_ < (full); c_++) { BODY(c_, 0) }               \
+/* BODY(c, ph) for every full chunk c < full. For the K-quants ph = c % 4 is a compile-time
+ * constant (their ``full`` is a multiple of 8, so chunks come four at a time); other types
+ * ignore ph and get one copy of the body (``type`` is a compile-time constant wherever this is
+ * expanded, so only one of the two loops is compiled). */
+#define FOR_CHUNKS(full, BODY)                                                     \
+    do {                                                                           \
+        if (is_k(type)) {                                                          \
+            for (int64_t c_ = 0; c_ + 4 <= (full); c_ += 4) {                      \
+                BODY(c_, 0) BODY(c_ + 1, 1) BODY(c_ + 2, 2) BODY(c_ + 3, 3)        \
+            }                                                                      \
+        } else {                                                                   \
+            for (int64_t c_ = 0; c_ < (full); c_++) { BODY(c_, 0) }                \
+        }                                                                          \
     } while (0)
 
 static inline int is_k(int type) { return type == T_Q4_K || type == T_Q5_K || type == T_Q6_K; }
@@ -484,13 +488,11 @@ static inline __attribute__((always_inline)) void direct_unit(const int type, co
         switch (mm) {
         case 1: DOT_ROWS(type, 4, 1, rw, xm, K, sums, p, pfstep); break;
         case 2: DOT_ROWS(type, 4, 2, rw, xm, K, sums, p, pfstep); break;
-        case 3:
-            DOT_ROWS(type, 2, 3, rw, xm, K, sums, p, pfstep);
-            DOT_ROWS(type, 2, 3, rw + 2, xm, K, sums + 2, p2, pfstep);
+        case 3: /* two rows of weights at a time (a loop, so one inlined copy) */
+            for (int h = 0; h < GR; h += 2) DOT_ROWS(type, 2, 3, rw + h, xm, K, sums + h, h ? p2 : p, pfstep);
             break;
         default:
-            DOT_ROWS(type, 2, 4, rw, xm, K, sums, p, pfstep);
-            DOT_ROWS(type, 2, 4, rw + 2, xm, K, sums + 2, p2, pfstep);
+            for (int h = 0; h < GR; h += 2) DOT_ROWS(type, 2, 4, rw + h, xm, K, sums + h, h ? p2 : p, pfstep);
             break;
         }
         for (int64_t m = 0; m < mm; m++)
