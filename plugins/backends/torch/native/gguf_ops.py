@@ -157,6 +157,9 @@ def gguf_linear(parts: list[QuantTensor], bias: torch.Tensor | None = None) -> G
     return GGUFLinear(lib, parts, bias) if lib is not None else None
 
 
+_ROWS_FN: dict[int, ctypes._CFuncPtr] = {}
+
+
 def gguf_rows(t: QuantTensor, ids: torch.Tensor) -> torch.Tensor:
     """Embedding lookup: fp32 ``[T, K]`` rows ``ids`` of ``t`` (honours ``t.rows``), rebuilt
     exactly as ``dequantize`` rebuilds them."""
@@ -166,7 +169,9 @@ def gguf_rows(t: QuantTensor, ids: torch.Tensor) -> torch.Tensor:
     if lib is None:
         return _dequantize_numpy(t, phys)
     out = torch.empty(phys.numel(), t.shape[1], dtype=torch.float32)
-    fn = bind(lib, "gguf_dequant_rows", ctypes.c_int, I64, PTR, I64, PTR, I64, I64, PTR)
+    fn = _ROWS_FN.get(id(lib))
+    if fn is None:  # bound once: an embedding lookup runs every step
+        fn = _ROWS_FN[id(lib)] = bind(lib, "gguf_dequant_rows", ctypes.c_int, I64, PTR, I64, PTR, I64, I64, PTR)
     stride = t.data.stride(0) if t.data.shape[0] > 1 else t.data.shape[1]
     if fn(t.qtype, t.data.data_ptr(), stride, phys.data_ptr(), phys.numel(), t.shape[1], out.data_ptr()) != 0:
         raise ValueError(unsupported_error(t.qtype, "tensor"))
