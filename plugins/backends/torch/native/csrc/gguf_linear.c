@@ -13,8 +13,9 @@
  * multiply-then-add; tests/backends/test_gguf_kernels.py checks every type bit for bit.
  *
  * Two paths, as packed_linear.c's quantized panels:
- *  - few rows of x (a decode step): row-major dot products straight from the blocks, several
- *    output rows per pass so each x load feeds several FMAs, the next rows prefetched;
+ *  - few rows of x (up to 8: decode steps): row-major dot products straight from the blocks,
+ *    several output rows per pass so each x load feeds several FMAs, the next rows prefetched
+ *    (16 weights per instruction where the CPU has AVX-512, 8 otherwise);
  *  - more rows (prefill, large batches): per thread, 16 output rows are unpacked into an fp32
  *    panel [K][16] (a transpose, 32 k at a time through L1) and fp32_panel.h's 6 x 16
  *    microkernel runs over the rows of x, so decoding is paid once per panel, not per row.
