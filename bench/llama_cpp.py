@@ -115,7 +115,8 @@ def amx_flags_supported() -> bool:
 
 
 def build(source: Path, build_dir: Path, jobs: int) -> None:
-    """Configure (once) and build only the server and quantize targets, streaming progress."""
+    """Configure and build only the server and quantize targets, streaming progress (both steps
+    are quick no-ops on an up-to-date build)."""
     cmake = cmake_exe()
     generator = [] if (build_dir / "CMakeCache.txt").is_file() or not shutil.which("ninja") else ["-G", "Ninja"]
     # -march=native turns on AMX where the CPU reports it, and ggml's AMX matmul crashes on
@@ -128,7 +129,10 @@ def build(source: Path, build_dir: Path, jobs: int) -> None:
            "-DLLAMA_BUILD_EXAMPLES=OFF", "-DBUILD_SHARED_LIBS=OFF", f"-DCMAKE_C_FLAGS={no_amx}",
            f"-DCMAKE_CXX_FLAGS={no_amx}"]
     log("configuring: " + " ".join(cmd))
-    subprocess.run(cmd, check=True)
+    configure = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if configure.returncode != 0:
+        print(configure.stdout, file=sys.stderr)
+        raise RuntimeError(f"configuring llama.cpp failed (exit {configure.returncode})")
     cmd = [cmake, "--build", str(build_dir), "--config", "Release", "-j", str(jobs), "--target", *TARGETS]
     log("building: " + " ".join(cmd))
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -142,21 +146,18 @@ def build(source: Path, build_dir: Path, jobs: int) -> None:
 
 
 def ensure(llama_cpp_dir: str | Path | None = None, cache: str | Path | None = None, jobs: int = 2,
-           need_source: bool = False, rebuild: bool = False) -> LlamaCpp:
-    """Find llama-server and llama-quantize, building them when neither ``llama_cpp_dir`` nor
-    PATH has them (``rebuild``: build again even so). ``need_source`` also unpacks the vendored
-    sources (for the converter)."""
+           need_source: bool = False) -> LlamaCpp:
+    """Find llama-server and llama-quantize in ``llama_cpp_dir`` or on PATH, else build them in
+    the cache folder. The cached build is brought up to date on every call (a no-op of seconds
+    when it is), so a build that was cut short, or one made with other flags, is finished
+    rather than used. ``need_source`` also unpacks the vendored sources (for the converter)."""
     cache_dir = Path(cache).expanduser() if cache else DEFAULT_CACHE
     given = Path(llama_cpp_dir).expanduser() if llama_cpp_dir else None
-    binaries = [None, None] if rebuild else [find_binary(name, given) for name in TARGETS]
-    if given is None and None in binaries and not rebuild:  # a build from an earlier run
-        built = [find_binary(name, cache_dir / "build" / "bin") for name in TARGETS]
-        if None not in built:
-            binaries = built
+    binaries = [find_binary(name, given) for name in TARGETS]
+    if None in binaries and given is not None:
+        raise RuntimeError(f"{given} has no llama-server / llama-quantize")
     source = unpacked_source(cache_dir) if (None in binaries or need_source) else None
     if None in binaries:
-        if given is not None:
-            raise RuntimeError(f"{given} has no llama-server / llama-quantize")
         assert source is not None
         build(source, cache_dir / "build", jobs)
         binaries = [find_binary(name, cache_dir / "build" / "bin") for name in TARGETS]
@@ -172,11 +173,8 @@ def main() -> None:
     ap.add_argument("--llama-cpp", default=None, help="folder holding llama-server and llama-quantize")
     ap.add_argument("--cache", default=None, help=f"download and build folder (default {DEFAULT_CACHE})")
     ap.add_argument("--jobs", type=int, default=2, help="parallel compile jobs")
-    ap.add_argument("--rebuild", action="store_true", help="configure and build again (after a llama.cpp update)")
     args = ap.parse_args()
-    if args.rebuild and args.llama_cpp:
-        ap.error("--rebuild builds the vendored sources; it does not go with --llama-cpp")
-    tools = ensure(args.llama_cpp, args.cache, args.jobs, need_source=True, rebuild=args.rebuild)
+    tools = ensure(args.llama_cpp, args.cache, args.jobs, need_source=True)
     print(f"llama-server:   {tools.server}")
     print(f"llama-quantize: {tools.quantize}")
     print(f"converter:      {tools.converter}")
