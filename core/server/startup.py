@@ -113,7 +113,9 @@ def ready_summary(context: "ServerContext", protocols: dict[str, Any], port: int
     inner = getattr(engine, "engine", None)
     blocks = getattr(getattr(inner, "block_manager", None), "num_blocks", None)
     if blocks and info is not None and info.task != "embed":
-        lines.append(f"  KV pool  {blocks} blocks x {config.block_size} tokens = {blocks * config.block_size} tokens")
+        kv = getattr(config, "kv_cache_dtype", "auto")  # auto: the model's compute dtype
+        lines.append(f"  KV pool  {blocks} blocks x {config.block_size} tokens = {blocks * config.block_size} tokens "
+                     f"in {info.dtype if kv == 'auto' else kv}")
     root = base_url(context, port)
     registry = context.registry
     for name in protocols:

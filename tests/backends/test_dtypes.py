@@ -268,4 +268,5 @@ def test_serve_a_bf16_model(bf16_dir: str, server_process) -> None:
     families = {f.name: f for f in parser.text_string_to_metric_families(httpx.get(server.url + "/metrics").text)}
     info = families["vllm:cache_config_info"].samples[0]
     assert info.labels["cache_dtype"] == "bfloat16" and info.labels["num_gpu_blocks"] == "64"
-    assert "kv_dtype=bfloat16" in server.log
+    assert "kv_dtype=bfloat16" in server.log  # the execution plan, and the ready summary:
+    assert "KV pool  64 blocks x 4 tokens = 256 tokens in bfloat16" in server.log
