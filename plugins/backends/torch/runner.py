@@ -306,7 +306,7 @@ class TorchBackend(Backend):
         if self._packed_head is not None:
             logits = self._packed_head(hidden)
         elif (hidden.device.type == "cpu" and hidden.shape[0] <= 128 and type(head) is torch.nn.Linear
-                and head.bias is None):
+                and head.bias is None and hidden.dtype != torch.float16):  # fp16: F.linear is faster
             # The vocab-sized matmul with the weight as the left operand: MKL handles this
             # tall-skinny shape better on few rows (logits + sampling of a batch-32 step: ~37 -> ~31 ms);
             # one bf16 row is faster still as a matrix-vector product (fused.py's _TorchLinear).
