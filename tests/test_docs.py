@@ -119,8 +119,6 @@ TRUE_STATEMENTS = {
     ("docs/engine.md", "CUDA graphs are not built"),
     ("docs/benchmarks.md", "CUDA graphs, not built yet"),
     ("docs/scale-out.md", "admitted but not yet in the running batch"),
-    ("docs/scale-out.md", "Not built yet"),
-    ("docs/scale-out.md", "is planned but does not exist"),
     ("docs/ollama.md", "so they are not implemented at all rather than restricted"),
     ("docs/vllm-native.md", "Beam search is not implemented"),
 }

@@ -68,6 +68,7 @@ class TensorParallelBackend(TorchBackend):
         self.rank = rank
         self.world = int(world or getattr(config, "tensor_parallel_size", 1))
         self.reduce_s = 0.0  # seconds spent in all-reduces and the logits gather (debug, bench)
+        self._reduce_mark = 0.0
         self._mode = tp_worker.MODE_STEP
         self._procs: list[Any] = []
         self._conns: list[Connection] = []
@@ -286,6 +287,10 @@ class TensorParallelBackend(TorchBackend):
     def _forward(self, batch: list[StepItem]) -> tuple[torch.Tensor, list[int]]:
         if self.rank == 0 and self._procs:
             self._check_workers()
+            if log.isEnabledFor(logging.DEBUG):  # the previous step's share of the collectives
+                log.debug("tensor parallel: %.2f ms in collectives in the last step",
+                          (self.reduce_s - self._reduce_mark) * 1000)
+                self._reduce_mark = self.reduce_s
             if all(it.token_ids for it in batch):  # else the forward refuses it before any collective
                 self._send(tp_worker.encode_step(batch, self._mode))
         return super()._forward(batch)
