@@ -134,6 +134,19 @@ def test_avx2_baseline_equals_matmul_on_dequantized(avx2_only, qtype):
         check_close(lin(x), x, w)
 
 
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q8_0, T.Q6_K, T.F32], ids=lambda t: t.name)
+def test_many_rows_are_bit_for_bit_the_avx2_baseline(native, avx2_only, qtype):
+    """Past the few-row path both builds unpack the same fp32 panels; the AVX-512 register block
+    keeps each output's k-ordered FMA chain, so the outputs are the AVX2 build's bits."""
+    n, k = 45, 512
+    t = quant(qtype, next(samples(qtype, n, k, seed=4)), n, k)
+    bias = torch.randn(n)
+    fast, base = gguf_ops.GGUFLinear(native, [t], bias), gguf_ops.GGUFLinear(avx2_only, [t], bias)
+    for m in (13, 33, 100):
+        x = torch.randn(m, k)
+        assert torch.equal(fast(x), base(x)), m
+
+
 def test_mixed_parts_rows_and_bias(native):
     k = 512
     rng = np.random.default_rng(3)

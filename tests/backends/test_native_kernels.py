@@ -287,6 +287,40 @@ def test_quantized_panels_are_bit_for_bit_the_fp32_panels(bits, N, K, bias) -> N
         x.double(), w.double(), b.double() if b is not None else None), atol=1e-4 * K ** 0.5, rtol=1e-5)
 
 
+@pytest.fixture(scope="module")
+def avx2_packed_linear():
+    """The packed linear library built without AVX-512 (what every AVX2 CPU runs)."""
+    saved_flags, saved_loaded = build._FLAGS, dict(build._loaded)
+    build._FLAGS = [*saved_flags, "-mno-avx512f"]
+    build._loaded.pop("packed_linear", None)
+    try:
+        lib = build.library("packed_linear", "linear-layer (AVX2)")
+    finally:
+        build._FLAGS = saved_flags
+        build._loaded.clear()
+        build._loaded.update(saved_loaded)
+    assert lib is not None
+    return lib
+
+
+@pytest.mark.parametrize("compact,weights", [(False, "randn"), (True, "q4"), (True, "q8")])
+@pytest.mark.parametrize("N,K,bias", [(45, 96, True), (960, 576, False)])
+def test_avx512_panels_are_bit_for_bit_the_avx2_panels(avx2_packed_linear, compact, weights, N, K, bias) -> None:
+    """The 16-wide register block (where this CPU has AVX-512) keeps each output's k-ordered FMA
+    chain, so every row count gives the AVX2 build's bits (on an AVX2-only CPU both builds are
+    the same code and this holds trivially)."""
+    gen = torch.Generator().manual_seed(N + K)
+    w = {"randn": lambda: torch.randn(N, K, generator=gen), "q4": lambda: q4_1_weights(N, K, seed=K),
+         "q8": lambda: q8_0_weights(N, K, seed=K)}[weights]()
+    b = torch.randn(N, generator=gen) if bias else None
+    native = kernels.packed_linear(w, b, compact=compact)
+    avx2 = kernels.PackedLinear(avx2_packed_linear, w, b, compact=compact)
+    assert native.format == avx2.format == ("f32" if not compact else weights)
+    for M in (1, 5, 12, 13, 33, 100):
+        x = torch.randn(M, K, generator=gen)
+        assert torch.equal(native(x), avx2(x)), M
+
+
 def test_quantized_panels_only_where_they_are_lossless() -> None:
     w = q4_1_weights(40, 64)
     assert kernels.packed_linear(w).format == "q4"

@@ -17,8 +17,8 @@
  *    several output rows per pass so each x load feeds several FMAs, the next rows prefetched
  *    (16 weights per instruction where the CPU has AVX-512, 8 otherwise);
  *  - more rows (prefill, large batches): per thread, 16 output rows are unpacked into an fp32
- *    panel [K][16] (a transpose, 32 k at a time through L1) and fp32_panel.h's 6 x 16
- *    microkernel runs over the rows of x, so decoding is paid once per panel, not per row.
+ *    panel [K][16] (a transpose, 32 k at a time through L1) and fp32_panel.h's microkernel
+ *    (6 x 16 in ymm registers, 12 x 16 in zmm with AVX-512; same bits) runs over the rows of x, so decoding is paid once per panel, not per row.
  * Threads split the outputs. The weight argument is a descriptor of segments (the parts of a
  * fused projection, each its own type, concatenated along N), written by gguf_ops.py.
  * Built at run time by build.py (gcc -O3 -march=native -fopenmp).
