@@ -70,7 +70,7 @@ def _build(compiler: str, name: str) -> Path:
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp, progress.phase(f"compiling the CPU kernel {name}"):
         out = Path(tmp) / target.name
         proc = subprocess.run([compiler, *_FLAGS, str(path), "-o", str(out), "-lm"],
-                              capture_output=True, text=True, timeout=120)
+                              capture_output=True, text=True, timeout=600)
         if proc.returncode != 0:
             raise RuntimeError(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "compiler failed")
         os.replace(out, target)
