@@ -108,15 +108,7 @@ def test_linear_equals_matmul_on_dequantized(native, qtype):
 def avx2_only(native):
     """The same source built without AVX-512 (the baseline every AVX2 CPU runs): on CPUs with
     AVX-512 the default build takes the 16-wide few-row path instead."""
-    saved_flags, saved_loaded = build._FLAGS, dict(build._loaded)
-    build._FLAGS = [*saved_flags, "-mno-avx512f"]
-    build._loaded.pop("gguf_linear", None)
-    try:
-        lib = build.library("gguf_linear", "GGUF linear-layer (AVX2)")
-    finally:
-        build._FLAGS = saved_flags
-        build._loaded.clear()
-        build._loaded.update(saved_loaded)
+    lib = build.baseline_library("gguf_linear", "GGUF linear-layer")
     assert lib is not None
     return lib
 

@@ -290,15 +290,7 @@ def test_quantized_panels_are_bit_for_bit_the_fp32_panels(bits, N, K, bias) -> N
 @pytest.fixture(scope="module")
 def avx2_packed_linear():
     """The packed linear library built without AVX-512 (what every AVX2 CPU runs)."""
-    saved_flags, saved_loaded = build._FLAGS, dict(build._loaded)
-    build._FLAGS = [*saved_flags, "-mno-avx512f"]
-    build._loaded.pop("packed_linear", None)
-    try:
-        lib = build.library("packed_linear", "linear-layer (AVX2)")
-    finally:
-        build._FLAGS = saved_flags
-        build._loaded.clear()
-        build._loaded.update(saved_loaded)
+    lib = build.baseline_library("packed_linear", "linear-layer")
     assert lib is not None
     return lib
 

@@ -20,8 +20,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import shutil
-import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -33,7 +31,7 @@ from llmserve import progress
 from llmserve.errors import ConfigError
 
 from .gguf_file import GGUFFile
-from .loader import (LoadedModel, _eos_ids, _resolve_source, load_error, quiet_bars, resolve_device,
+from .loader import (LoadedModel, publish_dir, _eos_ids, _resolve_source, load_error, quiet_bars, resolve_device,
                      resolve_dtype)
 
 log = logging.getLogger("llmserve.backend.torch")
@@ -137,21 +135,11 @@ def metadata_dir(path: str, data_offset: int, cache_dir: str | None) -> str:
             tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=fname)
         except (OSError, ValueError, KeyError, NotImplementedError) as exc:
             raise load_error(path, exc) from None
-    os.makedirs(root, exist_ok=True)
-    # Written next to the target and renamed: a crash never leaves a half-written entry.
-    tmp = tempfile.mkdtemp(prefix=".tmp-", dir=root)
-    try:
+    def write(tmp: str) -> None:
         config.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if not os.path.isfile(os.path.join(target, "config.json")):
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)  # another process won the race
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    publish_dir(target, write)
     return target
 
 

@@ -14,7 +14,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -155,12 +155,23 @@ def _convert_gguf(path: str, cache_root: str) -> str:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    os.makedirs(os.path.dirname(target), exist_ok=True)
-    # Write next to the target and rename: a crash never leaves a half-written cache entry.
-    tmp = tempfile.mkdtemp(prefix=".tmp-", dir=os.path.dirname(target))
-    try:
+    def write(tmp: str) -> None:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
+
+    publish_dir(target, write)
+    log.info("converted GGUF in %.1f s", time.monotonic() - t0)
+    return target
+
+
+def publish_dir(target: str, write: Callable[[str], None]) -> None:
+    """Fill a cache directory ``target`` through ``write(tmp)`` on a sibling temp directory,
+    then rename it into place: a crash never leaves a half-written entry, and when another
+    process publishes the same entry first, its copy is kept."""
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".tmp-", dir=os.path.dirname(target))
+    try:
+        write(tmp)
         try:
             os.rename(tmp, target)
         except OSError:
@@ -170,8 +181,6 @@ def _convert_gguf(path: str, cache_root: str) -> str:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    log.info("converted GGUF in %.1f s", time.monotonic() - t0)
-    return target
 
 
 @contextmanager

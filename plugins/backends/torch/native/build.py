@@ -50,7 +50,7 @@ def _cache_dir() -> Path:
     return Path(tempfile.gettempdir()) / f"llmserve-kernels-{os.getuid() if hasattr(os, 'getuid') else 'user'}"
 
 
-def _build(compiler: str, name: str) -> Path:
+def _build(compiler: str, name: str, flags: list[str]) -> Path:
     path = CSRC / f"{name}.c"
     # Shared headers are part of every kernel's source as far as the cache is concerned.
     source = path.read_bytes() + b"".join(h.read_bytes() for h in sorted(CSRC.glob("*.h")))
@@ -60,7 +60,7 @@ def _build(compiler: str, name: str) -> Path:
         cpu += next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("model name")), "")
     except OSError:
         pass
-    key = hashlib.sha256(source + " ".join([compiler, *_FLAGS, cpu]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(source + " ".join([compiler, *flags, cpu]).encode()).hexdigest()[:16]
     target = _cache_dir() / f"{name}-{key}.so"
     if target.exists():
         return target
@@ -69,7 +69,7 @@ def _build(compiler: str, name: str) -> Path:
     # Build next to the target and rename: concurrent first starts never load a half-written file.
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp, progress.phase(f"compiling the CPU kernel {name}"):
         out = Path(tmp) / target.name
-        proc = subprocess.run([compiler, *_FLAGS, str(path), "-o", str(out), "-lm"],
+        proc = subprocess.run([compiler, *flags, str(path), "-o", str(out), "-lm"],
                               capture_output=True, text=True, timeout=600)
         if proc.returncode != 0:
             raise RuntimeError(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "compiler failed")
@@ -86,16 +86,27 @@ def library(name: str, what: str) -> ctypes.CDLL | None:
     with own:  # one build per kernel; different kernels build side by side
         if name in _loaded:
             return _loaded[name]
-        lib = None
-        if not (compiler := os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")):
-            log.info("no C compiler found: %s stays on the torch path", what)
-        else:
-            try:
-                lib = ctypes.CDLL(str(_build(compiler, name)))
-            except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-                log.warning("the CPU %s kernel is unavailable (%s); using the torch path", what, exc)
+        lib = _compile_and_load(name, what, _FLAGS)
         _loaded[name] = lib
         return lib
+
+
+def _compile_and_load(name: str, what: str, flags: list[str]) -> ctypes.CDLL | None:
+    if not (compiler := os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")):
+        log.info("no C compiler found: %s stays on the torch path", what)
+        return None
+    try:
+        return ctypes.CDLL(str(_build(compiler, name, flags)))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        log.warning("the CPU %s kernel is unavailable (%s); using the torch path", what, exc)
+        return None
+
+
+def baseline_library(name: str, what: str) -> ctypes.CDLL | None:
+    """``csrc/<name>.c`` built without AVX-512 (``-mno-avx512f``): the code every AVX2 CPU
+    runs, for tests that hold the AVX-512 paths to it on a CPU that has both. Not cached in
+    this process: ``library()`` keeps returning the regular build."""
+    return _compile_and_load(name, f"{what} (AVX2)", [*_FLAGS, "-mno-avx512f"])
 
 
 def kernel_names() -> list[str]:
