@@ -146,7 +146,6 @@ class TorchBackend(Backend):
             counts = ", ".join(f"{t} {types.count(t)}" for t in sorted(set(types)))
             return f"quantized as in the file: {counts} matrices"
         if not formats:
-
             return None
         counts = ", ".join(f"{f} {formats.count(f)}" for f in ("q4", "q8", "f32") if f in formats)
         return f"packed for the CPU kernels: {counts} matrices"
@@ -173,7 +172,6 @@ class TorchBackend(Backend):
             prepare(gguf_path, getattr(self.config, "cache_dir", None))
             return
         hf_directory(getattr(self.config, "model", None), getattr(self.config, "cache_dir", None))
-
 
     def init_kv_cache(self, spec: KVCacheSpec) -> int:
         lm = self._require_loaded()
