@@ -92,14 +92,15 @@ def test_backend_options_cli_over_env_over_yaml_over_default(tmp_path, monkeypat
     from llmserve.server.serve import plugin_options
 
     cfg_file = write(tmp_path, "torch:\n  compact-weights: false\n  threads: 3\n  native_step: false\n")
-    for name in ("CPU_KERNELS", "CPU_MATMUL_DECODE", "THREADS", "COMPACT_WEIGHTS"):
+    for name in ("CPU_KERNELS", "CPU_MATMUL_DECODE", "THREADS", "COMPACT_WEIGHTS", "GGUF_NATIVE"):
         monkeypatch.delenv(f"LLMSERVE_{name}", raising=False)
     monkeypatch.setenv("LLMSERVE_FUSED_FORWARD", "0")
     monkeypatch.setenv("LLMSERVE_NATIVE_STEP", "1")
     config, _ = load_config({"torch": {"threads": 2, "cpu_kernels": None}}, cfg_file, environ={})
     options = plugin_options(config, Registry.collect(PluginManager().load(autoload=False)))["torch"]
     assert options.model_dump() == {"fused_forward": False, "cpu_kernels": True, "native_step": True,
-                                    "compact_weights": False, "cpu_matmul_decode": True, "threads": 2}
+                                    "compact_weights": False, "cpu_matmul_decode": True, "gguf_native": True,
+                                    "threads": 2}
 
 
 def test_config_show_lists_backend_options_with_sources(tmp_path):

@@ -289,7 +289,8 @@ def test_warmup_builds_the_kernels_and_converts_the_model(tmp_path, monkeypatch)
     monkeypatch.setattr(build, "library", lambda name, what: built.append(name) or None)
     config, _ = load_config({"model": str(gguf), "cache_dir": str(tmp_path / "cache")}, environ={})
     warm_up(config, PluginManager().load(autoload=False))
-    assert sorted(built) == build.kernel_names() and "packed_linear" in built
+    # Every kernel is asked for (some twice: the GGUF path asks for its own before choosing).
+    assert sorted(set(built)) == build.kernel_names() and "packed_linear" in built
     converted = list((tmp_path / "cache" / "converted").glob("*/config.json"))
     assert len(converted) == 1  # the next start reads this instead of converting
 

@@ -31,6 +31,8 @@ class ModelInfo:
     device: str = "cpu"
     task: str = "generate"          # "generate" or "embed"
     quantization: str | None = None  # how the weights are stored when not plainly in ``dtype``
+    num_parameters: int | None = None  # weights in the model, when the backend knows without a directory to read
+    weight_bytes: int | None = None    # bytes its weights take as served (e.g. a GGUF's quantized tensors)
 
     def __post_init__(self) -> None:
         # A model is refused at load when its own chat template is a template-injection

@@ -16,7 +16,7 @@ from llmserve.errors import ConfigError
 from llmserve.hooks.manager import PluginManager
 from llmserve.hooks.registry import Registry
 from llmserve.server.context import ServerContext
-from llmserve.server.memory import trim_when_idle
+from llmserve.server.memory import heap_trimmer, trim_when_idle
 from llmserve.server.startup import base_url, bind_socket, ready_summary
 from llmserve.text.chat_template import server_template
 
@@ -214,6 +214,10 @@ def prepare_server(config: ServerConfig, plugins: PluginManager) -> tuple[Any, S
         with progress.phase("allocating the KV pool"):
             engine = LLMEngine(backend, model, config)
         context.model = model
+        # Loading parses and frees a lot (tokenizer and GGUF metadata conversion, checkpoint
+        # headers): hand those freed heap pages back now rather than after the first requests.
+        if (trim := heap_trimmer()) is not None:
+            trim()
         return engine
 
     def load() -> None:

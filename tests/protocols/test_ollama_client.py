@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import json
 
+import gguf
 import jsonschema
 import ollama
 import pytest
+
+from llmserve.plugins.backends.torch.loader import embedded_model_path
 
 pytestmark = pytest.mark.slow
 
@@ -22,10 +25,16 @@ def client(smollm_server):
     return ollama.Client(host=smollm_server.url, timeout=300)
 
 
+def gguf_tensor_bytes(path: str) -> int:
+    """The bytes of every tensor of a GGUF file, read with the gguf package's own reader."""
+    return sum(int(t.n_bytes) for t in gguf.GGUFReader(path).tensors)
+
+
 def test_list_show_ps(client):
     [model] = client.list().models
     assert model.model == MODEL and model.details.family == "llama" and model.details.format == "gguf"
-    assert model.details.parameter_size == "134.5M" and model.size == 134515008 * 4  # float32 weights
+    # The embedded GGUF is served in its own quantization: size is its tensors' bytes in the file.
+    assert model.details.parameter_size == "134.5M" and model.size == gguf_tensor_bytes(embedded_model_path())
     shown = client.show(MODEL)
     assert shown.capabilities == ["completion"] and "<|im_start|>" in shown.template
     assert shown.modelinfo["llama.context_length"] == 2048 and shown.modelinfo["llama.block_count"] == 30

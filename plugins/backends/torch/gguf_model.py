@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 import time
 import warnings
@@ -52,6 +53,8 @@ class GGUFParts:
     embed: Callable[[torch.Tensor], torch.Tensor]  # token ids [T] -> fp32 [T, hidden]
     head: Any                            # the output projection (a GGUF linear)
     types: list[str] = field(default_factory=list)  # each projection matrix's GGUF type, lower case
+    parameters: int = 0                  # every tensor's element count, summed
+    weight_bytes: int = 0                # every tensor's bytes in the file, summed
 
 
 def _open(path: str) -> GGUFFile:
@@ -222,6 +225,8 @@ def load_native(config: Any, path: str) -> tuple[LoadedModel, GGUFParts]:
         raise ConfigError(f"cannot load {which}: {exc}") from None
     model = _skeleton(model_config)
     parts = _map_weights(model, model_config, gguf_file, gguf_file.architecture == "llama")
+    parts.parameters = sum(math.prod(t.shape) for t in gguf_file.tensors.values())
+    parts.weight_bytes = sum(t.data.nbytes for t in gguf_file.tensors.values())
     del gguf_file  # the reader and its fields; the tensors keep their own references to the mapping
     log.info("loaded %s (GGUF %s, read from the file) in %.1f s", name,
              ",".join(sorted(set(parts.types))), time.monotonic() - t0)

@@ -129,6 +129,8 @@ class TorchBackend(Backend):
             name=lm.name, path=lm.path, max_model_len=lm.max_model_len, vocab_size=lm.vocab_size,
             eos_token_ids=lm.eos_token_ids, tokenizer=lm.tokenizer, chat_template=lm.chat_template,
             dtype=str(lm.dtype).removeprefix("torch."), device=lm.device.type, quantization=self._stored_as(),
+            num_parameters=self._gguf.parameters if self._gguf is not None else None,
+            weight_bytes=self._gguf.weight_bytes if self._gguf is not None else None,
         )
 
     def _load_model(self) -> LoadedModel:

@@ -2,9 +2,10 @@
 
 Facts come from the loaded model's directory, read once and without loading weights: the
 architecture and sizes from ``config.json``, the parameter count from the safetensors
-headers (a few kilobytes each). What cannot be known is left empty rather than invented.
-``quantization_level`` is the precision the server computes in (a GGUF is dequantized on
-load), ``size`` the bytes of the weights as served.
+headers (a few kilobytes each), or from the backend's ``ModelInfo`` when it knows them (a GGUF
+served in its own quantization). What cannot be known is left empty rather than invented.
+``quantization_level`` is the precision the server computes in, ``size`` the bytes of the
+weights as served.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ def read_facts(info: Any) -> ModelFacts:
         facts.modified = os.path.getmtime(info.path)
     except OSError:
         pass
+    facts.parameters = int(getattr(info, "num_parameters", None) or 0)
     if not folder:
         return facts
     try:
@@ -70,7 +72,7 @@ def read_facts(info: Any) -> ModelFacts:
     if isinstance(facts.config.get("text_config"), dict):
         facts.config = {**facts.config, **facts.config["text_config"]}
     facts.family = str(facts.config.get("model_type") or "")
-    for name in sorted(os.listdir(folder)):
+    for name in sorted(os.listdir(folder)) if not facts.parameters else ():
         if name.endswith(".safetensors"):
             try:
                 facts.parameters += _safetensors_parameters(os.path.join(folder, name))
@@ -109,7 +111,8 @@ class ModelCard:
         return self._facts
 
     def _size(self) -> int:
-        return self.facts.parameters * _BYTES.get(self.context.model.dtype, 4)
+        served = getattr(self.context.model, "weight_bytes", None)
+        return int(served) if served else self.facts.parameters * _BYTES.get(self.context.model.dtype, 4)
 
     def details(self) -> dict[str, Any]:
         info, facts = self.context.model, self.facts
