@@ -63,8 +63,7 @@ class MeasuredServer(Server):
     """A serve_bench server that also records time to ready and resident memory."""
 
     def __init__(self, name: str, cmd: list[str], port: int, extra: dict, ready_path: str) -> None:
-        super().__init__(name, cmd, port, "bench", extra)
-        self.ready_path = ready_path
+        super().__init__(name, cmd, port, "bench", extra, ready_path)
         self.ready_s = math.nan
         self.rss_ready = self.rss_end = 0
 

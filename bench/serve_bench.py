@@ -146,14 +146,16 @@ def plain_generate_in_child(model_dir: str, dtype: str, device: str, max_tokens:
 class Server:
     """One server under test: started once, then driven level by level."""
 
-    def __init__(self, name: str, cmd: list[str], port: int, model_name: str, extra: dict) -> None:
+    def __init__(self, name: str, cmd: list[str], port: int, model_name: str, extra: dict,
+                 ready_path: str = "/ready") -> None:
         self.name, self.cmd, self.port, self.model_name, self.extra = name, cmd, port, model_name, extra
+        self.ready_path = ready_path  # answers 200 once the model is loaded
         self.url = f"http://127.0.0.1:{port}"
         self.proc: subprocess.Popen | None = None
 
     def start(self, log_dir: str, env: dict[str, str]) -> None:
         print(f"starting {self.name}: {' '.join(self.cmd)}", flush=True)
-        self.proc = start(self.cmd, self.port, Path(log_dir) / f"{self.name}.log", env)
+        self.proc = start(self.cmd, self.port, Path(log_dir) / f"{self.name}.log", env, self.ready_path)
         asyncio.run(run_level(self.url, self.model_name, 1, 2, 8, self.extra))  # warm-up
 
     def level(self, concurrency: int, total: int, max_tokens: int) -> dict:
@@ -257,7 +259,8 @@ def main() -> None:
         vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
         gen = {"eos_token_id": [args.peer_eos_id if args.peer_eos_id is not None else vocab - 1],
                "max_new_tokens": args.max_tokens, "do_sample": False}
-        servers.append(Server("transformers", peer_cmd, peer_port, model_dir, {"generation_config": json.dumps(gen)}))
+        servers.append(Server("transformers", peer_cmd, peer_port, model_dir, {"generation_config": json.dumps(gen)},
+                              "/v1/models"))  # transformers serve has no readiness route
     plain = None
     if not args.skip_plain_generate:
         os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")  # inherited by the child
