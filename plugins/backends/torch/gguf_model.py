@@ -55,6 +55,7 @@ class GGUFParts:
     types: list[str] = field(default_factory=list)  # each projection matrix's GGUF type, lower case
     parameters: int = 0                  # every tensor's element count, summed
     weight_bytes: int = 0                # every tensor's bytes in the file, summed
+    bf16_matmul: bool = False            # batches multiply in bf16 on AMX tiles (gguf_ops.gguf_linear)
 
 
 def _open(path: str) -> GGUFFile:
@@ -207,8 +208,9 @@ def _parameter(module: Any, name: str, value: torch.Tensor) -> None:
     setattr(module, name, torch.nn.Parameter(value, requires_grad=False))
 
 
-def load_native(config: Any, path: str) -> tuple[LoadedModel, GGUFParts]:
-    """The model of the GGUF file at ``path`` with its weights left in the file's quantization."""
+def load_native(config: Any, path: str, bf16_matmul: bool = False) -> tuple[LoadedModel, GGUFParts]:
+    """The model of the GGUF file at ``path`` with its weights left in the file's quantization;
+    ``bf16_matmul``: the linears take the bf16 AMX path for batches (``gguf_ops.gguf_linear``)."""
     from transformers import AutoConfig, AutoTokenizer
 
     t0 = time.monotonic()
@@ -224,7 +226,7 @@ def load_native(config: Any, path: str) -> tuple[LoadedModel, GGUFParts]:
         which = f"tokenizer {tokenizer_dir!r}" if tokenizer_dir else f"the tokenizer of model {source!r}"
         raise ConfigError(f"cannot load {which}: {exc}") from None
     model = _skeleton(model_config)
-    parts = _map_weights(model, model_config, gguf_file, gguf_file.architecture == "llama")
+    parts = _map_weights(model, model_config, gguf_file, gguf_file.architecture == "llama", bf16_matmul)
     parts.parameters = sum(math.prod(t.shape) for t in gguf_file.tensors.values())
     parts.weight_bytes = sum(t.data.nbytes for t in gguf_file.tensors.values())
     del gguf_file  # the reader and its fields; the tensors keep their own references to the mapping
@@ -243,7 +245,7 @@ def load_native(config: Any, path: str) -> tuple[LoadedModel, GGUFParts]:
     return lm, parts
 
 
-def _map_weights(model: Any, cfg: Any, f: _File, permuted: bool) -> GGUFParts:
+def _map_weights(model: Any, cfg: Any, f: _File, permuted: bool, bf16: bool = False) -> GGUFParts:
     """Fill the skeleton's small tensors from ``f`` and build the GGUF linears, named as
     llama.cpp's converter names them (``blk.N.attn_q.weight``, ...)."""
     ops = f.ops
@@ -257,11 +259,14 @@ def _map_weights(model: Any, cfg: Any, f: _File, permuted: bool) -> GGUFParts:
         return name
 
     types: list[str] = []
+    if bf16 and not ops.amx_available():
+        log.warning("gguf_bf16_matmul: this CPU (or kernel) offers no AMX tiles; the exact fp32 kernels run")
+        bf16 = False
 
     def linear(names: list[str], rows: list[torch.Tensor | None], bias: torch.Tensor | None) -> Any:
         quants = [f.quant(need(n), r) for n, r in zip(names, rows)]
         types.extend(ops.SUPPORTED[q.qtype].lower() for q in quants)
-        lin = ops.gguf_linear(quants, bias)
+        lin = ops.gguf_linear(quants, bias, bf16=bf16)
         if lin is None:
             raise ConfigError(f"the native GGUF kernels cannot run {names[0]}; serve this model with "
                               "--no-torch-gguf-native (an fp32 copy)")
@@ -305,4 +310,4 @@ def _map_weights(model: Any, cfg: Any, f: _File, permuted: bool) -> GGUFParts:
     def embed(ids: torch.Tensor) -> torch.Tensor:
         return gguf_rows(embed_t, ids)
 
-    return GGUFParts(layers=layers, embed=embed, head=head, types=types)
+    return GGUFParts(layers=layers, embed=embed, head=head, types=types, bf16_matmul=bf16)

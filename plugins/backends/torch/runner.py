@@ -78,7 +78,7 @@ class TorchBackend(Backend):
 
         gguf_path = native_gguf_path(self.config, opts)
         if gguf_path is not None:  # the file's own quantized weights; no fp32 copy
-            self.loaded, self._gguf = load_native(self.config, gguf_path)
+            self.loaded, self._gguf = load_native(self.config, gguf_path, bf16_matmul=opts.gguf_bf16_matmul)
             lm = self.loaded
         else:
             lm = self.loaded = self._load_model()
@@ -226,7 +226,8 @@ class TorchBackend(Backend):
                 f"linears={'gguf' if self._gguf else 'packed' if any(formats) else 'torch'} "
                 f"elementwise={'native' if self._ops is not None else 'torch'} native_step={'on' if step else 'off'} "
                 f"panels=f32:{formats.count('f32')},q4:{formats.count('q4')},q8:{formats.count('q8')}"
-                + (f" weights=gguf:{','.join(sorted(set(self._gguf.types)))}" if self._gguf is not None else ""))
+                + (f" weights=gguf:{','.join(sorted(set(self._gguf.types)))}" if self._gguf is not None else "")
+                + (" gguf_matmul=bf16-amx" if self._gguf is not None and self._gguf.bf16_matmul else ""))
 
     def release(self, seq_ids: list[int]) -> None:
         if self.sampler is not None:

@@ -9,6 +9,11 @@ dequantized matrix up to summation order. Activations are never quantized.
 are Q4_K and v is Q6_K, a fused gate-and-up), each with its own type and an optional row
 permutation, and returns a ``GGUFLinear`` with ``PackedLinear``'s duck type (``ops.py``), so the
 fused forward and the one-call decode step (``step.py``) drive it like any packed projection.
+
+``gguf_linear(..., bf16=True)`` trades that exactness for speed on CPUs with AMX: from five rows
+of x on (prefill, batched decode), weights and activations are rounded to bf16 and multiplied
+on the tile unit with fp32 accumulation (``y`` then equals ``bf16(x) @ bf16(W).T`` up to
+summation order). Fewer rows, and CPUs without AMX, keep the exact fp32 kernel.
 """
 
 from __future__ import annotations
@@ -103,7 +108,8 @@ class GGUFLinear:
 
     __slots__ = ("_fn", "_parts", "kernel", "format", "packed", "bias", "out_features", "in_features")
 
-    def __init__(self, lib: ctypes.CDLL | None, parts: list[QuantTensor], bias: torch.Tensor | None) -> None:
+    def __init__(self, lib: ctypes.CDLL | None, parts: list[QuantTensor], bias: torch.Tensor | None,
+                 bf16: bool = False) -> None:
         self._parts = list(parts)  # keeps every part's bytes (and rows index) alive for the descriptor
         self.in_features = parts[0].shape[1]
         self.out_features = sum(p.shape[0] for p in parts)
@@ -119,7 +125,8 @@ class GGUFLinear:
                      p.shape[0], p.rows.data_ptr() if p.rows is not None else 0]
         self.packed = torch.tensor(desc, dtype=torch.int64)
         self.bias = bias.detach().to(torch.float32).contiguous() if bias is not None else None
-        self._fn = bind(lib, "gguf_linear_f32", None, *[PTR] * 4, I64, I64, I64, ctypes.c_int) if lib else None
+        entry = "gguf_linear_amx" if bf16 else "gguf_linear_f32"
+        self._fn = bind(lib, entry, None, *[PTR] * 4, I64, I64, I64, ctypes.c_int) if lib else None
         self.kernel: int = ctypes.cast(self._fn, PTR).value if self._fn is not None else 0
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -140,10 +147,19 @@ def _library() -> ctypes.CDLL | None:
     return library("gguf_linear", "GGUF linear-layer")
 
 
-def gguf_linear(parts: list[QuantTensor], bias: torch.Tensor | None = None) -> GGUFLinear | None:
+def amx_available() -> bool:
+    """Whether the bf16 tile path runs here: the kernels were built for a CPU with AMX-BF16 and
+    Linux grants this process the tile state."""
+    lib = _library()
+    return lib is not None and bool(bind(lib, "gguf_amx_ready", ctypes.c_int)())
+
+
+def gguf_linear(parts: list[QuantTensor], bias: torch.Tensor | None = None, bf16: bool = False) -> GGUFLinear | None:
     """The parts (concatenated along N) as one linear layer, or None when the native library
-    cannot be built here. Raises ``ValueError`` (one line) for a type the kernels do not serve,
-    K not a multiple of the block size, parts of different K, or a bias of the wrong shape."""
+    cannot be built here. ``bf16``: multiply five rows of x or more in bf16 on AMX tiles where
+    the CPU has them (``amx_available``), else ignored. Raises ``ValueError`` (one line) for a
+    type the kernels do not serve, K not a multiple of the block size, parts of different K, or
+    a bias of the wrong shape."""
     if not parts:
         raise ValueError("gguf_linear needs at least one part")
     for i, p in enumerate(parts):
@@ -154,7 +170,7 @@ def gguf_linear(parts: list[QuantTensor], bias: torch.Tensor | None = None) -> G
     if bias is not None and (bias.dim() != 1 or bias.shape[0] != n):
         raise ValueError(f"bias: expected [{n}], got {list(bias.shape)}")
     lib = _library()
-    return GGUFLinear(lib, parts, bias) if lib is not None else None
+    return GGUFLinear(lib, parts, bias, bf16 and amx_available()) if lib is not None else None
 
 
 _ROWS_FN: dict[int, ctypes._CFuncPtr] = {}

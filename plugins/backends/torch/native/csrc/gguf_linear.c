@@ -19,6 +19,8 @@
  *  - more rows (prefill, large batches): per thread, 16 output rows are unpacked into an fp32
  *    panel [K][16] (a transpose, 32 k at a time through L1) and fp32_panel.h's microkernel
  *    (6 x 16 in ymm registers, 12 x 16 in zmm with AVX-512; same bits) runs over the rows of x, so decoding is paid once per panel, not per row.
+ * Opt-in (gguf_linear_amx, at the end): bf16 products, on AMX tiles from five rows of x and from
+ * the codes of Q4_K / Q6_K with AVX512-BF16 below; not bit-identical to the paths above.
  * Threads split the outputs. The weight argument is a descriptor of segments (the parts of a
  * fused projection, each its own type, concatenated along N), written by gguf_ops.py.
  * Built at run time by build.py (gcc -O3 -march=native -fopenmp).
@@ -26,6 +28,7 @@
 #if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
 #error "the GGUF linear kernel needs AVX2, FMA and F16C"
 #endif
+#define _GNU_SOURCE /* syscall(), for the AMX tile permission */
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -54,6 +57,30 @@ static inline const uint8_t *seg_row(const Seg *s, int64_t n) {
     return (const uint8_t *)(intptr_t)s->base + (rows ? (int64_t)rows[n] : n) * s->stride;
 }
 
+/* How many work units of ``unit`` output rows the parts make (a unit never spans two parts). */
+static inline int64_t unit_count(const Desc *d, int64_t unit) {
+    int64_t total = 0;
+    for (int64_t s = 0; s < d->nseg; s++) total += (d->seg[s].n + unit - 1) / unit;
+    return total;
+}
+
+/* Unit u's part, with its first output among all (*col), within the part (*n0), and how many
+ * outputs it has (*cnt, up to unit). */
+static inline const Seg *unit_of(const Desc *d, int64_t u, int64_t unit, int64_t *col, int64_t *n0, int64_t *cnt) {
+    int64_t s = 0, left = u, c = 0;
+    for (; s < d->nseg; s++) {
+        const int64_t us = (d->seg[s].n + unit - 1) / unit;
+        if (left < us) break;
+        left -= us;
+        c += d->seg[s].n;
+    }
+    const Seg *sg = &d->seg[s];
+    *n0 = left * unit;
+    *cnt = sg->n - *n0 < unit ? sg->n - *n0 : unit;
+    *col = c + *n0;
+    return sg;
+}
+
 static inline float h2f(const uint8_t *p) {
     uint16_t h;
     memcpy(&h, p, 2);
@@ -62,17 +89,6 @@ static inline float h2f(const uint8_t *p) {
 
 static inline __m256i u8x8(const uint8_t *p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
 static inline __m256 cvt(__m256i v) { return _mm256_cvtepi32_ps(v); }
-
-/* The 6-bit scale and min of sub-block j (0..7) of a Q4_K / Q5_K super-block's 12 bytes. */
-static inline void k_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
-    if (j < 4) {
-        *sc = s[j] & 63;
-        *mn = s[j + 4] & 63;
-    } else {
-        *sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
-        *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-    }
-}
 
 /* BODY(c, ph) for every full chunk c < full. For the K-quants ph = c % 4 is a compile-time
  * constant (their ``full`` is a multiple of 8, so chunks come four at a time); other types
@@ -96,18 +112,27 @@ static inline int is_k(int type) { return type == T_Q4_K || type == T_Q5_K || ty
  * per 32; Q6_K: f[i] = d * sc_i per 16. Other types have none. */
 static inline __attribute__((always_inline)) void kprep(const int type, const uint8_t *row, int64_t c, float *f) {
     if (type == T_Q4_K || type == T_Q5_K) {
+        /* The eight 6-bit scales and mins unpacked four bytes at a time (a super-block is decoded
+         * every 256 weights, per row: byte by byte it cost as much as the weights' own rebuild).
+         * Bytes 0-3: scales 0-3 (low 6 bits), 4-7: mins 0-3, 8-11: low nibbles scales 4-7, high
+         * nibbles mins 4-7; the top two bits of bytes 0-3 / 4-7 are bits 4-5 of scales / mins 4-7. */
         const uint8_t *sb = row + (c >> 3) * (type == T_Q4_K ? 144 : 176);
-        const float d = h2f(sb), dmin = h2f(sb + 2);
-        for (int j = 0; j < 8; j++) {
-            int sc, mn;
-            k_scale_min(sb + 4, j, &sc, &mn);
-            f[j] = d * (float)sc;
-            f[8 + j] = dmin * (float)mn;
-        }
+        uint32_t w[3];
+        memcpy(w, sb + 4, 12);
+        const uint32_t m6 = 0x3F3F3F3Fu, m4 = 0x0F0F0F0Fu, m2 = 0x03030303u;
+        const uint32_t sc[2] = {w[0] & m6, (w[2] & m4) | (((w[0] >> 6) & m2) << 4)};
+        const uint32_t mn[2] = {w[1] & m6, ((w[2] >> 4) & m4) | (((w[1] >> 6) & m2) << 4)};
+        const __m256 d = _mm256_set1_ps(h2f(sb)), dmin = _mm256_set1_ps(h2f(sb + 2));
+        const __m256 scv = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_setr_epi32((int)sc[0], (int)sc[1], 0, 0)));
+        const __m256 mnv = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_setr_epi32((int)mn[0], (int)mn[1], 0, 0)));
+        _mm256_storeu_ps(f, _mm256_mul_ps(d, scv));
+        _mm256_storeu_ps(f + 8, _mm256_mul_ps(dmin, mnv));
     } else if (type == T_Q6_K) {
         const uint8_t *sb = row + (c >> 3) * 210;
-        const float d = h2f(sb + 208);
-        for (int i = 0; i < 16; i++) f[i] = d * (float)((const int8_t *)(sb + 192))[i];
+        const __m256 d = _mm256_set1_ps(h2f(sb + 208));
+        const __m128i sc = _mm_loadu_si128((const __m128i *)(sb + 192));
+        _mm256_storeu_ps(f, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc))));
+        _mm256_storeu_ps(f + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8)))));
     }
 }
 
@@ -561,11 +586,9 @@ static __thread int64_t g_scratch_len = 0;
 void gguf_linear_f32(const float *x, const void *wp, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
                      int nthreads) {
     const Desc *desc = (const Desc *)wp;
-    const int64_t nseg = desc->nseg;
     const int direct = M <= DIRECT;
     const int64_t unit = direct ? GR : NR;
-    int64_t total = 0;
-    for (int64_t s = 0; s < nseg; s++) total += (desc->seg[s].n + unit - 1) / unit;
+    const int64_t total = unit_count(desc, unit);
     const int64_t need = ((K + CK - 1) / CK * CK + CK) * NR;
     (void)N;
 #pragma omp parallel num_threads(nthreads)
@@ -581,16 +604,8 @@ void gguf_linear_f32(const float *x, const void *wp, const float *bias, float *y
         }
 #pragma omp for schedule(dynamic, 16) /* mixed-type parts cost unevenly per row */
         for (int64_t u = 0; u < total; u++) {
-            int64_t s = 0, left = u, col = 0;
-            for (; s < nseg; s++) { /* the unit's segment and its first output */
-                const int64_t us = (desc->seg[s].n + unit - 1) / unit;
-                if (left < us) break;
-                left -= us;
-                col += desc->seg[s].n;
-            }
-            const Seg *sg = &desc->seg[s];
-            const int64_t n0 = left * unit, cnt = sg->n - n0 < unit ? sg->n - n0 : unit;
-            col += n0;
+            int64_t col, n0, cnt;
+            const Seg *sg = unit_of(desc, u, unit, &col, &n0, &cnt);
             const uint8_t *rw[NR];
             for (int64_t r = 0; r < unit; r++) rw[r] = seg_row(sg, n0 + (r < cnt ? r : 0));
             const float *b = bias ? bias + col : NULL;
@@ -621,3 +636,381 @@ void gguf_linear_f32(const float *x, const void *wp, const float *bias, float *y
         }
     }
 }
+
+/* ---- many rows in bf16 on AMX tiles (opt-in: not bit-identical to the fp32 paths) ----
+ *
+ * y = bf16(x) @ bf16(W)^T with fp32 accumulation: each weight is rebuilt exactly (dq32x) and
+ * then rounded to bf16 (nearest even), each activation rounded to bf16 likewise, and the tile
+ * unit (TDPBF16PS) multiplies and accumulates in fp32. Per thread, 16 output rows are rebuilt
+ * once into a bf16 panel [K / 32][16][32] (L2) that every 16 rows of x then multiply: the
+ * panel is the A operand (rows = outputs, row-major, as rebuilt), x is packed once per call as
+ * the B operand (pairs of k interleaved by row), so C holds [16 outputs][16 rows of x] and is
+ * transposed on the way out. Up to four rows of x (DMAX) take the few-row path below instead
+ * (the panel would not pay for itself); K not a multiple of 32, or a kernel that refuses the
+ * tile state: the exact fp32 kernel above. */
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define XT 16 /* rows of x per tile */
+#define CT 4  /* C tiles held at once: 64 rows of x per pass over a panel */
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} TileConfig;
+
+static int g_amx = 0; /* 0 not asked yet, 1 granted, -1 refused */
+
+/* Ask Linux for the AMX tile state (ARCH_REQ_XCOMP_PERM for XTILEDATA, once per process).
+ * Returns 1 when the tiles may be used. */
+int gguf_amx_ready(void) {
+    if (g_amx == 0) g_amx = syscall(SYS_arch_prctl, 0x1023, 18) == 0 ? 1 : -1;
+    return g_amx == 1;
+}
+
+/* x [M, K] as B tiles: tile (t, c) holds rows 16t .. 16t + 15 and k 32c .. 32c + 31 as
+ * [16 pairs][16 rows][2] bf16 (512 values); rows past M are zero. */
+static void pack_x_bf16(const float *x, int64_t M, int64_t K, uint16_t *xb, int nthreads) {
+    const int64_t nch = K / CK, ntile = (M + XT - 1) / XT;
+    const __m512i pairs = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                             _mm512_set1_epi32(XT));
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (M * K > 65536)
+    for (int64_t tc = 0; tc < ntile * nch; tc++) {
+        const int64_t t = tc / nch, c = tc % nch;
+        int32_t *tile = (int32_t *)(xb + tc * 512);
+        for (int m = 0; m < XT; m++) {
+            const int64_t row = t * XT + m;
+            __m512i v = _mm512_setzero_si512();
+            if (row < M) {
+                const float *p = x + row * K + c * CK;
+                v = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(p + 16), _mm512_loadu_ps(p));
+            }
+            _mm512_i32scatter_epi32(tile + m, pairs, v, 4); /* pair p of this row -> dword 16 p + m */
+        }
+    }
+}
+
+/* The 16 stored rows rw as the bf16 panel [K / 32][16][32]. */
+static inline __attribute__((always_inline)) void panel_bf16(const int type, const uint8_t *const *rw, int64_t K,
+                                                            uint16_t *panel, const uint8_t *const *pf, int64_t pfstep) {
+    const int64_t full = K / CK;
+    float f[NR][16];
+#define BF16_CHUNK(c, ph)                                                                                      \
+    {                                                                                                          \
+        if (is_k(type) && ((c) & 7) == 0)                                                                      \
+            for (int r = 0; r < NR; r++) kprep(type, rw[r], c, f[r]);                                          \
+        if (pf) prefetch_rows(NR, pf, (c) * pfstep, pfstep);                                                   \
+        for (int r = 0; r < NR; r++) {                                                                         \
+            __m512 w[2];                                                                                       \
+            dq32x(type, ph, rw[r], c, f[r], w);                                                                \
+            _mm512_store_si512((__m512i *)(panel + ((c) * NR + r) * CK), (__m512i)_mm512_cvtne2ps_pbh(w[1], w[0])); \
+        }                                                                                                      \
+    }
+    FOR_CHUNKS(full, BF16_CHUNK);
+#undef BF16_CHUNK
+}
+
+static __thread uint16_t *g_xb = NULL, *g_panel = NULL;
+static __thread int64_t g_xb_len = 0, g_panel_len = 0;
+
+static uint16_t *grow(uint16_t **buf, int64_t *len, int64_t need) {
+    if (*len < need) {
+        free(*buf);
+        *buf = aligned_alloc(64, (size_t)((need * 2 + 63) / 64 * 64));
+        *len = *buf ? need : 0;
+    }
+    return *buf;
+}
+
+/* C tile j += A (tile 4) x B (tile 5), the B tile loaded from ``b``; j a constant. */
+#define AMX_STEP(j, b)                                  \
+    do {                                                \
+        _tile_loadd(5, (b), 64);                        \
+        _tile_dpbf16ps(j, 4, 5);                        \
+    } while (0)
+
+/* ---- few rows under the same option: Q4_K and Q6_K from their codes with AVX512-BF16 dot products ----
+ * A Q4_K weight is (d * sc_j) * q - dmin * m_j with q in 0..15, and q is exact in bf16, so
+ * sum_i w_i x_i = D_j * sum_i q_i x_i - Mn_j * sum_i x_i per sub-block j of 32: VDPBF16PS forms
+ * sum_i q_i bf16(x_i) from the codes (looked up as bf16 in one permute, no fp32 rebuild), one
+ * FMA scales it. So these products take exact weights and bf16 activations; the rebuild that
+ * bounds the fp32 kernel at one to four rows is gone. Q6_K likewise (dot_q6k_bf16); other types
+ * keep the exact fp32 kernel. */
+
+/* bf16(i & 15) for i in 0..31: a byte's low five bits index it (bit 4 ignored, as the table repeats). */
+static inline __m512i nibble_table(void) {
+    static const uint16_t t[32] = {0x0000, 0x3f80, 0x4000, 0x4040, 0x4080, 0x40a0, 0x40c0, 0x40e0,
+                                   0x4100, 0x4110, 0x4120, 0x4130, 0x4140, 0x4150, 0x4160, 0x4170,
+                                   0x0000, 0x3f80, 0x4000, 0x4040, 0x4080, 0x40a0, 0x40c0, 0x40e0,
+                                   0x4100, 0x4110, 0x4120, 0x4130, 0x4140, 0x4150, 0x4160, 0x4170};
+    return _mm512_loadu_si512(t);
+}
+
+/* sums[m * GR + r] = bf16(x row m) . Q4_K row r, R rows at once (R, M compile-time constants).
+ * xb: bf16 x [M][K]; xs: per 32 of x the sum of its bf16 values, [M][K / 32]. */
+static inline __attribute__((always_inline)) void dot_q4k_bf16(const int R, const int M, const uint8_t *const *rw,
+                                                              const uint16_t *xb, const float *xs, int64_t K,
+                                                              float *sums, const uint8_t *const *pf) {
+    const __m512i tab = nibble_table();
+    __m512 acc[GR][DMAX];
+    __m256 mins[GR][DMAX];
+    for (int r = 0; r < R; r++)
+        for (int m = 0; m < M; m++) {
+            acc[r][m] = _mm512_setzero_ps();
+            mins[r][m] = _mm256_setzero_ps();
+        }
+    float f[GR][16];
+    for (int64_t sb = 0; sb < K / 256; sb++) {
+        for (int r = 0; r < R; r++) kprep(T_Q4_K, rw[r], sb * 8, f[r]);
+        if (pf)
+            for (int r = 0; r < R; r++) {
+                _mm_prefetch((const char *)(pf[r] + sb * 144), _MM_HINT_T0);
+                _mm_prefetch((const char *)(pf[r] + sb * 144 + 64), _MM_HINT_T0);
+                _mm_prefetch((const char *)(pf[r] + sb * 144 + 128), _MM_HINT_T0);
+            }
+        for (int g = 0; g < 4; g++)
+            for (int r = 0; r < R; r++) {
+                const __m512i words = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(rw[r] + sb * 144 + 16 + 32 * g)));
+                const __m512bh lo = (__m512bh)_mm512_permutexvar_epi16(words, tab);
+                const __m512bh hi = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(words, 4), tab);
+                const __m512 d0 = _mm512_set1_ps(f[r][2 * g]), d1 = _mm512_set1_ps(f[r][2 * g + 1]);
+                for (int m = 0; m < M; m++) {
+                    const uint16_t *xp = xb + m * K + sb * 256 + 64 * g;
+                    const __m512 s0 = _mm512_dpbf16_ps(_mm512_setzero_ps(), lo, (__m512bh)_mm512_loadu_si512(xp));
+                    const __m512 s1 = _mm512_dpbf16_ps(_mm512_setzero_ps(), hi, (__m512bh)_mm512_loadu_si512(xp + 32));
+                    acc[r][m] = _mm512_fmadd_ps(s1, d1, _mm512_fmadd_ps(s0, d0, acc[r][m]));
+                }
+            }
+        for (int r = 0; r < R; r++)
+            for (int m = 0; m < M; m++)
+                mins[r][m] = _mm256_fmadd_ps(_mm256_loadu_ps(f[r] + 8), _mm256_loadu_ps(xs + m * (K / CK) + sb * 8),
+                                             mins[r][m]);
+    }
+    for (int r = 0; r < R; r++)
+        for (int m = 0; m < M; m++) sums[m * GR + r] = _mm512_reduce_add_ps(acc[r][m]) - hsum8(mins[r][m]);
+}
+
+/* bf16(i - 32) for i in 0..63, as two 32-entry halves: a Q6_K code's six bits index it. */
+static inline void q6_table(__m512i *lo, __m512i *hi) {
+    uint16_t t[64];
+    for (int i = 0; i < 64; i++) {
+        const float v = (float)(i - 32); /* an integer under 64: exact in bf16, the top 16 bits */
+        uint32_t u;
+        memcpy(&u, &v, 4);
+        t[i] = (uint16_t)(u >> 16);
+    }
+    *lo = _mm512_loadu_si512(t);
+    *hi = _mm512_loadu_si512(t + 32);
+}
+
+/* As dot_q4k_bf16 for Q6_K: w = (d * sc_i) * (q - 32) per 16, q - 32 exact in bf16, so each 32
+ * weights are one dot product of the looked-up codes with bf16(x), lanes 0-7 scaled by the first
+ * 16's factor and lanes 8-15 by the second's. Weight 128 h + r: low four bits from byte
+ * 64 h + r % 64 of ql (shifted by 4 (r / 64)), high two from byte 32 h + r % 32 of qh (shifted by
+ * 2 (r / 32)). */
+static inline __attribute__((always_inline)) void dot_q6k_bf16(const int R, const int M, const uint8_t *const *rw,
+                                                              const uint16_t *xb, int64_t K, float *sums,
+                                                              const uint8_t *const *pf) {
+    __m512i tlo, thi;
+    q6_table(&tlo, &thi);
+    const __m512i f15 = _mm512_set1_epi16(15), hmask = _mm512_set1_epi16(0x30);
+    __m512i lanes[4];
+    for (int c = 0; c < 4; c++) /* factor index of each dot-product lane, chunk c of a half */
+        lanes[c] = _mm512_setr_epi32(2 * c, 2 * c, 2 * c, 2 * c, 2 * c, 2 * c, 2 * c, 2 * c, 2 * c + 1, 2 * c + 1,
+                                     2 * c + 1, 2 * c + 1, 2 * c + 1, 2 * c + 1, 2 * c + 1, 2 * c + 1);
+    __m512 acc[GR][DMAX];
+    for (int r = 0; r < R; r++)
+        for (int m = 0; m < M; m++) acc[r][m] = _mm512_setzero_ps();
+    float f[GR][16];
+    for (int64_t sb = 0; sb < K / 256; sb++) {
+        for (int r = 0; r < R; r++) kprep(T_Q6_K, rw[r], sb * 8, f[r]);
+        if (pf)
+            for (int r = 0; r < R; r++)
+                for (int o = 0; o < 210; o += 64) _mm_prefetch((const char *)(pf[r] + sb * 210 + o), _MM_HINT_T0);
+        for (int h = 0; h < 2; h++)
+            for (int r = 0; r < R; r++) {
+                const uint8_t *b = rw[r] + sb * 210;
+                const __m512i A = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(b + 64 * h)));
+                const __m512i B = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(b + 64 * h + 32)));
+                const __m512i H = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h)));
+                /* q = low | (high bits & 0x30): ternary logic a | (b & c) */
+                const __m512i q[4] = {
+                    _mm512_ternarylogic_epi32(_mm512_and_si512(A, f15), _mm512_slli_epi16(H, 4), hmask, 0xF8),
+                    _mm512_ternarylogic_epi32(_mm512_and_si512(B, f15), _mm512_slli_epi16(H, 2), hmask, 0xF8),
+                    _mm512_ternarylogic_epi32(_mm512_srli_epi16(A, 4), H, hmask, 0xF8),
+                    _mm512_ternarylogic_epi32(_mm512_srli_epi16(B, 4), _mm512_srli_epi16(H, 2), hmask, 0xF8)};
+                const __m512 fv = _mm512_loadu_ps(f[r]);
+                for (int c = 0; c < 4; c++) {
+                    const __m512bh v = (__m512bh)_mm512_permutex2var_epi16(tlo, q[c], thi);
+                    const __m512 scale = _mm512_permutexvar_ps(_mm512_add_epi32(lanes[c], _mm512_set1_epi32(8 * h)), fv);
+                    for (int m = 0; m < M; m++) {
+                        const uint16_t *xp = xb + m * K + sb * 256 + 128 * h + 32 * c;
+                        const __m512 d = _mm512_dpbf16_ps(_mm512_setzero_ps(), v, (__m512bh)_mm512_loadu_si512(xp));
+                        acc[r][m] = _mm512_fmadd_ps(d, scale, acc[r][m]);
+                    }
+                }
+            }
+    }
+    for (int r = 0; r < R; r++)
+        for (int m = 0; m < M; m++) sums[m * GR + r] = _mm512_reduce_add_ps(acc[r][m]);
+}
+
+static __thread uint16_t *g_xfew = NULL;
+static __thread int64_t g_xfew_len = 0;
+static uint16_t *grow(uint16_t **buf, int64_t *len, int64_t need);
+
+/* Up to DMAX rows of x: Q4_K and Q6_K parts from their codes, every other part exactly. */
+static void linear_few_bf16(const float *x, const Desc *desc, const float *bias, float *y, int64_t M, int64_t N,
+                            int64_t K, int nthreads) {
+    int codes = 0; /* any part read from its codes */
+    for (int64_t s = 0; s < desc->nseg; s++) codes |= desc->seg[s].type == T_Q4_K || desc->seg[s].type == T_Q6_K;
+    uint16_t *xb = codes ? grow(&g_xfew, &g_xfew_len, M * K + 2 * M * (K / CK) + 2) : NULL;
+    if (!xb) {
+        gguf_linear_f32(x, desc, bias, y, M, N, K, nthreads);
+        return;
+    }
+    float *xs = (float *)(xb + M * K + (M * K) % 2); /* 4-byte aligned after the bf16 rows */
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t c = 0; c < K / CK; c++) {
+            const float *p = x + m * K + c * CK;
+            const __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(p + 16), _mm512_loadu_ps(p));
+            _mm512_storeu_si512(xb + m * K + c * CK, (__m512i)v);
+            /* the sum of the bf16 values: widen back to fp32 (exact) and add */
+            const __m512i w = (__m512i)v;
+            const __m512 a = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+            const __m512 b = _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32((int)0xFFFF0000u)));
+            xs[m * (K / CK) + c] = _mm512_reduce_add_ps(_mm512_add_ps(a, b));
+        }
+    const int64_t total = unit_count(desc, GR);
+#pragma omp parallel for num_threads(nthreads) schedule(dynamic, 16)
+    for (int64_t u = 0; u < total; u++) {
+        int64_t col, n0, cnt;
+        const Seg *sg = unit_of(desc, u, GR, &col, &n0, &cnt);
+        const uint8_t *rw[GR], *next[GR];
+        for (int64_t r = 0; r < GR; r++) {
+            rw[r] = seg_row(sg, n0 + (r < cnt ? r : 0));
+            next[r] = seg_row(sg, n0 + GR + r < sg->n ? n0 + GR + r : sg->n - 1);
+        }
+        const uint8_t *const *pf = n0 + GR < sg->n ? next : NULL;
+        const float *b = bias ? bias + col : NULL;
+        if (sg->type != T_Q4_K && sg->type != T_Q6_K) {
+            const int64_t pfstep = (sg->stride + K / CK - 1) / (K / CK);
+#define DIRECT_UNIT(T) direct_unit(T, rw, (int)cnt, x, M, K, b, y + col, N, pf, pfstep)
+            DISPATCH(sg->type, DIRECT_UNIT)
+#undef DIRECT_UNIT
+            continue;
+        }
+        float sums[DMAX * GR];
+        if (sg->type == T_Q4_K) {
+            switch (M) {
+            case 1: dot_q4k_bf16(GR, 1, rw, xb, xs, K, sums, pf); break;
+            case 2: dot_q4k_bf16(GR, 2, rw, xb, xs, K, sums, pf); break;
+            case 3: dot_q4k_bf16(GR, 3, rw, xb, xs, K, sums, pf); break;
+            default: dot_q4k_bf16(GR, 4, rw, xb, xs, K, sums, pf); break;
+            }
+        } else {
+            switch (M) {
+            case 1: dot_q6k_bf16(GR, 1, rw, xb, K, sums, pf); break;
+            case 2: dot_q6k_bf16(GR, 2, rw, xb, K, sums, pf); break;
+            case 3: dot_q6k_bf16(GR, 3, rw, xb, K, sums, pf); break;
+            default: dot_q6k_bf16(GR, 4, rw, xb, K, sums, pf); break;
+            }
+        }
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t r = 0; r < cnt; r++) y[m * N + col + r] = sums[m * GR + r] + (b ? b[r] : 0.0f);
+    }
+}
+
+/* Same arguments as gguf_linear_f32. */
+void gguf_linear_amx(const float *x, const void *wp, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
+                     int nthreads) {
+    if (K % CK || g_amx != 1) {
+        gguf_linear_f32(x, wp, bias, y, M, N, K, nthreads);
+        return;
+    }
+    if (M <= DMAX) { /* one direct pass: the tiles would not pay for the panel */
+        linear_few_bf16(x, (const Desc *)wp, bias, y, M, N, K, nthreads);
+        return;
+    }
+    const int64_t nch = K / CK, ntile = (M + XT - 1) / XT;
+    uint16_t *xb = grow(&g_xb, &g_xb_len, ntile * nch * 512);
+    if (!xb) {
+        gguf_linear_f32(x, wp, bias, y, M, N, K, nthreads);
+        return;
+    }
+    pack_x_bf16(x, M, K, xb, nthreads);
+    const Desc *desc = (const Desc *)wp;
+    const int64_t total = unit_count(desc, NR);
+    int failed = 0;
+#pragma omp parallel num_threads(nthreads)
+    {
+        TileConfig cfg;
+        memset(&cfg, 0, sizeof cfg);
+        cfg.palette = 1;
+        for (int t = 0; t < 6; t++) { /* C tiles 0..3 [16 outputs][16 rows] fp32, A 4, B 5: 16 x 64 bytes each */
+            cfg.rows[t] = 16;
+            cfg.colsb[t] = 64;
+        }
+        _tile_loadconfig(&cfg);
+        uint16_t *panel = grow(&g_panel, &g_panel_len, nch * NR * CK);
+        float cbuf[NR * XT];
+        if (!panel) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(dynamic, 4)
+        for (int64_t u = 0; u < total; u++) {
+            if (!panel) continue; /* out of memory in this thread: redone below */
+            int64_t col, n0, cnt;
+            const Seg *sg = unit_of(desc, u, NR, &col, &n0, &cnt);
+            const uint8_t *rw[NR], *next[NR];
+            for (int64_t r = 0; r < NR; r++) {
+                rw[r] = seg_row(sg, n0 + (r < cnt ? r : 0));
+                next[r] = seg_row(sg, n0 + NR + r < sg->n ? n0 + NR + r : sg->n - 1);
+            }
+            const int64_t pfstep = (sg->stride + nch - 1) / nch;
+            const uint8_t *const *pf = n0 + NR < sg->n ? next : NULL;
+#define PANEL(T) panel_bf16(T, rw, K, panel, pf, pfstep)
+            DISPATCH(sg->type, PANEL)
+#undef PANEL
+            for (int64_t t0 = 0; t0 < ntile; t0 += CT) {
+                const int nt = (int)(ntile - t0 < CT ? ntile - t0 : CT);
+                _tile_zero(0);
+                _tile_zero(1);
+                _tile_zero(2);
+                _tile_zero(3);
+                for (int64_t c = 0; c < nch; c++) {
+                    const uint16_t *b = xb + (t0 * nch + c) * 512;
+                    _tile_loadd(4, panel + c * NR * CK, 64);
+                    AMX_STEP(0, b);
+                    if (nt > 1) AMX_STEP(1, b + nch * 512);
+                    if (nt > 2) AMX_STEP(2, b + 2 * nch * 512);
+                    if (nt > 3) AMX_STEP(3, b + 3 * nch * 512);
+                }
+                for (int j = 0; j < nt; j++) {
+                    switch (j) { /* tile numbers are immediates */
+                    case 0: _tile_stored(0, cbuf, 64); break;
+                    case 1: _tile_stored(1, cbuf, 64); break;
+                    case 2: _tile_stored(2, cbuf, 64); break;
+                    default: _tile_stored(3, cbuf, 64); break;
+                    }
+                    const int64_t m0 = (t0 + j) * XT, mm = M - m0 < XT ? M - m0 : XT;
+                    for (int64_t m = 0; m < mm; m++)
+                        for (int64_t r = 0; r < cnt; r++)
+                            y[(m0 + m) * N + col + r] = cbuf[r * XT + m] + (bias ? bias[col + r] : 0.0f);
+                }
+            }
+        }
+        _tile_release();
+    }
+    if (failed) gguf_linear_f32(x, wp, bias, y, M, N, K, nthreads); /* a thread had no panel memory */
+}
+#else
+int gguf_amx_ready(void) { return 0; }
+void gguf_linear_amx(const float *x, const void *wp, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
+                     int nthreads) {
+    gguf_linear_f32(x, wp, bias, y, M, N, K, nthreads);
+}
+#endif
