@@ -724,18 +724,20 @@ static inline void panel_q4k_bf16(const uint8_t *const *rw, int64_t K, uint16_t 
             for (int64_t c = 8 * sb; c < 8 * sb + 8; c += 2) prefetch_rows(NR, pf, c * pfstep, pfstep);
         for (int r = 0; r < NR; r++) {
             kprep(T_Q4_K, rw[r], 8 * sb, f);
+            __asm__ volatile("" ::: "memory"); /* read the factors back as broadcast loads, not lane shuffles */
             const uint8_t *qs = rw[r] + sb * 144 + 16;
             for (int g = 0; g < 4; g++) {
-                /* the tables repeat in both halves: a code's fifth bit (the next nibble's) is ignored */
-                const __m512i t0 = _mm512_broadcast_i64x4((__m256i)_mm512_cvtneps_pbh(
-                    _mm512_fmsub_ps(iota, _mm512_set1_ps(f[2 * g]), _mm512_set1_ps(f[8 + 2 * g]))));
-                const __m512i t1 = _mm512_broadcast_i64x4((__m256i)_mm512_cvtneps_pbh(
-                    _mm512_fmsub_ps(iota, _mm512_set1_ps(f[2 * g + 1]), _mm512_set1_ps(f[9 + 2 * g]))));
+                /* both sub-blocks' tables in one register: words 0-15 sub-block 2g + 1 (high
+                 * nibbles, index q), words 16-31 sub-block 2g (low nibbles, index q | 16) */
+                const __m512i t = (__m512i)_mm512_cvtne2ps_pbh(
+                    _mm512_fmsub_ps(iota, _mm512_set1_ps(f[2 * g]), _mm512_set1_ps(f[8 + 2 * g])),
+                    _mm512_fmsub_ps(iota, _mm512_set1_ps(f[2 * g + 1]), _mm512_set1_ps(f[9 + 2 * g])));
                 const __m512i codes = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(qs + 32 * g)));
+                const __m512i lo = _mm512_ternarylogic_epi32(codes, _mm512_set1_epi16(15), _mm512_set1_epi16(16), 0xEA);
                 const int64_t c = 8 * sb + 2 * g;
-                _mm512_store_si512((__m512i *)(panel + (c * NR + r) * CK), _mm512_permutexvar_epi16(codes, t0));
+                _mm512_store_si512((__m512i *)(panel + (c * NR + r) * CK), _mm512_permutexvar_epi16(lo, t));
                 _mm512_store_si512((__m512i *)(panel + ((c + 1) * NR + r) * CK),
-                                   _mm512_permutexvar_epi16(_mm512_srli_epi16(codes, 4), t1));
+                                   _mm512_permutexvar_epi16(_mm512_srli_epi16(codes, 4), t));
             }
         }
     }
