@@ -107,6 +107,14 @@ static inline __m256 cvt(__m256i v) { return _mm256_cvtepi32_ps(v); }
 
 static inline int is_k(int type) { return type == T_Q4_K || type == T_Q5_K || type == T_Q6_K; }
 
+/* What every chunk loop over R rows does first: at each super-block the K-quant factors of
+ * every row (into f[r], see kprep), then the next rows' bytes of chunk c (pf, pfstep; none
+ * when pf is NULL). Expects ``type``, ``rw``, ``f``, ``pf`` and ``pfstep`` in scope. */
+#define CHUNK_PROLOGUE(R, c)                                                  \
+    if (is_k(type) && ((c) & 7) == 0)                                         \
+        for (int r_ = 0; r_ < (R); r_++) kprep(type, rw[r_], c, f[r_]);      \
+    if (pf) prefetch_rows((R), pf, (c) * pfstep, pfstep);
+
 /* The fp32 factors of the K-quant super-block holding chunk c, computed once per super-block
  * and row as the dequantizer computes them: Q4_K / Q5_K: f[j] = d * sc_j, f[8 + j] = dmin * m_j
  * per 32; Q6_K: f[i] = d * sc_i per 16. Other types have none. */
@@ -351,9 +359,7 @@ static inline __attribute__((always_inline)) void dot_rows(const int type, const
     float f[GR][16];
 #define DOT_CHUNK(c, ph)                                                                      \
     {                                                                                         \
-        if (is_k(type) && ((c) & 7) == 0)                                                     \
-            for (int r = 0; r < R; r++) kprep(type, rw[r], c, f[r]);                          \
-        if (pf) prefetch_rows(R, pf, (c) * pfstep, pfstep);                                   \
+        CHUNK_PROLOGUE(R, c) \
         for (int r = 0; r < R; r++) {                                                         \
             __m256 w[4];                                                                      \
             dq32(type, ph, rw[r], c, f[r], w);                                                \
@@ -473,9 +479,7 @@ static inline __attribute__((always_inline)) void dot_rows512(const int type, co
     float f[GR][16];
 #define DOT_CHUNK(c, ph)                                                                       \
     {                                                                                          \
-        if (is_k(type) && ((c) & 7) == 0)                                                      \
-            for (int r = 0; r < R; r++) kprep(type, rw[r], c, f[r]);                           \
-        if (pf) prefetch_rows(R, pf, (c) * pfstep, pfstep);                                    \
+        CHUNK_PROLOGUE(R, c) \
         for (int r = 0; r < R; r++) {                                                          \
             __m512 w[2];                                                                       \
             dq32x(type, ph, rw[r], c, f[r], w);                                                \
@@ -557,9 +561,7 @@ static inline __attribute__((always_inline)) void unpack_panel(const int type, c
     float f[NR][16];
 #define PANEL_CHUNK(c, ph)                                                                                     \
     {                                                                                                          \
-        if (is_k(type) && ((c) & 7) == 0)                                                                      \
-            for (int r = 0; r < NR; r++) kprep(type, rw[r], c, f[r]);                                          \
-        if (pf) prefetch_rows(NR, pf, (c) * pfstep, pfstep);                                                   \
+        CHUNK_PROLOGUE(NR, c) \
         for (int r = 0; r < NR; r++) {                                                                         \
             __m256 w[4];                                                                                       \
             dq32(type, ph, rw[r], c, f[r], w);                                                                 \
@@ -699,9 +701,7 @@ static inline __attribute__((always_inline)) void panel_bf16(const int type, con
     float f[NR][16];
 #define BF16_CHUNK(c, ph)                                                                                      \
     {                                                                                                          \
-        if (is_k(type) && ((c) & 7) == 0)                                                                      \
-            for (int r = 0; r < NR; r++) kprep(type, rw[r], c, f[r]);                                          \
-        if (pf) prefetch_rows(NR, pf, (c) * pfstep, pfstep);                                                   \
+        CHUNK_PROLOGUE(NR, c) \
         for (int r = 0; r < NR; r++) {                                                                         \
             __m512 w[2];                                                                                       \
             dq32x(type, ph, rw[r], c, f[r], w);                                                                \
@@ -823,6 +823,22 @@ static inline __attribute__((always_inline)) void dot_q4k_bf16(const int R, cons
         for (int m = 0; m < M; m++) sums[m * GR + r] = _mm512_reduce_add_ps(acc[r][m]) - hsum8(mins[r][m]);
 }
 
+/* The six-bit codes of half h (weights 128 h .. 128 h + 127) of the Q6_K super-block at b, in
+ * 16-bit lanes, 32 weights per register: weight 128 h + r takes its low four bits from byte
+ * 64 h + r % 64 (shifted by 4 (r / 64)) and its high two from byte 128 + 32 h + r % 32 (shifted
+ * by 2 (r / 32)). */
+static inline void q6k_codes(const uint8_t *b, int h, __m512i q[4]) {
+    const __m512i f15 = _mm512_set1_epi16(15), hmask = _mm512_set1_epi16(0x30);
+    const __m512i A = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(b + 64 * h)));
+    const __m512i B = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(b + 64 * h + 32)));
+    const __m512i H = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h)));
+    /* low | (high bits & 0x30): ternary logic a | (b & c) */
+    q[0] = _mm512_ternarylogic_epi32(_mm512_and_si512(A, f15), _mm512_slli_epi16(H, 4), hmask, 0xF8);
+    q[1] = _mm512_ternarylogic_epi32(_mm512_and_si512(B, f15), _mm512_slli_epi16(H, 2), hmask, 0xF8);
+    q[2] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(A, 4), H, hmask, 0xF8);
+    q[3] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(B, 4), _mm512_srli_epi16(H, 2), hmask, 0xF8);
+}
+
 /* bf16(i - 32) for i in 0..63, as two 32-entry halves: a Q6_K code's six bits index it. */
 static inline void q6_table(__m512i *lo, __m512i *hi) {
     uint16_t t[64];
@@ -838,15 +854,12 @@ static inline void q6_table(__m512i *lo, __m512i *hi) {
 
 /* As dot_q4k_bf16 for Q6_K: w = (d * sc_i) * (q - 32) per 16, q - 32 exact in bf16, so each 32
  * weights are one dot product of the looked-up codes with bf16(x), lanes 0-7 scaled by the first
- * 16's factor and lanes 8-15 by the second's. Weight 128 h + r: low four bits from byte
- * 64 h + r % 64 of ql (shifted by 4 (r / 64)), high two from byte 32 h + r % 32 of qh (shifted by
- * 2 (r / 32)). */
+ * 16's factor and lanes 8-15 by the second's (codes gathered by q6k_codes). */
 static inline __attribute__((always_inline)) void dot_q6k_bf16(const int R, const int M, const uint8_t *const *rw,
                                                               const uint16_t *xb, int64_t K, float *sums,
                                                               const uint8_t *const *pf) {
     __m512i tlo, thi;
     q6_table(&tlo, &thi);
-    const __m512i f15 = _mm512_set1_epi16(15), hmask = _mm512_set1_epi16(0x30);
     __m512i lanes[4];
     for (int c = 0; c < 4; c++) /* factor index of each dot-product lane, chunk c of a half */
         lanes[c] = _mm512_setr_epi32(2 * c, 2 * c, 2 * c, 2 * c, 2 * c, 2 * c, 2 * c, 2 * c, 2 * c + 1, 2 * c + 1,
@@ -862,16 +875,8 @@ static inline __attribute__((always_inline)) void dot_q6k_bf16(const int R, cons
                 for (int o = 0; o < 210; o += 64) _mm_prefetch((const char *)(pf[r] + sb * 210 + o), _MM_HINT_T0);
         for (int h = 0; h < 2; h++)
             for (int r = 0; r < R; r++) {
-                const uint8_t *b = rw[r] + sb * 210;
-                const __m512i A = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(b + 64 * h)));
-                const __m512i B = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(b + 64 * h + 32)));
-                const __m512i H = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h)));
-                /* q = low | (high bits & 0x30): ternary logic a | (b & c) */
-                const __m512i q[4] = {
-                    _mm512_ternarylogic_epi32(_mm512_and_si512(A, f15), _mm512_slli_epi16(H, 4), hmask, 0xF8),
-                    _mm512_ternarylogic_epi32(_mm512_and_si512(B, f15), _mm512_slli_epi16(H, 2), hmask, 0xF8),
-                    _mm512_ternarylogic_epi32(_mm512_srli_epi16(A, 4), H, hmask, 0xF8),
-                    _mm512_ternarylogic_epi32(_mm512_srli_epi16(B, 4), _mm512_srli_epi16(H, 2), hmask, 0xF8)};
+                __m512i q[4];
+                q6k_codes(rw[r] + sb * 210, h, q);
                 const __m512 fv = _mm512_loadu_ps(f[r]);
                 for (int c = 0; c < 4; c++) {
                     const __m512bh v = (__m512bh)_mm512_permutex2var_epi16(tlo, q[c], thi);
@@ -960,7 +965,7 @@ static void linear_few_bf16(const float *x, const Desc *desc, const float *bias,
  * gathering done once per 32 weights instead of per 8. */
 static inline void panel_q6k_bf16(const uint8_t *const *rw, int64_t K, uint16_t *panel, const uint8_t *const *pf,
                                   int64_t pfstep) {
-    const __m512i f15 = _mm512_set1_epi16(15), hmask = _mm512_set1_epi16(0x30), b32 = _mm512_set1_epi16(32);
+    const __m512i b32 = _mm512_set1_epi16(32);
     float f[16];
     for (int64_t sb = 0; sb < K / 256; sb++) {
         if (pf)
@@ -969,14 +974,8 @@ static inline void panel_q6k_bf16(const uint8_t *const *rw, int64_t K, uint16_t 
             kprep(T_Q6_K, rw[r], 8 * sb, f);
             const uint8_t *b = rw[r] + sb * 210;
             for (int h = 0; h < 2; h++) {
-                const __m512i A = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(b + 64 * h)));
-                const __m512i B = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(b + 64 * h + 32)));
-                const __m512i H = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h)));
-                const __m512i q[4] = {
-                    _mm512_ternarylogic_epi32(_mm512_and_si512(A, f15), _mm512_slli_epi16(H, 4), hmask, 0xF8),
-                    _mm512_ternarylogic_epi32(_mm512_and_si512(B, f15), _mm512_slli_epi16(H, 2), hmask, 0xF8),
-                    _mm512_ternarylogic_epi32(_mm512_srli_epi16(A, 4), H, hmask, 0xF8),
-                    _mm512_ternarylogic_epi32(_mm512_srli_epi16(B, 4), _mm512_srli_epi16(H, 2), hmask, 0xF8)};
+                __m512i q[4];
+                q6k_codes(b, h, q);
                 for (int c = 0; c < 4; c++) {
                     const __m512i v = _mm512_sub_epi16(q[c], b32);
                     const int i = 8 * h + 2 * c; /* the factor of weights 0-15 of this chunk; i + 1: 16-31 */
