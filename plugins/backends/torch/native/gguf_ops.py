@@ -147,11 +147,18 @@ def _library() -> ctypes.CDLL | None:
     return library("gguf_linear", "GGUF linear-layer")
 
 
+_AMX: dict[int, bool] = {}
+
+
 def amx_available() -> bool:
     """Whether the bf16 tile path runs here: the kernels were built for a CPU with AMX-BF16 and
-    Linux grants this process the tile state."""
+    Linux grants this process the tile state (asked once per library)."""
     lib = _library()
-    return lib is not None and bool(bind(lib, "gguf_amx_ready", ctypes.c_int)())
+    if lib is None:
+        return False
+    if id(lib) not in _AMX:
+        _AMX[id(lib)] = bool(bind(lib, "gguf_amx_ready", ctypes.c_int)())
+    return _AMX[id(lib)]
 
 
 def gguf_linear(parts: list[QuantTensor], bias: torch.Tensor | None = None, bf16: bool = False) -> GGUFLinear | None:

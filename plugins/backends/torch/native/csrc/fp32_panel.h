@@ -75,18 +75,6 @@ static inline __attribute__((always_inline)) void block(const int rows, const fl
     ROW_STORE16(6) ROW_STORE16(7) ROW_STORE16(8) ROW_STORE16(9) ROW_STORE16(10) ROW_STORE16(11)
 }
 
-/* Rows m .. mend - 1 of x times one fp32 panel (columns n .. n + ncols - 1 of y), MR rows at
- * a time; the first block prefetches ``next`` (may be NULL). */
-static void panel_rows(const float *x, int64_t K, const float *panel, const float *b, float *y, int64_t N,
-                       int64_t n, int64_t ncols, int64_t m, int64_t mend, const float *next) {
-    const int64_t first = m;
-    for (; m + MR <= mend; m += MR)
-        block(MR, x + m * K, K, panel, b, y + m * N + n, N, ncols, m == first ? next : NULL);
-    const float *pf = m == first ? next : NULL;
-#define TAIL(r) case r: block(r, x + m * K, K, panel, b, y + m * N + n, N, ncols, pf); break;
-    switch (mend - m) { TAIL(11) TAIL(10) TAIL(9) TAIL(8) TAIL(7) TAIL(6) TAIL(5) TAIL(4) TAIL(3) TAIL(2) TAIL(1) }
-#undef TAIL
-}
 #else
 /* ``next``: the panel this thread multiplies next, prefetched into L2 line by line while this
  * one is computed (NULL: no prefetch), so its DRAM latency overlaps with the FMAs. */
@@ -104,24 +92,25 @@ static inline __attribute__((always_inline)) void block(const int rows, const fl
     ROW_STORE(0) ROW_STORE(1) ROW_STORE(2) ROW_STORE(3) ROW_STORE(4) ROW_STORE(5)
 }
 
+#endif
+
 /* Rows m .. mend - 1 of x times one fp32 panel (columns n .. n + ncols - 1 of y), MR rows at
- * a time; the first block prefetches ``next`` (may be NULL). */
+ * a time (either block above); the first block prefetches ``next`` (may be NULL). */
 static void panel_rows(const float *x, int64_t K, const float *panel, const float *b, float *y, int64_t N,
                        int64_t n, int64_t ncols, int64_t m, int64_t mend, const float *next) {
     const int64_t first = m;
     for (; m + MR <= mend; m += MR)
         block(MR, x + m * K, K, panel, b, y + m * N + n, N, ncols, m == first ? next : NULL);
     const float *pf = m == first ? next : NULL;
+#define TAIL(r) case r: block(r, x + m * K, K, panel, b, y + m * N + n, N, ncols, pf); break;
     switch (mend - m) {
-    case 5: block(5, x + m * K, K, panel, b, y + m * N + n, N, ncols, pf); break;
-    case 4: block(4, x + m * K, K, panel, b, y + m * N + n, N, ncols, pf); break;
-    case 3: block(3, x + m * K, K, panel, b, y + m * N + n, N, ncols, pf); break;
-    case 2: block(2, x + m * K, K, panel, b, y + m * N + n, N, ncols, pf); break;
-    case 1: block(1, x + m * K, K, panel, b, y + m * N + n, N, ncols, pf); break;
-    }
-}
-
+#if MR > 6
+    TAIL(11) TAIL(10) TAIL(9) TAIL(8) TAIL(7) TAIL(6)
 #endif
+    TAIL(5) TAIL(4) TAIL(3) TAIL(2) TAIL(1)
+    }
+#undef TAIL
+}
 
 /* The bias of a panel's columns, zero-padded to NR in ``pad`` (NULL without a bias). */
 static inline const float *panel_bias(const float *bias, int64_t n, int64_t ncols, float *pad) {
