@@ -1,9 +1,13 @@
-"""The opt-in bf16 path of the GGUF linears (``gguf_linear(..., bf16=True)``, AMX tiles): from five
-rows of x it equals ``bf16(x) @ bf16(dequantize(W)).T`` up to fp32 summation order, for every
-served type, mixed-type parts, permuted rows and a bias, across several tiles of rows. Up to four
-rows, Q4_K and Q6_K parts equal ``bf16(x) @ dequantize(W).T`` (exact weights), every other type is the
-exact fp32 kernel bit for bit, as are float weights whose K is not a multiple of 32. Skipped only
-on CPUs without AMX-BF16 (the option is then ignored, as the last test shows)."""
+"""The opt-in bf16 path of the GGUF linears (``gguf_linear(..., bf16=True)``, AMX tiles), for every
+served type, mixed-type parts, permuted rows and a bias, across several tiles of rows:
+
+- 5 to SPLIT_ROWS rows of x (decode batches): ``x @ bf16(dequantize(W)).T``, the activations
+  carried to about 16 bits as two bf16, so only the weights are rounded;
+- more rows (prefill): ``x @ dequantize(W).T`` to about 2^-16 relative, weights split too;
+- up to four rows: Q4_K and Q6_K parts ``bf16(x) @ dequantize(W).T`` (exact weights), every other
+  type the exact fp32 kernel bit for bit, as are float weights whose K is not a multiple of 32.
+
+Skipped only on CPUs without AMX-BF16 (the option is then ignored, as the last test shows)."""
 
 from __future__ import annotations
 
@@ -22,16 +26,23 @@ from test_gguf_kernels import TYPES, T, quant, random_blocks
 
 native = kernels.native  # the library fixture
 amx = pytest.mark.skipif("not gguf_ops.amx_available()", reason="this CPU has no AMX-BF16 tiles")
+SPLIT_ROWS = 32  # gguf_linear.c: more rows than this split the weights into two bf16 as well
 
 
-def bf16_reference(x: torch.Tensor, w: torch.Tensor,
-                   bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``bf16(x) @ bf16(w).T (+ bias)`` in fp64, and the scale of its summation error."""
-    xb, wb = x.bfloat16().double(), w.bfloat16().double()
-    ref, scale = xb @ wb.T, xb.abs() @ wb.abs().T
+def product(x: torch.Tensor, w: torch.Tensor,
+            bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x @ w.T (+ bias)`` in fp64, and the scale of its summation error."""
+    xd, wd = x.double(), w.double()
+    ref, scale = xd @ wd.T, xd.abs() @ wd.abs().T
     if bias is not None:
         ref, scale = ref + bias.double(), scale + bias.double().abs()
     return ref, scale
+
+
+def amx_reference(x: torch.Tensor, w: torch.Tensor,
+                  bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the tiles compute for ``len(x)`` rows: weights rounded to bf16 up to SPLIT_ROWS rows."""
+    return product(x, w if len(x) > SPLIT_ROWS else w.bfloat16(), bias)
 
 
 def within(y: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor) -> bool:
@@ -47,13 +58,16 @@ def test_batches_equal_the_bf16_product(native, qtype):
     q = quant(qtype, random_blocks(qtype, n, k, rng), n, k)
     fast, exact = gguf_ops.gguf_linear([q], bf16=True), gguf_ops.gguf_linear([q])
     w = gguf_ops.dequantize(q)
-    for m in (5, 16, 33, 70):  # 70 rows: five tiles of x, more than one pass over each panel
+    for m in (5, 16, 32, 33, 70):  # 70 rows: five tiles of x, more than one pass over each panel
         x = torch.randn(m, k)
-        y, ref_y = fast(x), exact(x)
-        ref, scale = bf16_reference(x, w)
+        y = fast(x)
+        ref, scale = amx_reference(x, w)
         assert within(y, ref, scale), f"{m} rows: max error {float((y.double() - ref).abs().max())}"
-        # the exact kernel is far from the bf16 product: the check above tells the two apart
-        assert not within(ref_y, ref, scale)
+        # the check tells the paths apart: rounding x too (or, up to SPLIT_ROWS, not rounding W)
+        # is far from the tiles' result
+        assert not within(product(x.bfloat16(), w.bfloat16())[0], ref, scale)
+        if m <= SPLIT_ROWS and qtype != T.BF16:  # bf16 weights round to themselves
+            assert not within(exact(x), ref, scale)
 
 
 @amx
@@ -92,7 +106,7 @@ def test_mixed_parts_permuted_rows_and_bias(native):
     w = torch.cat([gguf_ops.dequantize(p) for p in parts])
     for m in (8, 37):
         x = torch.randn(m, k)
-        ref, scale = bf16_reference(x, w, bias)
+        ref, scale = amx_reference(x, w, bias)
         assert within(fast(x), ref, scale)
     # three rows: the Q4_K and Q6_K parts from bf16 activations, the Q8_0 part exact
     x = torch.randn(3, k)

@@ -30,9 +30,14 @@ TYPE_GROUPS = [("F32", "F16", "BF16"), ("Q8_0", "Q4_0", "Q4_1"), ("Q5_0", "Q5_1"
 # The kernels compute in fp32 like the reference, in another summation order: the largest
 # logit difference stays under this fraction of the reference's largest |logit|.
 MAX_REL_ERR = 1e-3
-# With gguf_bf16_matmul the activations (and, from five rows, the weights) are rounded to bf16
-# (8 significant bits) before each product.
-BF16_MAX_REL_ERR, BF16_MIN_AGREE = 5e-2, 0.95
+# gguf_bf16_matmul: a prefill (more than 32 rows) computes to about 2^-16 per product; single
+# decode steps round the activations of Q4_K / Q6_K products to bf16 (8 significant bits). The
+# random K-quant blocks of the generated models amplify any error (the fp32 path's summation
+# order alone moves their logits by up to 2e-4), hence the bound.
+BF16_MAX_REL_ERR, BF16_MIN_AGREE = 0.1, 0.99
+# Decode batches (5 to 32 rows) round each weight to bf16. A random tiny model has near ties
+# (and its random K-quant blocks amplify errors), so a few positions pick another top token.
+BATCH_MAX_REL_ERR, BATCH_MIN_AGREE = 0.2, 0.97
 
 
 def make_backend(path: str, cache: str, num_blocks: int = 32, **options: object) -> TorchBackend:
@@ -52,6 +57,22 @@ def native_logits(backend: TorchBackend, ids: list[int], prefill: int) -> torch.
     for p in range(prefill, len(ids)):
         rows += backend.forward_logits([StepItem(seq_id=1, token_ids=[ids[p]], start_pos=p, block_table=table)])
     return torch.cat(rows)
+
+
+def batched_logits(backend: TorchBackend, seqs: list[list[int]], prefill: int) -> list[torch.Tensor]:
+    """Logits of the positions after ``prefill`` of each sequence, decoded all at once: one step
+    per position, every sequence in it."""
+    blocks = -(-max(map(len, seqs)) // BS)
+    tables = [list(range(i * blocks, (i + 1) * blocks)) for i in range(len(seqs))]
+    for i, ids in enumerate(seqs):
+        backend.forward_logits([StepItem(seq_id=i + 1, token_ids=ids[:prefill], start_pos=0, block_table=tables[i])])
+    rows: list[list[torch.Tensor]] = [[] for _ in seqs]
+    for p in range(prefill, len(seqs[0])):
+        out = backend.forward_logits([StepItem(seq_id=i + 1, token_ids=[ids[p]], start_pos=p, block_table=tables[i])
+                                      for i, ids in enumerate(seqs)])
+        for i, logits in enumerate(out):
+            rows[i].append(logits)
+    return [torch.cat(r) for r in rows]
 
 
 def reference_logits(path: str, ids: list[int]) -> torch.Tensor:
@@ -98,22 +119,28 @@ def test_llama_logits_match_transformers_on_the_dequantized_weights(types: tuple
 
 @pytest.mark.parametrize("types", [("Q8_0", "Q4_0", "Q4_1"), ("Q4_K", "Q4_K", "Q6_K")], ids="-".join)
 def test_bf16_matmul_logits_stay_near_transformers(types: tuple[str, ...], tmp_path) -> None:
-    """``gguf_bf16_matmul``: a 24-token prefill and single-token decode steps (bf16 tiles, and
-    the K-quants' bf16 dot products) against transformers' fp32 forward: the same top token at
-    BF16_MIN_AGREE of the positions (a random tiny model has near ties, where bf16 rounding may
-    pick the other token), and the largest logit difference under BF16_MAX_REL_ERR of the
-    largest logit (the Q4_K_M mix of Q4_K and Q6_K; the legacy types)."""
+    """``gguf_bf16_matmul`` against transformers' fp32 forward (the Q4_K_M mix of Q4_K and Q6_K;
+    the legacy types): a 200-token prefill (tiles, weights and activations split) and 40
+    single-token decode steps (the K-quants' bf16 dot products) pick the same top token at
+    BF16_MIN_AGREE of the positions, the largest logit difference under BF16_MAX_REL_ERR of the
+    largest logit; then eight sequences decoded together (tiles, weights rounded to bf16) at
+    BATCH_MIN_AGREE, under BATCH_MAX_REL_ERR."""
     from llmserve.plugins.backends.torch.native import gguf_ops
 
     if not gguf_ops.amx_available():
         pytest.skip("this CPU has no AMX-BF16 tiles")
     path = str(tmp_path / f"tiny-llama.{types[0]}.gguf")
     gguf_writer.write_tiny_gguf(path, "llama", types[0], overrides=group_overrides(2, *types[1:]))
-    ids = sequence(40, seed=2)
-    backend = make_backend(path, str(tmp_path / "cache"), gguf_bf16_matmul=True)
+    ids = sequence(240, seed=2)
+    backend = make_backend(path, str(tmp_path / "cache"), num_blocks=40, gguf_bf16_matmul=True)
     assert "gguf_matmul=bf16-amx" in backend.plan()
-    agree, err = compare(native_logits(backend, ids, prefill=24), reference_logits(path, ids))
+    agree, err = compare(native_logits(backend, ids, prefill=200), reference_logits(path, ids))
     assert agree >= BF16_MIN_AGREE and err < BF16_MAX_REL_ERR, (agree, err)
+    seqs = [sequence(40, seed=10 + i) for i in range(8)]
+    got = batched_logits(backend, seqs, prefill=10)
+    results = [compare(g, reference_logits(path, s)[10:]) for g, s in zip(got, seqs)]
+    agree, err = sum(a for a, _ in results) / len(results), max(e for _, e in results)
+    assert agree >= BATCH_MIN_AGREE and err < BATCH_MAX_REL_ERR, (agree, err)
 
 
 def test_qwen2_with_biases_and_a_tied_head(tmp_path) -> None:
@@ -193,7 +220,7 @@ def test_an_unserved_tensor_type_is_one_line_config_error(tmp_path) -> None:
 def test_requantized_smollm2_greedy_equals_transformers_generate(qtype: str, bf16: bool, tmp_path) -> None:
     """The real SmolLM2 as Q8_0 and Q4_0: greedy continuations through the engine equal
     transformers' generate on the weights it dequantizes from the same file (with
-    ``gguf_bf16_matmul`` too, whose prefill and batched steps run in bf16)."""
+    ``gguf_bf16_matmul`` too, whose batched steps round the weights to bf16)."""
     from transformers import AutoModelForCausalLM
 
     from engine.test_greedy_equality import MAX_NEW, PROMPTS, run_engine
@@ -222,9 +249,9 @@ def test_requantized_smollm2_greedy_equals_transformers_generate(qtype: str, bf1
             out = model.generate(ids, do_sample=False, max_new_tokens=MAX_NEW, min_new_tokens=MAX_NEW,
                                  pad_token_id=info.tokenizer.eos_token_id)
             same += out[0, ids.shape[1]:].tolist() == ours[p]
-    # bf16 products part from the exact path's picks after near ties: 16 of 20 stay identical
-    # over all MAX_NEW tokens on this machine (the exact paths: all 20).
-    assert len(PROMPTS) == 20 and same >= (15 if bf16 else 18), f"{same}/20 identical"
+    # The issue's bar for every path: 18 of 20 identical over all MAX_NEW tokens (this machine:
+    # all 20 on each path, the bf16 one with the 20 prompts decoded as one batch).
+    assert len(PROMPTS) == 20 and same >= 18, f"{same}/20 identical"
 
 
 @pytest.mark.slow

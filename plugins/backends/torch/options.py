@@ -35,10 +35,11 @@ class TorchOptions(BaseModel):
     gguf_native: bool = Field(True, description="Serve GGUF weights in their own quantization, read from the "
                                                 "memory-mapped file by the CPU kernels; off: dequantize to an fp32 "
                                                 "copy cached on disk.")
-    gguf_bf16_matmul: bool = Field(False, description="Multiply native GGUF weights in bf16 with fp32 accumulation: "
-                                                      "activations rounded to bf16, and from five rows on (prefill, "
-                                                      "batches) weights too, on the CPU's AMX tiles. Several times "
-                                                      "faster, not bit-identical to the fp32 path; no AMX: ignored.")
+    gguf_bf16_matmul: bool = Field(False, description="Multiply native GGUF weights with bf16 tile and dot-product "
+                                                      "instructions (fp32 accumulation): one bf16 rounding per "
+                                                      "product, of the weights in decode batches of 5-32, of the "
+                                                      "activations of Q4_K/Q6_K in 1-4; prefill close to fp32. "
+                                                      "Several times faster, not bit-identical; no AMX: ignored.")
     threads: int | None = Field(None, ge=1, description="Intra-op CPU threads (default: OMP_NUM_THREADS when set, "
                                                         "else every core this process may run on).")
 

@@ -641,9 +641,14 @@ void gguf_linear_f32(const float *x, const void *wp, const float *bias, float *y
 
 /* ---- many rows in bf16 on AMX tiles (opt-in: not bit-identical to the fp32 paths) ----
  *
- * y = bf16(x) @ bf16(W)^T with fp32 accumulation: each weight is rebuilt exactly (dq32x) and
- * then rounded to bf16 (nearest even), each activation rounded to bf16 likewise, and the tile
- * unit (TDPBF16PS) multiplies and accumulates in fp32. Per thread, 16 output rows are rebuilt
+ * Each activation is carried as two bf16, x_hi = bf16(x) and x_lo = bf16(x - x_hi) (about 16
+ * significant bits), each weight is rebuilt exactly (dq32x) and rounded to bf16 (nearest even),
+ * and the tile unit (TDPBF16PS) multiplies and accumulates in fp32: y = (x_hi + x_lo) @ bf16(W)^T.
+ * Past SPLIT_ROWS rows (prefill) the weights are split the same way and the third product
+ * W_lo x_hi is added: y = x @ W^T to about 2^-16 relative per product, close to the fp32 path,
+ * where the panel's extra rebuild is shared by many rows. Decode batches keep the one rounding
+ * (of the weight), whose lo panel would cost them about 40%. Rounding x as well cost twice the
+ * error (SmolLM2 Q8_0, 20 batched prompts: 16 identical greedy continuations; now 20). Per thread, 16 output rows are rebuilt
  * once into a bf16 panel [K / 32][16][32] (L2) that every 16 rows of x then multiply: the
  * panel is the A operand (rows = outputs, row-major, as rebuilt), x is packed once per call as
  * the B operand (pairs of k interleaved by row), so C holds [16 outputs][16 rows of x] and is
@@ -656,6 +661,7 @@ void gguf_linear_f32(const float *x, const void *wp, const float *bias, float *y
 
 #define XT 16 /* rows of x per tile */
 #define CT 4  /* C tiles held at once: 64 rows of x per pass over a panel */
+#define SPLIT_ROWS 32 /* more rows of x than this (prefill): the weights as two bf16 as well */
 
 typedef struct {
     uint8_t palette, start_row, reserved[14];
@@ -665,6 +671,24 @@ typedef struct {
 
 static int g_amx = 0; /* 0 not asked yet, 1 granted, -1 refused */
 
+/* 32 floats (a0: the first 16, a1: the next) as bf16 words, and in lo the bf16 of what that
+ * rounding left out: hi + lo carries a to about 16 significant bits. */
+static inline __m512i split_bf16(__m512 a0, __m512 a1, __m512i *lo) {
+    const __m512i h = (__m512i)_mm512_cvtne2ps_pbh(a1, a0);
+    const __m512 h0 = _mm512_cvtpbh_ps((__m256bh)_mm512_castsi512_si256(h));
+    const __m512 h1 = _mm512_cvtpbh_ps((__m256bh)_mm512_extracti64x4_epi64(h, 1));
+    *lo = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(a1, h1), _mm512_sub_ps(a0, h0));
+    return h;
+}
+
+/* 32 rebuilt weights (w0: the first 16) into the panel at off as bf16, and with plo, the bf16 of
+ * their remainders into plo at off. */
+static inline void store_bf16(uint16_t *panel, uint16_t *plo, int64_t off, __m512 w0, __m512 w1) {
+    __m512i l;
+    _mm512_store_si512((__m512i *)(panel + off), split_bf16(w0, w1, &l));
+    if (plo) _mm512_store_si512((__m512i *)(plo + off), l);
+}
+
 /* Ask Linux for the AMX tile state (ARCH_REQ_XCOMP_PERM for XTILEDATA, once per process).
  * Returns 1 when the tiles may be used. */
 int gguf_amx_ready(void) {
@@ -672,9 +696,10 @@ int gguf_amx_ready(void) {
     return g_amx == 1;
 }
 
-/* x [M, K] as B tiles: tile (t, c) holds rows 16t .. 16t + 15 and k 32c .. 32c + 31 as
- * [16 pairs][16 rows][2] bf16 (512 values); rows past M are zero. */
-static void pack_x_bf16(const float *x, int64_t M, int64_t K, uint16_t *xb, int nthreads) {
+/* x [M, K] as B tiles, twice: tile (t, c) holds rows 16t .. 16t + 15 and k 32c .. 32c + 31 as
+ * [16 pairs][16 rows][2] bf16 (512 values), rows past M zero; xb holds bf16(x), xlo the bf16 of
+ * the remainder x - bf16(x) in the same layout. */
+static void pack_x_bf16(const float *x, int64_t M, int64_t K, uint16_t *xb, uint16_t *xlo, int nthreads) {
     const int64_t nch = K / CK, ntile = (M + XT - 1) / XT;
     const __m512i pairs = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                              _mm512_set1_epi32(XT));
@@ -684,19 +709,21 @@ static void pack_x_bf16(const float *x, int64_t M, int64_t K, uint16_t *xb, int 
         int32_t *tile = (int32_t *)(xb + tc * 512);
         for (int m = 0; m < XT; m++) {
             const int64_t row = t * XT + m;
-            __m512i v = _mm512_setzero_si512();
+            __m512i v = _mm512_setzero_si512(), l = v;
             if (row < M) {
                 const float *p = x + row * K + c * CK;
-                v = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(p + 16), _mm512_loadu_ps(p));
+                v = split_bf16(_mm512_loadu_ps(p), _mm512_loadu_ps(p + 16), &l);
             }
             _mm512_i32scatter_epi32(tile + m, pairs, v, 4); /* pair p of this row -> dword 16 p + m */
+            _mm512_i32scatter_epi32((int32_t *)(xlo + tc * 512) + m, pairs, l, 4);
         }
     }
 }
 
 /* The 16 stored rows rw as the bf16 panel [K / 32][16][32]. */
 static inline __attribute__((always_inline)) void panel_bf16(const int type, const uint8_t *const *rw, int64_t K,
-                                                            uint16_t *panel, const uint8_t *const *pf, int64_t pfstep) {
+                                                            uint16_t *panel, uint16_t *plo, const uint8_t *const *pf,
+                                                            int64_t pfstep) {
     const int64_t full = K / CK;
     float f[NR][16];
 #define BF16_CHUNK(c, ph)                                                                                      \
@@ -705,7 +732,7 @@ static inline __attribute__((always_inline)) void panel_bf16(const int type, con
         for (int r = 0; r < NR; r++) {                                                                         \
             __m512 w[2];                                                                                       \
             dq32x(type, ph, rw[r], c, f[r], w);                                                                \
-            _mm512_store_si512((__m512i *)(panel + ((c) * NR + r) * CK), (__m512i)_mm512_cvtne2ps_pbh(w[1], w[0])); \
+            store_bf16(panel, plo, ((c) * NR + r) * CK, w[0], w[1]);                                           \
         }                                                                                                      \
     }
     FOR_CHUNKS(full, BF16_CHUNK);
@@ -715,8 +742,8 @@ static inline __attribute__((always_inline)) void panel_bf16(const int type, con
 /* panel_bf16 for Q4_K, by lookup: a sub-block's 16 possible weights (d * sc) * q - dmin * m,
  * q = 0..15, are computed once (the same FMS as dq32x) and rounded to bf16, and its 32 codes
  * pick theirs with one permute: the same bits as panel_bf16, in about half the instructions. */
-static inline void panel_q4k_bf16(const uint8_t *const *rw, int64_t K, uint16_t *panel, const uint8_t *const *pf,
-                                  int64_t pfstep) {
+static inline void panel_q4k_bf16(const uint8_t *const *rw, int64_t K, uint16_t *panel, uint16_t *plo,
+                                  const uint8_t *const *pf, int64_t pfstep) {
     const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     float f[16];
     for (int64_t sb = 0; sb < K / 256; sb++) {
@@ -729,15 +756,21 @@ static inline void panel_q4k_bf16(const uint8_t *const *rw, int64_t K, uint16_t 
             for (int g = 0; g < 4; g++) {
                 /* both sub-blocks' tables in one register: words 0-15 sub-block 2g + 1 (high
                  * nibbles, index q), words 16-31 sub-block 2g (low nibbles, index q | 16) */
-                const __m512i t = (__m512i)_mm512_cvtne2ps_pbh(
-                    _mm512_fmsub_ps(iota, _mm512_set1_ps(f[2 * g]), _mm512_set1_ps(f[8 + 2 * g])),
-                    _mm512_fmsub_ps(iota, _mm512_set1_ps(f[2 * g + 1]), _mm512_set1_ps(f[9 + 2 * g])));
+                __m512i tl;
+                const __m512i t = split_bf16(_mm512_fmsub_ps(iota, _mm512_set1_ps(f[2 * g + 1]), _mm512_set1_ps(f[9 + 2 * g])),
+                                             _mm512_fmsub_ps(iota, _mm512_set1_ps(f[2 * g]), _mm512_set1_ps(f[8 + 2 * g])),
+                                             &tl);
                 const __m512i codes = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(qs + 32 * g)));
                 const __m512i lo = _mm512_ternarylogic_epi32(codes, _mm512_set1_epi16(15), _mm512_set1_epi16(16), 0xEA);
                 const int64_t c = 8 * sb + 2 * g;
                 _mm512_store_si512((__m512i *)(panel + (c * NR + r) * CK), _mm512_permutexvar_epi16(lo, t));
                 _mm512_store_si512((__m512i *)(panel + ((c + 1) * NR + r) * CK),
                                    _mm512_permutexvar_epi16(_mm512_srli_epi16(codes, 4), t));
+                if (plo) {
+                    _mm512_store_si512((__m512i *)(plo + (c * NR + r) * CK), _mm512_permutexvar_epi16(lo, tl));
+                    _mm512_store_si512((__m512i *)(plo + ((c + 1) * NR + r) * CK),
+                                       _mm512_permutexvar_epi16(_mm512_srli_epi16(codes, 4), tl));
+                }
             }
         }
     }
@@ -755,11 +788,15 @@ static uint16_t *grow(uint16_t **buf, int64_t *len, int64_t need) {
     return *buf;
 }
 
-/* C tile j += A (tile 4) x B (tile 5), the B tile loaded from ``b``; j a constant. */
+/* C tile j += A (tile 4) x (B + Blo) (tiles 5, 7), the B tiles loaded from ``b`` and ``b + xlo``;
+ * j a constant. */
 #define AMX_STEP(j, b)                                  \
     do {                                                \
         _tile_loadd(5, (b), 64);                        \
+        _tile_loadd(7, (b) + xlo, 64);                  \
         _tile_dpbf16ps(j, 4, 5);                        \
+        _tile_dpbf16ps(j, 4, 7);                        \
+        if (plo) _tile_dpbf16ps(j, 6, 5);               \
     } while (0)
 
 /* ---- few rows under the same option: Q4_K and Q6_K from their codes with AVX512-BF16 dot products ----
@@ -963,8 +1000,8 @@ static void linear_few_bf16(const float *x, const Desc *desc, const float *bias,
  * dot_q6k_bf16 does), then (d * sc) * (q - 32) in fp32 per 16 and rounded to bf16: the same
  * bits as panel_bf16 (the product is exact: at most 24 significant bits), with the bit
  * gathering done once per 32 weights instead of per 8. */
-static inline void panel_q6k_bf16(const uint8_t *const *rw, int64_t K, uint16_t *panel, const uint8_t *const *pf,
-                                  int64_t pfstep) {
+static inline void panel_q6k_bf16(const uint8_t *const *rw, int64_t K, uint16_t *panel, uint16_t *plo,
+                                  const uint8_t *const *pf, int64_t pfstep) {
     const __m512i b32 = _mm512_set1_epi16(32);
     float f[16];
     for (int64_t sb = 0; sb < K / 256; sb++) {
@@ -984,7 +1021,7 @@ static inline void panel_q6k_bf16(const uint8_t *const *rw, int64_t K, uint16_t 
                     const __m512 hi = _mm512_mul_ps(
                         _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64(v, 1))), _mm512_set1_ps(f[i + 1]));
                     const int64_t ch = 8 * sb + 4 * h + c;
-                    _mm512_store_si512((__m512i *)(panel + (ch * NR + r) * CK), (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+                    store_bf16(panel, plo, (ch * NR + r) * CK, lo, hi);
                 }
             }
         }
@@ -1007,7 +1044,7 @@ static inline int64_t bytes256(int64_t type) {
 
 /* The 16 rows' weights k0 .. k0 + kn - 1 (k0 a multiple of 256, or 0) as a bf16 panel. */
 static inline void rebuild(int64_t type, const uint8_t *const *rw, int64_t k0, int64_t kn, uint16_t *panel,
-                           const uint8_t *const *pf, int64_t pfstep) {
+                           uint16_t *plo, const uint8_t *const *pf, int64_t pfstep) {
     const uint8_t *r2[NR], *p2[NR];
     const int64_t off = k0 / 256 * bytes256(type);
     for (int r = 0; r < NR; r++) {
@@ -1015,11 +1052,11 @@ static inline void rebuild(int64_t type, const uint8_t *const *rw, int64_t k0, i
         p2[r] = pf ? pf[r] + off : NULL;
     }
     const uint8_t *const *pp = pf ? p2 : NULL;
-#define PANEL(T) panel_bf16(T, r2, kn, panel, pp, pfstep)
+#define PANEL(T) panel_bf16(T, r2, kn, panel, plo, pp, pfstep)
     if (type == T_Q4_K)
-        panel_q4k_bf16(r2, kn, panel, pp, pfstep);
+        panel_q4k_bf16(r2, kn, panel, plo, pp, pfstep);
     else if (type == T_Q6_K)
-        panel_q6k_bf16(r2, kn, panel, pp, pfstep);
+        panel_q6k_bf16(r2, kn, panel, plo, pp, pfstep);
     else
         DISPATCH(type, PANEL)
 #undef PANEL
@@ -1028,12 +1065,14 @@ static inline void rebuild(int64_t type, const uint8_t *const *rw, int64_t k0, i
 /* C tiles += panel chunks 0 .. n - 1 times chunks c0 .. c0 + n - 1 of x tiles t0 .. t0 + nt - 1.
  * Each product waits for the previous one into the same C tile, so with one or two tiles of x
  * the spare C tiles take alternate chunks (``chains``: 4 or 2; summed by amx_store). */
-static inline __attribute__((always_inline)) void amx_run(const uint16_t *panel, const uint16_t *xb, int64_t nch,
-                                                         int64_t t0, int64_t c0, int64_t n, int nt, int chains) {
+static inline __attribute__((always_inline)) void amx_run(const uint16_t *panel, const uint16_t *plo,
+                                                         const uint16_t *xb, int64_t xlo, int64_t nch, int64_t t0,
+                                                         int64_t c0, int64_t n, int nt, int chains) {
     for (int64_t i = 0; i < n; i++) {
         const int64_t c = c0 + i;
         const uint16_t *b = xb + (t0 * nch + c) * 512;
         _tile_loadd(4, panel + i * NR * CK, 64);
+        if (plo) _tile_loadd(6, plo + i * NR * CK, 64);
         if (chains == 4) {
             switch (c & 3) {
             case 0: AMX_STEP(0, b); break;
@@ -1096,12 +1135,14 @@ void gguf_linear_amx(const float *x, const void *wp, const float *bias, float *y
         return;
     }
     const int64_t nch = K / CK, ntile = (M + XT - 1) / XT;
-    uint16_t *xb = grow(&g_xb, &g_xb_len, ntile * nch * 512);
+    const int wsplit = M > SPLIT_ROWS;
+    const int64_t xlo = ntile * nch * 512; /* the remainders' tiles follow x's */
+    uint16_t *xb = grow(&g_xb, &g_xb_len, 2 * xlo);
     if (!xb) {
         gguf_linear_f32(x, wp, bias, y, M, N, K, nthreads);
         return;
     }
-    pack_x_bf16(x, M, K, xb, nthreads);
+    pack_x_bf16(x, M, K, xb, xb + xlo, nthreads);
     const Desc *desc = (const Desc *)wp;
     const int64_t total = unit_count(desc, NR);
     int failed = 0;
@@ -1110,12 +1151,12 @@ void gguf_linear_amx(const float *x, const void *wp, const float *bias, float *y
         TileConfig cfg;
         memset(&cfg, 0, sizeof cfg);
         cfg.palette = 1;
-        for (int t = 0; t < 6; t++) { /* C tiles 0..3 [16 outputs][16 rows] fp32, A 4, B 5: 16 x 64 bytes each */
+        for (int t = 0; t < 8; t++) { /* C tiles 0..3 [16 outputs][16 rows] fp32, A 4, B 5 and 7: 16 x 64 bytes */
             cfg.rows[t] = 16;
             cfg.colsb[t] = 64;
         }
         _tile_loadconfig(&cfg);
-        uint16_t *panel = grow(&g_panel, &g_panel_len, nch * NR * CK);
+        uint16_t *panel = grow(&g_panel, &g_panel_len, nch * NR * CK * (1 + wsplit));
         float cbuf[CT][NR * XT];
         if (!panel) {
 #pragma omp atomic write
@@ -1138,18 +1179,20 @@ void gguf_linear_amx(const float *x, const void *wp, const float *bias, float *y
                  * an L1-sized panel and multiply it at once, instead of a round trip through L2 */
                 const int nt = (int)ntile, chains = nt == 1 ? 4 : nt == 2 ? 2 : 1;
                 zero_tiles();
+                uint16_t *plo = wsplit ? panel + 8 * NR * CK : NULL;
                 for (int64_t k0 = 0; k0 < K; k0 += 256) {
-                    rebuild(sg->type, rw, k0, 256, panel, pf, pfstep);
-                    amx_run(panel, xb, nch, 0, k0 / CK, 8, nt, chains);
+                    rebuild(sg->type, rw, k0, 256, panel, plo, pf, pfstep);
+                    amx_run(panel, plo, xb, xlo, nch, 0, k0 / CK, 8, nt, chains);
                 }
                 amx_store(cbuf, nt, chains, 0, M, N, col, cnt, bias, y);
                 continue;
             }
-            rebuild(sg->type, rw, 0, K, panel, pf, pfstep);
+            uint16_t *plo = wsplit ? panel + nch * NR * CK : NULL;
+            rebuild(sg->type, rw, 0, K, panel, plo, pf, pfstep);
             for (int64_t t0 = 0; t0 < ntile; t0 += CT) {
                 const int nt = (int)(ntile - t0 < CT ? ntile - t0 : CT), chains = nt == 1 ? 4 : nt == 2 ? 2 : 1;
                 zero_tiles();
-                amx_run(panel, xb, nch, t0, 0, nch, nt, chains);
+                amx_run(panel, plo, xb, xlo, nch, t0, 0, nch, nt, chains);
                 amx_store(cbuf, nt, chains, t0, M, N, col, cnt, bias, y);
             }
         }
