@@ -71,6 +71,18 @@ def test_batches_equal_the_bf16_product(native, qtype):
 
 
 @amx
+def test_a_long_prompt_is_taken_in_blocks_of_rows(native):
+    """With K = 8192 a block of x's tiles is four (64 rows): 150 rows take three blocks, every
+    panel rebuilt for each, and every row still gets the product."""
+    rng = np.random.default_rng(6)
+    n, k = 24, 8192
+    q = quant(T.Q4_K, random_blocks(T.Q4_K, n, k, rng), n, k)
+    x = torch.randn(150, k)
+    ref, scale = amx_reference(x, gguf_ops.dequantize(q))
+    assert within(gguf_ops.gguf_linear([q], bf16=True)(x), ref, scale)
+
+
+@amx
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("m", [1, 2, 3, 4])
 def test_few_rows_of_k_quants_take_exact_weights_and_bf16_activations(native, qtype, m):

@@ -336,14 +336,26 @@ int gguf_dequant_rows(int64_t type, const uint8_t *base, int64_t stride, const i
 #define DIRECT 8 /* up to this many rows of x: straight from the blocks; beyond, through panels */
 #endif
 
-/* The lines of the next rows' bytes at ``off`` (one chunk's worth), into L1: a decode step
+/* The lines of the next rows' bytes at ``off`` (one chunk's worth), into L2: a decode step
  * streams every weight byte from DRAM once, and the next rows (often not adjacent: other
- * parts, permuted rows) are fetched while this pass computes. */
+ * parts, permuted rows) are fetched while this pass computes. (Into L1 they held the few line
+ * fill buffers the demand loads need: Q8_0 times 8 rows streamed 12.6 GB/s that way, 14.1 now.) */
 static inline __attribute__((always_inline)) void prefetch_rows(const int R, const uint8_t *const *pf, int64_t off,
                                                                int64_t step) {
     for (int r = 0; r < R; r++) {
-        _mm_prefetch((const char *)(pf[r] + off), _MM_HINT_T0);
-        if (step > 64) _mm_prefetch((const char *)(pf[r] + off + 64), _MM_HINT_T0);
+        _mm_prefetch((const char *)(pf[r] + off), _MM_HINT_T1);
+        if (step > 64) _mm_prefetch((const char *)(pf[r] + off + 64), _MM_HINT_T1);
+    }
+}
+
+/* Every line of the R rows' bytes pf[r] + off .. + n - 1 (a super-block of the next rows), into
+ * L2: a K-quant kernel reads whole super-blocks, and a line it did not ask for stalls it on DRAM. */
+static inline __attribute__((always_inline)) void prefetch_span(const int R, const uint8_t *const *pf, int64_t off,
+                                                               int64_t n) {
+    for (int r = 0; r < R; r++) {
+        const uintptr_t end = (uintptr_t)(pf[r] + off + n);
+        for (uintptr_t a = (uintptr_t)(pf[r] + off) & ~(uintptr_t)63; a < end; a += 64)
+            _mm_prefetch((const char *)a, _MM_HINT_T1);
     }
 }
 
@@ -747,9 +759,8 @@ static inline void panel_q4k_bf16(const uint8_t *const *rw, int64_t K, uint16_t 
     const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     float f[16];
     for (int64_t sb = 0; sb < K / 256; sb++) {
-        if (pf)
-            for (int64_t c = 8 * sb; c < 8 * sb + 8; c += 2) prefetch_rows(NR, pf, c * pfstep, pfstep);
         for (int r = 0; r < NR; r++) {
+            if (pf) prefetch_span(1, pf + r, sb * 144, 144); /* spread over the rows: a burst of 48 would queue */
             kprep(T_Q4_K, rw[r], 8 * sb, f);
             __asm__ volatile("" ::: "memory"); /* read the factors back as broadcast loads, not lane shuffles */
             const uint8_t *qs = rw[r] + sb * 144 + 16;
@@ -832,12 +843,7 @@ static inline __attribute__((always_inline)) void dot_q4k_bf16(const int R, cons
     float f[GR][16];
     for (int64_t sb = 0; sb < K / 256; sb++) {
         for (int r = 0; r < R; r++) kprep(T_Q4_K, rw[r], sb * 8, f[r]);
-        if (pf)
-            for (int r = 0; r < R; r++) {
-                _mm_prefetch((const char *)(pf[r] + sb * 144), _MM_HINT_T0);
-                _mm_prefetch((const char *)(pf[r] + sb * 144 + 64), _MM_HINT_T0);
-                _mm_prefetch((const char *)(pf[r] + sb * 144 + 128), _MM_HINT_T0);
-            }
+        if (pf) prefetch_span(R, pf, sb * 144, 144);
         for (int g = 0; g < 4; g++)
             for (int r = 0; r < R; r++) {
                 const __m512i words = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(rw[r] + sb * 144 + 16 + 32 * g)));
@@ -907,9 +913,7 @@ static inline __attribute__((always_inline)) void dot_q6k_bf16(const int R, cons
     float f[GR][16];
     for (int64_t sb = 0; sb < K / 256; sb++) {
         for (int r = 0; r < R; r++) kprep(T_Q6_K, rw[r], sb * 8, f[r]);
-        if (pf)
-            for (int r = 0; r < R; r++)
-                for (int o = 0; o < 210; o += 64) _mm_prefetch((const char *)(pf[r] + sb * 210 + o), _MM_HINT_T0);
+        if (pf) prefetch_span(R, pf, sb * 210, 210);
         for (int h = 0; h < 2; h++)
             for (int r = 0; r < R; r++) {
                 __m512i q[4];
@@ -1005,9 +1009,8 @@ static inline void panel_q6k_bf16(const uint8_t *const *rw, int64_t K, uint16_t 
     const __m512i b32 = _mm512_set1_epi16(32);
     float f[16];
     for (int64_t sb = 0; sb < K / 256; sb++) {
-        if (pf)
-            for (int64_t c = 8 * sb; c < 8 * sb + 8; c += 2) prefetch_rows(NR, pf, c * pfstep, pfstep);
         for (int r = 0; r < NR; r++) {
+            if (pf) prefetch_span(1, pf + r, sb * 210, 210);
             kprep(T_Q6_K, rw[r], 8 * sb, f);
             const uint8_t *b = rw[r] + sb * 210;
             for (int h = 0; h < 2; h++) {
@@ -1042,14 +1045,15 @@ static inline int64_t bytes256(int64_t type) {
     }
 }
 
-/* The 16 rows' weights k0 .. k0 + kn - 1 (k0 a multiple of 256, or 0) as a bf16 panel. */
+/* The 16 rows' weights k0 .. k0 + kn - 1 (k0 a multiple of 256, or 0) as a bf16 panel,
+ * prefetching the rows pf from their weight pk on (as far as the panel reaches). */
 static inline void rebuild(int64_t type, const uint8_t *const *rw, int64_t k0, int64_t kn, uint16_t *panel,
-                           uint16_t *plo, const uint8_t *const *pf, int64_t pfstep) {
+                           uint16_t *plo, const uint8_t *const *pf, int64_t pk, int64_t pfstep) {
     const uint8_t *r2[NR], *p2[NR];
-    const int64_t off = k0 / 256 * bytes256(type);
+    const int64_t off = k0 / 256 * bytes256(type), poff = pk / 256 * bytes256(type);
     for (int r = 0; r < NR; r++) {
         r2[r] = rw[r] + off;
-        p2[r] = pf ? pf[r] + off : NULL;
+        p2[r] = pf ? pf[r] + poff : NULL;
     }
     const uint8_t *const *pp = pf ? p2 : NULL;
 #define PANEL(T) panel_bf16(T, r2, kn, panel, plo, pp, pfstep)
@@ -1145,6 +1149,11 @@ void gguf_linear_amx(const float *x, const void *wp, const float *bias, float *y
     pack_x_bf16(x, M, K, xb, xb + xlo, nthreads);
     const Desc *desc = (const Desc *)wp;
     const int64_t total = unit_count(desc, NR);
+    /* Long prompts: x's tiles (2 KiB per tile and 32 k, remainders included) are taken about
+     * 1 MiB at a time, which stays in L2 while every panel multiplies it (the weights are then
+     * rebuilt once per block); all of them at once would stream from L3 for every 16 weight rows. */
+    int64_t tb = (1 << 20) / (nch * 2048) / CT * CT;
+    if (tb < CT || ntile <= CT) tb = CT;
     int failed = 0;
 #pragma omp parallel num_threads(nthreads)
     {
@@ -1162,38 +1171,45 @@ void gguf_linear_amx(const float *x, const void *wp, const float *bias, float *y
 #pragma omp atomic write
             failed = 1;
         }
+        for (int64_t b0 = 0; b0 < ntile; b0 += tb) {
+            const int64_t b1 = b0 + tb < ntile ? b0 + tb : ntile;
 #pragma omp for schedule(dynamic, 4)
-        for (int64_t u = 0; u < total; u++) {
-            if (!panel) continue; /* out of memory in this thread: redone below */
-            int64_t col, n0, cnt;
-            const Seg *sg = unit_of(desc, u, NR, &col, &n0, &cnt);
-            const uint8_t *rw[NR], *next[NR];
-            for (int64_t r = 0; r < NR; r++) {
-                rw[r] = seg_row(sg, n0 + (r < cnt ? r : 0));
-                next[r] = seg_row(sg, n0 + NR + r < sg->n ? n0 + NR + r : sg->n - 1);
-            }
-            const int64_t pfstep = (sg->stride + nch - 1) / nch;
-            const uint8_t *const *pf = n0 + NR < sg->n ? next : NULL;
-            if (ntile <= CT && K % 256 == 0) {
-                /* one pass over the rows (decode batches up to 64): rebuild 256 k at a time into
-                 * an L1-sized panel and multiply it at once, instead of a round trip through L2 */
-                const int nt = (int)ntile, chains = nt == 1 ? 4 : nt == 2 ? 2 : 1;
-                zero_tiles();
-                uint16_t *plo = wsplit ? panel + 8 * NR * CK : NULL;
-                for (int64_t k0 = 0; k0 < K; k0 += 256) {
-                    rebuild(sg->type, rw, k0, 256, panel, plo, pf, pfstep);
-                    amx_run(panel, plo, xb, xlo, nch, 0, k0 / CK, 8, nt, chains);
+            for (int64_t u = 0; u < total; u++) {
+                if (!panel) continue; /* out of memory in this thread: redone below */
+                int64_t col, n0, cnt;
+                const Seg *sg = unit_of(desc, u, NR, &col, &n0, &cnt);
+                const uint8_t *rw[NR], *next[NR];
+                for (int64_t r = 0; r < NR; r++) {
+                    rw[r] = seg_row(sg, n0 + (r < cnt ? r : 0));
+                    next[r] = seg_row(sg, n0 + NR + r < sg->n ? n0 + NR + r : sg->n - 1);
                 }
-                amx_store(cbuf, nt, chains, 0, M, N, col, cnt, bias, y);
-                continue;
-            }
-            uint16_t *plo = wsplit ? panel + nch * NR * CK : NULL;
-            rebuild(sg->type, rw, 0, K, panel, plo, pf, pfstep);
-            for (int64_t t0 = 0; t0 < ntile; t0 += CT) {
-                const int nt = (int)(ntile - t0 < CT ? ntile - t0 : CT), chains = nt == 1 ? 4 : nt == 2 ? 2 : 1;
-                zero_tiles();
-                amx_run(panel, plo, xb, xlo, nch, t0, 0, nch, nt, chains);
-                amx_store(cbuf, nt, chains, t0, M, N, col, cnt, bias, y);
+                const int64_t pfstep = (sg->stride + nch - 1) / nch;
+                const uint8_t *const *pf = n0 + NR < sg->n ? next : NULL;
+                if (ntile <= CT && K % 256 == 0) {
+                    /* one pass over the rows (decode batches up to 64): rebuild 256 k at a time into
+                     * an L1-sized panel and multiply it at once, instead of a round trip through L2 */
+                    const int nt = (int)ntile, chains = nt == 1 ? 4 : nt == 2 ? 2 : 1;
+                    zero_tiles();
+                    uint16_t *plo = wsplit ? panel + 8 * NR * CK : NULL;
+                    for (int64_t k0 = 0; k0 < K; k0 += 256) {
+                        /* prefetch what comes next: these rows' next 256 k, else the next rows' first */
+                        if (k0 + 256 < K)
+                            rebuild(sg->type, rw, k0, 256, panel, plo, rw, k0 + 256, pfstep);
+                        else
+                            rebuild(sg->type, rw, k0, 256, panel, plo, pf, 0, pfstep);
+                        amx_run(panel, plo, xb, xlo, nch, 0, k0 / CK, 8, nt, chains);
+                    }
+                    amx_store(cbuf, nt, chains, 0, M, N, col, cnt, bias, y);
+                    continue;
+                }
+                uint16_t *plo = wsplit ? panel + nch * NR * CK : NULL;
+                rebuild(sg->type, rw, 0, K, panel, plo, pf, 0, pfstep);
+                for (int64_t t0 = b0; t0 < b1; t0 += CT) {
+                    const int nt = (int)(b1 - t0 < CT ? b1 - t0 : CT), chains = nt == 1 ? 4 : nt == 2 ? 2 : 1;
+                    zero_tiles();
+                    amx_run(panel, plo, xb, xlo, nch, t0, 0, nch, nt, chains);
+                    amx_store(cbuf, nt, chains, t0, M, N, col, cnt, bias, y);
+                }
             }
         }
         _tile_release();
