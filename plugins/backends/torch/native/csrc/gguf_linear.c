@@ -799,17 +799,6 @@ static uint16_t *grow(uint16_t **buf, int64_t *len, int64_t need) {
     return *buf;
 }
 
-/* C tile j += A (tile 4) x (B + Blo) (tiles 5, 7), the B tiles loaded from ``b`` and ``b + xlo``;
- * j a constant. */
-#define AMX_STEP(j, b)                                  \
-    do {                                                \
-        _tile_loadd(5, (b), 64);                        \
-        _tile_loadd(7, (b) + xlo, 64);                  \
-        _tile_dpbf16ps(j, 4, 5);                        \
-        _tile_dpbf16ps(j, 4, 7);                        \
-        if (plo) _tile_dpbf16ps(j, 6, 5);               \
-    } while (0)
-
 /* ---- few rows under the same option: Q4_K and Q6_K from their codes with AVX512-BF16 dot products ----
  * A Q4_K weight is (d * sc_j) * q - dmin * m_j with q in 0..15, and q is exact in bf16, so
  * sum_i w_i x_i = D_j * sum_i q_i x_i - Mn_j * sum_i x_i per sub-block j of 32: VDPBF16PS forms
@@ -1066,37 +1055,69 @@ static inline void rebuild(int64_t type, const uint8_t *const *rw, int64_t k0, i
 #undef PANEL
 }
 
-/* C tiles += panel chunks 0 .. n - 1 times chunks c0 .. c0 + n - 1 of x tiles t0 .. t0 + nt - 1.
- * Each product waits for the previous one into the same C tile, so with one or two tiles of x
- * the spare C tiles take alternate chunks (``chains``: 4 or 2; summed by amx_store). */
+#define TLOAD(t, p) _tile_loadd(t, (p), 64)
+#define DP(c, a, b) _tile_dpbf16ps(c, a, b)
+
+/* C tiles += panel chunks 0 .. n - 1 (A: tile 4; the weights' remainders, plo, tile 6) times
+ * chunks c0 .. c0 + n - 1 of x tiles t0 .. t0 + nt - 1 and of their remainders (B: tiles 5
+ * and 7, x's remainders xlo further on). A product into a C tile waits for the one before it
+ * into that tile (a latency of about three products' issue), so consecutive products go to
+ * different C tiles: one tile of x spreads its products over all four C tiles by chunk, two
+ * put x's and its remainder's into their own tiles, three or four go round them pass by pass.
+ * amx_store sums them as ``chains`` (4, 2 or 1: nt = 1, 2, more) says. */
 static inline __attribute__((always_inline)) void amx_run(const uint16_t *panel, const uint16_t *plo,
                                                          const uint16_t *xb, int64_t xlo, int64_t nch, int64_t t0,
-                                                         int64_t c0, int64_t n, int nt, int chains) {
+                                                         int64_t c0, int64_t n, int nt) {
+    const int64_t xs = nch * 512; /* from one tile of x to the next */
     for (int64_t i = 0; i < n; i++) {
         const int64_t c = c0 + i;
         const uint16_t *b = xb + (t0 * nch + c) * 512;
-        _tile_loadd(4, panel + i * NR * CK, 64);
-        if (plo) _tile_loadd(6, plo + i * NR * CK, 64);
-        if (chains == 4) {
-            switch (c & 3) {
-            case 0: AMX_STEP(0, b); break;
-            case 1: AMX_STEP(1, b); break;
-            case 2: AMX_STEP(2, b); break;
-            default: AMX_STEP(3, b); break;
+        TLOAD(4, panel + i * NR * CK);
+        if (plo) TLOAD(6, plo + i * NR * CK);
+        if (nt == 1) {
+            TLOAD(5, b);
+            TLOAD(7, b + xlo);
+            switch (c & 3) { /* x -> C[c], its remainder -> C[c + 2], the weights' -> C[c + 1] */
+#define ONE(k0, k1, k2)                      \
+    DP(k0, 4, 5);                            \
+    DP(k1, 4, 7);                            \
+    if (plo) DP(k2, 6, 5);                   \
+    break;
+            case 0: ONE(0, 2, 1)
+            case 1: ONE(1, 3, 2)
+            case 2: ONE(2, 0, 3)
+            default: ONE(3, 1, 0)
+#undef ONE
             }
-        } else if (chains == 2) {
-            if (c & 1) {
-                AMX_STEP(2, b);
-                AMX_STEP(3, b + nch * 512);
-            } else {
-                AMX_STEP(0, b);
-                AMX_STEP(1, b + nch * 512);
+        } else if (nt == 2) { /* x -> C0, C1; remainders -> C2, C3 */
+            TLOAD(5, b);
+            DP(0, 4, 5);
+            TLOAD(7, b + xs);
+            DP(1, 4, 7);
+            if (plo) {
+                DP(2, 6, 5);
+                DP(3, 6, 7);
             }
-        } else {
-            AMX_STEP(0, b);
-            AMX_STEP(1, b + nch * 512);
-            if (nt > 2) AMX_STEP(2, b + 2 * nch * 512);
-            if (nt > 3) AMX_STEP(3, b + 3 * nch * 512);
+            TLOAD(5, b + xlo);
+            DP(2, 4, 5);
+            TLOAD(7, b + xs + xlo);
+            DP(3, 4, 7);
+        } else { /* C tile j for x tile j; a pass each for x, its remainder, the weights' */
+#define PASS(a, off)                          \
+    TLOAD(5, b + (off));                      \
+    DP(0, a, 5);                              \
+    TLOAD(7, b + xs + (off));                 \
+    DP(1, a, 7);                              \
+    TLOAD(5, b + 2 * xs + (off));             \
+    DP(2, a, 5);                              \
+    if (nt > 3) {                             \
+        TLOAD(7, b + 3 * xs + (off));         \
+        DP(3, a, 7);                          \
+    }
+            PASS(4, 0)
+            PASS(4, xlo)
+            if (plo) { PASS(6, 0) }
+#undef PASS
         }
     }
 }
@@ -1197,7 +1218,7 @@ void gguf_linear_amx(const float *x, const void *wp, const float *bias, float *y
                             rebuild(sg->type, rw, k0, 256, panel, plo, rw, k0 + 256, pfstep);
                         else
                             rebuild(sg->type, rw, k0, 256, panel, plo, pf, 0, pfstep);
-                        amx_run(panel, plo, xb, xlo, nch, 0, k0 / CK, 8, nt, chains);
+                        amx_run(panel, plo, xb, xlo, nch, 0, k0 / CK, 8, nt);
                     }
                     amx_store(cbuf, nt, chains, 0, M, N, col, cnt, bias, y);
                     continue;
@@ -1207,7 +1228,7 @@ void gguf_linear_amx(const float *x, const void *wp, const float *bias, float *y
                 for (int64_t t0 = b0; t0 < b1; t0 += CT) {
                     const int nt = (int)(b1 - t0 < CT ? b1 - t0 : CT), chains = nt == 1 ? 4 : nt == 2 ? 2 : 1;
                     zero_tiles();
-                    amx_run(panel, plo, xb, xlo, nch, t0, 0, nch, nt, chains);
+                    amx_run(panel, plo, xb, xlo, nch, t0, 0, nch, nt);
                     amx_store(cbuf, nt, chains, t0, M, N, col, cnt, bias, y);
                 }
             }
