@@ -81,6 +81,19 @@ static inline const Seg *unit_of(const Desc *d, int64_t u, int64_t unit, int64_t
     return sg;
 }
 
+/* Unit u's rows in rw (past the segment's end, its first row again) and the next unit's in
+ * next; returns next, or NULL when the segment ends first (nothing there to prefetch). */
+static inline const uint8_t *const *unit_rows(const Desc *d, int64_t u, int64_t unit, const uint8_t **rw,
+                                              const uint8_t **next, const Seg **sg, int64_t *col, int64_t *cnt) {
+    int64_t n0;
+    *sg = unit_of(d, u, unit, col, &n0, cnt);
+    for (int64_t r = 0; r < unit; r++) {
+        rw[r] = seg_row(*sg, n0 + (r < *cnt ? r : 0));
+        next[r] = seg_row(*sg, n0 + unit + r < (*sg)->n ? n0 + unit + r : (*sg)->n - 1);
+    }
+    return n0 + unit < (*sg)->n ? next : NULL;
+}
+
 static inline float h2f(const uint8_t *p) {
     uint16_t h;
     memcpy(&h, p, 2);
@@ -952,14 +965,10 @@ static void linear_few_bf16(const float *x, const Desc *desc, const float *bias,
     const int64_t total = unit_count(desc, GR);
 #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 16)
     for (int64_t u = 0; u < total; u++) {
-        int64_t col, n0, cnt;
-        const Seg *sg = unit_of(desc, u, GR, &col, &n0, &cnt);
+        int64_t col, cnt;
+        const Seg *sg;
         const uint8_t *rw[GR], *next[GR];
-        for (int64_t r = 0; r < GR; r++) {
-            rw[r] = seg_row(sg, n0 + (r < cnt ? r : 0));
-            next[r] = seg_row(sg, n0 + GR + r < sg->n ? n0 + GR + r : sg->n - 1);
-        }
-        const uint8_t *const *pf = n0 + GR < sg->n ? next : NULL;
+        const uint8_t *const *pf = unit_rows(desc, u, GR, rw, next, &sg, &col, &cnt);
         const float *b = bias ? bias + col : NULL;
         if (sg->type != T_Q4_K && sg->type != T_Q6_K) {
             const int64_t pfstep = (sg->stride + K / CK - 1) / (K / CK);
@@ -1197,15 +1206,11 @@ void gguf_linear_amx(const float *x, const void *wp, const float *bias, float *y
 #pragma omp for schedule(dynamic, 4)
             for (int64_t u = 0; u < total; u++) {
                 if (!panel) continue; /* out of memory in this thread: redone below */
-                int64_t col, n0, cnt;
-                const Seg *sg = unit_of(desc, u, NR, &col, &n0, &cnt);
+                int64_t col, cnt;
+                const Seg *sg;
                 const uint8_t *rw[NR], *next[NR];
-                for (int64_t r = 0; r < NR; r++) {
-                    rw[r] = seg_row(sg, n0 + (r < cnt ? r : 0));
-                    next[r] = seg_row(sg, n0 + NR + r < sg->n ? n0 + NR + r : sg->n - 1);
-                }
+                const uint8_t *const *pf = unit_rows(desc, u, NR, rw, next, &sg, &col, &cnt);
                 const int64_t pfstep = (sg->stride + nch - 1) / nch;
-                const uint8_t *const *pf = n0 + NR < sg->n ? next : NULL;
                 if (ntile <= CT && K % 256 == 0) {
                     /* one pass over the rows (decode batches up to 64): rebuild 256 k at a time into
                      * an L1-sized panel and multiply it at once, instead of a round trip through L2 */
