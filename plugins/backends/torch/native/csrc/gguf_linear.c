@@ -673,11 +673,11 @@ void gguf_linear_f32(const float *x, const void *wp, const float *bias, float *y
  * W_lo x_hi is added: y = x @ W^T to about 2^-16 relative per product, close to the fp32 path,
  * where the panel's extra rebuild is shared by many rows. Decode batches keep the one rounding
  * (of the weight), whose lo panel would cost them about 40%. Rounding x as well cost twice the
- * error (SmolLM2 Q8_0, 20 batched prompts: 16 identical greedy continuations; now 20). Per thread, 16 output rows are rebuilt
- * once into a bf16 panel [K / 32][16][32] (L2) that every 16 rows of x then multiply: the
- * panel is the A operand (rows = outputs, row-major, as rebuilt), x is packed once per call as
- * the B operand (pairs of k interleaved by row), so C holds [16 outputs][16 rows of x] and is
- * transposed on the way out. Up to four rows of x (DMAX) take the few-row path below instead
+ * error (SmolLM2 Q8_0, 20 batched prompts: 16 identical greedy continuations; now 20).
+ * Per thread, 16 output rows are rebuilt once into a bf16 panel [K / 32][16][32] (L2) that
+ * every 16 rows of x then multiply: the panel is the A operand (rows = outputs, row-major, as
+ * rebuilt), x is packed once per call as the B operand (pairs of k interleaved by row), so C
+ * holds [16 outputs][16 rows of x] and is transposed on the way out. Up to four rows of x (DMAX) take the few-row path below instead
  * (the panel would not pay for itself); K not a multiple of 32, or a kernel that refuses the
  * tile state: the exact fp32 kernel above. */
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
@@ -696,21 +696,23 @@ typedef struct {
 
 static int g_amx = 0; /* 0 not asked yet, 1 granted, -1 refused */
 
-/* 32 floats (a0: the first 16, a1: the next) as bf16 words, and in lo the bf16 of what that
- * rounding left out: hi + lo carries a to about 16 significant bits. */
+/* 32 floats (a0: the first 16, a1: the next) as bf16 words, and with lo, in *lo the bf16 of
+ * what that rounding left out: hi + lo carries a to about 16 significant bits. */
 static inline __m512i split_bf16(__m512 a0, __m512 a1, __m512i *lo) {
     const __m512i h = (__m512i)_mm512_cvtne2ps_pbh(a1, a0);
-    const __m512 h0 = _mm512_cvtpbh_ps((__m256bh)_mm512_castsi512_si256(h));
-    const __m512 h1 = _mm512_cvtpbh_ps((__m256bh)_mm512_extracti64x4_epi64(h, 1));
-    *lo = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(a1, h1), _mm512_sub_ps(a0, h0));
+    if (lo) {
+        const __m512 h0 = _mm512_cvtpbh_ps((__m256bh)_mm512_castsi512_si256(h));
+        const __m512 h1 = _mm512_cvtpbh_ps((__m256bh)_mm512_extracti64x4_epi64(h, 1));
+        *lo = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(a1, h1), _mm512_sub_ps(a0, h0));
+    }
     return h;
 }
 
 /* 32 rebuilt weights (w0: the first 16) into the panel at off as bf16, and with plo, the bf16 of
- * their remainders into plo at off. */
+ * their remainders into plo at off (computed only then: decode batches have no plo). */
 static inline void store_bf16(uint16_t *panel, uint16_t *plo, int64_t off, __m512 w0, __m512 w1) {
     __m512i l;
-    _mm512_store_si512((__m512i *)(panel + off), split_bf16(w0, w1, &l));
+    _mm512_store_si512((__m512i *)(panel + off), split_bf16(w0, w1, plo ? &l : NULL));
     if (plo) _mm512_store_si512((__m512i *)(plo + off), l);
 }
 
@@ -768,7 +770,7 @@ static inline __attribute__((always_inline)) void panel_bf16(const int type, con
  * q = 0..15, are computed once (the same FMS as dq32x) and rounded to bf16, and its 32 codes
  * pick theirs with one permute: the same bits as panel_bf16, in about half the instructions. */
 static inline void panel_q4k_bf16(const uint8_t *const *rw, int64_t K, uint16_t *panel, uint16_t *plo,
-                                  const uint8_t *const *pf, int64_t pfstep) {
+                                  const uint8_t *const *pf) {
     const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     float f[16];
     for (int64_t sb = 0; sb < K / 256; sb++) {
@@ -783,7 +785,7 @@ static inline void panel_q4k_bf16(const uint8_t *const *rw, int64_t K, uint16_t 
                 __m512i tl;
                 const __m512i t = split_bf16(_mm512_fmsub_ps(iota, _mm512_set1_ps(f[2 * g + 1]), _mm512_set1_ps(f[9 + 2 * g])),
                                              _mm512_fmsub_ps(iota, _mm512_set1_ps(f[2 * g]), _mm512_set1_ps(f[8 + 2 * g])),
-                                             &tl);
+                                             plo ? &tl : NULL);
                 const __m512i codes = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(qs + 32 * g)));
                 const __m512i lo = _mm512_ternarylogic_epi32(codes, _mm512_set1_epi16(15), _mm512_set1_epi16(16), 0xEA);
                 const int64_t c = 8 * sb + 2 * g;
@@ -1003,7 +1005,7 @@ static void linear_few_bf16(const float *x, const Desc *desc, const float *bias,
  * bits as panel_bf16 (the product is exact: at most 24 significant bits), with the bit
  * gathering done once per 32 weights instead of per 8. */
 static inline void panel_q6k_bf16(const uint8_t *const *rw, int64_t K, uint16_t *panel, uint16_t *plo,
-                                  const uint8_t *const *pf, int64_t pfstep) {
+                                  const uint8_t *const *pf) {
     const __m512i b32 = _mm512_set1_epi16(32);
     float f[16];
     for (int64_t sb = 0; sb < K / 256; sb++) {
@@ -1056,9 +1058,9 @@ static inline void rebuild(int64_t type, const uint8_t *const *rw, int64_t k0, i
     const uint8_t *const *pp = pf ? p2 : NULL;
 #define PANEL(T) panel_bf16(T, r2, kn, panel, plo, pp, pfstep)
     if (type == T_Q4_K)
-        panel_q4k_bf16(r2, kn, panel, plo, pp, pfstep);
+        panel_q4k_bf16(r2, kn, panel, plo, pp);
     else if (type == T_Q6_K)
-        panel_q6k_bf16(r2, kn, panel, plo, pp, pfstep);
+        panel_q6k_bf16(r2, kn, panel, plo, pp);
     else
         DISPATCH(type, PANEL)
 #undef PANEL
@@ -1073,7 +1075,7 @@ static inline void rebuild(int64_t type, const uint8_t *const *rw, int64_t k0, i
  * into that tile (a latency of about three products' issue), so consecutive products go to
  * different C tiles: one tile of x spreads its products over all four C tiles by chunk, two
  * put x's and its remainder's into their own tiles, three or four go round them pass by pass.
- * amx_store sums them as ``chains`` (4, 2 or 1: nt = 1, 2, more) says. */
+ * amx_store sums them back. */
 static inline __attribute__((always_inline)) void amx_run(const uint16_t *panel, const uint16_t *plo,
                                                          const uint16_t *xb, int64_t xlo, int64_t nch, int64_t t0,
                                                          int64_t c0, int64_t n, int nt) {
@@ -1131,8 +1133,10 @@ static inline __attribute__((always_inline)) void amx_run(const uint16_t *panel,
     }
 }
 
-/* The C tiles of x tiles t0 .. t0 + nt - 1 into y (outputs col .. col + cnt - 1), plus bias. */
-static inline void amx_store(float (*cbuf)[NR * XT], int nt, int chains, int64_t t0, int64_t M, int64_t N, int64_t col,
+/* The C tiles of x tiles t0 .. t0 + nt - 1 into y (outputs col .. col + cnt - 1), plus bias,
+ * summing the tiles that amx_run spread one tile's products over (all four for one tile of x,
+ * j and j + 2 for two). */
+static inline void amx_store(float (*cbuf)[NR * XT], int nt, int64_t t0, int64_t M, int64_t N, int64_t col,
                              int64_t cnt, const float *bias, float *y) {
     _tile_stored(0, cbuf[0], 64);
     _tile_stored(1, cbuf[1], 64);
@@ -1143,8 +1147,8 @@ static inline void amx_store(float (*cbuf)[NR * XT], int nt, int chains, int64_t
         for (int64_t m = 0; m < mm; m++)
             for (int64_t r = 0; r < cnt; r++) {
                 float v = cbuf[j][r * XT + m];
-                if (chains == 4) v += cbuf[1][r * XT + m] + cbuf[2][r * XT + m] + cbuf[3][r * XT + m];
-                if (chains == 2) v += cbuf[j + 2][r * XT + m];
+                if (nt == 1) v += cbuf[1][r * XT + m] + cbuf[2][r * XT + m] + cbuf[3][r * XT + m];
+                if (nt == 2) v += cbuf[j + 2][r * XT + m];
                 y[(m0 + m) * N + col + r] = v + (bias ? bias[col + r] : 0.0f);
             }
     }
@@ -1214,7 +1218,7 @@ void gguf_linear_amx(const float *x, const void *wp, const float *bias, float *y
                 if (ntile <= CT && K % 256 == 0) {
                     /* one pass over the rows (decode batches up to 64): rebuild 256 k at a time into
                      * an L1-sized panel and multiply it at once, instead of a round trip through L2 */
-                    const int nt = (int)ntile, chains = nt == 1 ? 4 : nt == 2 ? 2 : 1;
+                    const int nt = (int)ntile;
                     zero_tiles();
                     uint16_t *plo = wsplit ? panel + 8 * NR * CK : NULL;
                     for (int64_t k0 = 0; k0 < K; k0 += 256) {
@@ -1225,16 +1229,16 @@ void gguf_linear_amx(const float *x, const void *wp, const float *bias, float *y
                             rebuild(sg->type, rw, k0, 256, panel, plo, pf, 0, pfstep);
                         amx_run(panel, plo, xb, xlo, nch, 0, k0 / CK, 8, nt);
                     }
-                    amx_store(cbuf, nt, chains, 0, M, N, col, cnt, bias, y);
+                    amx_store(cbuf, nt, 0, M, N, col, cnt, bias, y);
                     continue;
                 }
                 uint16_t *plo = wsplit ? panel + nch * NR * CK : NULL;
                 rebuild(sg->type, rw, 0, K, panel, plo, pf, 0, pfstep);
                 for (int64_t t0 = b0; t0 < b1; t0 += CT) {
-                    const int nt = (int)(b1 - t0 < CT ? b1 - t0 : CT), chains = nt == 1 ? 4 : nt == 2 ? 2 : 1;
+                    const int nt = (int)(b1 - t0 < CT ? b1 - t0 : CT);
                     zero_tiles();
                     amx_run(panel, plo, xb, xlo, nch, t0, 0, nch, nt);
-                    amx_store(cbuf, nt, chains, t0, M, N, col, cnt, bias, y);
+                    amx_store(cbuf, nt, t0, M, N, col, cnt, bias, y);
                 }
             }
         }
