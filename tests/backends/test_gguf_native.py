@@ -75,14 +75,16 @@ def batched_logits(backend: TorchBackend, seqs: list[list[int]], prefill: int) -
     return [torch.cat(r) for r in rows]
 
 
-def reference_logits(path: str, ids: list[int]) -> torch.Tensor:
-    """transformers' forward on the weights it dequantizes from the same file."""
+def reference_logits(path: str, *seqs: list[int]) -> torch.Tensor:
+    """transformers' forward on the weights it dequantizes from the same file: [positions, vocab]
+    for one sequence, [sequences, positions, vocab] for several of one length (one load)."""
     from transformers import AutoModelForCausalLM
 
     folder, name = os.path.split(path)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
     with torch.no_grad():
-        return model(torch.tensor([ids])).logits[0].float()
+        logits = model(torch.tensor(list(seqs))).logits.float()
+    return logits[0] if len(seqs) == 1 else logits
 
 
 def compare(got: torch.Tensor, want: torch.Tensor) -> tuple[float, float]:
@@ -138,7 +140,7 @@ def test_bf16_matmul_logits_stay_near_transformers(types: tuple[str, ...], tmp_p
     assert agree >= BF16_MIN_AGREE and err < BF16_MAX_REL_ERR, (agree, err)
     seqs = [sequence(40, seed=10 + i) for i in range(8)]
     got = batched_logits(backend, seqs, prefill=10)
-    results = [compare(g, reference_logits(path, s)[10:]) for g, s in zip(got, seqs)]
+    results = [compare(g, want[10:]) for g, want in zip(got, reference_logits(path, *seqs))]
     agree, err = sum(a for a, _ in results) / len(results), max(e for _, e in results)
     assert agree >= BATCH_MIN_AGREE and err < BATCH_MAX_REL_ERR, (agree, err)
 
