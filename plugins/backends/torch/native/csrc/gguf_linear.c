@@ -815,28 +815,24 @@ static uint16_t *grow(uint16_t **buf, int64_t *len, int64_t need) {
 }
 
 /* ---- few rows under the same option: Q4_K and Q6_K from their codes with AVX512-BF16 dot products ----
- * A Q4_K weight is (d * sc_j) * q - dmin * m_j with q in 0..15, and q is exact in bf16, so
- * sum_i w_i x_i = D_j * sum_i q_i x_i - Mn_j * sum_i x_i per sub-block j of 32: VDPBF16PS forms
- * sum_i q_i bf16(x_i) from the codes (looked up as bf16 in one permute, no fp32 rebuild), one
- * FMA scales it. So these products take exact weights and bf16 activations; the rebuild that
- * bounds the fp32 kernel at one to four rows is gone. Q6_K likewise (dot_q6k_bf16); other types
- * keep the exact fp32 kernel. */
+ * A Q4_K weight is (d * sc_j) * q - dmin * m_j with q in 0..15, so sum_i w_i x_i =
+ * D_j * sum_i q_i x_i - Mn_j * sum_i x_i per sub-block j of 32. A code under 128 OR-ed into the
+ * mantissa of bf16 128.0 is the bf16 of 128 + q, exactly, in one bit operation (no table, no
+ * fp32 rebuild); VDPBF16PS forms sum_i (128 + q_i) bf16(x_i), one FMA scales it by D_j, and the
+ * offset's 128 D_j sum_i x_i joins the mins' term (the sums of the bf16 x, formed once). So these
+ * products take exact weights and bf16 activations; the rebuild that bounds the fp32 kernel at
+ * one to four rows is gone. Q6_K likewise ((d sc) (q - 32) per 16: 128 + q, offset 160;
+ * dot_q6k_bf16); other types keep the exact fp32 kernel. (The offset costs a few low bits of
+ * the fp32 sums, far under the bf16 rounding of x.) */
 
-/* bf16(i & 15) for i in 0..31: a byte's low five bits index it (bit 4 ignored, as the table repeats). */
-static inline __m512i nibble_table(void) {
-    static const uint16_t t[32] = {0x0000, 0x3f80, 0x4000, 0x4040, 0x4080, 0x40a0, 0x40c0, 0x40e0,
-                                   0x4100, 0x4110, 0x4120, 0x4130, 0x4140, 0x4150, 0x4160, 0x4170,
-                                   0x0000, 0x3f80, 0x4000, 0x4040, 0x4080, 0x40a0, 0x40c0, 0x40e0,
-                                   0x4100, 0x4110, 0x4120, 0x4130, 0x4140, 0x4150, 0x4160, 0x4170};
-    return _mm512_loadu_si512(t);
-}
+#define CODE_OFFSET 0x4300 /* bf16 128.0: OR-ing a code under 128 into it gives 128 + code */
 
 /* sums[m * GR + r] = bf16(x row m) . Q4_K row r, R rows at once (R, M compile-time constants).
  * xb: bf16 x [M][K]; xs: per 32 of x the sum of its bf16 values, [M][K / 32]. */
 static inline __attribute__((always_inline)) void dot_q4k_bf16(const int R, const int M, const uint8_t *const *rw,
                                                               const uint16_t *xb, const float *xs, int64_t K,
                                                               float *sums, const uint8_t *const *pf) {
-    const __m512i tab = nibble_table();
+    const __m512i off = _mm512_set1_epi16(CODE_OFFSET), f15 = _mm512_set1_epi16(15);
     __m512 acc[GR][DMAX];
     __m256 mins[GR][DMAX];
     for (int r = 0; r < R; r++)
@@ -846,13 +842,17 @@ static inline __attribute__((always_inline)) void dot_q4k_bf16(const int R, cons
         }
     float f[GR][16];
     for (int64_t sb = 0; sb < K / 256; sb++) {
-        for (int r = 0; r < R; r++) kprep(T_Q4_K, rw[r], sb * 8, f[r]);
+        for (int r = 0; r < R; r++) { /* the mins' factors take the offset's too: Mn_j + 128 D_j */
+            kprep(T_Q4_K, rw[r], sb * 8, f[r]);
+            _mm256_storeu_ps(f[r] + 8, _mm256_fmadd_ps(_mm256_loadu_ps(f[r]), _mm256_set1_ps(128.0f),
+                                                       _mm256_loadu_ps(f[r] + 8)));
+        }
         if (pf) prefetch_span(R, pf, sb * 144, 144);
         for (int g = 0; g < 4; g++)
             for (int r = 0; r < R; r++) {
                 const __m512i words = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(rw[r] + sb * 144 + 16 + 32 * g)));
-                const __m512bh lo = (__m512bh)_mm512_permutexvar_epi16(words, tab);
-                const __m512bh hi = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(words, 4), tab);
+                const __m512bh lo = (__m512bh)_mm512_ternarylogic_epi32(words, f15, off, 0xEA); /* (w & 15) | off */
+                const __m512bh hi = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(words, 4), off);
                 const __m512 d0 = _mm512_set1_ps(f[r][2 * g]), d1 = _mm512_set1_ps(f[r][2 * g + 1]);
                 for (int m = 0; m < M; m++) {
                     const uint16_t *xp = xb + m * K + sb * 256 + 64 * g;
@@ -874,39 +874,27 @@ static inline __attribute__((always_inline)) void dot_q4k_bf16(const int R, cons
  * 16-bit lanes, 32 weights per register: weight 128 h + r takes its low four bits from byte
  * 64 h + r % 64 (shifted by 4 (r / 64)) and its high two from byte 128 + 32 h + r % 32 (shifted
  * by 2 (r / 32)). */
-static inline void q6k_codes(const uint8_t *b, int h, __m512i q[4]) {
-    const __m512i f15 = _mm512_set1_epi16(15), hmask = _mm512_set1_epi16(0x30);
+static inline void q6k_codes(const uint8_t *b, int h, __m512i q[4], int offset) {
+    const __m512i f15 = _mm512_set1_epi16(15), hmask = _mm512_set1_epi16(0x30), off = _mm512_set1_epi16(offset);
     const __m512i A = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(b + 64 * h)));
     const __m512i B = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(b + 64 * h + 32)));
     const __m512i H = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h)));
-    /* low | (high bits & 0x30): ternary logic a | (b & c) */
-    q[0] = _mm512_ternarylogic_epi32(_mm512_and_si512(A, f15), _mm512_slli_epi16(H, 4), hmask, 0xF8);
-    q[1] = _mm512_ternarylogic_epi32(_mm512_and_si512(B, f15), _mm512_slli_epi16(H, 2), hmask, 0xF8);
-    q[2] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(A, 4), H, hmask, 0xF8);
-    q[3] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(B, 4), _mm512_srli_epi16(H, 2), hmask, 0xF8);
+    /* low | (high bits & 0x30): ternary logic a | (b & c); the low bits come OR-ed with offset:
+     * (a & b) | c, or for the high nibbles a plain OR (a shifted byte has nothing above bit 3) */
+    q[0] = _mm512_ternarylogic_epi32(_mm512_ternarylogic_epi32(A, f15, off, 0xEA), _mm512_slli_epi16(H, 4), hmask, 0xF8);
+    q[1] = _mm512_ternarylogic_epi32(_mm512_ternarylogic_epi32(B, f15, off, 0xEA), _mm512_slli_epi16(H, 2), hmask, 0xF8);
+    q[2] = _mm512_ternarylogic_epi32(_mm512_or_si512(_mm512_srli_epi16(A, 4), off), H, hmask, 0xF8);
+    q[3] = _mm512_ternarylogic_epi32(_mm512_or_si512(_mm512_srli_epi16(B, 4), off), _mm512_srli_epi16(H, 2), hmask, 0xF8);
 }
 
-/* bf16(i - 32) for i in 0..63, as two 32-entry halves: a Q6_K code's six bits index it. */
-static inline void q6_table(__m512i *lo, __m512i *hi) {
-    uint16_t t[64];
-    for (int i = 0; i < 64; i++) {
-        const float v = (float)(i - 32); /* an integer under 64: exact in bf16, the top 16 bits */
-        uint32_t u;
-        memcpy(&u, &v, 4);
-        t[i] = (uint16_t)(u >> 16);
-    }
-    *lo = _mm512_loadu_si512(t);
-    *hi = _mm512_loadu_si512(t + 32);
-}
-
-/* As dot_q4k_bf16 for Q6_K: w = (d * sc_i) * (q - 32) per 16, q - 32 exact in bf16, so each 32
- * weights are one dot product of the looked-up codes with bf16(x), lanes 0-7 scaled by the first
- * 16's factor and lanes 8-15 by the second's (codes gathered by q6k_codes). */
+/* As dot_q4k_bf16 for Q6_K: w = (d * sc_i) * (q - 32) per 16, so each 32 weights are one dot
+ * product of their codes as bf16(128 + q) (q6k_codes) with bf16(x), lanes 0-7 scaled by the
+ * first 16's factor and lanes 8-15 by the second's; per super-block 160 (d * sc_i) times the
+ * sums of x per 16 (xs16: [M][K / 16]) come off, lane i for group i (the lanes are summed at
+ * the end, so any lane may carry any term). */
 static inline __attribute__((always_inline)) void dot_q6k_bf16(const int R, const int M, const uint8_t *const *rw,
-                                                              const uint16_t *xb, int64_t K, float *sums,
-                                                              const uint8_t *const *pf) {
-    __m512i tlo, thi;
-    q6_table(&tlo, &thi);
+                                                              const uint16_t *xb, const float *xs16, int64_t K,
+                                                              float *sums, const uint8_t *const *pf) {
     __m512i lanes[4];
     for (int c = 0; c < 4; c++) /* factor index of each dot-product lane, chunk c of a half */
         lanes[c] = _mm512_setr_epi32(2 * c, 2 * c, 2 * c, 2 * c, 2 * c, 2 * c, 2 * c, 2 * c, 2 * c + 1, 2 * c + 1,
@@ -921,10 +909,15 @@ static inline __attribute__((always_inline)) void dot_q6k_bf16(const int R, cons
         for (int h = 0; h < 2; h++)
             for (int r = 0; r < R; r++) {
                 __m512i q[4];
-                q6k_codes(rw[r] + sb * 210, h, q);
+                q6k_codes(rw[r] + sb * 210, h, q, CODE_OFFSET);
                 const __m512 fv = _mm512_loadu_ps(f[r]);
+                if (h == 0) {
+                    const __m512 f160 = _mm512_mul_ps(fv, _mm512_set1_ps(160.0f));
+                    for (int m = 0; m < M; m++)
+                        acc[r][m] = _mm512_fnmadd_ps(f160, _mm512_loadu_ps(xs16 + m * (K / 16) + sb * 16), acc[r][m]);
+                }
                 for (int c = 0; c < 4; c++) {
-                    const __m512bh v = (__m512bh)_mm512_permutex2var_epi16(tlo, q[c], thi);
+                    const __m512bh v = (__m512bh)q[c];
                     const __m512 scale = _mm512_permutexvar_ps(_mm512_add_epi32(lanes[c], _mm512_set1_epi32(8 * h)), fv);
                     for (int m = 0; m < M; m++) {
                         const uint16_t *xp = xb + m * K + sb * 256 + 128 * h + 32 * c;
@@ -947,22 +940,25 @@ static void linear_few_bf16(const float *x, const Desc *desc, const float *bias,
                             int64_t K, int nthreads) {
     int codes = 0; /* any part read from its codes */
     for (int64_t s = 0; s < desc->nseg; s++) codes |= desc->seg[s].type == T_Q4_K || desc->seg[s].type == T_Q6_K;
-    uint16_t *xb = codes ? grow(&g_xfew, &g_xfew_len, M * K + 2 * M * (K / CK) + 2) : NULL;
+    uint16_t *xb = codes ? grow(&g_xfew, &g_xfew_len, M * K + 6 * M * (K / CK) + 2) : NULL;
     if (!xb) {
         gguf_linear_f32(x, desc, bias, y, M, N, K, nthreads);
         return;
     }
-    float *xs = (float *)(xb + M * K + (M * K) % 2); /* 4-byte aligned after the bf16 rows */
+    /* after the bf16 rows, 4-byte aligned: the sums of the bf16 values per 32 (Q4_K), per 16 (Q6_K) */
+    float *xs = (float *)(xb + M * K + (M * K) % 2), *xs16 = xs + M * (K / CK);
     for (int64_t m = 0; m < M; m++)
         for (int64_t c = 0; c < K / CK; c++) {
             const float *p = x + m * K + c * CK;
             const __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(p + 16), _mm512_loadu_ps(p));
             _mm512_storeu_si512(xb + m * K + c * CK, (__m512i)v);
-            /* the sum of the bf16 values: widen back to fp32 (exact) and add */
-            const __m512i w = (__m512i)v;
-            const __m512 a = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
-            const __m512 b = _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32((int)0xFFFF0000u)));
-            xs[m * (K / CK) + c] = _mm512_reduce_add_ps(_mm512_add_ps(a, b));
+            /* widened back to fp32 (exact): the first 16 and the next, then added */
+            const __m512 a = _mm512_cvtpbh_ps((__m256bh)_mm512_castsi512_si256((__m512i)v));
+            const __m512 b = _mm512_cvtpbh_ps((__m256bh)_mm512_extracti64x4_epi64((__m512i)v, 1));
+            const float sa = _mm512_reduce_add_ps(a), sb = _mm512_reduce_add_ps(b);
+            xs16[m * (K / 16) + 2 * c] = sa;
+            xs16[m * (K / 16) + 2 * c + 1] = sb;
+            xs[m * (K / CK) + c] = sa + sb;
         }
     const int64_t total = unit_count(desc, GR);
 #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 16)
@@ -989,10 +985,10 @@ static void linear_few_bf16(const float *x, const Desc *desc, const float *bias,
             }
         } else {
             switch (M) {
-            case 1: dot_q6k_bf16(GR, 1, rw, xb, K, sums, pf); break;
-            case 2: dot_q6k_bf16(GR, 2, rw, xb, K, sums, pf); break;
-            case 3: dot_q6k_bf16(GR, 3, rw, xb, K, sums, pf); break;
-            default: dot_q6k_bf16(GR, 4, rw, xb, K, sums, pf); break;
+            case 1: dot_q6k_bf16(GR, 1, rw, xb, xs16, K, sums, pf); break;
+            case 2: dot_q6k_bf16(GR, 2, rw, xb, xs16, K, sums, pf); break;
+            case 3: dot_q6k_bf16(GR, 3, rw, xb, xs16, K, sums, pf); break;
+            default: dot_q6k_bf16(GR, 4, rw, xb, xs16, K, sums, pf); break;
             }
         }
         for (int64_t m = 0; m < M; m++)
@@ -1015,7 +1011,7 @@ static inline void panel_q6k_bf16(const uint8_t *const *rw, int64_t K, uint16_t 
             const uint8_t *b = rw[r] + sb * 210;
             for (int h = 0; h < 2; h++) {
                 __m512i q[4];
-                q6k_codes(b, h, q);
+                q6k_codes(b, h, q, 0);
                 for (int c = 0; c < 4; c++) {
                     const __m512i v = _mm512_sub_epi16(q[c], b32);
                     const int i = 8 * h + 2 * c; /* the factor of weights 0-15 of this chunk; i + 1: 16-31 */
