@@ -833,13 +833,9 @@ static inline __attribute__((always_inline)) void dot_q4k_bf16(const int R, cons
                                                               const uint16_t *xb, const float *xs, int64_t K,
                                                               float *sums, const uint8_t *const *pf) {
     const __m512i off = _mm512_set1_epi16(CODE_OFFSET), f15 = _mm512_set1_epi16(15);
-    __m512 acc[GR][DMAX];
-    __m256 mins[GR][DMAX];
+    __m512 acc[GR][DMAX]; /* lanes are summed at the end: the mins' term goes to lanes 0-7 */
     for (int r = 0; r < R; r++)
-        for (int m = 0; m < M; m++) {
-            acc[r][m] = _mm512_setzero_ps();
-            mins[r][m] = _mm256_setzero_ps();
-        }
+        for (int m = 0; m < M; m++) acc[r][m] = _mm512_setzero_ps();
     float f[GR][16];
     for (int64_t sb = 0; sb < K / 256; sb++) {
         for (int r = 0; r < R; r++) { /* the mins' factors take the offset's too: Mn_j + 128 D_j */
@@ -863,11 +859,12 @@ static inline __attribute__((always_inline)) void dot_q4k_bf16(const int R, cons
             }
         for (int r = 0; r < R; r++)
             for (int m = 0; m < M; m++)
-                mins[r][m] = _mm256_fmadd_ps(_mm256_loadu_ps(f[r] + 8), _mm256_loadu_ps(xs + m * (K / CK) + sb * 8),
-                                             mins[r][m]);
+                acc[r][m] = _mm512_fnmadd_ps(_mm512_zextps256_ps512(_mm256_loadu_ps(f[r] + 8)),
+                                             _mm512_zextps256_ps512(_mm256_loadu_ps(xs + m * (K / CK) + sb * 8)),
+                                             acc[r][m]);
     }
     for (int r = 0; r < R; r++)
-        for (int m = 0; m < M; m++) sums[m * GR + r] = _mm512_reduce_add_ps(acc[r][m]) - hsum8(mins[r][m]);
+        for (int m = 0; m < M; m++) sums[m * GR + r] = _mm512_reduce_add_ps(acc[r][m]);
 }
 
 /* The six-bit codes of half h (weights 128 h .. 128 h + 127) of the Q6_K super-block at b, in
