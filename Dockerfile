@@ -28,8 +28,9 @@ RUN pip install --no-cache-dir torch==2.13.0 --index-url https://download.pytorc
 USER 1000
 ENV HOME=/home/llmserve HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 WORKDIR /home/llmserve
-# The slow once-per-machine work in the image: the embedded model converted to the cache under
-# ~/.cache/llmserve and the native kernels compiled (rebuilt at start if the CPU differs).
+# The slow once-per-machine work in the image: the embedded model's tokenizer and config read
+# into the cache under ~/.cache/llmserve and the native kernels compiled (rebuilt at start if
+# the CPU differs).
 RUN llmserve warmup
 EXPOSE 8000
 HEALTHCHECK --interval=30s --timeout=5s --start-period=120s --retries=3 \

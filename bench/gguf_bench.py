@@ -37,8 +37,9 @@ import make_models
 import psutil
 from serve_bench import Server, free_port, run_all, run_level, start
 
-# Decode steps of the workload see, on average, the prompt (a few dozen tokens) plus half the
-# output in the KV cache; the KV term is small beside the weights at these lengths.
+# Decode steps of the workload see, on average, the prompt plus half the output in the KV
+# cache. The prompts are 10-16 tokens; 32 bounds them (and sizes llama-server's slots), and
+# the KV term is small beside the weights at these lengths.
 PROMPT_TOKENS = 32
 KV_BYTES = 2  # f16/bf16 cache entries
 

@@ -1,8 +1,9 @@
 """``llmserve warmup``: do a first start's once-per-machine work ahead of time.
 
 The backend is built as ``serve`` builds it and its ``warm_up()`` runs (the torch backend compiles
-its native CPU kernels and converts a GGUF model into its cache there); a backend without one is
-loaded once and released. A ``serve`` of the same model afterwards finds every cache.
+its native CPU kernels there and caches a GGUF model's config and tokenizer, or converts one it
+cannot serve in its own quantization); a backend without one is loaded once and released. A
+``serve`` of the same model afterwards finds every cache.
 """
 
 from __future__ import annotations

@@ -870,7 +870,7 @@ static inline __attribute__((always_inline)) void dot_q4k_bf16(const int R, cons
 /* The six-bit codes of half h (weights 128 h .. 128 h + 127) of the Q6_K super-block at b, in
  * 16-bit lanes, 32 weights per register: weight 128 h + r takes its low four bits from byte
  * 64 h + r % 64 (shifted by 4 (r / 64)) and its high two from byte 128 + 32 h + r % 32 (shifted
- * by 2 (r / 32)). */
+ * by 2 (r / 32)). Every lane carries offset as well: CODE_OFFSET makes it bf16(128 + q), 0 leaves q. */
 static inline void q6k_codes(const uint8_t *b, int h, __m512i q[4], int offset) {
     const __m512i f15 = _mm512_set1_epi16(15), hmask = _mm512_set1_epi16(0x30), off = _mm512_set1_epi16(offset);
     const __m512i A = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(b + 64 * h)));
