@@ -6,23 +6,33 @@ the list has a call), and each parser's own markers repeated or followed by thos
 are read from the registry at run time, so a parser added later is covered too.
 
 A prompt-injected model can be made to write any of these; a parser quadratic in them pins the
-server's event loop for minutes per request. The measure is the ratio of the time for 100 kB
-to the time for 10 kB: about 10 when linear, about 100 when quadratic; the bound is 15.
+server's event loop for minutes per request. The measure is the ratio of the time for 128 kB to
+the time for 4 kB: about 32 when linear, about 1000 when quadratic. The bound, 80, sits far from
+both, so noise cannot turn one into the other: it fails a parser whose quadratic part is, at
+128 kB, 1.6 times its linear part or more (one that takes 14 times as long as it should at 1 MB).
+The times are the thread's CPU time (``time.thread_time``) with the garbage collector paused, each
+the best of the runs made; a ratio that is not clearly linear is measured again, up to three
+rounds, since noise only ever adds time. ``test_a_quadratic_parser_is_caught`` runs a
+deliberately quadratic parser through the same measure.
 """
 
 from __future__ import annotations
 
+import gc
 import time
 from itertools import cycle
+from typing import Any
 
 import pytest
 
 from llmserve.parsing.chain import ParseChain
+from llmserve.parsing.contract import ParseDelta, ToolParser
 
 from .helpers import registry
 
-SMALL, BIG = 10_000, 100_000
-MAX_RATIO = 15
+SMALL, BIG = 4_000, 128_000  # 32 times as much output
+MAX_RATIO = 80  # linear: about 32; quadratic: about 1000
+CLEAR = 48  # clearly linear: not measured again
 TOOLS = [{"type": "function", "function": {"name": "a", "parameters": {"type": "object", "properties": {}}}}]
 
 
@@ -71,39 +81,77 @@ def chains() -> list[tuple[str, str]]:
             + [("reasoning_parser", n) for n in reg.names("reasoning_parser")])
 
 
-def run(kind: str, name: str, text: str, streamed: bool) -> float:
+def chain_maker(kind: str, name: str):
     make = {"tool_parser": name} if kind == "tool_parser" else {"reasoning_parser": name}
-    chain = ParseChain.create(registry(), tools=TOOLS, **make)
-    start = time.perf_counter()
-    if streamed:
-        pos = 0
-        for size in cycle(range(1, 8)):
-            if pos >= len(text):
-                break
-            chain.feed(text[pos:pos + size])
-            pos += size
-        chain.finish()
-        chain.result()
-    else:
-        chain.parse(text)
-    return time.perf_counter() - start
+    return lambda: ParseChain.create(registry(), tools=TOOLS, **make)
 
 
-def ratio(kind: str, name: str, build, streamed: bool) -> float:
-    """time(100 kB) / time(10 kB). The 10 kB time is that of ten runs in a row divided by ten, so
-    both measures span about as long and a busy machine slows both alike; a ratio past the bound
-    is measured once more (best of two), since any single run can be stalled."""
+def run(new_chain, text: str, streamed: bool, budget: float = float("inf")) -> float:
+    """CPU seconds this thread spent parsing ``text`` with a fresh chain, the collector paused.
+    Streamed parsing stops once past ``budget`` seconds (a quadratic parser would take minutes):
+    the time returned then is over the budget, which is all the caller needs to know."""
+    chain = new_chain()
+    gc.disable()
+    try:
+        start = time.thread_time()
+        if streamed:
+            pos = 0
+            for i, size in enumerate(cycle(range(1, 8))):
+                if pos >= len(text):
+                    break
+                chain.feed(text[pos:pos + size])
+                pos += size
+                if i % 256 == 255 and time.thread_time() - start > budget:
+                    return time.thread_time() - start
+            chain.finish()
+            chain.result()
+        else:
+            chain.parse(text)
+        return time.thread_time() - start
+    finally:
+        gc.enable()
+
+
+def ratio(new_chain, build, streamed: bool) -> float:
+    """time(128 kB) / time(4 kB), each the best of the runs made. Noise only adds time, so a
+    ratio that is not clearly linear (under ``CLEAR``) is measured again, up to three rounds:
+    a parser fails only if the best times of all three keep it at the bound."""
     small, big = build(SMALL), build(BIG)
     assert len(small) == SMALL and len(big) == BIG
+    run(new_chain, small, streamed)  # warms caches up
+    smalls: list[float] = []
+    bigs: list[float] = []
+    for _ in range(3):
+        smalls += [run(new_chain, small, streamed) for _ in range(3)]
+        t_small = max(min(smalls), 1e-6)
+        bigs.append(run(new_chain, big, streamed, budget=2 * MAX_RATIO * t_small))
+        if min(bigs) / t_small < CLEAR:
+            break
+    return min(bigs) / t_small
 
-    def measure() -> tuple[float, float]:
-        return sum(run(kind, name, small, streamed) for _ in range(10)) / 10, run(kind, name, big, streamed)
 
-    t_small, t_big = measure()
-    if t_big / max(t_small, 1e-5) >= MAX_RATIO:
-        again = measure()
-        t_small, t_big = min(t_small, again[0]), min(t_big, again[1])
-    return t_big / max(t_small, 1e-5)
+class Rescanning(ToolParser):
+    """A deliberately quadratic parser: every delta re-reads all the output so far (the mistake
+    this file is there to catch), in slices, as a parser looking for its markers would."""
+
+    def __init__(self, tokenizer: Any = None, tools: list[dict[str, Any]] | None = None) -> None:
+        super().__init__(tokenizer, tools)
+        self.text = ""
+
+    def feed(self, text: str, token_ids: Any = ()) -> ParseDelta:
+        self.text += text
+        for i in range(0, len(self.text), 64):
+            if "]" in self.text[i:i + 64]:
+                break
+        return ParseDelta(content=text)
+
+    def finish(self) -> ParseDelta:
+        return ParseDelta()
+
+
+def test_a_quadratic_parser_is_caught():
+    r = ratio(lambda: ParseChain(Rescanning()), generic_inputs()["[ nested"], streamed=True)
+    assert r >= MAX_RATIO, f"a quadratic parser measured {r:.1f}, under the bound {MAX_RATIO}"
 
 
 @pytest.mark.parametrize("streamed", [False, True], ids=["whole", "streamed"])
@@ -111,10 +159,10 @@ def ratio(kind: str, name: str, build, streamed: bool) -> float:
 def test_parser_time_is_linear(kind, name, streamed):
     slow = {}
     for label, build in inputs_for(kind, name).items():
-        r = ratio(kind, name, build, streamed)
+        r = ratio(chain_maker(kind, name), build, streamed)
         if r >= MAX_RATIO:
             slow[label] = round(r, 1)
-    assert not slow, f"{name} ({'streamed' if streamed else 'whole'}): 100 kB / 10 kB time ratios {slow}"
+    assert not slow, f"{name} ({'streamed' if streamed else 'whole'}): 128 kB / 4 kB time ratios {slow}"
 
 
 def test_every_registered_parser_is_covered():
