@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -14,6 +15,10 @@ import pytest
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
+# Without a GPU the Triton kernels run in Triton's interpreter. The switch is read when Triton and
+# its standard library are first imported (torch may do that early), so it is set before anything.
+if shutil.which("nvidia-smi") is None:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 ROOT = Path(__file__).resolve().parent.parent
 ECHO_PLUGIN = str(ROOT / "tests" / "plugins" / "echo_backend.py")

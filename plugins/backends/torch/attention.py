@@ -39,11 +39,14 @@ class PagedKVCache:
     (an fp32 cache on the CPU; the caller passes False unless the model computes in fp32 too);
     ``matmul_decode``: the torch decode path on the CPU as plain matmuls (measured faster than
     SDPA there) instead of ``scaled_dot_product_attention``.
+    ``kernel_ops``: the KV write and decode attention through the ``llmserve::store_kv`` and
+    ``llmserve::paged_decode`` operators (``cuda/ops.py``): Triton kernels that read the pools in
+    place on CUDA, their torch reference elsewhere. They read written positions only.
     """
 
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, kv_heads: int,
                  head_dim: int, dtype: torch.dtype, device: torch.device, native: bool = True,
-                 matmul_decode: bool = True) -> None:
+                 matmul_decode: bool = True, kernel_ops: bool = False) -> None:
         self.num_blocks, self.block_size = num_blocks, block_size
         self.kv_heads, self.head_dim = kv_heads, head_dim
         # torch.empty: on CPU the pages are only committed when a block is first written.
@@ -59,7 +62,14 @@ class PagedKVCache:
         # Decode attention read straight from the blocks (CPU fp32); None keeps the torch path.
         self.decode_kernel = self.write_kv = None
         self.matmul_decode = matmul_decode
-        if native and device.type == "cpu" and dtype == torch.float32:
+        self.kernel_ops = kernel_ops
+        self.processors = (torch.cuda.get_device_properties(device).multi_processor_count
+                           if device.type == "cuda" else 1)
+        if kernel_ops:
+            from .cuda.ops import decode_segments  # importing it registers the operators
+
+            self.decode_segments = lambda rows: decode_segments(rows, kv_heads, self.processors)
+        elif native and device.type == "cpu" and dtype == torch.float32:
             from .native.ops import decode_kernel, kv_writer
 
             self.decode_kernel = decode_kernel()
@@ -76,10 +86,10 @@ class PagedKVCache:
 
         The torch decode path reads whole blocks and masks the unwritten tail; masking cannot
         undo NaN/inf garbage left in that tail by the allocator (NaN * 0 = NaN), zeros it can.
-        The native decode kernel reads only written positions (as does prefill, which slices
-        gathered blocks to the context), so with it there is nothing to clear.
+        The native decode kernel and the kernel operators read only written positions (as does
+        prefill, which slices gathered blocks to the context), so with them there is nothing to clear.
         """
-        if self.decode_kernel is None:
+        if self.decode_kernel is None and not self.kernel_ops:
             self.pool.index_fill_(3, blocks, 0)
 
     def gather(self, blocks_view: torch.Tensor, blocks: torch.Tensor,
@@ -134,7 +144,9 @@ class StepMetadata:
 
     Packed rows ``0 .. num_decode - 1`` are single-token (decode) items, followed by prefill
     segments. ``decode_blocks`` is the flattened ``[num_decode, max_blocks]`` block table
-    (padded with the null block) and ``decode_ctx`` each decode item's context length.
+    (padded with the null block) and ``decode_ctx`` each decode item's context length. With the
+    kernel operators, ``decode_table`` holds the same as ``[num_decode, width]`` int32 rows and
+    ``segments`` how many parts the decode kernel splits each context into.
     """
 
     slot_mapping: torch.Tensor                  # [T] flat slot index per packed row
@@ -144,6 +156,8 @@ class StepMetadata:
     decode_ctx: torch.Tensor | None = None      # [num_decode]
     prefills: list[PrefillSegment] = field(default_factory=list)
     fresh_blocks: torch.Tensor | None = None    # blocks getting their first slot written this step
+    decode_table: torch.Tensor | None = None    # [num_decode, width] int32 (kernel operators)
+    segments: int = 1
     _decode_masks: dict[tuple[int | None, Any], torch.Tensor] = field(default_factory=dict)
 
     def decode_mask(self, window: int | None, block_size: int, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -194,12 +208,25 @@ def paged_attention(cache: PagedKVCache, meta: StepMetadata, layer: int, q: torc
     group = H // kvh
     bs = cache.block_size
     blocks_view, slots_view = cache.layers[layer]
+    nd = meta.num_decode
+    if cache.kernel_ops:
+        torch.ops.llmserve.store_kv(slots_view, meta.slot_mapping, k, v)
+        if nd:
+            dec_out = torch.ops.llmserve.paged_decode(q[:nd], blocks_view, meta.decode_table, meta.decode_ctx,
+                                                      D ** -0.5 if scaling is None else scaling, window or 0,
+                                                      meta.segments)
+            if not meta.prefills:
+                return dec_out
+            out = q.new_empty(T, H, D)
+            out[:nd] = dec_out
+        else:
+            out = q.new_empty(T, H, D)
+        return _prefill(cache, meta, blocks_view, q, k, v, out, scaling, window, group)
     if cache.write_kv is not None and k.stride(2) == 1 and v.stride(2) == 1:
         cache.write_kv(slots_view, meta.slot_mapping, k, v)
     else:
         slots_view.index_copy_(1, meta.slot_mapping, torch.cat((k, v), 1).transpose(0, 1).to(slots_view.dtype))
 
-    nd = meta.num_decode
     if nd and cache.decode_kernel is not None:
         # The kernel reads the queries in place (a strided view of the fused QKV output) and
         # writes the decode rows of the layer's output directly.
@@ -227,6 +254,14 @@ def paged_attention(cache: PagedKVCache, meta: StepMetadata, layer: int, q: torc
         out[:nd] = dec_out
     else:
         out = q.new_empty(T, H, D)
+    return _prefill(cache, meta, blocks_view, q, k, v, out, scaling, window, group)
+
+
+def _prefill(cache: PagedKVCache, meta: StepMetadata, blocks_view: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+             v: torch.Tensor, out: torch.Tensor, scaling: float | None, window: int | None,
+             group: int) -> torch.Tensor:
+    """Each prefill segment's rows of ``out``: attention over its own chunk or, when it continues
+    a cached prefix, over its gathered blocks."""
     for seg in meta.prefills:
         rows = slice(seg.row, seg.row + seg.n)
         qs = q[rows].transpose(0, 1)[None]                                 # [1, H, n, D]

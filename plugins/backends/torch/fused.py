@@ -26,6 +26,9 @@ from .attention import PagedKVCache, StepMetadata, paged_attention
 log = logging.getLogger("llmserve.backend.torch")
 
 _ARCHITECTURES = {"llama", "mistral", "qwen2"}
+# RoPE types whose angles depend on the position alone: a table of every position gives the same
+# bits as computing them per step ("dynamic" and "longrope" rescale with the sequence length).
+_STATIC_ROPE = {"default", "linear", "llama3", "yarn"}
 _LAYER_PARTS = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
 _ATTN_PARTS = {"q_proj", "k_proj", "v_proj", "o_proj", "rotary_fn"}
 _MLP_PARTS = {"gate_proj", "up_proj", "down_proj", "act_fn"}
@@ -143,6 +146,9 @@ class FusedDecoder:
         self.kv_heads = int(getattr(cfg, "num_key_value_heads", None) or self.heads)
         self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads)
         self.layers: list[_Layer] = []
+        # cos/sin of every position up to the context limit (``tabulate_rope``): a lookup instead
+        # of the rotary module's computation, and free of anything a CUDA graph cannot hold.
+        self.rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
         self.ops = ops if ops is not None else TorchOps()  # norms, SiLU-mul and RoPE
         # Decode-only steps as one native call when every part is native (native/step.py);
         # False keeps the Python layer loop for every step.
@@ -215,6 +221,17 @@ class FusedDecoder:
         log.debug("using the fused decoder forward for %s", type(model).__name__)
         return fused
 
+    def tabulate_rope(self, max_len: int, dtype: torch.dtype) -> bool:
+        """Compute cos/sin for positions ``0 .. max_len - 1`` once (in ``dtype``), through the
+        model's own rotary module; False (nothing kept) for a length-dependent RoPE type."""
+        if getattr(self.rotary, "rope_type", "default") not in _STATIC_ROPE:
+            return False
+        device = self.norm_w.device
+        cos, sin = self.rotary(torch.empty(1, dtype=dtype, device=device),
+                               torch.arange(max_len, device=device)[None])
+        self.rope_table = (cos[0].contiguous(), sin[0].contiguous())
+        return True
+
     def native_step(self, cache: PagedKVCache) -> Any:
         """The one-call native decode step over ``cache`` (built once per cache), or None when
         it is turned off or some part of the forward is not native."""
@@ -233,8 +250,11 @@ class FusedDecoder:
         H, kvh, D = self.heads, self.kv_heads, self.head_dim
         q_end, k_end = H * D, (H + kvh) * D
         h = self.embed(input_ids)
-        cos, sin = self.rotary(h, positions[None])
-        cos, sin = cos[0].contiguous(), sin[0].contiguous()   # [T, D]
+        if self.rope_table is not None:
+            cos, sin = self.rope_table[0][positions], self.rope_table[1][positions]
+        else:
+            cos, sin = self.rotary(h, positions[None])
+            cos, sin = cos[0].contiguous(), sin[0].contiguous()   # [T, D]
         if meta.num_decode == T and not meta.prefills:
             native = self.native_step(cache)
             if native is not None:

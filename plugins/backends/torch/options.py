@@ -40,6 +40,10 @@ class TorchOptions(BaseModel):
                                                       "product, of the weights in decode batches of 5-32, of the "
                                                       "activations of Q4_K/Q6_K in 1-4; prefill close to fp32. "
                                                       "Several times faster, not bit-identical; no AMX: ignored.")
+    triton_attention: bool = Field(True, description="On CUDA, write the KV cache and run decode attention with the "
+                                                     "Triton kernels that read the paged cache in place (and graph "
+                                                     "decode steps unless --enforce-eager); off: torch's SDPA over "
+                                                     "gathered blocks, eagerly.")
     threads: int | None = Field(None, ge=1, description="Intra-op CPU threads (default: OMP_NUM_THREADS when set, "
                                                         "else every core this process may run on).")
 

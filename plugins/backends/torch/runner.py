@@ -4,6 +4,7 @@ engine step, and samples on the same device."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import os
 import threading
@@ -47,7 +48,8 @@ def _set_cpu_threads(threads: int | None) -> None:
 
 
 class TorchBackend(Backend):
-    """Backend over PyTorch + transformers; works on CPU and CUDA (no CUDA graphs).
+    """Backend over PyTorch + transformers; works on CPU and CUDA (Triton paged attention and
+    graphed decode steps there).
 
     ``options`` decide the execution plan; without them (a backend built outside the server)
     the ``LLMSERVE_*`` variables and the defaults do, as ``TorchOptions.from_environ`` says.
@@ -66,6 +68,8 @@ class TorchBackend(Backend):
         self._ops: Any = None  # the native elementwise operations, when they apply
         self._native = False  # native CPU kernels apply (CPU, fp32, options.cpu_kernels)
         self._gguf: Any = None  # a GGUF file's own weights (gguf_model.GGUFParts) on the native GGUF path
+        self._graphs: Any = None  # cuda.graphs.DecodeGraphs when decode steps replay CUDA graphs
+        self.steps = 0  # steps run (with ``_graphs.replayed``: the share of graphed steps)
 
     # ------------------------------------------------------------------ lifecycle
     def load(self) -> ModelInfo:
@@ -123,8 +127,6 @@ class TorchBackend(Backend):
         self.sampler = Sampler(lm.vocab_size, lm.eos_token_ids, lm.device)
         if ops is not None:
             self.sampler.greedy_kernel = ops.greedy
-        if getattr(self.config, "enforce_eager", False) is False and lm.device.type == "cuda":
-            log.info("CUDA graphs are not implemented; running eagerly")
         return ModelInfo(
             name=lm.name, path=lm.path, max_model_len=lm.max_model_len, vocab_size=lm.vocab_size,
             eos_token_ids=lm.eos_token_ids, tokenizer=lm.tokenizer, chat_template=lm.chat_template,
@@ -195,7 +197,8 @@ class TorchBackend(Backend):
         try:
             self.cache = PagedKVCache(self._num_layers, num_blocks, spec.block_size, self._kv_heads,
                                       self._head_dim, kv_dtype, lm.device, native=self._native,
-                                      matmul_decode=self.options.cpu_matmul_decode)
+                                      matmul_decode=self.options.cpu_matmul_decode,
+                                      kernel_ops=self._kernel_ops(lm.device))
         except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
             raise ConfigError(
                 f"cannot allocate a KV cache of {num_blocks} blocks ({num_blocks * per_block / 2**30:.1f} GiB): "
@@ -203,8 +206,46 @@ class TorchBackend(Backend):
             ) from None
         log.info("KV cache: %d blocks x %d tokens (%.2f GiB, %s, %s)", num_blocks, spec.block_size,
                  num_blocks * per_block / 2**30, lm.device, str(kv_dtype).removeprefix("torch."))
+        if self.cache.kernel_ops and lm.device.type == "cuda" and not getattr(self.config, "enforce_eager", False):
+            from .cuda.graphs import cuda_capture_in
+
+            self.enable_decode_graphs(cuda_capture_in(torch.cuda.graph_pool_handle()))
         log.info("execution plan: %s", self.plan())
         return num_blocks
+
+    def _kernel_ops(self, device: torch.device) -> bool:
+        """The KV cache goes through the Triton operators: CUDA, the option on, Triton importable."""
+        if device.type != "cuda" or not self.options.triton_attention:
+            return False
+        if importlib.util.find_spec("triton") is None:
+            log.warning("Triton is not installed: decode attention uses torch's SDPA over gathered blocks")
+            return False
+        return True
+
+    def enable_decode_graphs(self, capture: Any, max_model_len: int | None = None) -> bool:
+        """Replay decode steps from graphs recorded by ``capture`` (``cuda/graphs.py``): needs the
+        fused forward, the kernel operators and a RoPE that depends on the position alone. False
+        (steps stay eager) otherwise."""
+        from .cuda.graphs import DecodeGraphs
+
+        lm, fused, cache = self._require_loaded(), self._fused, self.cache
+        if fused is None or cache is None or not cache.kernel_ops:
+            return False
+        limit = int(max_model_len or getattr(self.config, "max_model_len", None) or lm.max_model_len)
+        if not fused.tabulate_rope(limit, lm.dtype):
+            log.info("decode graphs not used: the RoPE type depends on the sequence length")
+            return False
+        width = -(-limit // cache.block_size)
+
+        def forward(ids: torch.Tensor, pos: torch.Tensor, meta: StepMetadata) -> torch.Tensor:
+            return self._logits(fused.forward(ids, pos, cache, meta))
+
+        graphs = DecodeGraphs(forward, int(getattr(self.config, "max_num_seqs", 64)), width, cache.block_size,
+                              lm.device, cache.decode_segments)
+        with torch.inference_mode():
+            graphs.capture(capture)
+        self._graphs = graphs
+        return True
 
     def plan(self) -> str:
         """What runs each part of a step, as ``key=value`` pairs (logged once the KV cache exists,
@@ -216,6 +257,8 @@ class TorchBackend(Backend):
         formats = [getattr(lin, "format", None) for lin in linears if lin is not None]
         if cache is not None and cache.decode_kernel is not None:
             attention = "native"
+        elif cache is not None and cache.kernel_ops:
+            attention = "triton" if lm.device.type == "cuda" else "reference"
         else:
             attention = "matmul" if lm.device.type == "cpu" and self.options.cpu_matmul_decode else "sdpa"
         step = fused is not None and cache is not None and fused.native_step(cache) is not None
@@ -227,7 +270,8 @@ class TorchBackend(Backend):
                 f"elementwise={'native' if self._ops is not None else 'torch'} native_step={'on' if step else 'off'} "
                 f"panels=f32:{formats.count('f32')},q4:{formats.count('q4')},q8:{formats.count('q8')}"
                 + (f" weights=gguf:{','.join(sorted(set(self._gguf.types)))}" if self._gguf is not None else "")
-                + (" gguf_matmul=bf16-amx" if self._gguf is not None and self._gguf.bf16_matmul else ""))
+                + (" gguf_matmul=bf16-amx" if self._gguf is not None and self._gguf.bf16_matmul else "")
+                + (f" cuda_graphs={len(self._graphs.buckets)}" if self._graphs is not None else ""))
 
     def release(self, seq_ids: list[int]) -> None:
         if self.sampler is not None:
@@ -298,7 +342,12 @@ class TorchBackend(Backend):
         meta = StepMetadata(slot_mapping=t(slots), num_decode=len(decode), prefills=segments)
         if fresh:
             meta.fresh_blocks = t(fresh)
-        if decode:
+        if decode and cache.kernel_ops:
+            meta.decode_table = torch.tensor(dec_blocks, dtype=torch.int32).view(len(decode), max_blocks).to(
+                device, non_blocking=True)
+            meta.decode_ctx = torch.tensor(dec_ctx, dtype=torch.int32).to(device, non_blocking=True)
+            meta.segments = cache.decode_segments(len(decode))
+        elif decode:
             meta.decode_blocks, meta.decode_ctx, meta.decode_max_blocks = t(dec_blocks), t(dec_ctx), max_blocks
         return t(ids), t(pos), meta, first_row
 
@@ -350,6 +399,11 @@ class TorchBackend(Backend):
     def step(self, batch: list[StepItem]) -> list[StepResult]:
         if not batch:
             return []
+        self.steps += 1
+        if self._graphs is not None and self._graphs.fits(batch):
+            outs = self.sampler.sample(self._graphs.run(batch), batch)
+            return [StepResult(seq_id=it.seq_id, token_id=o.token_id, logprob=o.logprob, top=o.top)
+                    for it, o in zip(batch, outs)]
         if any(it.prompt_logprob_targets and len(it.prompt_logprob_targets) > len(it.token_ids) for it in batch):
             raise ValueError("more prompt_logprob_targets than fed tokens")
         hidden, first_row = self._forward(batch)

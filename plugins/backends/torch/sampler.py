@@ -72,6 +72,42 @@ def _padded(rows: list[list[int]], device: torch.device) -> torch.Tensor:
     return torch.tensor([r + [r[0]] * (width - len(r)) for r in rows], dtype=torch.long, device=device)
 
 
+def plain(params: SamplingParams) -> bool:
+    """Whether ``sample_on_device`` can draw for these parameters: temperature, top-k and top-p
+    only, unseeded, and no logprobs beyond the chosen token's raw one."""
+    return (params.seed is None and not params.logprobs and not params.logprob_token_ids
+            and params.logprobs_mode == "raw" and params.min_p == 0.0 and params.typical_p == 1.0)
+
+
+def sample_on_device(logits: torch.Tensor, params: list[SamplingParams],
+                     generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokens and their raw logprobs for ``plain`` rows, computed where the logits are, with no
+    host synchronisation: greedy rows take the argmax; the rest are scaled by temperature, cut
+    to top-k and to the top-p nucleus (HF semantics), then drawn by an exponential race
+    (``argmax(p / E)``, ``E ~ Exp(1)``), which samples ``p`` exactly without a cumulative sum."""
+    V, dev = logits.shape[1], logits.device
+    tokens = logits.argmax(-1)
+    if not all(p.greedy for p in params):
+        temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=dev)
+        x = logits / temps[:, None]
+        ks = [p.top_k if 0 < p.top_k < V else V for p in params]
+        if min(ks) < V:
+            kth = x.topk(max(ks), dim=-1).values.gather(1, torch.tensor(ks, device=dev)[:, None] - 1)
+            x.masked_fill_(x < kth, NEG_INF)
+        if any(p.top_p < 1.0 for p in params):
+            top_p = torch.tensor([p.top_p for p in params], device=dev)[:, None]
+            ordered, order = x.sort(dim=-1, descending=True)
+            probs = ordered.softmax(-1)
+            # A token goes once the mass strictly above it reaches top_p; the best always stays.
+            ordered.masked_fill_(probs.cumsum(-1) - probs >= top_p, NEG_INF)
+            x = torch.empty_like(x).scatter_(1, order, ordered)
+        race = x.softmax(-1) / torch.empty_like(x).exponential_(generator=generator)
+        greedy = torch.tensor([p.greedy for p in params], device=dev)
+        tokens = torch.where(greedy, tokens, race.argmax(-1))
+    lps = logits.gather(1, tokens[:, None])[:, 0] - torch.logsumexp(logits, -1)
+    return tokens, lps
+
+
 class Sampler:
     """Samples one token per row of a ``[B, V]`` float32 logits tensor."""
 
@@ -255,6 +291,11 @@ class Sampler:
             if bool(dead.any()):
                 proc[dead] = raw[dead]
 
+        if self.device.type == "cuda" and not edits and all(plain(p) for p in params):
+            tokens, lps = sample_on_device(raw, params, self._global)
+            picked = torch.stack((tokens.double(), lps.double())).tolist()  # the step's one sync
+            return [SampleOutput(int(t), _clean(lp), None if p.logprobs is None else [])
+                    for t, lp, p in zip(picked[0], picked[1], params)]
         sampled = [i for i, p in enumerate(params) if not p.greedy]
         if not sampled and proc is raw and self.greedy_kernel is not None:
             picked = self.greedy_kernel(raw)

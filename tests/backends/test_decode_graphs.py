@@ -1,0 +1,128 @@
+"""Graphed decode steps: the bookkeeping of ``cuda/graphs.py`` (persistent buffers, padded
+buckets, eager steps in between) checked on the CPU with a stand-in graph that re-runs the
+forward, the graphed region proven free of host syncs on the meta device, and the operators'
+CPU path against the torch attention."""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from llmserve.engine.backend import KVCacheSpec
+from llmserve.plugins.backends.torch.attention import PagedKVCache
+from llmserve.plugins.backends.torch.cuda.graphs import DecodeGraphs, buckets, eager_capture
+from llmserve.plugins.backends.torch.fused import FusedDecoder
+from llmserve.plugins.backends.torch.options import TorchOptions
+from llmserve.plugins.backends.torch.runner import TorchBackend
+from llmserve.sampling import SamplingParams
+
+from test_torch_paged import BS, build_tiny_model, item, seq
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = str(tmp_path_factory.mktemp("tiny-graphs"))
+    build_tiny_model(path)
+    return path
+
+
+def backend(path: str, kernel_ops: bool, graphs: bool) -> TorchBackend:
+    b = TorchBackend(SimpleNamespace(model=path, dtype="float32", device="cpu", max_model_len=None, max_num_seqs=16),
+                     TorchOptions.from_environ(cpu_kernels=False))
+    b.load()
+    b.init_kv_cache(KVCacheSpec(block_size=BS, num_blocks=160))
+    if kernel_ops:  # the operators' CPU code stands in for the Triton kernels
+        c = b.cache
+        b.cache = PagedKVCache(2, c.num_blocks, BS, c.kv_heads, c.head_dim, torch.float32, torch.device("cpu"),
+                               native=False, kernel_ops=True)
+    if graphs:
+        assert b.enable_decode_graphs(eager_capture, max_model_len=64)
+    return b
+
+
+def test_buckets() -> None:
+    assert buckets(1) == [1]
+    assert buckets(20) == [1, 2, 4, 8, 16, 20]
+    assert buckets(64) == [1, 2, 4, 8, 16, 32, 48, 64]
+
+
+def test_graphed_steps_equal_eager_steps_over_changing_batches(tiny_dir: str) -> None:
+    """50 steps: decode batches of changing size and order (replayed from the bucket above
+    their size, spare rows padded), with prefill steps in between (eager): every token and
+    logprob equals what the plain eager CPU backend computes for the same steps."""
+    graphed, eager = backend(tiny_dir, True, True), backend(tiny_dir, False, False)
+    rng = random.Random(7)
+    seqs: dict[int, list[int]] = {}
+    tables = {i: list(range(10 * i, 10 * i + 10)) for i in range(16)}
+    greedy, sampled = SamplingParams(temperature=0, logprobs=2), SamplingParams(seed=11, temperature=0.8)
+    for step in range(50):
+        fresh = [i for i in range(16) if i not in seqs]
+        if fresh and (step % 7 == 0 or len(seqs) < 2):  # a prefill step (eager in both)
+            new = rng.sample(fresh, min(len(fresh), rng.randint(1, 3)))
+            batch = [item(i, seq(100 + i, rng.randint(2, 9)), 0, tables[i], sampling=greedy) for i in new]
+        else:
+            live = [i for i in seqs if len(seqs[i]) < 38]
+            pick = rng.sample(live, rng.randint(1, len(live)))
+            batch = [item(i, [seqs[i][-1]], len(seqs[i]) - 1, tables[i], sampling=greedy if i % 3 else sampled)
+                     for i in pick]
+        a, b = graphed.step(batch), eager.step(batch)
+        for it, ra, rb in zip(batch, a, b):
+            assert ra.token_id == rb.token_id, f"step {step}, sequence {it.seq_id}"
+            assert ra.logprob == pytest.approx(rb.logprob, abs=1e-4)
+            if ra.top is not None:
+                assert [t for t, _ in ra.top] == [t for t, _ in rb.top]
+            seqs[it.seq_id] = (list(it.token_ids) if it.start_pos == 0 else seqs[it.seq_id]) + [ra.token_id]
+    assert graphed._graphs.replayed >= 30 and graphed.steps == 50
+    assert "cuda_graphs=5" in graphed.plan() and "decode_attention=reference" in graphed.plan()
+
+
+def test_a_step_that_does_not_fit_runs_eagerly(tiny_dir: str) -> None:
+    b = backend(tiny_dir, True, True)
+    a = seq(3, 6)
+    b.step([item(0, a, 0, [0, 1, 2])])
+    assert not b._graphs.fits([item(0, [a[-1]], 6, [0, 1, 2], prompt_logprob_targets=[])])
+    assert not b._graphs.fits([item(0, [a[-1]], 64, list(range(20)))])   # past the table's width
+    assert not b._graphs.fits([item(i, [a[-1]], 6, [0, 1, 2]) for i in range(17)])  # past the largest bucket
+    assert b._graphs.fits([item(0, [a[-1]], 6, [0, 1, 2])])
+
+
+def _meta_graphs(forward_extra=None) -> tuple[DecodeGraphs, int]:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg)
+    fused = FusedDecoder.build(model)
+    assert fused is not None
+    cache = PagedKVCache(2, 32, BS, 2, 16, torch.float32, torch.device("meta"), native=False, kernel_ops=True)
+    assert fused.tabulate_rope(64, torch.float32)
+
+    def forward(ids, pos, meta):
+        h = fused.forward(ids, pos, cache, meta)
+        if forward_extra is not None:
+            forward_extra(h)
+        return model.lm_head(h).float()
+
+    return DecodeGraphs(forward, 8, 16, BS, torch.device("meta"), cache.decode_segments), 128
+
+
+def test_graphed_region_has_no_host_sync() -> None:
+    """The whole graphed forward (embedding, RoPE lookup, norms, projections, the KV store and
+    decode operators, the LM head) runs on meta tensors, where any read of a value on the host
+    (``.item()``, ``.tolist()``, ``bool()``, ``nonzero``, a data-dependent shape) raises."""
+    graphs, vocab = _meta_graphs()
+    graphs.capture(eager_capture)
+    out = graphs.run([item(i, [5], 9, [1, 2, 3]) for i in range(3)])
+    assert out.shape == (3, vocab) and out.device.type == "meta"
+
+
+@pytest.mark.parametrize("sync", [lambda h: h.sum().item(), lambda h: h.tolist(), lambda h: bool(h.any()),
+                                  lambda h: h.nonzero()], ids=["item", "tolist", "bool", "nonzero"])
+def test_the_meta_check_catches_a_sync(sync) -> None:
+    graphs, _ = _meta_graphs(sync)
+    with pytest.raises((RuntimeError, NotImplementedError)):
+        graphs.capture(eager_capture)
