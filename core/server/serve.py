@@ -20,6 +20,8 @@ from llmserve.server.memory import heap_trimmer, trim_when_idle
 from llmserve.server.startup import base_url, bind_socket, ready_summary
 from llmserve.text.chat_template import server_template
 
+# ``max_num_seqs`` on CUDA when the user sets none (docs/engine.md#the-cuda-path).
+CUDA_MAX_NUM_SEQS = 256
 log = logging.getLogger("llmserve.server")
 T = TypeVar("T")
 
@@ -208,6 +210,10 @@ def prepare_server(config: ServerConfig, plugins: PluginManager) -> tuple[Any, S
 
     def load_engine() -> LLMEngine:
         model = backend.load()
+        if model.device == "cuda" and "max_num_seqs" not in config.model_fields_set:
+            # A GPU step costs about the same for 64 rows as for 256 (the weights are read once
+            # either way), and the CUDA graphs are captured up to this size: a larger default batch.
+            config.max_num_seqs = CUDA_MAX_NUM_SEQS
         if template is not None:  # --chat-template replaces the model's own, for every dialect
             model.chat_template = template
             model.tokenizer.chat_template = template
