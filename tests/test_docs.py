@@ -116,8 +116,6 @@ PAGES = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
 # Sentences with those words that are true today: (page, words of the sentence around the match).
 # When the feature gets built, the sentence must change and its entry must go.
 TRUE_STATEMENTS = {
-    ("docs/engine.md", "CUDA graphs are not built"),
-    ("docs/benchmarks.md", "CUDA graphs, not built yet"),
     ("docs/scale-out.md", "admitted but not yet in the running batch"),
     ("docs/ollama.md", "so they are not implemented at all rather than restricted"),
     ("docs/vllm-native.md", "Beam search is not implemented"),

@@ -10,11 +10,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from llmserve.engine.backend import KVCacheSpec
-from llmserve.plugins.backends.torch.attention import PagedKVCache
+from llmserve.plugins.backends.torch.attention import PagedKVCache, StepMetadata
 from llmserve.plugins.backends.torch.cuda.graphs import DecodeGraphs, buckets, eager_capture
-from llmserve.plugins.backends.torch.fused import FusedDecoder
+from llmserve.plugins.backends.torch.cuda.ops import KernelOps
+from llmserve.plugins.backends.torch.fused import FusedDecoder, TorchOps
 from llmserve.plugins.backends.torch.options import TorchOptions
 from llmserve.plugins.backends.torch.runner import TorchBackend
 from llmserve.sampling import SamplingParams
@@ -34,10 +36,11 @@ def backend(path: str, kernel_ops: bool, graphs: bool) -> TorchBackend:
                      TorchOptions.from_environ(cpu_kernels=False))
     b.load()
     b.init_kv_cache(KVCacheSpec(block_size=BS, num_blocks=160))
-    if kernel_ops:  # the operators' CPU code stands in for the Triton kernels
+    if kernel_ops:  # the operators' CPU code stands in for the Triton kernels, as on CUDA
         c = b.cache
         b.cache = PagedKVCache(2, c.num_blocks, BS, c.kv_heads, c.head_dim, torch.float32, torch.device("cpu"),
                                native=False, kernel_ops=True)
+        b._fused.ops, b._kernel = KernelOps(), True
     if graphs:
         assert b.enable_decode_graphs(eager_capture, max_model_len=64)
     return b
@@ -76,7 +79,8 @@ def test_graphed_steps_equal_eager_steps_over_changing_batches(tiny_dir: str) ->
                 assert [t for t, _ in ra.top] == [t for t, _ in rb.top]
             seqs[it.seq_id] = (list(it.token_ids) if it.start_pos == 0 else seqs[it.seq_id]) + [ra.token_id]
     assert graphed._graphs.replayed >= 30 and graphed.steps == 50
-    assert "cuda_graphs=5" in graphed.plan() and "decode_attention=reference" in graphed.plan()
+    plan = graphed.plan()
+    assert "cuda_graphs=5" in plan and "decode_attention=reference" in plan and "elementwise=triton" in plan
 
 
 def test_a_step_that_does_not_fit_runs_eagerly(tiny_dir: str) -> None:
@@ -126,3 +130,57 @@ def test_the_meta_check_catches_a_sync(sync) -> None:
     graphs, _ = _meta_graphs(sync)
     with pytest.raises((RuntimeError, NotImplementedError)):
         graphs.capture(eager_capture)
+
+
+class OpLog(TorchDispatchMode):
+    """Every operator a region dispatches, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+NO_LAUNCH = {"aten.view.default", "aten.slice.Tensor", "aten.t.default", "aten.unsqueeze.default",
+             "aten.detach.default", "aten.empty.memory_format"}
+
+
+def layer_ops(ops) -> tuple[list[str], list[str]]:
+    """The operators one decoder layer adds to a decode step (a 2-layer step less a 1-layer one),
+    and those of them that launch work (not views or allocations)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    logs = []
+    for layers in (1, 2):
+        cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                          num_attention_heads=4, num_key_value_heads=2)
+        with torch.device("meta"):
+            model = LlamaForCausalLM(cfg)
+        fused = FusedDecoder.build(model, ops=ops)
+        cache = PagedKVCache(layers, 32, BS, 2, 16, torch.float32, torch.device("meta"), native=False,
+                             kernel_ops=True)
+        fused.tabulate_rope(64, torch.float32)
+
+        def m(*shape):
+            return torch.empty(*shape, dtype=torch.int32, device="meta")
+
+        meta = StepMetadata(slot_mapping=m(3), num_decode=3, decode_ctx=m(3), decode_table=m(3, 4))
+        with OpLog() as log:
+            fused.forward(m(3), m(3), cache, meta)
+        logs.append(log.ops)
+    extra = logs[1][len(logs[0]):]
+    return extra, [op for op in extra if op not in NO_LAUNCH]
+
+
+def test_op_count_per_layer_is_pinned() -> None:
+    """With the kernel operators a decode layer launches 9 operations: four matrix products,
+    two add + RMSNorm, RoPE + KV store, attention and SiLU-mul (torch's code launches 27)."""
+    ours, launched = layer_ops(KernelOps())
+    assert sorted(launched) == sorted(["aten.mm.default"] * 4 + ["llmserve.add_rms_norm.default"] * 2 + [
+        "llmserve.rope_store.default", "llmserve.paged_decode.default", "llmserve.silu_mul.default"])
+    assert len(ours) <= 21
+    torch_all, torch_launched = layer_ops(TorchOps())
+    assert len(torch_launched) >= 3 * len(launched)

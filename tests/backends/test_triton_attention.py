@@ -15,6 +15,11 @@ from llmserve.plugins.backends.torch.cuda import triton_attention as ta
 # tests/conftest.py turns the interpreter on where no GPU is; with one, the kernels run on it.
 DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
 
+
+def dev(t: torch.Tensor) -> torch.Tensor:
+    """A copy on the kernels' device (a copy on the CPU too: a kernel must not write the original)."""
+    return t.to(DEVICE, copy=True)
+
 BS = 16
 
 
@@ -76,7 +81,7 @@ def test_decode_matches_float64(ctx, H, kvh, window, segments, dtype):
     t = torch.tensor(table, dtype=torch.int32)
     c = torch.tensor(ctx, dtype=torch.int32)
     scale = D ** -0.5
-    got = ta.decode(q.to(DEVICE), pool.to(DEVICE), t.to(DEVICE), c.to(DEVICE), scale, window, segments).cpu()
+    got = ta.decode(dev(q), dev(pool), dev(t), dev(c), scale, window, segments).cpu()
     want = expected(q, pool, table, ctx, scale, window)
     assert not got.isnan().any()
     tol = 2e-5 if dtype == torch.float32 else 3e-2
@@ -94,8 +99,8 @@ def test_store_writes_slots_and_skips_negative(kvh):
     k = wide[:, 2 * D:(2 + kvh) * D].view(5, kvh, D)
     v = wide[:, (2 + kvh) * D:].view(5, kvh, D)
     slots = torch.tensor([3, -1, 40, 17, -1], dtype=torch.int32)
-    on = pool.to(DEVICE)
-    ta.store(on, slots.to(DEVICE), k.to(DEVICE), v.to(DEVICE))
+    on = dev(pool)
+    ta.store(on, dev(slots), dev(k), dev(v))
     pool = on.cpu()
     want = torch.zeros_like(pool)
     ops.store_kv(want, slots, k, v)  # the operator's CPU code

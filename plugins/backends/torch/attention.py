@@ -196,12 +196,14 @@ def step_context(cache: PagedKVCache, meta: StepMetadata) -> Iterator[None]:
 
 
 def paged_attention(cache: PagedKVCache, meta: StepMetadata, layer: int, q: torch.Tensor, k: torch.Tensor,
-                    v: torch.Tensor, scaling: float | None = None, window: int | None = None) -> torch.Tensor:
+                    v: torch.Tensor, scaling: float | None = None, window: int | None = None,
+                    kv_written: bool = False) -> torch.Tensor:
     """Attention of one layer over the paged cache: ``q [T, H, D]``, ``k``/``v [T, kvh, D]`` -> ``[T, H, D]``.
 
-    Writes the step's keys and values into their slots first, then attends: decode rows
-    (the first ``meta.num_decode``) over their gathered blocks, each prefill segment over its
-    own chunk or, when it continues a cached prefix, over its gathered blocks.
+    Writes the step's keys and values into their slots first (unless ``kv_written``: the kernel
+    operators' RoPE already stored them), then attends: decode rows (the first
+    ``meta.num_decode``) over their gathered blocks, each prefill segment over its own chunk or,
+    when it continues a cached prefix, over its gathered blocks.
     """
     T, H, D = q.shape
     kvh = k.shape[1]
@@ -210,7 +212,8 @@ def paged_attention(cache: PagedKVCache, meta: StepMetadata, layer: int, q: torc
     blocks_view, slots_view = cache.layers[layer]
     nd = meta.num_decode
     if cache.kernel_ops:
-        torch.ops.llmserve.store_kv(slots_view, meta.slot_mapping, k, v)
+        if not kv_written:
+            torch.ops.llmserve.store_kv(slots_view, meta.slot_mapping, k, v)
         if nd:
             dec_out = torch.ops.llmserve.paged_decode(q[:nd], blocks_view, meta.decode_table, meta.decode_ctx,
                                                       D ** -0.5 if scaling is None else scaling, window or 0,

@@ -260,14 +260,19 @@ class FusedDecoder:
             if native is not None:
                 return native(h, cos, sin, meta)
         ops = self.ops
+        fused_store = cache.kernel_ops and hasattr(ops, "rope_store")
         delta = None  # what the previous layer's MLP adds to the residual stream h
         for lay in self.layers:
             x = ops.add_rms_norm(h, delta, lay.ln1, lay.eps1)                 # h += delta, norm
             qkv = lay.qkv(x)
-            ops.rope(qkv, H + kvh, D, cos, sin)   # queries and keys sit side by side in qkv
+            if fused_store:  # RoPE and the KV store in one operator
+                ops.rope_store(qkv, H, kvh, D, cos, sin, cache.layers[lay.idx][1], meta.slot_mapping)
+            else:
+                ops.rope(qkv, H + kvh, D, cos, sin)   # queries and keys sit side by side in qkv
             qk = qkv[:, :k_end].view(T, H + kvh, D)
             v = qkv[:, k_end:].view(T, kvh, D)
-            o = paged_attention(cache, meta, lay.idx, qk[:, :H], qk[:, H:], v, lay.scaling, lay.window)
+            o = paged_attention(cache, meta, lay.idx, qk[:, :H], qk[:, H:], v, lay.scaling, lay.window,
+                                kv_written=fused_store)
             # reshape, not view: the attention output's layout is the kernel's choice (CUDA's
             # SDPA returns decode rows with heads apart in memory, which no view can merge).
             attn_out = lay.o(o.reshape(T, q_end))

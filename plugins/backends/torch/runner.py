@@ -69,6 +69,7 @@ class TorchBackend(Backend):
         self._native = False  # native CPU kernels apply (CPU, fp32, options.cpu_kernels)
         self._gguf: Any = None  # a GGUF file's own weights (gguf_model.GGUFParts) on the native GGUF path
         self._graphs: Any = None  # cuda.graphs.DecodeGraphs when decode steps replay CUDA graphs
+        self._kernel = False  # the KV cache and the fused forward go through cuda/ops.py's operators
         self.steps = 0  # steps run (with ``_graphs.replayed``: the share of graphed steps)
 
     # ------------------------------------------------------------------ lifecycle
@@ -111,6 +112,11 @@ class TorchBackend(Backend):
                     # A copy: the weight is usually tied to the input embedding, which keeps its layout.
                     self._packed_head = packed_linear(self._lm_head.weight, self._lm_head.bias,
                                                       opts.compact_weights)
+            self._kernel = self._kernel_ops(lm.device)
+            if self._kernel and ops is None:
+                from .cuda.ops import KernelOps
+
+                ops = KernelOps()  # norms, SiLU-mul and RoPE + KV store as one Triton launch each
             if opts.fused_forward:
                 self._fused = FusedDecoder.build(model, pack=packing, ops=ops,
                                                  compact=opts.compact_weights, native_decode=opts.native_step,
@@ -198,7 +204,7 @@ class TorchBackend(Backend):
             self.cache = PagedKVCache(self._num_layers, num_blocks, spec.block_size, self._kv_heads,
                                       self._head_dim, kv_dtype, lm.device, native=self._native,
                                       matmul_decode=self.options.cpu_matmul_decode,
-                                      kernel_ops=self._kernel_ops(lm.device))
+                                      kernel_ops=self._kernel)
         except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
             raise ConfigError(
                 f"cannot allocate a KV cache of {num_blocks} blocks ({num_blocks * per_block / 2**30:.1f} GiB): "
@@ -267,7 +273,8 @@ class TorchBackend(Backend):
                 f"threads={torch.get_num_threads()} forward={'fused' if fused else 'transformers'} "
                 f"decode_attention={attention} "
                 f"linears={'gguf' if self._gguf else 'packed' if any(formats) else 'torch'} "
-                f"elementwise={'native' if self._ops is not None else 'torch'} native_step={'on' if step else 'off'} "
+                f"elementwise={'native' if self._ops is not None else 'triton' if self._kernel and fused else 'torch'} "
+                f"native_step={'on' if step else 'off'} "
                 f"panels=f32:{formats.count('f32')},q4:{formats.count('q4')},q8:{formats.count('q8')}"
                 + (f" weights=gguf:{','.join(sorted(set(self._gguf.types)))}" if self._gguf is not None else "")
                 + (" gguf_matmul=bf16-amx" if self._gguf is not None and self._gguf.bf16_matmul else "")

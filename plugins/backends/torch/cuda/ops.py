@@ -84,3 +84,110 @@ def decode_segments(rows: int, kv_heads: int, processors: int) -> int:
     """How many parts to split each decode row's context into so that ``rows x kv_heads``
     programs fill about twice the device's ``processors`` (1 once they do; at most 16)."""
     return max(1, min(16, (2 * processors) // max(1, rows * kv_heads)))
+
+
+# -- the fused forward's small per-layer operations (``KernelOps``) ------------------------------
+
+def _triton_shapes_ok(head_dim: int) -> bool:
+    return head_dim % 2 == 0 and (head_dim // 2) & (head_dim // 2 - 1) == 0  # a power-of-two half
+
+
+@torch.library.custom_op("llmserve::add_rms_norm", mutates_args=("h",))
+def add_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``h += delta`` in place (when given), then RMSNorm of ``h`` scaled by ``weight`` (new tensor)."""
+    from ..fused import TorchOps
+
+    return TorchOps.add_rms_norm(h, delta, weight, eps)
+
+
+@add_rms_norm.register_kernel("cuda")
+def _add_rms_norm_cuda(h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    from . import triton_elementwise
+
+    return triton_elementwise.add_rms_norm(h, delta, weight, eps)
+
+
+@add_rms_norm.register_fake
+def _add_rms_norm_fake(h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return torch.empty_like(h)
+
+
+@torch.library.custom_op("llmserve::silu_mul", mutates_args=())
+def silu_mul(gu: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` of a ``[T, 2 * I]`` gate-and-up tensor -> ``[T, I]``."""
+    from ..fused import TorchOps
+
+    return TorchOps.silu_mul(gu)
+
+
+@silu_mul.register_kernel("cuda")
+def _silu_mul_cuda(gu: torch.Tensor) -> torch.Tensor:
+    from . import triton_elementwise
+
+    return triton_elementwise.silu_mul(gu)
+
+
+@silu_mul.register_fake
+def _silu_mul_fake(gu: torch.Tensor) -> torch.Tensor:
+    return gu.new_empty(gu.shape[0], gu.shape[1] // 2)
+
+
+def _rope_store_torch(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_slots: torch.Tensor | None,
+                      slots: torch.Tensor | None, heads: int, kv_heads: int, head_dim: int) -> None:
+    from ..fused import TorchOps
+
+    TorchOps.rope(qkv, heads + kv_heads, head_dim, cos, sin)
+    if kv_slots is not None and slots is not None:
+        k_end = (heads + kv_heads) * head_dim
+        T = qkv.shape[0]
+        k = qkv[:, heads * head_dim:k_end].view(T, kv_heads, head_dim)
+        v = qkv[:, k_end:k_end + kv_heads * head_dim].view(T, kv_heads, head_dim)
+        store_kv(kv_slots, slots, k, v)
+
+
+@torch.library.custom_op("llmserve::rope_store", mutates_args=("qkv", "kv_slots"))
+def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_slots: torch.Tensor | None,
+               slots: torch.Tensor | None, heads: int, kv_heads: int, head_dim: int) -> None:
+    """RoPE ("rotate half") in place on the ``heads`` query and ``kv_heads`` key heads at the start
+    of each ``qkv`` row, then, with ``kv_slots`` (one layer's pool as ``[2*kvh, slots, D]``), the
+    rotated keys and the values that follow them stored at ``slots`` (negative: skipped)."""
+    _rope_store_torch(qkv, cos, sin, kv_slots, slots, heads, kv_heads, head_dim)
+
+
+@rope_store.register_kernel("cuda")
+def _rope_store_cuda(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_slots: torch.Tensor | None,
+                     slots: torch.Tensor | None, heads: int, kv_heads: int, head_dim: int) -> None:
+    if not _triton_shapes_ok(head_dim) or cos.stride(-1) != 1 or qkv.stride(-1) != 1:
+        return _rope_store_torch(qkv, cos, sin, kv_slots, slots, heads, kv_heads, head_dim)
+    from . import triton_elementwise
+
+    triton_elementwise.rope_store(qkv, cos, sin, kv_slots, slots, heads, kv_heads, head_dim)
+
+
+@rope_store.register_fake
+def _rope_store_fake(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_slots: torch.Tensor | None,
+                     slots: torch.Tensor | None, heads: int, kv_heads: int, head_dim: int) -> None:
+    return None
+
+
+class KernelOps:
+    """The fused forward's small operations as the operators above (one launch each on CUDA), with
+    ``TorchOps``' three methods plus ``rope_store``, which also writes the layer's keys and values
+    (so the attention after it skips its own KV store)."""
+
+    @staticmethod
+    def add_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        return torch.ops.llmserve.add_rms_norm(h, delta, weight, eps)
+
+    @staticmethod
+    def silu_mul(gu: torch.Tensor) -> torch.Tensor:
+        return torch.ops.llmserve.silu_mul(gu)
+
+    @staticmethod
+    def rope(x: torch.Tensor, heads: int, head_dim: int, cos: torch.Tensor, sin: torch.Tensor) -> None:
+        torch.ops.llmserve.rope_store(x, cos, sin, None, None, heads, 0, head_dim)
+
+    @staticmethod
+    def rope_store(qkv: torch.Tensor, heads: int, kv_heads: int, head_dim: int, cos: torch.Tensor,
+                   sin: torch.Tensor, kv_slots: torch.Tensor, slots: torch.Tensor) -> None:
+        torch.ops.llmserve.rope_store(qkv, cos, sin, kv_slots, slots, heads, kv_heads, head_dim)
