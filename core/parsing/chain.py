@@ -1,16 +1,13 @@
 """Running a reasoning parser and a tool parser together, and assembling what they release.
 
-``ParseChain.factory`` is the one place that turns configuration into parsers: the chat and
-completions routes and ``llmserve parse`` all build their chains through it. A route makes
-one factory per request and one chain per choice::
+``ParseChain.maker`` is the one place that turns parser classes into chains: the server's
+``ParsingService`` (``llmserve.parsing.service``, loaded once at start) uses it for every
+route, and ``ParseChain.factory`` for parsers named in a registry (``llmserve parse``, tests).
+A route gets one maker per request and makes one chain per choice::
 
-    make_chain = ParseChain.factory(context.registry, tool_parser=cfg.tool_call_parser,
-                                    reasoning_parser=cfg.reasoning_parser, tokenizer=tokenizer,
-                                    plan=plan, chat_template_kwargs=body.chat_template_kwargs,
-                                    constrained=mask_factory is not None)
-    chain = make_chain()                            # None factory: nothing to parse
-    if chain.needs_special_tokens:                  # declared by the parsers; the route acts
-        sampling.skip_special_tokens = False
+    chains = context.parsing.chains(tokenizer, plan, constrained=mask_factory is not None)
+    sampling = chains.keep_markers(sampling)        # parsers declare needs_special_tokens
+    chain = chains.make()                           # None maker: nothing to parse
     for text, ids in deltas:                        # streaming
         delta = chain.feed(text, ids)               # a ParseDelta; the route renders its dialect
     delta = chain.finish()
@@ -70,6 +67,16 @@ class ParseChain:
         tool_cls = registry.load("tool_parser", tool_parser) if tool_parser else None
         reasoning_cls = (registry.load("reasoning_parser", reasoning_parser)
                          if reasoning_parser and not (constrained or forced) else None)
+        return cls.maker(tool_cls, reasoning_cls, forced, tokenizer=tokenizer, tools=tools,
+                         chat_template_kwargs=chat_template_kwargs, strict=strict)
+
+    @classmethod
+    def maker(cls, tool_cls: type[ToolParser] | None, reasoning_cls: type[ReasoningParser] | None,
+              forced: "ToolPlan | None" = None, *, tokenizer: Any = None, tools: list[dict[str, Any]] | None = None,
+              chat_template_kwargs: dict[str, Any] | None = None, strict: bool = False) -> "ChainMaker | None":
+        """``factory`` from parser classes already loaded (``llmserve.parsing.service``), or
+        ``None`` when there is nothing to parse. ``forced``: a forced plan, read by the
+        forced-output parser instead of ``tool_cls``."""
         if tool_cls is None and reasoning_cls is None and forced is None:
             return None
         tools, template_kwargs = tools or [], chat_template_kwargs or {}

@@ -109,7 +109,8 @@ class ToolParser(ABC):
 
     #: Whether the parser needs special tokens kept in the text, so that markers such as
     #: ``[TOOL_CALLS]`` survive detokenization. A declared need: parsers never see the request;
-    #: the route reads ``ParseChain.needs_special_tokens`` and turns ``skip_special_tokens`` off.
+    #: a class attribute, read once at start (``ParsingService``); the core then turns
+    #: ``skip_special_tokens`` off for the requests this parser reads.
     needs_special_tokens: bool = False
 
     def __init__(self, tokenizer: Any = None, tools: list[dict[str, Any]] | None = None) -> None:

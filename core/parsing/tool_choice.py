@@ -10,7 +10,7 @@ output becomes tool calls, and the JSON schema that forces calls.
   the parsers of ``llmserve.parsing.forced``, not by a plugin: ``required`` produces
   ``[{"name": ..., "arguments": {...}}, ...]`` and a named function just its arguments object.
 
-This module only plans; ``llmserve.parsing.chain.ParseChain.factory`` turns a plan into parsers.
+This module only plans; ``llmserve.parsing.service.ParsingService.chains`` turns a plan into parsers.
 
 ``parallel_tool_calls: false`` limits the result to one call (``maxItems: 1`` when forced,
 later calls dropped under ``auto``).

@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # names only: importing them here would pull the engine and p
     from llmserve.guided import GuidedDecoding
     from llmserve.hooks.manager import PluginManager
     from llmserve.hooks.registry import Registry
+    from llmserve.parsing.service import ParsingService
 
 
 @dataclass
@@ -46,6 +47,7 @@ class ServerContext:
     # ``context.admission.check(n)`` before any tokenizing or templating work.
     admission: "Admission" = field(init=False, repr=False)
     _guided: "GuidedDecoding | None" = field(default=None, init=False, repr=False)
+    _parsing: "ParsingService | None" = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.admission = Admission(self)
@@ -77,6 +79,16 @@ class ServerContext:
                                           list(self.model.eos_token_ids),
                                           limits=GuidedLimits.from_config(self.config))
         return self._guided
+
+    @property
+    def parsing(self) -> "ParsingService":
+        """The server's ``llmserve.parsing.service.ParsingService``: its parser classes and
+        tool-choice flag, resolved once (``prepare_server`` builds it at start)."""
+        if self._parsing is None:
+            from llmserve.parsing.service import ParsingService
+
+            self._parsing = ParsingService.from_config(self.config, self.registry)
+        return self._parsing
 
     def readiness(self) -> str | None:
         """None when the server should get traffic, else why not (loading, draining, engine dead)."""

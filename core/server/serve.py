@@ -176,6 +176,7 @@ def prepare_server(config: ServerConfig, plugins: PluginManager) -> tuple[Any, S
     backend_record = registry.get("backend", config.backend).record
     backend_cls = registry.load("backend", config.backend)
     context = ServerContext(config=config, registry=registry, plugins=plugins)
+    log.debug("parsers: %s", context.parsing)  # loaded once, here: a parser that does not import fails now
     protocols = {name: registry.load("protocol", name)(context, options.get(name))
                  for name in enabled_protocols(config, registry)}
 

@@ -1,29 +1,28 @@
 """``POST /v1/messages`` (streamed and not) and ``POST /v1/messages/count_tokens``.
 
-One path for both reply kinds: the engine's text goes through the parse chain
-(``ParseChain.factory``: the server's reasoning parser, its tool parser under ``auto``, the
-forced-call parser under ``any`` / ``tool``), and the chain's deltas are folded into content
-blocks by ``events.Blocks``: event by event when streaming, all at once otherwise.
+The request is translated into a ``ChatTurn`` and prepared by the core (``prepare_chat``).
+One path for both reply kinds: the engine's text goes through the turn's parse chain (the
+server's reasoning parser, its tool parser under ``auto``, the forced-call parser under
+``any`` / ``tool``), and the chain's deltas are folded into content blocks by
+``events.Blocks``: event by event when streaming, all at once otherwise.
 """
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from typing import Any, AsyncIterator
 
 from starlette.responses import JSONResponse, Response
 
-from llmserve.errors import InvalidRequestError
-from llmserve.guided import GuidedSpec
 from llmserve.outputs import Usage
-from llmserve.parsing.chain import ChainMaker, ParseChain
+from llmserve.parsing.chain import ChainMaker
 from llmserve.parsing.contract import ParseDelta
 from llmserve.parsing.forced import first_call_only
 from llmserve.parsing.tool_choice import ToolPlan
 from llmserve.request import GenerateRequest
+from llmserve.sampling import SamplingParams
+from llmserve.server.chat_turn import ChatTurn, count_chat_tokens, prepare_chat
 from llmserve.server.dialect_kit import STREAM_HEADERS, in_band_errors, sse
-from llmserve.text.chat_template import render_chat
 
 from . import params
 from .events import PING_EVENT, Blocks, event
@@ -44,59 +43,45 @@ class Messages:
         self.p = protocol
 
     # -- prompt -----------------------------------------------------------------------------
-    def render(self, body: CountTokensRequest, tools: list[dict[str, Any]] | None) -> str:
+    def turn(self, body: CountTokensRequest, **fields: Any) -> ChatTurn:
+        """The request in the core's terms (``prepare_chat`` plans, renders and tokenizes it)."""
         prefill = params.is_prefill(body)
-        return render_chat(self.p.context.engine.tokenizer, params.chat_messages(body), tools=tools,
-                           add_generation_prompt=not prefill, continue_final_message=prefill,
-                           template_kwargs=params.template_kwargs(body),
-                           timeout=self.p.context.config.chat_template_render_timeout)
+        return ChatTurn(messages=params.chat_messages(body), add_generation_prompt=not prefill,
+                        continue_final_message=prefill, template_kwargs=params.template_kwargs(body), **fields)
 
     async def count_tokens(self, body: CountTokensRequest) -> Response:
         ctx = self.p.context
         ctx.check_model(body.model)
         params.output_spec(body)  # the same 400s as a create request
-        prompt = await asyncio.to_thread(self.render, body, params.offered_tools(body))
-        return JSONResponse({"input_tokens": len(ctx.engine.encode(prompt, add_special_tokens=False))})
+        tokens = await count_chat_tokens(ctx, self.turn(body), params.offered_tools(body))
+        return JSONResponse({"input_tokens": tokens})
 
     # -- create -----------------------------------------------------------------------------
-    async def _constraint(self, body: MessagesRequest, plan: ToolPlan) -> Any:
-        spec = params.output_spec(body)
-        if plan.schema is not None:
-            if spec is not None:
-                raise InvalidRequestError("a forced tool_choice (any or tool) cannot be combined with "
-                                          f"{spec.param}", param="tool_choice")
-            spec = GuidedSpec("json_schema", plan.schema, param="tool_choice", compact=True)
-        if spec is None:
-            return None
-        return await self.p.context.guided.compile_async(spec)
-
     async def create(self, body: MessagesRequest) -> Response:
         ctx = self.p.context
-        cfg = ctx.config
         model = ctx.check_model(body.model)
-        plan = params.tool_plan(body, cfg.enable_auto_tool_choice, cfg.tool_call_parser)
-        mask_factory = await self._constraint(body, plan)
-        make_chain = ParseChain.factory(ctx.registry, tool_parser=cfg.tool_call_parser,
-                                        reasoning_parser=cfg.reasoning_parser, tokenizer=ctx.engine.tokenizer,
-                                        chat_template_kwargs=params.template_kwargs(body), plan=plan,
-                                        constrained=mask_factory is not None)
         sampling = params.sampling(body)
-        if make_chain is not None and make_chain().needs_special_tokens:
-            sampling.skip_special_tokens = False  # the markers a parser looks for must reach it
-        prompt = await asyncio.to_thread(self.render, body, plan.offered)
-        req = GenerateRequest(prompt=prompt, sampling=sampling, request_id=uuid.uuid4().hex,
-                              add_special_tokens=False, mask_factory=mask_factory)
-        req.prompt_token_ids = ctx.engine.encode(prompt, add_special_tokens=False)
-        # Anthropic clients send their model's output cap as max_tokens (Claude Code: 32000), not
-        # a length they need: past the context window it is capped, and a reply cut there says
-        # model_context_window_exceeded.
-        room = ctx.engine.max_model_len - len(req.prompt_token_ids)
-        capped = room > 0 and body.max_tokens > room
-        if capped:
-            req.sampling = req.sampling.model_copy(update={"max_tokens": room})
-        ctx.engine.prepare(req, param="messages")
+        tools, choice, parallel = params.tool_fields(body, ctx.parsing.auto_tools)
+        capped: list[bool] = []
+        max_model_len = ctx.engine.max_model_len
+
+        def fitted(prompt_tokens: int) -> SamplingParams:
+            # Anthropic clients send their model's output cap as max_tokens (Claude Code: 32000),
+            # not a length they need: past the context window it is capped, and a reply cut there
+            # says model_context_window_exceeded.
+            room = max_model_len - prompt_tokens
+            if room > 0 and body.max_tokens > room:
+                capped.append(True)
+                return sampling.model_copy(update={"max_tokens": room})
+            return sampling
+
+        turn = self.turn(body, sampling=fitted, request_id=uuid.uuid4().hex, tools=tools, tool_choice=choice,
+                         parallel_tool_calls=parallel, constraint=params.output_spec(body),
+                         forced_words="a forced tool_choice (any or tool)")
+        prepared = await prepare_chat(ctx, turn)
+        req = prepared.request
         head = {"id": f"msg_{req.request_id}", "type": "message", "role": "assistant", "model": model}
-        reply = Reply(body, plan, make_chain, capped)
+        reply = Reply(body, prepared.plan, prepared.chains.make, bool(capped))
         if body.stream:
             frames = in_band_errors(self.p, self._stream(req, head, reply), lambda err: sse(err, "error"))
             return ctx.sse_response(frames, headers=STREAM_HEADERS, ping=PING_EVENT)

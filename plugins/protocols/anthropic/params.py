@@ -16,7 +16,7 @@ from typing import Any
 
 from llmserve.errors import InvalidRequestError
 from llmserve.guided import GuidedSpec
-from llmserve.parsing.tool_choice import AUTO_FLAGS, ToolPlan, plan_tools
+from llmserve.parsing.tool_choice import AUTO_FLAGS
 from llmserve.sampling import SamplingParams
 
 from .wire import CountTokensRequest, MessagesRequest
@@ -158,17 +158,18 @@ def function_tools(body: CountTokensRequest) -> list[dict[str, Any]] | None:
     return out
 
 
-def tool_plan(body: CountTokensRequest, auto_enabled: bool, tool_parser: str | None) -> ToolPlan:
-    """``tools`` / ``tool_choice`` planned exactly as the OpenAI dialect plans them: ``any`` is
-    ``required`` and ``tool`` a named function (both forced by guided decoding), ``auto``
-    needs the server's tool parser."""
+def tool_fields(body: CountTokensRequest, auto_enabled: bool) -> tuple[list[dict[str, Any]] | None, Any, bool]:
+    """``tools`` / ``tool_choice`` in OpenAI's shapes ``(tools, tool_choice, parallel)``, for the
+    core to plan exactly as the OpenAI dialect's: ``any`` is ``required`` and ``tool`` a named
+    function (both forced by guided decoding), ``auto`` needs the server's tool parser
+    (``auto_enabled``: ``--enable-auto-tool-choice`` with a ``--tool-call-parser``)."""
     tools = function_tools(body)
     choice = body.tool_choice
     kind = choice.type if choice is not None else ("auto" if tools else "none")
     parallel = not (choice is not None and choice.disable_parallel_tool_use)
     if kind != "none" and not tools:
         raise InvalidRequestError("tool_choice: tools must be given unless tool_choice is none", param="tool_choice")
-    if kind == "auto" and not (auto_enabled and tool_parser):
+    if kind == "auto" and not auto_enabled:
         raise InvalidRequestError(f'tool_choice "auto" (the default when tools are given) requires {AUTO_FLAGS} '
                                   f'on the server; send tool_choice {{"type": "any"}}, {{"type": "tool", '
                                   f'"name": ...}} or {{"type": "none"}} instead', param="tool_choice")
@@ -179,7 +180,7 @@ def tool_plan(body: CountTokensRequest, auto_enabled: bool, tool_parser: str | N
         openai_choice: Any = {"type": "function", "function": {"name": choice.name}}
     else:
         openai_choice = {"any": "required"}.get(kind, kind)
-    return plan_tools(tools, openai_choice, parallel, auto_enabled=auto_enabled, tool_parser=tool_parser)
+    return tools, openai_choice, parallel
 
 
 def offered_tools(body: CountTokensRequest) -> list[dict[str, Any]] | None:

@@ -30,6 +30,7 @@ class Embeddings:
         self.p = protocol
 
     def _ids(self, texts: list[str], truncate: bool, param: str) -> list[list[int]]:
+        """Token ids of ``texts``; blocks while it tokenizes: run in a tokenizer thread (``in_worker``)."""
         engine = self.p.context.engine
         limit = engine.max_model_len
         out = []
@@ -52,7 +53,7 @@ class Embeddings:
             return JSONResponse({"model": model, "embeddings": []})
         if body.dimensions is not None and body.dimensions < 1:
             raise invalid("dimensions must be a positive number", "dimensions")
-        ids = self._ids(texts, body.truncate is not False, "input")
+        ids = await self.p.context.engine.in_worker(self._ids, texts, body.truncate is not False, "input")
         vectors = await self.p.context.engine.embed(ids, param="input")
         if body.dimensions is not None:
             if body.dimensions > len(vectors[0]):
@@ -67,6 +68,6 @@ class Embeddings:
         resolve_model(self.p.context, body.model)
         if not body.prompt:
             return JSONResponse({"embedding": []})
-        ids = self._ids([body.prompt], True, "prompt")
+        ids = await self.p.context.engine.in_worker(self._ids, [body.prompt], True, "prompt")
         vectors = await self.p.context.engine.embed(ids, param="prompt")
         return JSONResponse({"embedding": vectors[0]})

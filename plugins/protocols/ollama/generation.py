@@ -1,7 +1,8 @@
 """``/api/chat`` and ``/api/generate``: one run for both, answering with one JSON object or an
 NDJSON stream (``application/x-ndjson``, one object per line, the last with ``done: true``).
 
-Chat output goes through the server's one parse chain (``ParseChain.factory``): thinking
+The request is translated into a ``ChatTurn`` and prepared by the core (``prepare_chat``).
+Chat output goes through the turn's parse chain (the server's parsers): thinking
 becomes ``message.thinking``, tool calls ``message.tool_calls`` with ``arguments`` as a JSON
 object (Ollama's shape, not OpenAI's string). A streamed call is sent whole, once the output
 is complete, in the object before the final one.
@@ -9,7 +10,6 @@ is complete, in the object before the final one.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 import uuid
@@ -18,14 +18,14 @@ from typing import Any, AsyncIterator
 
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from llmserve.parsing.chain import ChainMaker, ParseChain
-from llmserve.parsing.tool_choice import ToolPlan, plan_tools
+from llmserve.parsing.chain import ChainMaker
 from llmserve.request import GenerateRequest
+from llmserve.server.chat_turn import ChatTurn, prepare_chat
 from llmserve.server.dialect_kit import STREAM_HEADERS, dumps, in_band_errors
 
 from . import params
 from .params import created_at, durations, guided_spec, invalid, resolve_model, think_mode
-from .prompts import generate_prompt, render_messages, template_messages
+from .prompts import NO_TEMPLATE, generate_prompt, template_messages
 from .wire import ChatRequest
 from .wire import GenerateRequest as OllamaGenerate
 
@@ -83,32 +83,13 @@ class Generation:
             body["response"] = ""
         return JSONResponse(body)
 
-    def _chain(self, plan: ToolPlan | None, think: bool | None, kwargs: dict[str, Any],
-               constrained: bool) -> ChainMaker | None:
-        cfg = self.ctx.config
-        return ParseChain.factory(self.ctx.registry, tool_parser=None if plan is None else cfg.tool_call_parser,
-                                  reasoning_parser=cfg.reasoning_parser if think is not False else None,
-                                  tokenizer=self.ctx.engine.tokenizer, chat_template_kwargs=kwargs, plan=plan,
-                                  constrained=constrained)
-
-    def _plan(self, tools: list[dict[str, Any]] | None, model: str) -> ToolPlan:
-        cfg = self.ctx.config
-        if tools and not (cfg.enable_auto_tool_choice and cfg.tool_call_parser):
-            raise invalid(f'"{model}" does not support tools: start the server with --enable-auto-tool-choice and '
-                          f'--tool-call-parser', "tools")
-        return plan_tools(tools or None, None, None, auto_enabled=cfg.enable_auto_tool_choice,
-                          tool_parser=cfg.tool_call_parser)
-
-    async def _request(self, prompt_ids: list[int], body: Any, mask_factory: Any, make_chain: ChainMaker | None,
-                       request_id: str | None, param: str) -> GenerateRequest:
-        engine = self.ctx.engine
-        sampling = params.sampling(body.options, len(prompt_ids), engine.max_model_len)
-        if make_chain is not None and make_chain().needs_special_tokens:
-            sampling.skip_special_tokens = False  # the markers a parser looks for must reach it
-        req = GenerateRequest(prompt_token_ids=prompt_ids, sampling=sampling,
-                              request_id=f"ollama-{request_id or uuid.uuid4().hex}", mask_factory=mask_factory)
-        engine.prepare(req, param=param)
-        return req
+    def _turn(self, body: Any, request_id: str | None, think: bool | None, **fields: Any) -> ChatTurn:
+        """The request in the core's terms (``prepare_chat`` renders, tokenizes and prepares it);
+        ``options`` become sampling once the prompt's length is known (``num_ctx``, ``num_predict``)."""
+        max_model_len = self.ctx.engine.max_model_len
+        return ChatTurn(sampling=lambda prompt_tokens: params.sampling(body.options, prompt_tokens, max_model_len),
+                        request_id=f"ollama-{request_id or uuid.uuid4().hex}", constraint=guided_spec(body.format),
+                        template_kwargs=params.template_kwargs(body.think), reasoning=think is not False, **fields)
 
     def _start(self, body: Any, what: str) -> str:
         """Resolve the model name and check what no request may ask of this server."""
@@ -123,19 +104,18 @@ class Generation:
         model = self._start(body, "chat")
         if not body.messages:
             return self._loaded("chat", model, body.keep_alive)
-        think = think_mode(body.think, self.ctx.config.reasoning_parser, model)
-        kwargs = params.template_kwargs(body.think)
-        plan = self._plan(body.tools, model)
-        spec = guided_spec(body.format)
-        mask_factory = await self.ctx.guided.compile_async(spec) if spec is not None else None
-        make_chain = self._chain(plan, think, kwargs, constrained=mask_factory is not None)
+        parsing = self.ctx.parsing
+        think = think_mode(body.think, parsing.reasoning_parser, model)
+        if body.tools and not parsing.auto_tools:
+            raise invalid(f'"{model}" does not support tools: start the server with --enable-auto-tool-choice and '
+                          f'--tool-call-parser', "tools")
         messages, continue_last = template_messages(body.messages)
-        tokenizer = self.ctx.engine.tokenizer
-        text = await asyncio.to_thread(render_messages, tokenizer, messages, continue_last, plan.offered, kwargs,
-                                       self.ctx.config.chat_template_render_timeout)
-        prompt_ids = self.ctx.engine.encode(text, add_special_tokens=False)
-        req = await self._request(prompt_ids, body, mask_factory, make_chain, request_id, "messages")
-        return await self._answer(Run("chat", model, body.stream is not False, req, make_chain))
+        turn = self._turn(body, request_id, think, messages=messages, tools=body.tools or None,
+                          add_generation_prompt=not continue_last, continue_final_message=continue_last,
+                          no_template=NO_TEMPLATE)
+        prepared = await prepare_chat(self.ctx, turn)
+        return await self._answer(Run("chat", model, body.stream is not False, prepared.request,
+                                      prepared.chains.make))
 
     async def generate(self, body: OllamaGenerate, request_id: str | None) -> Response:
         model = self._start(body, "generate")
@@ -145,20 +125,18 @@ class Generation:
             raise invalid("suffix (fill-in-the-middle) is not supported by this server", "suffix")
         if not body.prompt and not body.context:
             return self._loaded("generate", model, body.keep_alive)
-        think = think_mode(body.think, self.ctx.config.reasoning_parser, model)
-        kwargs = params.template_kwargs(body.think)
-        spec = guided_spec(body.format)
-        mask_factory = await self.ctx.guided.compile_async(spec) if spec is not None else None
-        make_chain = self._chain(None, think, kwargs, constrained=mask_factory is not None)
-        engine = self.ctx.engine
-        text, special = await asyncio.to_thread(generate_prompt, engine.tokenizer, body, kwargs,
-                                                self.ctx.config.chat_template_render_timeout)
-        if body.context:
-            special = False  # a continuation: the history already starts the sequence
-        prompt_ids = list(body.context or []) + (engine.encode(text, add_special_tokens=special) if text else [])
-        req = await self._request(prompt_ids, body, mask_factory, make_chain, request_id, "prompt")
-        return await self._answer(Run("generate", model, body.stream is not False, req, make_chain,
-                                      return_context=not body.raw))
+        think = think_mode(body.think, self.ctx.parsing.reasoning_parser, model)
+        tokenizer, timeout = self.ctx.engine.tokenizer, self.ctx.config.chat_template_render_timeout
+
+        def render() -> tuple[str, bool]:
+            text, special = generate_prompt(tokenizer, body, params.template_kwargs(body.think), timeout)
+            return text, special and not body.context  # a continuation: the history already starts the sequence
+
+        turn = self._turn(body, request_id, think, render=render, prefix_ids=list(body.context or []),
+                          param="prompt")
+        prepared = await prepare_chat(self.ctx, turn)
+        return await self._answer(Run("generate", model, body.stream is not False, prepared.request,
+                                      prepared.chains.make, return_context=not body.raw))
 
     # -- answering -----------------------------------------------------------------------------
     def _piece(self, run: Run, content: str, thinking: str = "", calls: list | None = None) -> dict[str, Any]:

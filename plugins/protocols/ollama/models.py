@@ -143,13 +143,13 @@ class ModelCard:
                            for listed, served in self.entries()]}
 
     def capabilities(self) -> list[str]:
-        cfg = self.context.config
+        parsing = self.context.parsing
         if self.context.model.task == "embed":
             return ["embedding"]
         caps = ["completion"]
-        if cfg.enable_auto_tool_choice and cfg.tool_call_parser:
+        if parsing.auto_tools:
             caps.append("tools")
-        if cfg.reasoning_parser:
+        if parsing.reasoning_parser:
             caps.append("thinking")
         return caps
 

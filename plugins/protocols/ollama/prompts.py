@@ -20,6 +20,7 @@ from .wire import GenerateRequest, Message
 ROLES = ("system", "user", "assistant", "tool")
 _ACTION = re.compile(r"{{(-?)\s*(.*?)\s*(-?)}}", re.S)
 _FIELDS = ("System", "Prompt", "Response")
+NO_TEMPLATE = "the served model has no chat template: use /api/generate with raw set to true"
 
 
 def template_messages(messages: list[Message]) -> tuple[list[dict[str, Any]], bool]:
@@ -51,15 +52,6 @@ def template_messages(messages: list[Message]) -> tuple[list[dict[str, Any]], bo
     last = messages[-1] if messages else None
     continue_last = last is not None and last.role == "assistant" and bool(last.content) and not last.tool_calls
     return out, continue_last
-
-
-def render_messages(tokenizer: Any, messages: list[dict[str, Any]], continue_last: bool, tools: Any,
-                    kwargs: dict[str, Any], timeout: float) -> str:
-    if not getattr(tokenizer, "chat_template", None):
-        raise InvalidRequestError("the served model has no chat template: use /api/generate with raw set to true",
-                                  param="messages")
-    return render_chat(tokenizer, messages, tools=tools, add_generation_prompt=not continue_last,
-                       continue_final_message=continue_last, template_kwargs=kwargs, timeout=timeout)
 
 
 def go_template(source: str, values: dict[str, str]) -> str:

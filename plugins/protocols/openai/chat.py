@@ -2,33 +2,27 @@
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from typing import Any, AsyncIterator
 
 from starlette.responses import JSONResponse
 
 from llmserve.errors import InvalidRequestError
-from llmserve.guided import GuidedSpec
 from llmserve.parsing.chain import ChainMaker, ParseChain
 from llmserve.parsing.forced import first_call_only
-from llmserve.parsing.tool_choice import ToolPlan, plan_tools
+from llmserve.parsing.tool_choice import ToolPlan
+from llmserve.server.chat_turn import ChatTurn, prepare_chat
 from llmserve.server.dialect_kit import SSE_DONE, STREAM_HEADERS, sse
 from llmserve.server.errors import to_error
-from llmserve.text.chat_template import arguments_as_object, message_text, render_chat
+from llmserve.text.chat_template import arguments_as_object, message_text
 
 from .deltas import REASONING_KEYS, openai_delta
-from .params import chat_sampling, guided_mask, guided_spec, new_request, now, truncate, truncation
+from .params import chat_sampling, guided_spec, now, truncate, truncation
 from .replies import SYSTEM_FINGERPRINT, Endpoint, chat_logprobs, prompt_logprobs, usage_dict
 from .wire import ChatCompletionRequest
 
 
 class Chat(Endpoint):
-
-    def plan(self, body: ChatCompletionRequest) -> ToolPlan:
-        cfg = self.p.context.config
-        return plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls,
-                          auto_enabled=cfg.enable_auto_tool_choice, tool_parser=cfg.tool_call_parser)
 
     def count_tokens(self, text: str | None) -> int:
         """Tokens of ``text``: the reasoning parser's share of the output, re-tokenized (it is
@@ -37,21 +31,25 @@ class Chat(Endpoint):
             return 0
         return len(self.p.context.engine.tokenizer.encode(text, add_special_tokens=False))
 
-    def parsers(self, body: ChatCompletionRequest, plan: ToolPlan, constrained: bool) -> ChainMaker | None:
-        """A maker of fresh parse chains (one per choice), or None when nothing is parsed."""
+    def turn(self, body: ChatCompletionRequest, sampling: Any, request_id: str) -> ChatTurn:
+        """The request in the core's terms (``prepare_chat`` plans, renders and tokenizes it)."""
         ctx = self.p.context
-        cfg = ctx.config
-        return ParseChain.factory(ctx.registry, tool_parser=cfg.tool_call_parser,
-                                  reasoning_parser=cfg.reasoning_parser, tokenizer=ctx.engine.tokenizer,
-                                  chat_template_kwargs=body.chat_template_kwargs, plan=plan,
-                                  constrained=constrained)
-
-    def render(self, body: ChatCompletionRequest, plan: ToolPlan) -> tuple[str | None, list[int] | None]:
-        if body.prompt_token_ids:
-            return None, list(body.prompt_token_ids)
-        if body.chat_template is not None and not self.p.context.config.trust_request_chat_template:
+        if body.chat_template is not None and not ctx.config.trust_request_chat_template:
             raise InvalidRequestError("chat_template in requests is disabled on this server "
                                       "(start it with --trust-request-chat-template)", param="chat_template")
+        keep = truncation(body, ctx.engine.max_model_len)
+        continued = bool(body.continue_final_message)
+        turn = ChatTurn(sampling=sampling, request_id=request_id, tools=body.tools, tool_choice=body.tool_choice,
+                        parallel_tool_calls=body.parallel_tool_calls, constraint=guided_spec(body),
+                        forced_words="tool_choice required or a named function",
+                        template_kwargs=body.chat_template_kwargs,
+                        add_generation_prompt=body.add_generation_prompt is not False and not continued,
+                        continue_final_message=continued, chat_template=body.chat_template,
+                        documents=body.documents, priority=5 if body.priority is None else body.priority,
+                        truncate=None if keep is None else lambda ids: truncate(ids, keep, body.truncation_side))
+        if body.prompt_token_ids:
+            turn.prompt_ids = list(body.prompt_token_ids)
+            return turn
         messages = []
         for i, m in enumerate(body.messages):
             msg = m.model_dump(exclude_none=True)
@@ -60,50 +58,25 @@ class Chat(Endpoint):
                 arguments_as_object(call)
             messages.append(msg)
         if body.disable_chat_template:
-            return "\n".join(m["content"] for m in messages), None
-        text = render_chat(self.p.context.engine.tokenizer, messages, tools=plan.offered,
-                           add_generation_prompt=(body.add_generation_prompt is not False
-                                                  and not body.continue_final_message),
-                           continue_final_message=bool(body.continue_final_message),
-                           chat_template=body.chat_template, template_kwargs=body.chat_template_kwargs,
-                           documents=body.documents, trusted=self.p.context.config.trust_request_chat_template,
-                           timeout=self.p.context.config.chat_template_render_timeout)
-        return text, None
+            turn.text = "\n".join(m["content"] for m in messages)
+        else:
+            turn.messages = messages
+        return turn
 
     async def __call__(self, body: ChatCompletionRequest, request_id: str | None) -> Any:
         ctx = self.p.context
         model = ctx.check_model(body.model)
-        plan = self.plan(body)
-        if plan.schema is not None:
-            if guided_spec(body) is not None:
-                raise InvalidRequestError("tool_choice required or a named function cannot be combined with "
-                                          "guided decoding or a JSON response_format", param="tool_choice")
-            mask_factory = await ctx.guided.compile_async(GuidedSpec("json_schema", plan.schema, param="tool_choice",
-                                                                     compact=True))
-        else:
-            mask_factory = await guided_mask(ctx, body)
-        make_chain = self.parsers(body, plan, constrained=mask_factory is not None)
         sampling = chat_sampling(body, ctx.engine.info.vocab_size, ctx.engine.limits.max_logprobs)
-        keep = truncation(body, ctx.engine.max_model_len)
-        if make_chain is not None and make_chain().needs_special_tokens:
-            sampling.skip_special_tokens = False  # the markers a parser looks for must reach it
         if body.stream and sampling.num_sequences > sampling.n:
             raise InvalidRequestError("best_of > n is not supported when streaming", param="best_of")
-        # In a worker thread: rendering is capped (--chat-template-render-timeout), but even a
-        # capped template must not stall other requests on the event loop meanwhile.
-        prompt, prompt_ids = await asyncio.to_thread(self.render, body, plan)
-        if keep is not None:
-            if prompt_ids is None:
-                prompt_ids = await ctx.engine.aencode(prompt or "", False, param="messages")
-            prompt, prompt_ids = None, truncate(prompt_ids, keep, body.truncation_side)
-        req = new_request(body, sampling, prompt=prompt, prompt_ids=prompt_ids, header_id=request_id,
-                          add_special_tokens=False, mask_factory=mask_factory)
+        turn = self.turn(body, sampling, body.request_id or request_id or uuid.uuid4().hex)
         try:
-            await ctx.engine.aprepare(req, param="messages")
+            prepared = await prepare_chat(ctx, turn)
         except InvalidRequestError as exc:
             if exc.param == "max_tokens" and body.max_completion_tokens is not None:
                 exc.param = "max_completion_tokens"  # name the field the client sent
             raise
+        req, plan, make_chain = prepared.request, prepared.plan, prepared.chains.make
         rid = f"chatcmpl-{body.request_id or request_id or uuid.uuid4().hex}"
         head = {"id": rid, "object": "chat.completion", "created": now(), "model": model,
                 "system_fingerprint": SYSTEM_FINGERPRINT}

@@ -57,10 +57,8 @@ class Completions(Endpoint):
         prompts = split_prompts(body.prompt)
         mask_factory = await guided_mask(ctx, body)
         # With --reasoning-parser the thinking moves to reasoning_content (not for constrained output).
-        make_chain = ParseChain.factory(ctx.registry, reasoning_parser=ctx.config.reasoning_parser,
-                                        tokenizer=engine.tokenizer, constrained=mask_factory is not None)
-        if make_chain is not None and make_chain().needs_special_tokens:
-            sampling.skip_special_tokens = False  # the markers a parser looks for must reach it
+        chains = ctx.parsing.chains(engine.tokenizer, None, constrained=mask_factory is not None)
+        make_chain, sampling = chains.make, chains.keep_markers(sampling)
         base = body.request_id or request_id or uuid.uuid4().hex
         reqs = []
         for i, (text, ids) in enumerate(prompts):

@@ -1,4 +1,5 @@
-"""Embeddings, score and rerank routes for an embedding model (``--task embed``)."""
+"""Embeddings, score and rerank routes for an embedding model (``--task embed``); inputs are
+tokenized in the engine client's tokenizer threads, off the event loop."""
 
 from __future__ import annotations
 
@@ -100,7 +101,9 @@ class Pooling:
         ctx = self.p.context
         model = ctx.check_model(body.model)
         keep = truncation(body, ctx.engine.max_model_len)
-        ids = _as_id_lists(ctx.engine, body.input, body.add_special_tokens is not False, "input")
+        # In a tokenizer thread: a long input must not hold the event loop while it is tokenized.
+        ids = await ctx.engine.in_worker(_as_id_lists, ctx.engine, body.input, body.add_special_tokens is not False,
+                                         "input")
         ids = [truncate(i, keep, body.truncation_side) for i in ids]
         vectors = await ctx.engine.embed(ids)
         if body.dimensions is not None and body.dimensions != len(vectors[0]):
@@ -124,7 +127,7 @@ class Pooling:
             raise InvalidRequestError("text_1 and text_2 must have the same length (or text_1 one item)",
                                       param="text_2")
         texts = list(dict.fromkeys(first + second))
-        ids = [engine.encode(t) for t in texts]
+        ids = await engine.in_worker(lambda: [engine.encode(t) for t in texts])
         vectors = dict(zip(texts, await engine.embed(ids, param="text_1")))
         return [_cosine(vectors[a], vectors[b]) for a, b in zip(first, second)], sum(map(len, ids))
 

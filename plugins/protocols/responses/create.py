@@ -1,14 +1,14 @@
 """POST /v1/responses: items -> chat template -> engine -> output items, whole or streamed.
 
-The request is translated once into what the chat route also uses (``plan_tools`` for tools
-and forced calls, ``GuidedSpec`` for ``text.format``, ``ParseChain.factory`` for tool and
-reasoning parsing, ``render_chat``); ``OutputBuilder`` turns the parsed output into items and
-events. A stored previous response's conversation goes before this request's input.
+The request is translated into a ``ChatTurn`` (items -> chat messages, tools and
+``tool_choice`` in the chat shapes, ``GuidedSpec`` for ``text.format``) that the core prepares
+(``prepare_chat``: tool plan, forced calls, parse chains, template, tokens); ``OutputBuilder``
+turns the parsed output into items and events. A stored previous response's conversation
+goes before this request's input.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
@@ -18,15 +18,15 @@ from starlette.responses import JSONResponse, Response
 
 from llmserve.errors import InvalidRequestError, NotFoundError
 from llmserve.guided import GuidedSpec
-from llmserve.parsing.chain import ChainMaker, ParseChain
+from llmserve.parsing.chain import ChainMaker
 from llmserve.parsing.contract import ParseDelta
 from llmserve.parsing.forced import first_call_only
-from llmserve.parsing.tool_choice import ToolPlan, plan_tools
+from llmserve.parsing.tool_choice import ToolPlan
 from llmserve.request import GenerateRequest
 from llmserve.sampling import SamplingParams
+from llmserve.server.chat_turn import ChatTurn, prepare_chat
 from llmserve.server.dialect_kit import STREAM_HEADERS, sse
 from llmserve.server.errors import to_error
-from llmserve.text.chat_template import render_chat
 
 from .items import Conversation, chat_tool_choice, chat_tools
 from .output import OutputBuilder, new_id, usage
@@ -130,40 +130,22 @@ class Create:
         if not conv.messages:
             raise InvalidRequestError("input: must hold at least one item", param="input")
         choice, offered = chat_tool_choice(body.tool_choice, chat_tools(body.tools))
-        cfg = ctx.config
-        plan = plan_tools(offered, choice, body.parallel_tool_calls, auto_enabled=cfg.enable_auto_tool_choice,
-                          tool_parser=cfg.tool_call_parser)
-        spec = text_format_spec(body)
-        if plan.schema is not None:
-            if spec is not None:
-                raise InvalidRequestError("tool_choice required or a named function cannot be combined with a JSON "
-                                          "text.format", param="tool_choice")
-            spec = GuidedSpec("json_schema", plan.schema, param="tool_choice")
-        mask_factory = await ctx.guided.compile_async(spec) if spec is not None else None
-        effort = body.reasoning.effort if body.reasoning is not None else None
-        template_kwargs = {"reasoning_effort": effort} if effort else None
-        make_chain = ParseChain.factory(ctx.registry, tool_parser=cfg.tool_call_parser,
-                                        reasoning_parser=cfg.reasoning_parser, tokenizer=ctx.engine.tokenizer,
-                                        chat_template_kwargs=template_kwargs, plan=plan,
-                                        constrained=mask_factory is not None)
         try:
             sampling = SamplingParams.build(temperature=body.temperature, top_p=body.top_p,
                                             max_tokens=body.max_output_tokens)
         except InvalidRequestError as exc:
             raise _renamed(exc) from None
-        if make_chain is not None and make_chain().needs_special_tokens:
-            sampling.skip_special_tokens = False  # the markers a parser looks for must reach it
-        # Off the event loop: rendering is capped, but a slow template must not stall others.
-        prompt = await asyncio.to_thread(render_chat, ctx.engine.tokenizer, conv.messages, tools=plan.offered,
-                                         template_kwargs=template_kwargs, timeout=cfg.chat_template_render_timeout)
-        rid = request.headers.get("x-request-id") or new_id("req")
-        req = GenerateRequest(prompt=prompt, sampling=sampling, request_id=rid, add_special_tokens=False,
-                              mask_factory=mask_factory)
+        effort = body.reasoning.effort if body.reasoning is not None else None
+        turn = ChatTurn(sampling=sampling, request_id=request.headers.get("x-request-id") or new_id("req"),
+                        messages=conv.messages, tools=offered, tool_choice=choice,
+                        parallel_tool_calls=body.parallel_tool_calls, constraint=text_format_spec(body),
+                        forced_words="tool_choice required or a named function",
+                        template_kwargs={"reasoning_effort": effort} if effort else None, param="input")
         try:
-            ctx.engine.prepare(req, param="input")
+            prepared = await prepare_chat(ctx, turn)
         except InvalidRequestError as exc:
             raise _renamed(exc) from None
-        return Prepared(body, model, owner, history, items, plan, make_chain, req)
+        return Prepared(body, model, owner, history, items, prepared.plan, prepared.chains.make, prepared.request)
 
     def _history(self, body: ResponsesRequest, owner: str) -> list[dict[str, Any]]:
         if body.previous_response_id is None:

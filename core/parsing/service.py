@@ -1,0 +1,74 @@
+"""The server's parsers, resolved once at start: the tool and reasoning parser classes, whether
+``auto`` tool choice is on, and what each request's chains need (``ParsingService``).
+
+Routes read the parser settings here, never from the config: ``plan`` plans a request's tools
+under the server's flags, ``chains`` gives the maker of a request's parse chains together with
+the one fact the request needs from them (``needs_special_tokens``, declared by the classes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from llmserve.parsing.chain import ChainMaker, ParseChain
+from llmserve.parsing.contract import ReasoningParser, ToolParser
+from llmserve.parsing.tool_choice import ToolPlan, plan_tools
+
+if TYPE_CHECKING:
+    from llmserve.sampling import SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class Chains:
+    """A request's maker of fresh parse chains (``make()``: one per choice), or ``None`` as
+    ``make`` when nothing is parsed; ``needs_special_tokens`` when a parser declared it."""
+
+    make: ChainMaker | None
+    needs_special_tokens: bool = False
+
+    def keep_markers(self, sampling: "SamplingParams") -> "SamplingParams":
+        """``sampling`` with ``skip_special_tokens`` off when a parser needs its marker tokens
+        in the text (a copy; the request's own parameters are not changed)."""
+        if self.needs_special_tokens and sampling.skip_special_tokens:
+            return sampling.model_copy(update={"skip_special_tokens": False})
+        return sampling
+
+
+@dataclass(frozen=True, slots=True)
+class ParsingService:
+    """``--tool-call-parser``, ``--reasoning-parser`` and ``--enable-auto-tool-choice``, loaded
+    once (``from_config`` fails fast on an unknown name or a parser that does not import)."""
+
+    tool_parser: str | None = None
+    reasoning_parser: str | None = None
+    tool_cls: type[ToolParser] | None = None
+    reasoning_cls: type[ReasoningParser] | None = None
+    auto_tools: bool = False  # auto tool choice is on: the flag and a tool parser
+
+    @classmethod
+    def from_config(cls, config: Any, registry: Any) -> "ParsingService":
+        tool, reasoning = config.tool_call_parser, config.reasoning_parser
+        return cls(tool, reasoning,
+                   registry.load("tool_parser", tool) if tool else None,
+                   registry.load("reasoning_parser", reasoning) if reasoning else None,
+                   auto_tools=bool(config.enable_auto_tool_choice and tool))
+
+    def plan(self, tools: Any, tool_choice: Any = None, parallel_tool_calls: bool | None = None) -> ToolPlan:
+        """``tools`` / ``tool_choice`` (OpenAI's shapes) planned under the server's flags."""
+        return plan_tools(tools, tool_choice, parallel_tool_calls, auto_enabled=self.auto_tools,
+                          tool_parser=self.tool_parser)
+
+    def chains(self, tokenizer: Any, plan: ToolPlan | None, *, constrained: bool = False, reasoning: bool = True,
+               template_kwargs: dict[str, Any] | None = None) -> Chains:
+        """The chains of one request. ``plan``: its tool plan (``None``: no tools are parsed,
+        as for completions); ``constrained``: guided decoding shapes the output, which then has
+        no thinking to separate; ``reasoning``: false when the request turned thinking off."""
+        forced = plan if plan is not None and plan.mode == "forced" else None
+        tool_cls = self.tool_cls if plan is not None and plan.mode == "auto" else None
+        reasoning_cls = self.reasoning_cls if reasoning and not (constrained or forced) else None
+        make = ParseChain.maker(tool_cls, reasoning_cls, forced, tokenizer=tokenizer,
+                                tools=plan.offered if plan is not None else None,
+                                chat_template_kwargs=template_kwargs)
+        special = any(c is not None and c.needs_special_tokens for c in (tool_cls, reasoning_cls))
+        return Chains(make, special)

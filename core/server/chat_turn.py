@@ -1,0 +1,152 @@
+"""One chat turn, prepared in one place: planning the tools, the forced-call rule, compiling the
+output constraint, the parse chains, rendering the chat template and tokenizing (off the event
+loop, in the engine client's tokenizer threads) and preparing the engine request.
+
+A chat dialect translates its wire fields into a ``ChatTurn`` and awaits ``prepare_chat``;
+it keeps its wire models, that translation, and the rendering of the reply from
+``PreparedChat.chains`` (``docs/architecture.md``: one chat turn)::
+
+    turn = ChatTurn(sampling=sampling, request_id=rid, messages=messages, tools=tools,
+                    tool_choice=choice, constraint=spec, forced_words="tool_choice required")
+    prepared = await prepare_chat(context, turn)
+    async for event in context.engine.generate(prepared.request): ...
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+from llmserve.errors import InvalidRequestError
+from llmserve.guided import GuidedSpec
+from llmserve.parsing.service import Chains
+from llmserve.parsing.tool_choice import ToolPlan
+from llmserve.request import GenerateRequest
+from llmserve.sampling import SamplingParams
+from llmserve.text.chat_template import render_chat
+
+if TYPE_CHECKING:
+    from llmserve.server.context import ServerContext
+
+
+@dataclass(slots=True)
+class ChatTurn:
+    """A chat request in the core's terms: what each dialect translates its fields into.
+
+    The prompt is one of: ``prompt_ids`` (given token ids: nothing is rendered), ``render`` (a
+    dialect's own prompt text and whether the tokenizer adds its special tokens, e.g. Ollama's
+    ``/api/generate`` templates; run off the event loop), ``text`` (taken as it is), else
+    ``messages`` rendered with the chat template. ``prefix_ids`` go before the tokenized text.
+
+    ``sampling`` may be a function of the prompt's token count (a dialect whose output length
+    depends on the room the prompt leaves). ``tools`` / ``tool_choice`` /
+    ``parallel_tool_calls`` are in OpenAI's shapes; ``forced_words`` names a forced call in the
+    dialect's words when one meets ``constraint`` (a 400). ``reasoning``: false when the request
+    turned thinking off. ``truncate`` cuts the prompt's ids (vLLM's ``truncate_prompt_tokens``).
+    ``param`` is the field prompt errors name; ``no_template``, when given, is the refusal for a
+    model without a chat template.
+    """
+
+    sampling: SamplingParams | Callable[[int], SamplingParams] = field(default_factory=SamplingParams)
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    messages: list[dict[str, Any]] | None = None
+    text: str | None = None
+    prompt_ids: list[int] | None = None
+    render: Callable[[], tuple[str, bool]] | None = None
+    prefix_ids: list[int] = field(default_factory=list)
+    add_special_tokens: bool = False
+    tools: Any = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    constraint: GuidedSpec | None = None
+    forced_words: str = "a forced tool call"
+    template_kwargs: dict[str, Any] | None = None
+    reasoning: bool = True
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template: str | None = None
+    documents: list[dict[str, Any]] | None = None
+    truncate: Callable[[list[int]], list[int]] | None = None
+    priority: int = 5
+    param: str = "messages"
+    no_template: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedChat:
+    """A chat turn ready for the engine: its request (tokenized and validated), its tool plan
+    and its parse chains (``chains.make()``: a fresh chain per choice; ``None`` when nothing
+    is parsed)."""
+
+    request: GenerateRequest
+    plan: ToolPlan
+    chains: Chains
+
+
+async def prepare_chat(context: "ServerContext", turn: ChatTurn) -> PreparedChat:
+    """Plan, constrain, render, tokenize and prepare ``turn``; raises the core's errors (400s
+    naming the field). Everything that grows with the prompt runs in a tokenizer thread."""
+    engine = context.engine
+    assert engine is not None, "the loading gate lets no chat request through before the model"
+    plan = context.parsing.plan(turn.tools, turn.tool_choice, turn.parallel_tool_calls)
+    spec = turn.constraint
+    if plan.schema is not None:
+        if spec is not None:
+            raise InvalidRequestError(f"{turn.forced_words} cannot be combined with {spec.param}",
+                                      param="tool_choice")
+        spec = GuidedSpec("json_schema", plan.schema, param="tool_choice")
+    mask_factory = await context.guided.compile_async(spec) if spec is not None else None
+    chains = context.parsing.chains(engine.tokenizer, plan, constrained=mask_factory is not None,
+                                    reasoning=turn.reasoning, template_kwargs=turn.template_kwargs)
+    request = await engine.in_worker(_request, context, turn, plan, chains, mask_factory)
+    return PreparedChat(request, plan, chains)
+
+
+async def count_chat_tokens(context: "ServerContext", turn: ChatTurn, tools: list[dict[str, Any]] | None) -> int:
+    """The prompt tokens of ``turn`` rendered with ``tools`` offered (a token-counting route:
+    no plan, no server flags), counted off the event loop."""
+    assert context.engine is not None
+    _, ids = await context.engine.in_worker(_prompt, context, turn, tools)
+    return len(ids)
+
+
+def _prompt(context: "ServerContext", turn: ChatTurn,
+            tools: list[dict[str, Any]] | None) -> tuple[str | None, list[int]]:
+    """The prompt's text (None when given as ids) and token ids. In a tokenizer thread."""
+    engine = context.engine
+    assert engine is not None
+    if turn.prompt_ids is not None:
+        return None, list(turn.prompt_ids)
+    special = turn.add_special_tokens
+    if turn.render is not None:
+        text, special = turn.render()
+    elif turn.text is not None:
+        text = turn.text
+    else:
+        if turn.no_template and not getattr(engine.tokenizer, "chat_template", None):
+            raise InvalidRequestError(turn.no_template, param=turn.param)
+        cfg = context.config
+        text = render_chat(engine.tokenizer, turn.messages or [], tools=tools,
+                           add_generation_prompt=turn.add_generation_prompt,
+                           continue_final_message=turn.continue_final_message, chat_template=turn.chat_template,
+                           template_kwargs=turn.template_kwargs, documents=turn.documents,
+                           trusted=cfg.trust_request_chat_template, timeout=cfg.chat_template_render_timeout)
+    ids = engine.encode(text, special, param=turn.param) if text else []
+    return text, [*turn.prefix_ids, *ids]
+
+
+def _request(context: "ServerContext", turn: ChatTurn, plan: ToolPlan, chains: Chains,
+             mask_factory: Any) -> GenerateRequest:
+    """The engine request of ``turn``, tokenized and validated. In a tokenizer thread."""
+    engine = context.engine
+    assert engine is not None
+    text, ids = _prompt(context, turn, plan.offered)
+    if turn.truncate is not None:
+        text, ids = None, turn.truncate(ids)
+    sampling = turn.sampling(len(ids)) if callable(turn.sampling) else turn.sampling
+    request = GenerateRequest(prompt=text, prompt_token_ids=ids, sampling=chains.keep_markers(sampling),
+                              request_id=turn.request_id, priority=turn.priority, add_special_tokens=False,
+                              mask_factory=mask_factory)
+    engine.prepare(request, param=turn.param)
+    return request
