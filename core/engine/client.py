@@ -13,6 +13,7 @@ import asyncio
 import functools
 import logging
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import AsyncIterator, Callable, TypeVar
@@ -32,6 +33,11 @@ T = TypeVar("T")
 TOKENIZE_THREADS = 2
 
 
+def _deliver(items: list[tuple[asyncio.Queue, RequestOutput]]) -> None:
+    for queue, out in items:
+        queue.put_nowait(out)
+
+
 class EngineClient:
     """What protocols use: ``generate()``, ``abort()``, ``encode()`` and model facts."""
 
@@ -43,8 +49,25 @@ class EngineClient:
         self.limits = engine.limits
         self._tokenize_pool = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="llmserve-tokenize")
         self.refusal: LLMServeError | None = None  # set when shutdown aborted everything
+        # Outputs of the engine thread's current iteration, handed to their event loops together
+        # after it (``_flush``): one thread-safe callback per iteration, not one per request.
+        self._outbox: deque[tuple[asyncio.AbstractEventLoop, asyncio.Queue, RequestOutput]] = deque()
         self.loop = EngineLoop(engine)
+        self.loop.after_iteration.append(self._flush)
         self.loop.start()
+
+    def _flush(self) -> None:
+        """On the engine thread: deliver every output queued since the last call, one callback
+        per event loop."""
+        batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, RequestOutput]]] = {}
+        while self._outbox:
+            aio, queue, out = self._outbox.popleft()
+            batches.setdefault(aio, []).append((queue, out))
+        for aio, items in batches.items():
+            try:
+                aio.call_soon_threadsafe(_deliver, items)
+            except RuntimeError:  # the event loop is closed: nobody is listening any more
+                pass
 
     @property
     def is_dead(self) -> bool:
@@ -223,11 +246,8 @@ class EngineClient:
         limit = ctx.deadline if ctx is not None else None
         deadline = min((d for d in (request.deadline, limit) if d is not None), default=None)
 
-        def sink(out: RequestOutput) -> None:
-            try:
-                aio.call_soon_threadsafe(queue.put_nowait, out)
-            except RuntimeError:  # the event loop is closed: nobody is listening any more
-                pass
+        def sink(out: RequestOutput) -> None:  # engine thread; delivered after its iteration
+            self._outbox.append((aio, queue, out))
 
         def add() -> None:
             try:

@@ -177,3 +177,41 @@ def test_pool_must_hold_one_max_length_request():
         make_client(num_kv_blocks=8, max_model_len=64)
     with pytest.raises(ConfigError, match="chunked prefill is off"):
         make_client(max_model_len=128, max_num_batched_tokens=64, enable_chunked_prefill_off=True)
+
+
+def test_one_event_loop_callback_per_engine_iteration(monkeypatch):
+    """Eight requests decoding together reach the event loop through one thread-safe callback
+    per engine iteration (carrying every request's event), not one per request."""
+    import threading
+
+    from llmserve.engine import client as client_module
+
+    client = make_client()
+    calls = []
+    gate = threading.Event()
+
+    async def main():
+        aio = asyncio.get_running_loop()
+        real = aio.call_soon_threadsafe
+
+        def counted(callback, *args):
+            if callback is client_module._deliver:  # (tokenizer threads hand back results too)
+                calls.append(len(args[0]))
+            return real(callback, *args)
+
+        monkeypatch.setattr(aio, "call_soon_threadsafe", counted)
+        client.loop.submit(gate.wait)  # hold the engine thread until all eight are queued behind it
+        tasks = [asyncio.create_task(collect(client, f"request {i:02d} text", temperature=0)) for i in range(8)]
+        while len(client.loop._inbox) < 8:
+            await asyncio.sleep(0.01)
+        gate.set()
+        results = await asyncio.gather(*tasks)
+        assert [r[0][0] for r in results] == [f"request {i:02d} text" for i in range(8)]
+        return sum(len(r[2]) for r in results)
+
+    events = run(main())
+    assert sum(calls) == events       # every event arrived through a counted callback
+    assert max(calls) == 8            # the eight requests' events of one iteration in one callback
+    # one callback per iteration: 16 for the eight's 128 events, plus one where the first prefill
+    # chunk (the token budget holds four of the prompts) answered four of them alone
+    assert len(calls) <= events // 8 + 2
