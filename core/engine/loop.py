@@ -107,5 +107,5 @@ class EngineLoop(threading.Thread):
         self.stats = replace(self.stats, running=0, waiting=0, dead=True)
         try:
             self._after_iteration()  # deliver the failures just recorded
-        except Exception:  # noqa: BLE001 - the loop is already dead; nothing more can be done
+        except Exception:  # the loop is already dead: say so, nothing more can be done
             log.exception("delivering the engine's last outputs failed")
