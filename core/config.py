@@ -53,6 +53,10 @@ class ServerConfig(BaseModel):
     max_model_len: int | None = Field(None, ge=16, description=(
         "Context length (prompt + output) in tokens; default: the model's."))
     trust_remote_code: bool = Field(False, description="Allow model code from the model directory to run.")
+    allow_unverified_architecture: bool = Field(False, description=(
+        "Serve a model whose architecture the backend has not verified against transformers (the torch backend's "
+        "list: docs/engine.md#architectures), with a warning in the execution-plan log line: its answers may be "
+        "wrong. Architectures known to answer wrong (layers with a recurrent or convolution state) stay refused."))
     task: Literal["generate", "embed"] = Field("generate", description=(
         "generate: a causal LM; embed: an embedding model serving /v1/embeddings, /score and /rerank (default "
         "model: the embedded all-MiniLM-L6-v2)."))

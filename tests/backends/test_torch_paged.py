@@ -26,10 +26,8 @@ VOCAB = 256
 def build_tiny_model(path: str, arch: str = "llama", **overrides: object) -> None:
     """Save a 2-layer GQA model (Llama, Mistral, Qwen2 or Qwen3) with random weights and a
     word-level tokenizer."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
-                              PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
-                              Qwen3ForCausalLM)
+    from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
+                              Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
     cfg = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
@@ -39,6 +37,16 @@ def build_tiny_model(path: str, arch: str = "llama", **overrides: object) -> Non
                              "qwen2": (Qwen2Config, Qwen2ForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}[arch]
     torch.manual_seed(0)
     model_cls(config_cls(**cfg)).save_pretrained(path)
+    save_word_tokenizer(path)
+
+
+def save_word_tokenizer(path: str) -> None:
+    """A word-level tokenizer of ``VOCAB`` words ``t0 t1 ...`` (``t0`` the BOS, ``t1`` the EOS; encoding
+    adds neither). As special tokens, ``t0`` and ``t1`` also match inside longer words: "t107" encodes
+    as ``t1`` + an unknown word, so text prompts keep to words that do not start with them."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
     tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t0"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", eos_token="t1", bos_token="t0").save_pretrained(path)

@@ -21,6 +21,7 @@ import torch
 from llmserve import progress
 from llmserve.errors import ConfigError
 
+from .architectures import check_config, check_config_file, check_modules
 from .attention import ATTN_IMPL, register_attention
 
 log = logging.getLogger("llmserve.backend.torch")
@@ -45,6 +46,7 @@ class LoadedModel:
     chat_template: str | None
     dtype: torch.dtype
     device: torch.device
+    unverified: str | None = None   # the architecture, when served with --allow-unverified-architecture
 
 
 def embedded_model_path() -> str:
@@ -288,7 +290,7 @@ def _resolve_source(model: str | None) -> tuple[str | None, str]:
 
 def load_model(config: Any) -> LoadedModel:
     """Load what ``config`` names onto its device with the paged attention wired in."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     register_attention()
     device = resolve_device(getattr(config, "device", "auto"))
@@ -299,6 +301,18 @@ def load_model(config: Any) -> LoadedModel:
     hf_dir = hf_directory(source, getattr(config, "cache_dir", None))
     # A GGUF's converted weights are fp32 whatever the file held: only HF checkpoints keep theirs.
     dtype = resolve_dtype(getattr(config, "dtype", "auto"), device, None if gguf_path else checkpoint_dtype(hf_dir))
+
+    # What the backend cannot serve right is refused before any weight is read.
+    shown = str(source) if source else name
+    check_config_file(hf_dir, shown)
+    try:
+        hf_config = AutoConfig.from_pretrained(hf_dir, trust_remote_code=trust)
+    except (OSError, ValueError, KeyError) as exc:
+        raise load_error(source, exc) from None
+    unverified = check_config(hf_config, shown, bool(getattr(config, "allow_unverified_architecture", False)))
+    if unverified:
+        log.warning("serving %s, a %r model, unverified (--allow-unverified-architecture): its answers may differ "
+                    "from transformers'", name, unverified)
 
     t0 = time.monotonic()
     # On CUDA let accelerate place weights straight on the GPU instead of staging them in RAM.
@@ -314,6 +328,7 @@ def load_model(config: Any) -> LoadedModel:
     except (OSError, ValueError) as exc:
         which = f"tokenizer {tokenizer_dir!r}" if tokenizer_dir else f"the tokenizer of model {source!r}"
         raise ConfigError(f"cannot load {which}: {exc}") from None
+    check_modules(model, shown, unverified or str(getattr(hf_config, "model_type", "?")))
     text_cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     if getattr(text_cfg, "attn_logit_softcapping", None) or any(hasattr(m, "sinks") for m in model.modules()):
         # Refuse here rather than fail inside the first request's forward.
@@ -342,6 +357,7 @@ def load_model(config: Any) -> LoadedModel:
         chat_template=getattr(tokenizer, "chat_template", None),
         dtype=dtype,
         device=device,
+        unverified=unverified,
     )
 
 

@@ -278,7 +278,8 @@ class TorchBackend(Backend):
                 f"panels=f32:{formats.count('f32')},q4:{formats.count('q4')},q8:{formats.count('q8')}"
                 + (f" weights=gguf:{','.join(sorted(set(self._gguf.types)))}" if self._gguf is not None else "")
                 + (" gguf_matmul=bf16-amx" if self._gguf is not None and self._gguf.bf16_matmul else "")
-                + (f" cuda_graphs={len(self._graphs.buckets)}" if self._graphs is not None else ""))
+                + (f" cuda_graphs={len(self._graphs.buckets)}" if self._graphs is not None else "")
+                + (f" WARNING=unverified-architecture:{lm.unverified}" if lm.unverified else ""))
 
     def release(self, seq_ids: list[int]) -> None:
         if self.sampler is not None:

@@ -1,0 +1,217 @@
+"""Which model architectures the torch backend serves, and why it refuses the others: the ones
+tests/backends/test_architecture_conformance.py verifies against transformers' ``generate``, and
+the families whose layers keep state outside the paged KV cache (they would answer wrong)."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Iterable
+
+from llmserve.errors import ConfigError
+
+FLAG = "--allow-unverified-architecture"
+
+# The backend's own forward (fused.py) runs these when it recognises the layers exactly (a test
+# holds this to fused.py's own set); their transformers forward is verified as well.
+FUSED = ("llama", "mistral", "qwen2")
+
+# model_type -> what its tiny model in the conformance test exercises beyond a plain decoder.
+# Each one's greedy continuations equal transformers' generate alone, four requests at once, past
+# every sliding window and from the prefix cache; the test's own list is held to these keys.
+VERIFIED: dict[str, str] = {
+    "llama": "",
+    "mistral": "sliding window",
+    "qwen2": "biased QKV, one sliding-window layer",
+    "mixtral": "mixture of experts, sliding window",
+    "qwen2_moe": "mixture of experts with a shared expert",
+    "qwen3": "q/k norms",
+    "qwen3_moe": "mixture of experts, q/k norms",
+    "gemma": "scaled embeddings, GeLU",
+    "gemma2": "sliding-window layers, final logit softcapping (attention softcapping is refused)",
+    "gemma3_text": "sliding-window layers, local and global RoPE",
+    "phi3": "fused QKV and gate-up projections",
+    "olmo2": "post-norms, q/k norms",
+    "olmo": "non-parametric layer norm",
+    "olmoe": "mixture of experts",
+    "olmo3": "sliding-window layers",
+    "granite": "embedding, residual, attention and logit multipliers",
+    "granitemoe": "mixture of experts, multipliers",
+    "granitemoeshared": "mixture of experts with a shared MLP",
+    "cohere": "parallel attention and MLP, logit scale",
+    "cohere2": "sliding-window layers, logit scale",
+    "starcoder2": "sliding window, LayerNorm, biases",
+    "stablelm": "partial rotary",
+    "gpt_neox": "partial rotary, parallel residual",
+    "gpt2": "learned positions, Conv1D projections",
+    "opt": "learned positions with an offset",
+    "phi": "partial rotary, parallel attention and MLP",
+    "smollm3": "layers without RoPE",
+    "glm": "partial interleaved rotary",
+    "glm4": "extra post-norms",
+    "helium": "",
+    "exaone4": "sliding-window layers",
+    "ernie4_5": "",
+    "seed_oss": "biased QKV",
+    "ministral": "sliding window on every layer",
+    "internlm3": "",
+    "nemotron": "squared-ReLU MLP, LayerNorm1P",
+    "hunyuan_v1_dense": "q/k norms",
+    "arcee": "squared-ReLU MLP",
+    "apertus": "xIELU MLP, q/k norms",
+}
+
+# The families whose layers keep a state beside (or instead of) keys and values: the paged KV cache
+# has no place for it, prefix caching and batching would mix it up, and the answers come out wrong.
+# model_type -> the layers and the state they keep.
+STATEFUL: dict[str, str] = {
+    **dict.fromkeys(("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next"),
+                    "Gated DeltaNet (linear attention) layers keep a recurrent state"),
+    **dict.fromkeys(("qwen4_exp", "qwen4_exp_text", "kimi_linear", "olmo_hybrid", "bailing_hybrid", "lara_mini"),
+                    "linear-attention layers keep a recurrent state"),
+    **dict.fromkeys(("granitemoehybrid", "bamba", "nemotron_h", "jamba", "falcon_h1", "zamba", "zamba2", "mamba",
+                     "mamba2", "falcon_mamba"),
+                    "Mamba layers keep a convolution and an SSM state"),
+    **dict.fromkeys(("lfm2", "lfm2_moe", "lfm3"), "short-convolution layers keep a convolution state"),
+    **dict.fromkeys(("zaya", "inkling_text", "inkling2_text", "inkling2_loop_text"),
+                    "hybrid layers keep a linear-attention state"),
+    "minimax": "lightning (linear) attention layers keep a recurrent state",
+    "recurrent_gemma": "RG-LRU layers keep a recurrent state",
+    "rwkv": "RWKV time-mixing layers keep a recurrent state",
+    "xlstm": "xLSTM cells keep a recurrent state",
+}
+
+# Stateless architectures the backend cannot run right either, refused whatever the flag says.
+UNSUPPORTED: dict[str, str] = {
+    "gpt_oss": "attention sinks, which the paged attention does not apply",
+    **dict.fromkeys(("deepseek_v2", "deepseek_v3", "minicpm3", "glm4_moe_lite", "longcat_flash", "sarvam_mla"),
+                    "multi-head latent attention (keys and values of different head sizes), which the paged KV "
+                    "cache does not hold"),
+    **dict.fromkeys(("llama4", "llama4_text"), "chunked attention layers, which the paged attention does not mask"),
+    "phimoe": "its attention does not pass its sliding window to the attention function, so the paged attention "
+              "would attend past it",
+}
+
+# Layer kinds (config ``layer_types`` and its older spellings) by what the paged KV cache makes of them.
+ATTENTION_KINDS = frozenset({"full_attention", "attention", "sliding_attention"})
+NO_STATE_KINDS = frozenset({"mlp", "moe", "dense", "sparse"})  # feed-forward only: nothing to keep
+STATE_KINDS: dict[str, str] = {
+    "linear_attention": "a recurrent state", "mamba": "a convolution and an SSM state",
+    "conv": "a convolution state", "recurrent": "a recurrent state",
+    "hybrid": "a linear-attention state", "hybrid_sliding": "a linear-attention state",
+}
+UNSUPPORTED_KINDS = frozenset({"chunked_attention", "indexed_attention", "compressed_sparse_attention",
+                               "heavily_compressed_attention", "minimax_m3_sparse", "window_attention",
+                               "reference_sliding_attention", "deepseek_sparse_attention", "qwen_sparse_attention"})
+_KIND_KEYS = ("layer_types", "layers_block_type", "block_types")
+
+
+def _sections(raw: dict[str, Any]) -> list[dict[str, Any]]:
+    """The config and the text model's config inside it (multimodal wrappers)."""
+    text = raw.get("text_config")
+    return [raw, text] if isinstance(text, dict) else [raw]
+
+
+def layer_kind_refusal(kinds: Iterable[Any]) -> str | None:
+    """Why layers of these ``kinds`` cannot be served (None when the paged KV cache holds them all)."""
+    for kind in dict.fromkeys(kinds):
+        if kind in ATTENTION_KINDS or kind in NO_STATE_KINDS:
+            continue
+        if kind in STATE_KINDS:
+            return (f"its {kind} layers keep {STATE_KINDS[kind]} outside the KV cache, which the torch backend's "
+                    "paged KV cache cannot hold (it would answer with wrong tokens)")
+        if kind in UNSUPPORTED_KINDS:
+            return f"its {kind} layers need an attention the torch backend's paged attention does not run"
+        return (f"its layer_types name a layer kind {kind!r} llmserve does not know (known: "
+                f"{', '.join(sorted(ATTENTION_KINDS | NO_STATE_KINDS | set(STATE_KINDS) | UNSUPPORTED_KINDS))})")
+    return None
+
+
+def _refuse(source: str, arch: str, why: str) -> ConfigError:
+    return ConfigError(f"model {source!r} is a {arch!r} model, which the torch backend refuses: {why}")
+
+
+def check_config_file(model_dir: str, source: str) -> None:
+    """Refuse, before any weight is read, a directory whose ``config.json`` names a stateful
+    family or a layer kind the paged KV cache cannot hold (or does not know)."""
+    try:
+        with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as fh:
+            raw = json.load(fh)
+    except (OSError, ValueError):
+        return  # transformers' own loading reports a missing or broken config
+    if not isinstance(raw, dict):
+        return
+    for section in _sections(raw):
+        arch = str(section.get("model_type") or raw.get("model_type") or "?")
+        if arch in STATEFUL:
+            raise _refuse(source, arch, f"its {STATEFUL[arch]} outside the KV cache, which the torch backend's paged "
+                                        "KV cache cannot hold (it would answer with wrong tokens)")
+        for key in _KIND_KEYS:
+            kinds = section.get(key)
+            if isinstance(kinds, list) and (why := layer_kind_refusal(kinds)):
+                raise _refuse(source, arch, why)
+
+
+def _cache_layer_kinds(text_cfg: Any) -> list[str]:
+    """The cache layer kinds transformers itself would build for this config (empty where this
+    transformers has no per-layer cache description)."""
+    try:
+        from transformers.cache_utils import get_layer_types_and_kwargs
+    except ImportError:
+        return []
+    try:
+        kinds, _ = get_layer_types_and_kwargs(text_cfg)
+    except Exception:  # noqa: BLE001 - a config it cannot describe: the other checks decide
+        return []
+    return [k for k in kinds if k != "dummy"]  # dummy: a layer that reuses another's keys and values
+
+
+def check_config(config: Any, source: str, allow_unverified: bool) -> str | None:
+    """Refuse what the loaded transformers ``config`` says the backend cannot serve right; returns
+    the architecture when it is served unverified (``allow_unverified``), else None."""
+    text_cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    archs = list(dict.fromkeys(str(getattr(c, "model_type", "") or "?") for c in (config, text_cfg)))
+    for arch in archs:
+        if arch in STATEFUL:
+            raise _refuse(source, arch, f"its {STATEFUL[arch]} outside the KV cache, which the torch backend's paged "
+                                        "KV cache cannot hold (it would answer with wrong tokens)")
+        if arch in UNSUPPORTED:
+            raise _refuse(source, arch, UNSUPPORTED[arch])
+    arch = archs[0]
+    kinds = [*(getattr(text_cfg, "layer_types", None) or []), *_cache_layer_kinds(text_cfg)]
+    if why := layer_kind_refusal(kinds):
+        raise _refuse(source, arch, why)
+    if getattr(text_cfg, "v_head_dim", None) is not None or getattr(text_cfg, "kv_lora_rank", None):
+        raise _refuse(source, arch, UNSUPPORTED["deepseek_v3"])
+    if arch in VERIFIED:
+        return None
+    if not allow_unverified:
+        raise ConfigError(f"model {source!r} is a {arch!r} model, an architecture the torch backend has not verified "
+                          "against transformers (the verified ones are listed in docs/engine.md#architectures): "
+                          f"serve it anyway with {FLAG} (its answers may be wrong), or serve a verified architecture")
+    return arch
+
+
+def check_modules(model: Any, source: str, arch: str) -> None:
+    """Refuse a loaded model with a causal convolution (``nn.Conv1d``, the rolling state of Mamba,
+    Gated DeltaNet and short-convolution layers): a last guard for architectures served unverified,
+    whose config does not say what their layers keep."""
+    import torch
+
+    conv = next((name for name, m in model.named_modules() if isinstance(m, torch.nn.Conv1d)), None)
+    if conv is not None:
+        raise _refuse(source, arch, f"its layer {conv} is a convolution over the sequence, whose state lives "
+                                    "outside the KV cache (the paged KV cache cannot hold it)")
+
+
+def markdown_table() -> str:
+    """The table of docs/engine.md#architectures (a test holds the page to it)."""
+    rows = ["| architecture (`model_type`) | served | what the conformance test covers, or why it is refused |",
+            "|---|---|---|"]
+    for arch, note in sorted(VERIFIED.items()):
+        how = "fused forward; transformers' forward verified too" if arch in FUSED else "transformers' forward"
+        rows.append(f"| `{arch}` | {how} | {note or 'a plain decoder'} |")
+    refused = {**{a: f"{why} outside the KV cache" for a, why in STATEFUL.items()}, **UNSUPPORTED}
+    for arch, why in sorted(refused.items()):
+        rows.append(f"| `{arch}` | refused | {why} |")
+    return "\n".join(rows) + "\n"
