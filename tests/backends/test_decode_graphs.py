@@ -184,3 +184,20 @@ def test_op_count_per_layer_is_pinned() -> None:
     assert len(ours) <= 21
     torch_all, torch_launched = layer_ops(TorchOps())
     assert len(torch_launched) >= 3 * len(launched)
+
+
+def test_operators_serve_mixed_steps_and_cached_prefixes(tiny_dir: str) -> None:
+    """Through the kernel operators (their CPU code), a step mixing decode rows with prompt chunks,
+    one of which continues a cached prefix (read in place by ``paged_prefill``), gives the
+    logits of the plain torch path."""
+    ops_b, torch_b = backend(tiny_dir, True, False), backend(tiny_dir, False, False)
+    a, c, e = seq(31, 17), seq(32, 6), seq(33, 9)
+    steps = [
+        [item(0, a[:10], 0, [0, 1, 2, 3, 4]), item(1, c[:5], 0, [8, 9])],
+        [item(1, [c[5]], 5, [8, 9]), item(0, a[10:], 10, [0, 1, 2, 3, 4]), item(2, e, 0, [12, 13, 14])],
+        [item(2, [7], 9, [12, 13, 14]), item(1, [9], 6, [8, 9])],
+    ]
+    for batch in steps:
+        got, want = ops_b.forward_logits(batch), torch_b.forward_logits(batch)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)

@@ -123,3 +123,58 @@ def test_segments_fill_the_device():
     assert ops.decode_segments(1, 8, 132) == 16
     assert ops.decode_segments(32, 8, 132) == 1
     assert ops.decode_segments(4, 8, 132) == 8
+
+
+def expected_prefill(q, pool, table, rows, lens, starts, scale, window):
+    """Float64 causal attention of each chunk's rows, one row and head at a time."""
+    H, D = q.shape[1], q.shape[2]
+    kvh = pool.shape[0] // 2
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    for tbl, r0, n, st in zip(table, rows, lens, starts):
+        for i in range(n):
+            qp = st + i
+            pos = [p for p in range(qp + 1) if not window or p > qp - window]
+            blk = torch.tensor([tbl[p // BS] for p in pos])
+            off = torch.tensor([p % BS for p in pos])
+            for h in range(H):
+                kh = h // (H // kvh)
+                w = torch.softmax(pool[kh, blk, off].double() @ q[r0 + i, h].double() * scale, 0)
+                out[r0 + i, h] = w @ pool[kvh + kh, blk, off].double()
+    return out
+
+
+PREFILL_CASES = [  # (chunks as (cached prefix, chunk length), query heads, kv heads, window)
+    ([(0, 5)], 4, 4, 0), ([(16, 1), (3, 17)], 4, 1, 0), ([(40, 33)], 8, 2, 0), ([(7, 9), (0, 20)], 9, 3, 0),
+    ([(30, 12), (5, 40)], 4, 1, 16),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("chunks,H,kvh,window", PREFILL_CASES)
+def test_prefill_matches_float64(chunks, H, kvh, window, dtype):
+    gen = torch.Generator().manual_seed(sum(a + b for a, b in chunks) + H + window)
+    D = 64
+    ctxs = [a + b for a, b in chunks]
+    W = max(math.ceil(c / BS) for c in ctxs)
+    blocks = len(chunks) * W + 1
+    perm = torch.randperm(blocks, generator=gen).tolist()
+    table = [perm[s * W:(s + 1) * W] for s in range(len(chunks))]
+    pool = make_pool(kvh, blocks, D, dtype)
+    fill(pool, table, ctxs, gen)
+    lens = [b for _, b in chunks]
+    rows = [sum(lens[:s]) + 2 for s in range(len(chunks))]   # two decode rows first, as in a mixed step
+    T = rows[-1] + lens[-1]
+    q = torch.randn(T, (H + 2 * kvh) * D, generator=gen).to(dtype)[:, :H * D].view(T, H, D)
+    args = [torch.tensor(x, dtype=torch.int32) for x in (table, rows, lens, [a for a, _ in chunks])]
+    scale = D ** -0.5
+    out = torch.full((T, H, D), float("nan"), dtype=dtype)
+    on = dev(out)
+    ta.prefill(dev(q), dev(pool), *(dev(a) for a in args), on, scale, window, max(lens))
+    got = on.cpu()
+    want = expected_prefill(q, pool, table, rows, lens, [a for a, _ in chunks], scale, window)
+    tol = 2e-5 if dtype == torch.float32 else 3e-2
+    assert got[:2].isnan().all()            # rows of no chunk are left alone
+    assert torch.allclose(got[2:].double(), want[2:], atol=tol, rtol=tol), (got[2:].double() - want[2:]).abs().max()
+    ref = torch.full((T, H, D), float("nan"), dtype=dtype)
+    ops.reference_prefill(q, pool, *args, ref, scale, window)   # the operator's CPU code agrees too
+    assert torch.allclose(ref[2:].double(), want[2:], atol=tol, rtol=tol)

@@ -158,6 +158,9 @@ class StepMetadata:
     fresh_blocks: torch.Tensor | None = None    # blocks getting their first slot written this step
     decode_table: torch.Tensor | None = None    # [num_decode, width] int32 (kernel operators)
     segments: int = 1
+    # Prompt chunks continuing a cached prefix, for the kernel operators (not in ``prefills``):
+    # block table [S, width], first rows, lengths, start positions (int32), the longest length.
+    cached_prefill: tuple[Any, ...] | None = None
     _decode_masks: dict[tuple[int | None, Any], torch.Tensor] = field(default_factory=dict)
 
     def decode_mask(self, window: int | None, block_size: int, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -214,16 +217,19 @@ def paged_attention(cache: PagedKVCache, meta: StepMetadata, layer: int, q: torc
     if cache.kernel_ops:
         if not kv_written:
             torch.ops.llmserve.store_kv(slots_view, meta.slot_mapping, k, v)
+        scale = D ** -0.5 if scaling is None else scaling
         if nd:
             dec_out = torch.ops.llmserve.paged_decode(q[:nd], blocks_view, meta.decode_table, meta.decode_ctx,
-                                                      D ** -0.5 if scaling is None else scaling, window or 0,
-                                                      meta.segments)
-            if not meta.prefills:
+                                                      scale, window or 0, meta.segments)
+            if not meta.prefills and meta.cached_prefill is None:
                 return dec_out
             out = q.new_empty(T, H, D)
             out[:nd] = dec_out
         else:
             out = q.new_empty(T, H, D)
+        if meta.cached_prefill is not None:
+            torch.ops.llmserve.paged_prefill(q, blocks_view, *meta.cached_prefill[:4], out, scale, window or 0,
+                                             meta.cached_prefill[4])
         return _prefill(cache, meta, blocks_view, q, k, v, out, scaling, window, group)
     if cache.write_kv is not None and k.stride(2) == 1 and v.stride(2) == 1:
         cache.write_kv(slots_view, meta.slot_mapping, k, v)

@@ -278,8 +278,7 @@ class TorchBackend(Backend):
                 f"panels=f32:{formats.count('f32')},q4:{formats.count('q4')},q8:{formats.count('q8')}"
                 + (f" weights=gguf:{','.join(sorted(set(self._gguf.types)))}" if self._gguf is not None else "")
                 + (" gguf_matmul=bf16-amx" if self._gguf is not None and self._gguf.bf16_matmul else "")
-                + (f" cuda_graphs={len(self._graphs.buckets)}" if self._graphs is not None else "")
-                + (f" WARNING=unverified-architecture:{lm.unverified}" if lm.unverified else ""))
+                + (f" cuda_graphs={len(self._graphs.buckets)}" if self._graphs is not None else ""))
 
     def release(self, seq_ids: list[int]) -> None:
         if self.sampler is not None:
@@ -329,6 +328,7 @@ class TorchBackend(Backend):
             dec_blocks += [null] * (max_blocks - nb)
             dec_ctx.append(p + 1)
         segments: list[PrefillSegment] = []
+        cached: list[tuple[int, int, int, list[int]]] = []  # chunks continuing a prefix (kernel operators)
         for i in prefill:
             it = batch[i]
             n, s, table = len(it.token_ids), it.start_pos, it.block_table
@@ -338,6 +338,9 @@ class TorchBackend(Backend):
             slots += [table[p // bs] * bs + p % bs for p in range(s, s + n)]
             fresh += table[-(-s // bs): (s + n - 1) // bs + 1]  # blocks whose slot 0 is written now
             blocks = None
+            if s > 0 and cache.kernel_ops:  # the prefill operator reads the cached prefix in place
+                cached.append((first_row[i], n, s, table[: (s + n - 1) // bs + 1]))
+                continue
             if s > 0:  # attends to cached positions: gather the sequence's blocks
                 blocks = torch.tensor(table[: (s + n - 1) // bs + 1], dtype=torch.long).to(device, non_blocking=True)
             segments.append(PrefillSegment(row=first_row[i], n=n, start=s, blocks=blocks))
@@ -348,6 +351,11 @@ class TorchBackend(Backend):
             return torch.tensor(values, dtype=torch.long).to(device, non_blocking=True)
 
         meta = StepMetadata(slot_mapping=t(slots), num_decode=len(decode), prefills=segments)
+        if cached:
+            width = max(len(c[3]) for c in cached)
+            meta.cached_prefill = tuple(torch.tensor(v, dtype=torch.int32).to(device, non_blocking=True) for v in (
+                [c[3] + [null] * (width - len(c[3])) for c in cached], [c[0] for c in cached],
+                [c[1] for c in cached], [c[2] for c in cached])) + (max(c[1] for c in cached),)
         if fresh:
             meta.fresh_blocks = t(fresh)
         if decode and cache.kernel_ops:

@@ -59,6 +59,54 @@ def _paged_decode_fake(q: torch.Tensor, kv: torch.Tensor, table: torch.Tensor, c
     return q.new_empty(q.shape)
 
 
+def reference_prefill(q: torch.Tensor, kv: torch.Tensor, table: torch.Tensor, rows: torch.Tensor, lens: torch.Tensor,
+                      starts: torch.Tensor, out: torch.Tensor, scale: float, window: int) -> None:
+    """Prompt-chunk attention in torch, chunk by chunk over its gathered blocks."""
+    import torch.nn.functional as F
+
+    kvh, bs, D = kv.shape[0] // 2, kv.shape[2], kv.shape[3]
+    group = q.shape[1] // kvh
+    for s, (r, n, st) in enumerate(zip(rows.tolist(), lens.tolist(), starts.tolist())):
+        ctx = st + n
+        nb = -(-ctx // bs)
+        blocks = kv.index_select(1, table[s, :nb].long()).reshape(2 * kvh, nb * bs, D)[:, :ctx].to(q.dtype)
+        q_pos = torch.arange(st, ctx, device=q.device)[:, None]
+        k_pos = torch.arange(ctx, device=q.device)[None, :]
+        mask = k_pos <= q_pos
+        if window > 0:
+            mask &= k_pos > q_pos - window
+        o = F.scaled_dot_product_attention(q[r:r + n].transpose(0, 1)[None], blocks[None, :kvh], blocks[None, kvh:],
+                                           attn_mask=mask, scale=scale, enable_gqa=group > 1)
+        out[r:r + n] = o[0].transpose(0, 1)
+
+
+@torch.library.custom_op("llmserve::paged_prefill", mutates_args=("out",))
+def paged_prefill(q: torch.Tensor, kv: torch.Tensor, table: torch.Tensor, rows: torch.Tensor, lens: torch.Tensor,
+                  starts: torch.Tensor, out: torch.Tensor, scale: float, window: int, longest: int) -> None:
+    """Causal attention of prompt chunks that continue a cached prefix, into their rows of
+    ``out [T, H, D]``: chunk ``s`` is ``lens[s]`` packed rows from ``rows[s]``, at positions
+    ``starts[s] ..`` of the sequence whose blocks ``table[s]`` lists; keys and values (the
+    chunk's own already stored) are read from one layer's pool ``kv``. ``longest``: the longest
+    chunk (the CUDA kernel's grid)."""
+    reference_prefill(q, kv, table, rows, lens, starts, out, scale, window)
+
+
+@paged_prefill.register_kernel("cuda")
+def _paged_prefill_cuda(q: torch.Tensor, kv: torch.Tensor, table: torch.Tensor, rows: torch.Tensor,
+                        lens: torch.Tensor, starts: torch.Tensor, out: torch.Tensor, scale: float, window: int,
+                        longest: int) -> None:
+    from .triton_attention import prefill
+
+    prefill(q, kv, table, rows, lens, starts, out, scale, window, longest)
+
+
+@paged_prefill.register_fake
+def _paged_prefill_fake(q: torch.Tensor, kv: torch.Tensor, table: torch.Tensor, rows: torch.Tensor,
+                        lens: torch.Tensor, starts: torch.Tensor, out: torch.Tensor, scale: float, window: int,
+                        longest: int) -> None:
+    return None
+
+
 @torch.library.custom_op("llmserve::store_kv", mutates_args=("kv_slots",))
 def store_kv(kv_slots: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     """Write the step's keys and values ``k``/``v [T, kvh, D]`` into one layer's pool viewed as

@@ -84,6 +84,60 @@ def _decode_kernel(Q, KV, TABLE, CTX, OUT, M_OUT, L_OUT,
 
 
 @triton.jit
+def _prefill_kernel(Q, KV, TABLE, ROW, LEN, START, OUT, s_qt, s_qh, s_kh, s_kb, s_kt, s_tb, s_ot, s_oh,
+                    scale, window,
+                    KVH: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr):
+    # One program: BLOCK_M query tokens of one prompt chunk x the G query heads of one KV head,
+    # as BLOCK_M * BLOCK_G rows (token-major), over the chunk's keys already in the pool.
+    seg = tl.program_id(0)
+    m = tl.program_id(1)
+    h = tl.program_id(2)
+    n_rows = tl.load(LEN + seg)
+    if m * BLOCK_M < n_rows:
+        row0 = tl.load(ROW + seg)
+        start = tl.load(START + seg)
+        r = tl.arange(0, BLOCK_M * BLOCK_G)
+        i = m * BLOCK_M + r // BLOCK_G
+        g = r % BLOCK_G
+        ok = (i < n_rows) & (g < G)
+        q_pos = start + i
+        d = tl.arange(0, BLOCK_D)
+        d_ok = d < D
+        q = tl.load(Q + (row0 + i)[:, None] * s_qt + (h * G + g)[:, None] * s_qh + d[None, :],
+                    mask=ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+        m_i = tl.full([BLOCK_M * BLOCK_G], _M_START, dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M * BLOCK_G], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M * BLOCK_G, BLOCK_D], dtype=tl.float32)
+        first_pos = start + m * BLOCK_M
+        last_pos = start + tl.minimum(m * BLOCK_M + BLOCK_M, n_rows)  # one past the tile's last query
+        lo = tl.maximum(first_pos - window + 1, 0)
+        n = tl.arange(0, TILE)
+        k_base = KV + h * s_kh
+        v_base = KV + (KVH + h) * s_kh
+        for t in range(lo // TILE, (last_pos + TILE - 1) // TILE):
+            pos = t * TILE + n
+            in_ctx = pos < last_pos
+            blk = tl.load(TABLE + seg * s_tb + pos // BS, mask=in_ctx, other=0)
+            off = blk.to(tl.int64) * s_kb + (pos % BS) * s_kt
+            kv_mask = in_ctx[:, None] & d_ok[None, :]
+            k = tl.load(k_base + off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+            allowed = (pos[None, :] <= q_pos[:, None]) & (pos[None, :] > q_pos[:, None] - window) & in_ctx[None, :]
+            s = tl.where(allowed, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(v_base + off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
+            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
+            m_i = m_new
+        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(OUT + (row0 + i)[:, None] * s_ot + (h * G + g)[:, None] * s_oh + d[None, :],
+                 o.to(OUT.dtype.element_ty), mask=ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
 def _reduce_kernel(ACC, M_IN, L_IN, OUT, s_mb, s_mh, s_ob, s_oh, n_segments,
                    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr):
     b = tl.program_id(0)
@@ -160,6 +214,30 @@ def decode(q: torch.Tensor, kv: torch.Tensor, table: torch.Tensor, ctx: torch.Te
     _reduce_kernel[(B, H)](acc, m, lsum, out, m.stride(0), m.stride(1), out.stride(0), out.stride(1), segments,
                            D=D, BLOCK_D=block_d, BLOCK_S=_pow2(segments), num_warps=1)
     return out
+
+
+def prefill(q: torch.Tensor, kv: torch.Tensor, table: torch.Tensor, rows: torch.Tensor, lens: torch.Tensor,
+            starts: torch.Tensor, out: torch.Tensor, scale: float, window: int, longest: int) -> None:
+    """Causal attention of prompt chunks, written into ``out [T, H, D]``: chunk ``s`` is packed rows
+    ``rows[s] ..`` (``lens[s]`` of them) at positions ``starts[s] ..`` of a sequence whose blocks
+    ``table[s]`` lists; its keys and values (the chunk's own included) are read from the pool
+    ``kv [2*kvh, blocks, bs, D]``. ``longest``: the longest chunk (sizes the grid)."""
+    S = table.shape[0]
+    if S == 0 or longest == 0:
+        return
+    H, D = q.shape[1], q.shape[2]
+    kvh, _, bs, _ = kv.shape
+    kvh //= 2
+    G = H // kvh
+    block_g, block_d = _pow2(G), _pow2(D, 16)
+    block_m = max(1, 64 // block_g)  # 64 query rows a program (tokens x heads of the group)
+    precision = "ieee" if torch.float32 in (q.dtype, kv.dtype) else "tf32"
+    tile = 32 if block_d > 64 else 64
+    _prefill_kernel[(S, triton.cdiv(longest, block_m), kvh)](
+        q, kv, table, rows, lens, starts, out, q.stride(0), q.stride(1), kv.stride(0), kv.stride(1), kv.stride(2),
+        table.stride(0), out.stride(0), out.stride(1), scale, window if window > 0 else 2**30,
+        KVH=kvh, G=G, D=D, BS=bs, BLOCK_M=block_m, BLOCK_G=block_g, BLOCK_D=block_d, TILE=tile,
+        PRECISION=precision, num_warps=4)
 
 
 def store(kv_slots: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
