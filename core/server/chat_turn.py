@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
 from llmserve.errors import InvalidRequestError
 from llmserve.guided import GuidedSpec
@@ -39,16 +39,22 @@ class ChatTurn:
     ``/api/generate`` templates; run off the event loop), ``text`` (taken as it is), else
     ``messages`` rendered with the chat template. ``prefix_ids`` go before the tokenized text.
 
-    ``sampling`` may be a function of the prompt's token count (a dialect whose output length
-    depends on the room the prompt leaves). ``tools`` / ``tool_choice`` /
+    ``tools`` / ``tool_choice`` /
     ``parallel_tool_calls`` are in OpenAI's shapes; ``forced_words`` names a forced call in the
     dialect's words when one meets ``constraint`` (a 400). ``reasoning``: false when the request
     turned thinking off. ``truncate`` cuts the prompt's ids (vLLM's ``truncate_prompt_tokens``).
     ``param`` is the field prompt errors name; ``no_template``, when given, is the refusal for a
     model without a chat template.
+
+    ``length`` is the dialect's policy for an output longer than the room the prompt leaves:
+    ``reject`` (OpenAI, vLLM: a 400 naming ``max_tokens``) or ``cap`` (Anthropic, Ollama: an
+    unset or larger ``max_tokens`` becomes the room; ``PreparedChat.capped`` says it was cut).
+    ``context_limit`` is the dialect's own context length for the request (Ollama's
+    ``num_ctx``, at most the server's), named ``limit_param`` in the 400 of a prompt it cannot
+    hold.
     """
 
-    sampling: SamplingParams | Callable[[int], SamplingParams] = field(default_factory=SamplingParams)
+    sampling: SamplingParams = field(default_factory=SamplingParams)
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     messages: list[dict[str, Any]] | None = None
     text: str | None = None
@@ -68,6 +74,9 @@ class ChatTurn:
     chat_template: str | None = None
     documents: list[dict[str, Any]] | None = None
     truncate: Callable[[list[int]], list[int]] | None = None
+    length: Literal["reject", "cap"] = "reject"
+    context_limit: int | None = None
+    limit_param: str | None = None
     priority: int = 5
     param: str = "messages"
     no_template: str | None = None
@@ -82,6 +91,7 @@ class PreparedChat:
     request: GenerateRequest
     plan: ToolPlan
     chains: Chains
+    capped: bool = False  # the ``cap`` policy cut max_tokens to the room the prompt left
 
 
 async def prepare_chat(context: "ServerContext", turn: ChatTurn) -> PreparedChat:
@@ -99,8 +109,8 @@ async def prepare_chat(context: "ServerContext", turn: ChatTurn) -> PreparedChat
     mask_factory = await context.guided.compile_async(spec) if spec is not None else None
     chains = context.parsing.chains(engine.tokenizer, plan, constrained=mask_factory is not None,
                                     reasoning=turn.reasoning, template_kwargs=turn.template_kwargs)
-    request = await engine.in_worker(_request, context, turn, plan, chains, mask_factory)
-    return PreparedChat(request, plan, chains)
+    request, capped = await engine.in_worker(_request, context, turn, plan, chains, mask_factory)
+    return PreparedChat(request, plan, chains, capped)
 
 
 async def count_chat_tokens(context: "ServerContext", turn: ChatTurn, tools: list[dict[str, Any]] | None) -> int:
@@ -137,16 +147,33 @@ def _prompt(context: "ServerContext", turn: ChatTurn,
 
 
 def _request(context: "ServerContext", turn: ChatTurn, plan: ToolPlan, chains: Chains,
-             mask_factory: Any) -> GenerateRequest:
-    """The engine request of ``turn``, tokenized and validated. In a tokenizer thread."""
+             mask_factory: Any) -> tuple[GenerateRequest, bool]:
+    """The engine request of ``turn``, tokenized and validated, and whether its ``max_tokens``
+    was capped. In a tokenizer thread."""
     engine = context.engine
     assert engine is not None
     text, ids = _prompt(context, turn, plan.offered)
     if turn.truncate is not None:
         text, ids = None, turn.truncate(ids)
-    sampling = turn.sampling(len(ids)) if callable(turn.sampling) else turn.sampling
+    sampling, capped = _fitted(turn, turn.sampling, len(ids), engine.max_model_len)
     request = GenerateRequest(prompt=text, prompt_token_ids=ids, sampling=chains.keep_markers(sampling),
                               request_id=turn.request_id, priority=turn.priority, add_special_tokens=False,
                               mask_factory=mask_factory)
     engine.prepare(request, param=turn.param)
-    return request
+    return request, capped
+
+
+def _fitted(turn: ChatTurn, sampling: SamplingParams, prompt_tokens: int,
+            max_model_len: int) -> tuple[SamplingParams, bool]:
+    """``sampling`` under the turn's length policy: the room is computed once, here."""
+    limit = max_model_len if turn.context_limit is None else min(turn.context_limit, max_model_len)
+    if turn.context_limit is not None and prompt_tokens >= limit:
+        raise InvalidRequestError(f"the prompt has {prompt_tokens} tokens, which does not fit the context length of "
+                                  f"{limit} tokens ({turn.limit_param}, at most the server's {max_model_len})",
+                                  param=turn.limit_param)
+    room = limit - prompt_tokens
+    if turn.length != "cap" or room <= 0:  # no room: the engine's validation names the prompt
+        return sampling, False
+    if sampling.max_tokens is None or sampling.max_tokens > room:
+        return sampling.model_copy(update={"max_tokens": room}), sampling.max_tokens is not None
+    return sampling, False

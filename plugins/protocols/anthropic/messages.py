@@ -20,7 +20,6 @@ from llmserve.parsing.contract import ParseDelta
 from llmserve.parsing.forced import first_call_only
 from llmserve.parsing.tool_choice import ToolPlan
 from llmserve.request import GenerateRequest
-from llmserve.sampling import SamplingParams
 from llmserve.server.chat_turn import ChatTurn, count_chat_tokens, prepare_chat
 from llmserve.server.dialect_kit import STREAM_HEADERS, in_band_errors, sse
 
@@ -62,26 +61,16 @@ class Messages:
         model = ctx.check_model(body.model)
         sampling = params.sampling(body)
         tools, choice, parallel = params.tool_fields(body, ctx.parsing.auto_tools)
-        capped: list[bool] = []
-        max_model_len = ctx.engine.max_model_len
-
-        def fitted(prompt_tokens: int) -> SamplingParams:
-            # Anthropic clients send their model's output cap as max_tokens (Claude Code: 32000),
-            # not a length they need: past the context window it is capped, and a reply cut there
-            # says model_context_window_exceeded.
-            room = max_model_len - prompt_tokens
-            if room > 0 and body.max_tokens > room:
-                capped.append(True)
-                return sampling.model_copy(update={"max_tokens": room})
-            return sampling
-
-        turn = self.turn(body, sampling=fitted, request_id=uuid.uuid4().hex, tools=tools, tool_choice=choice,
+        # Anthropic clients send their model's output cap as max_tokens (Claude Code: 32000), not a
+        # length they need: past the context window it is capped (length="cap"), and a reply cut
+        # there says model_context_window_exceeded.
+        turn = self.turn(body, sampling=sampling, request_id=uuid.uuid4().hex, tools=tools, tool_choice=choice,
                          parallel_tool_calls=parallel, constraint=params.output_spec(body),
-                         forced_words="a forced tool_choice (any or tool)")
+                         forced_words="a forced tool_choice (any or tool)", length="cap")
         prepared = await prepare_chat(ctx, turn)
         req = prepared.request
         head = {"id": f"msg_{req.request_id}", "type": "message", "role": "assistant", "model": model}
-        reply = Reply(body, prepared.plan, prepared.chains.make, bool(capped))
+        reply = Reply(body, prepared.plan, prepared.chains.make, prepared.capped)
         if body.stream:
             frames = in_band_errors(self.p, self._stream(req, head, reply), lambda err: sse(err, "error"))
             return ctx.sse_response(frames, headers=STREAM_HEADERS, ping=PING_EVENT)

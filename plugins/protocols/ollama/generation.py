@@ -84,12 +84,13 @@ class Generation:
         return JSONResponse(body)
 
     def _turn(self, body: Any, request_id: str | None, think: bool | None, **fields: Any) -> ChatTurn:
-        """The request in the core's terms (``prepare_chat`` renders, tokenizes and prepares it);
-        ``options`` become sampling once the prompt's length is known (``num_ctx``, ``num_predict``)."""
-        max_model_len = self.ctx.engine.max_model_len
-        return ChatTurn(sampling=lambda prompt_tokens: params.sampling(body.options, prompt_tokens, max_model_len),
-                        request_id=f"ollama-{request_id or uuid.uuid4().hex}", constraint=guided_spec(body.format),
-                        template_kwargs=params.template_kwargs(body.think), reasoning=think is not False, **fields)
+        """The request in the core's terms (``prepare_chat`` renders, tokenizes and prepares it):
+        the output is capped to the room the prompt leaves in ``num_ctx``, as Ollama does."""
+        limit = params.context_limit(body.options, self.ctx.engine.max_model_len)
+        return ChatTurn(sampling=params.sampling(body.options), request_id=f"ollama-{request_id or uuid.uuid4().hex}",
+                        constraint=guided_spec(body.format), template_kwargs=params.template_kwargs(body.think),
+                        reasoning=think is not False, length="cap", context_limit=limit,
+                        limit_param="options.num_ctx", **fields)
 
     def _start(self, body: Any, what: str) -> str:
         """Resolve the model name and check what no request may ask of this server."""

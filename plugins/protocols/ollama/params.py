@@ -53,24 +53,23 @@ def _stops(value: list[str] | str | None) -> list[str]:
     return stops
 
 
-def sampling(options: Options | None, prompt_tokens: int, max_model_len: int) -> SamplingParams:
-    """``options`` as SamplingParams for a prompt of ``prompt_tokens`` tokens.
-
-    ``num_predict`` -1 or -2 (and absent) generate until the context is full; ``num_ctx``
-    limits prompt + output for this request (never beyond the server's context length).
-    """
+def context_limit(options: Options | None, max_model_len: int) -> int:
+    """The request's context length: ``num_ctx``, never beyond the server's."""
     o = options or Options()
-    limit = max_model_len if o.num_ctx is None else min(o.num_ctx, max_model_len)
     if o.num_ctx is not None and o.num_ctx < 1:
         raise invalid("options.num_ctx must be at least 1", "options.num_ctx")
-    if prompt_tokens >= limit:
-        raise invalid(f"the prompt has {prompt_tokens} tokens, which does not fit the context length of {limit} "
-                      f"tokens (options.num_ctx, at most the server's {max_model_len})", "options.num_ctx")
-    room = limit - prompt_tokens
+    return max_model_len if o.num_ctx is None else min(o.num_ctx, max_model_len)
+
+
+def sampling(options: Options | None) -> SamplingParams:
+    """``options`` as SamplingParams. ``num_predict`` -1 or -2 (and absent) leave ``max_tokens``
+    unset: the core's ``cap`` length policy makes it the room left in the context
+    (``context_limit``), as it caps a larger ``num_predict``."""
+    o = options or Options()
     if o.num_predict is None or o.num_predict in (-1, -2):
-        max_tokens = room
+        max_tokens = None
     elif o.num_predict > 0:
-        max_tokens = min(o.num_predict, room)
+        max_tokens = o.num_predict
     else:
         raise invalid("options.num_predict must be a positive number of tokens, or -1 (until the context is full)",
                       "options.num_predict")
