@@ -24,6 +24,19 @@ _M_START = -1.0e30
 
 
 @triton.jit
+def _attend_tile(q, k_base, v_base, off, kv_mask, d, allowed, scale, m_i, l_i, acc, PRECISION: tl.constexpr):
+    """One tile of keys and values into the online softmax: ``allowed`` [rows, tile] says which
+    (query, key) pairs count; returns the updated running maximum, sum and accumulator."""
+    k = tl.load(k_base + off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
+    s = tl.where(allowed, tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(s - m_new[:, None])
+    v = tl.load(v_base + off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
+    return m_new, l_i * alpha + tl.sum(p, 1), acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
+
+
+@triton.jit
 def _decode_kernel(Q, KV, TABLE, CTX, OUT, M_OUT, L_OUT,
                    s_qb, s_qh, s_kh, s_kb, s_kt, s_tb, s_ob, s_oh, s_mb, s_mh,
                    scale, window, n_segments,
@@ -58,17 +71,8 @@ def _decode_kernel(Q, KV, TABLE, CTX, OUT, M_OUT, L_OUT,
         ok = (pos < ctx) & (pos >= lo)
         blk = tl.load(TABLE + b * s_tb + pos // BS, mask=ok, other=0)
         off = blk.to(tl.int64) * s_kb + (pos % BS) * s_kt
-        kv_mask = ok[:, None] & d_ok[None, :]
-        k = tl.load(k_base + off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-        s = tl.where(ok[None, :], s * scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_base + off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = _attend_tile(q, k_base, v_base, off, ok[:, None] & d_ok[None, :], d, ok[None, :], scale,
+                                     m_i, l_i, acc, PRECISION)
     out_mask = g_ok[:, None] & d_ok[None, :]
     if SPLIT:
         # Unnormalised partials per segment; _reduce_kernel merges them.
@@ -120,18 +124,9 @@ def _prefill_kernel(Q, KV, TABLE, ROW, LEN, START, OUT, s_qt, s_qh, s_kh, s_kb, 
             in_ctx = pos < last_pos
             blk = tl.load(TABLE + seg * s_tb + pos // BS, mask=in_ctx, other=0)
             off = blk.to(tl.int64) * s_kb + (pos % BS) * s_kt
-            kv_mask = in_ctx[:, None] & d_ok[None, :]
-            k = tl.load(k_base + off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
-            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
             allowed = (pos[None, :] <= q_pos[:, None]) & (pos[None, :] > q_pos[:, None] - window) & in_ctx[None, :]
-            s = tl.where(allowed, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp(m_i - m_new)
-            p = tl.exp(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(v_base + off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
-            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
-            m_i = m_new
+            m_i, l_i, acc = _attend_tile(q, k_base, v_base, off, in_ctx[:, None] & d_ok[None, :], d, allowed, scale,
+                                         m_i, l_i, acc, PRECISION)
         o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(OUT + (row0 + i)[:, None] * s_ot + (h * G + g)[:, None] * s_oh + d[None, :],
                  o.to(OUT.dtype.element_ty), mask=ok[:, None] & d_ok[None, :])
