@@ -130,6 +130,8 @@ class TorchBackend(Backend):
         # Post-lm_head logit transforms some architectures do in their *ForCausalLM.forward.
         self._softcap = getattr(cfg, "final_logit_softcapping", None)
         self._logit_scale = getattr(cfg, "logit_scale", None)
+        if getattr(cfg, "logits_scaling", None):  # Granite divides its logits by this instead
+            self._logit_scale = 1.0 / float(cfg.logits_scaling)
         self.sampler = Sampler(lm.vocab_size, lm.eos_token_ids, lm.device)
         if ops is not None:
             self.sampler.greedy_kernel = ops.greedy
@@ -230,12 +232,15 @@ class TorchBackend(Backend):
 
     def enable_decode_graphs(self, capture: Any, max_model_len: int | None = None) -> bool:
         """Replay decode steps from graphs recorded by ``capture`` (``cuda/graphs.py``): needs the
-        fused forward, the kernel operators and a RoPE that depends on the position alone. False
-        (steps stay eager) otherwise."""
+        fused forward on one rank, the kernel operators and a RoPE that depends on the position
+        alone. False (steps stay eager) otherwise."""
         from .cuda.graphs import DecodeGraphs
 
         lm, fused, cache = self._require_loaded(), self._fused, self.cache
         if fused is None or cache is None or not cache.kernel_ops:
+            return False
+        if fused.reduce is not None:  # tensor parallel: every rank runs each step; graphs stay off
+            log.info("decode graphs not used with tensor parallelism")
             return False
         limit = int(max_model_len or getattr(self.config, "max_model_len", None) or lm.max_model_len)
         if not fused.tabulate_rope(limit, lm.dtype):
