@@ -152,7 +152,7 @@ def main() -> None:
     weights, params, kv_token = model_bytes(backend)
     print(f"ready in {ready:.1f} s; plan: {backend.plan()}")
     print(f"weights read per step {weights / 1e9:.3f} GB, {params / 1e9:.3f} B parameters, KV {kv_token} B/token"
-          + (f"; ceilings {bw:.0f} GB/s, {tflops:.0f} TFLOP/s" if bw and tflops else ""))
+          + (f"; ceilings {bw:.3g} GB/s, {tflops:.3g} TFLOP/s" if bw and tflops else ""))
     rng = random.Random(0)
     run_level(engine, backend, 2, 16, 4, info.vocab_size, rng)  # warm-up (kernels, allocator)
     print(f"{'c':>4} {'tok/s':>10} {'ms/step':>8} {'graphed':>8} {'floor ms':>9} {'of floor':>9} {'bound':>8}")
