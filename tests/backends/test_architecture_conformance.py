@@ -30,7 +30,7 @@ from engine.test_greedy_equality import MAX_NEW, run_engine
 from test_startup import one_line_error
 from test_torch_paged import VOCAB, save_word_tokenizer
 
-from llmserve.engine.backend import KVCacheSpec
+from llmserve.engine.backend import KVCacheSpec, StepItem
 from llmserve.errors import ConfigError
 from llmserve.plugins.backends.torch import architectures
 from llmserve.plugins.backends.torch.architectures import FUSED, STATEFUL, VERIFIED
@@ -114,6 +114,7 @@ class Case:
     path: str
     window: int
     reference: dict[str, list[int]]   # prompt -> transformers' greedy continuation
+    logits: torch.Tensor              # transformers' logits over LONG: [len, vocab]
 
 
 _CASES: dict[str, Case] = {}
@@ -136,6 +137,7 @@ def build(arch: str, path: str) -> Case:
         head.weight.mul_(LOGIT_SPREAD / spread)
         if getattr(head, "bias", None) is not None:
             head.bias.mul_(LOGIT_SPREAD / spread)
+        logits = model(torch.tensor([ids[-1]])).logits[0]
     model.save_pretrained(path)
     save_word_tokenizer(path)
     model.generation_config.eos_token_id = None  # the engine runs with ignore_eos: neither stops early
@@ -149,7 +151,7 @@ def build(arch: str, path: str) -> Case:
     assert min(margins) >= MIN_MARGIN, f"{arch}: a near tie in the reference ({min(margins):.1e}): change its seed"
     text = cfg.get_text_config()
     windows = [w for w in (getattr(text, "sliding_window", None), getattr(text, "attention_chunk_size", None)) if w]
-    return Case(path=path, window=max(windows, default=0), reference=reference)
+    return Case(path=path, window=max(windows, default=0), reference=reference, logits=logits)
 
 
 def case(arch: str, tmp_path_factory: pytest.TempPathFactory) -> Case:
@@ -186,6 +188,10 @@ def test_greedy_equals_generate(arch: str, fused: bool, tmp_path_factory) -> Non
         alone, _ = run_engine((backend, info), PROMPTS, sequential=True, enable_prefix_caching=False)
         together, _ = run_engine((backend, info), PROMPTS)
         cached, engine = run_engine((backend, info), [LONG], passes=2)
+        # The logits themselves (so the logprobs a request gets), after any scaling or softcapping the
+        # architecture applies past its output embedding.
+        long_ids = [int(w[1:]) for w in LONG.split()]
+        logits = backend.forward_logits([StepItem(seq_id=0, token_ids=long_ids, start_pos=0, block_table=[0, 1, 2])])
     finally:
         backend.close()
     assert engine.block_manager.prefix_hit_tokens >= 32, "the second pass did not come from the prefix cache"
@@ -195,6 +201,7 @@ def test_greedy_equals_generate(arch: str, fused: bool, tmp_path_factory) -> Non
         ("from the prefix cache", cached, {LONG: c.reference[LONG]}),
     ) if (why := divergence(got, want))}
     assert not failures, f"{arch} starts and answers differently from generate: {failures}"
+    torch.testing.assert_close(logits[0], c.logits, atol=1e-3, rtol=1e-4, msg=lambda m: f"{arch}'s logits: {m}")
 
 
 def test_the_lists_agree() -> None:

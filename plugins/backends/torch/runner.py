@@ -232,15 +232,12 @@ class TorchBackend(Backend):
 
     def enable_decode_graphs(self, capture: Any, max_model_len: int | None = None) -> bool:
         """Replay decode steps from graphs recorded by ``capture`` (``cuda/graphs.py``): needs the
-        fused forward on one rank, the kernel operators and a RoPE that depends on the position
-        alone. False (steps stay eager) otherwise."""
+        fused forward, the kernel operators and a RoPE that depends on the position alone. False
+        (steps stay eager) otherwise."""
         from .cuda.graphs import DecodeGraphs
 
         lm, fused, cache = self._require_loaded(), self._fused, self.cache
         if fused is None or cache is None or not cache.kernel_ops:
-            return False
-        if fused.reduce is not None:  # tensor parallel: every rank runs each step; graphs stay off
-            log.info("decode graphs not used with tensor parallelism")
             return False
         limit = int(max_model_len or getattr(self.config, "max_model_len", None) or lm.max_model_len)
         if not fused.tabulate_rope(limit, lm.dtype):
