@@ -232,12 +232,15 @@ class TorchBackend(Backend):
 
     def enable_decode_graphs(self, capture: Any, max_model_len: int | None = None) -> bool:
         """Replay decode steps from graphs recorded by ``capture`` (``cuda/graphs.py``): needs the
-        fused forward, the kernel operators and a RoPE that depends on the position alone. False
-        (steps stay eager) otherwise."""
+        fused forward on one rank, the kernel operators and a RoPE that depends on the position
+        alone. False (steps stay eager) otherwise."""
         from .cuda.graphs import DecodeGraphs
 
         lm, fused, cache = self._require_loaded(), self._fused, self.cache
         if fused is None or cache is None or not cache.kernel_ops:
+            return False
+        if fused.reduce is not None:  # tensor parallel: every rank runs each step; graphs stay off
+            log.info("decode graphs not used with tensor parallelism")
             return False
         limit = int(max_model_len or getattr(self.config, "max_model_len", None) or lm.max_model_len)
         if not fused.tabulate_rope(limit, lm.dtype):
@@ -280,7 +283,8 @@ class TorchBackend(Backend):
                 f"panels=f32:{formats.count('f32')},q4:{formats.count('q4')},q8:{formats.count('q8')}"
                 + (f" weights=gguf:{','.join(sorted(set(self._gguf.types)))}" if self._gguf is not None else "")
                 + (" gguf_matmul=bf16-amx" if self._gguf is not None and self._gguf.bf16_matmul else "")
-                + (f" cuda_graphs={len(self._graphs.buckets)}" if self._graphs is not None else ""))
+                + (f" cuda_graphs={len(self._graphs.buckets)}" if self._graphs is not None else "")
+                + (f" WARNING=unverified-architecture:{lm.unverified}" if lm.unverified else ""))
 
     def release(self, seq_ids: list[int]) -> None:
         if self.sampler is not None:
