@@ -336,3 +336,10 @@ def test_the_docs_table_is_the_list() -> None:
     assert start in text and end in text, "docs/engine.md lost its architecture table"
     table = text.split(start, 1)[1].split(end, 1)[0]
     assert table == architectures.markdown_table(), "regenerate it: python docs/tools/refresh_architectures.py"
+
+
+def test_the_docs_refusal_sample_is_what_the_backend_says(tmp_path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_next"}))
+    with pytest.raises(ConfigError) as err:
+        architectures.check_config_file(str(tmp_path), "./tiny-qwen3-next")
+    assert f"\nerror: {err.value}\n" in (ROOT / "docs" / "engine.md").read_text()
