@@ -18,6 +18,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from types import SimpleNamespace
+from typing import Iterator
 
 import pytest
 
@@ -238,7 +239,7 @@ STATEFUL_MODELS = {
 
 
 @pytest.fixture(scope="module")
-def serving_stateful(tmp_path_factory) -> dict[str, subprocess.Popen]:
+def serving_stateful(tmp_path_factory) -> Iterator[dict[str, subprocess.Popen]]:
     """``llmserve serve DIR`` on a tiny model of each stateful family, all started at once (each
     spends seconds importing; side by side they overlap)."""
     from transformers import AutoConfig, AutoModelForCausalLM
