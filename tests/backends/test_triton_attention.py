@@ -127,7 +127,7 @@ def test_segments_fill_the_device():
 
 def expected_prefill(q, pool, table, rows, lens, starts, scale, window):
     """Float64 causal attention of each chunk's rows, one row and head at a time."""
-    H, D = q.shape[1], q.shape[2]
+    H = q.shape[1]
     kvh = pool.shape[0] // 2
     out = torch.zeros(q.shape, dtype=torch.float64)
     for tbl, r0, n, st in zip(table, rows, lens, starts):
