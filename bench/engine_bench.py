@@ -18,7 +18,6 @@ ratios are left out. Runs on the CPU too (any model the torch backend serves).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
@@ -29,6 +28,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
 
+from device.report import append_jsonl  # bench/device/report.py (bench/ is this script's folder)
 from llmserve.engine.engine import LLMEngine
 from llmserve.plugins.backends.torch.options import TorchOptions
 from llmserve.plugins.backends.torch.runner import TorchBackend
@@ -170,9 +170,7 @@ def main() -> None:
         of = f"{100 * r['floor_ms'] / step:.0f}%" if r["floor_ms"] and step else "-"
         print(f"{c:>4} {r['tok_s']:>10.1f} {step or 0:>8.2f} {r['graphed_pct']:>7.0f}% "
               f"{r['floor_ms'] or 0:>9.3f} {of:>9} {r['bound'] or '-':>8}")
-        if args.json:
-            with open(args.json, "a") as fh:
-                fh.write(json.dumps(r) + "\n")
+        append_jsonl(args.json, r)
 
 
 if __name__ == "__main__":

@@ -7,11 +7,11 @@ with CUDA graphs), greedy, 128 new tokens, at the batch sizes given.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import torch
 from transformers import AutoModelForCausalLM
+from report import append_jsonl  # bench/device/report.py
 
 NEW = 128
 
@@ -38,9 +38,7 @@ def main() -> None:
         row = {"section": "hf_compiled", "batch": bs, "tok_s": bs * NEW / dt, "ms_per_step": dt / NEW * 1e3}
         print(f"transformers generate, static cache, compiled: batch {bs}: {row['tok_s']:.0f} tok/s "
               f"({row['ms_per_step']:.2f} ms per step, prefill included)")
-        if args.json:
-            with open(args.json, "a") as fh:
-                fh.write(json.dumps(row) + "\n")
+        append_jsonl(args.json, row)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ Prints microseconds per call and the KV bandwidth each reaches (bytes of keys an
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +17,7 @@ from triton.testing import do_bench
 
 from llmserve.plugins.backends.torch.cuda.ops import decode_segments
 from llmserve.plugins.backends.torch.cuda.triton_attention import decode
+from report import append_jsonl  # bench/device/report.py
 
 H, KVH, D, BS = 32, 8, 64, 16
 
@@ -61,9 +61,7 @@ def main() -> None:
                "triton_gbs": kv_bytes / ours / 1e6, "sdpa_gbs": kv_bytes / ref / 1e6, "max_diff": float(diff)}
         print(f"{B:>5} {ctx_len:>6} {ours * 1e3:>10.1f} {row['triton_gbs']:>7.0f} {ref * 1e3:>9.1f} "
               f"{row['sdpa_gbs']:>7.0f} {ref / ours:>7.1f}x {float(diff):>9.2e}")
-        if args.json:
-            with open(args.json, "a") as fh:
-                fh.write(json.dumps(row) + "\n")
+        append_jsonl(args.json, row)
 
 
 if __name__ == "__main__":

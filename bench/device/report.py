@@ -10,6 +10,13 @@ import os
 import sys
 
 
+def append_jsonl(path: str | None, row: dict) -> None:
+    """Append ``row`` as one JSON line to ``path`` (nothing when no path is given)."""
+    if path:
+        with open(path, "a") as fh:
+            fh.write(json.dumps(row) + "\n")
+
+
 def main() -> None:
     rows = []
     if os.path.exists(sys.argv[1]):
