@@ -10,10 +10,10 @@ in worker threads (``aencode`` / ``aprepare``), so a long prompt never stalls th
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import logging
 import time
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import AsyncIterator, Callable, TypeVar
@@ -33,11 +33,6 @@ T = TypeVar("T")
 TOKENIZE_THREADS = 2
 
 
-def _deliver(items: list[tuple[asyncio.Queue, RequestOutput]]) -> None:
-    for queue, out in items:
-        queue.put_nowait(out)
-
-
 class EngineClient:
     """What protocols use: ``generate()``, ``abort()``, ``encode()`` and model facts."""
 
@@ -49,25 +44,8 @@ class EngineClient:
         self.limits = engine.limits
         self._tokenize_pool = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="llmserve-tokenize")
         self.refusal: LLMServeError | None = None  # set when shutdown aborted everything
-        # Outputs of the engine thread's current iteration, handed to their event loops together
-        # after it (``_flush``): one thread-safe callback per iteration, not one per request.
-        self._outbox: deque[tuple[asyncio.AbstractEventLoop, asyncio.Queue, RequestOutput]] = deque()
         self.loop = EngineLoop(engine)
-        self.loop.after_iteration.append(self._flush)
         self.loop.start()
-
-    def _flush(self) -> None:
-        """On the engine thread: deliver every output queued since the last call, one callback
-        per event loop."""
-        batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, RequestOutput]]] = {}
-        while self._outbox:
-            aio, queue, out = self._outbox.popleft()
-            batches.setdefault(aio, []).append((queue, out))
-        for aio, items in batches.items():
-            try:
-                aio.call_soon_threadsafe(_deliver, items)
-            except RuntimeError:  # the event loop is closed: nobody is listening any more
-                pass
 
     @property
     def is_dead(self) -> bool:
@@ -94,9 +72,12 @@ class EngineClient:
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
     async def in_worker(self, func: Callable[..., T], *args: object, **kwargs: object) -> T:
-        """Run ``func`` (tokenizer work) in a tokenizer thread and await its result."""
+        """Run ``func`` (tokenizer work) in a tokenizer thread and await its result, in a copy of
+        the caller's context (as ``asyncio.to_thread`` does): the HTTP request's context, which
+        e.g. collects its response's warnings, is then the one ``func`` sees."""
         aio = asyncio.get_running_loop()
-        return await aio.run_in_executor(self._tokenize_pool, functools.partial(func, *args, **kwargs))
+        call = functools.partial(contextvars.copy_context().run, func, *args, **kwargs)
+        return await aio.run_in_executor(self._tokenize_pool, call)
 
     async def aencode(self, text: str, add_special_tokens: bool = True, param: str = "prompt") -> list[int]:
         """``encode`` off the event loop: the size check here, the tokenizing in a worker thread."""
@@ -246,8 +227,11 @@ class EngineClient:
         limit = ctx.deadline if ctx is not None else None
         deadline = min((d for d in (request.deadline, limit) if d is not None), default=None)
 
-        def sink(out: RequestOutput) -> None:  # engine thread; delivered after its iteration
-            self._outbox.append((aio, queue, out))
+        def sink(out: RequestOutput) -> None:
+            try:
+                aio.call_soon_threadsafe(queue.put_nowait, out)
+            except RuntimeError:  # the event loop is closed: nobody is listening any more
+                pass
 
         def add() -> None:
             try:

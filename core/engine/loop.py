@@ -2,9 +2,7 @@
 
 The blocking ``backend.step`` runs only here; the event loop hands work over as commands
 (``submit``) and reads results back through each request's sink. After every iteration the
-thread publishes an ``EngineStats`` snapshot for the server to read without locks, then runs the
-``after_iteration`` callables (the client hands the iteration's outputs to the event loop there,
-in one callback).
+thread publishes an ``EngineStats`` snapshot for the server to read without locks.
 """
 
 from __future__ import annotations
@@ -39,7 +37,6 @@ class EngineLoop(threading.Thread):
         self.error: BaseException | None = None
         self.stats: EngineStats = engine.snapshot()
         self.on_death: list[Callable[[BaseException], None]] = []
-        self.after_iteration: list[Callable[[], None]] = []
 
     def submit(self, command: Callable[[], None]) -> None:
         with self._cv:
@@ -69,13 +66,8 @@ class EngineLoop(threading.Thread):
                 if engine.has_work:
                     engine.step()
                 self.stats = engine.snapshot()
-                self._after_iteration()
         except BaseException as exc:  # noqa: BLE001 - the loop must report, not vanish
             self._die(exc)
-
-    def _after_iteration(self) -> None:
-        for callback in self.after_iteration:
-            callback()
 
     def _die(self, exc: BaseException) -> None:
         """Tell the listeners, then fail every request (the queued commands' included)."""
@@ -105,7 +97,3 @@ class EngineLoop(threading.Thread):
                 pass
         # The last snapshot's totals stay (counters never go back); nothing runs or waits now.
         self.stats = replace(self.stats, running=0, waiting=0, dead=True)
-        try:
-            self._after_iteration()  # deliver the failures just recorded
-        except Exception:  # the loop is already dead: say so, nothing more can be done
-            log.exception("delivering the engine's last outputs failed")

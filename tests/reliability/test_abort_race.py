@@ -47,9 +47,8 @@ def client(monkeypatch):
 def cancel_after_event(loop: asyncio.AbstractEventLoop, task: asyncio.Task, event_no: int, turns: int) -> None:
     """Cancel ``task`` ``turns`` loop turns after the engine queued its ``event_no``-th event.
 
-    Engine events reach the loop once per engine iteration, through
-    ``call_soon_threadsafe(_deliver, [(queue, event), ...])``; the wrapper counts the events
-    and schedules the cancellation right behind the chosen one."""
+    Engine events reach the loop through ``call_soon_threadsafe(queue.put_nowait, event)``;
+    the wrapper counts those and schedules the cancellation right behind the chosen one."""
     original = loop.call_soon_threadsafe
     seen = 0
 
@@ -60,16 +59,15 @@ def cancel_after_event(loop: asyncio.AbstractEventLoop, task: asyncio.Task, even
             task.cancel()
 
     def wrapped(callback: Any, *args: Any, **kwargs: Any) -> Any:
-        if getattr(callback, "__name__", "") != "_deliver":
+        if getattr(callback, "__name__", "") != "put_nowait":
             return original(callback, *args, **kwargs)
 
         def deliver() -> None:
             nonlocal seen
-            for queue, event in args[0]:
-                queue.put_nowait(event)
-                seen += 1
-                if seen == event_no:
-                    later(turns)
+            callback(*args)
+            seen += 1
+            if seen == event_no:
+                later(turns)
         return original(deliver, **kwargs)
 
     loop.call_soon_threadsafe = wrapped  # type: ignore[method-assign]
