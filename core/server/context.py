@@ -70,7 +70,7 @@ class ServerContext:
         model has loaded); decoders are built only when a request needs them."""
         if self._guided is None:
             from llmserve.guided import GuidedDecoding
-            from llmserve.guided_bounds import GuidedLimits
+            from llmserve.guided.bounds import GuidedLimits
 
             if self.engine is None or self.model is None:
                 raise RuntimeError("guided decoding needs the loaded model")

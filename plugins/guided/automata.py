@@ -19,7 +19,7 @@ from lmformatenforcer import RegexParser, TokenEnforcerTokenizerData
 from lmformatenforcer.characterlevelparser import CharacterLevelParser, CharacterLevelParserConfig
 from lmformatenforcer.tokenlist import TokenList
 
-from llmserve.guided_bounds import check_deadline
+from llmserve.guided.worker import check_deadline
 
 
 # -- regexes -------------------------------------------------------------------------------------

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import replace
 from typing import Any
 
 from llmserve.errors import InvalidRequestError
-from llmserve.guided import GuidedSpec, legacy_specs, only_one, structured_outputs_spec
+from llmserve.guided import GuidedSpec, only_one
 from llmserve.request import GenerateRequest
 from llmserve.sampling import MAX_LOGPROBS, SamplingParams
 
+from ..vllm_native.guided import legacy_specs, structured_outputs_spec, with_backend
 from .wire import ChatCompletionRequest, CompletionRequest, SamplingFields
 
 def _logit_bias(raw: dict[str, float] | None) -> dict[int, float]:
@@ -144,10 +144,7 @@ def guided_spec(body: SamplingFields) -> GuidedSpec | None:
     given = legacy_specs(body)
     given["structured_outputs"] = structured_outputs_spec(body.structured_outputs)
     given["response_format"] = _response_format_spec(getattr(body, "response_format", None))
-    spec = only_one(given)
-    if spec is not None and body.guided_decoding_backend is not None:
-        spec = replace(spec, backend=body.guided_decoding_backend)
-    return spec
+    return with_backend(only_one(given), body)
 
 
 def _response_format_spec(fmt: Any) -> GuidedSpec | None:

@@ -3,12 +3,11 @@ wording, then the kernel's own checks."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from llmserve.errors import InvalidRequestError
-from llmserve.guided import GuidedSpec, legacy_specs, only_one, structured_outputs_spec
+from llmserve.guided import GuidedSpec, only_one
 from llmserve.sampling import SamplingParams
 
+from .guided import legacy_specs, structured_outputs_spec, with_backend
 from .wire import VLLMGenerateRequest
 
 MAX_STOP_CHARS = 32 * 1024           # MindIE: total characters of all stop strings
@@ -80,7 +79,4 @@ def guided_spec(body: VLLMGenerateRequest) -> GuidedSpec | None:
     legacy ``guided_*`` field; two at once are a 400 naming both."""
     given = {"structured_outputs": structured_outputs_spec(body.structured_outputs),
              "guided_decoding": structured_outputs_spec(body.guided_decoding, "guided_decoding"), **legacy_specs(body)}
-    spec = only_one(given)
-    if spec is not None and body.guided_decoding_backend is not None:
-        spec = replace(spec, backend=body.guided_decoding_backend)
-    return spec
+    return with_backend(only_one(given), body)
