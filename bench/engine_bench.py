@@ -32,7 +32,7 @@ from device.report import append_jsonl  # bench/device/report.py (bench/ is this
 from llmserve.engine.engine import LLMEngine
 from llmserve.plugins.backends.torch.options import TorchOptions
 from llmserve.plugins.backends.torch.runner import TorchBackend
-from llmserve.request import GenerateRequest
+from llmserve.request import PreparedRequest
 from llmserve.sampling import SamplingParams
 
 
@@ -94,7 +94,7 @@ def run_level(engine: LLMEngine, backend: TorchBackend, c: int, input_len: int, 
     sp = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
     for i in range(c):
         ids = [rng.randrange(10, vocab) for _ in range(input_len)]
-        engine.add_request(GenerateRequest(prompt_token_ids=ids, sampling=sp, request_id=f"r{c}-{i}"), ids, sink)
+        engine.add_request(PreparedRequest(f"r{c}-{i}", None, tuple(ids), sp), sink)
     sync = torch.cuda.synchronize if backend.loaded.device.type == "cuda" else (lambda: None)
     graphs = backend._graphs
     replayed0, steps0 = (graphs.replayed if graphs else 0), backend.steps

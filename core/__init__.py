@@ -29,7 +29,7 @@ _EXPORTS = {
     **dict.fromkeys(("WireModel", "dialect_router", "sse", "in_band_errors", "parse_body", "parse_model"),
                     "llmserve.server.dialect_kit"),
     # the engine's request and output types
-    "GenerateRequest": "llmserve.request",
+    **dict.fromkeys(("GenerateRequest", "PreparedRequest", "RequestPolicy"), "llmserve.request"),
     "SamplingParams": "llmserve.sampling",
     **dict.fromkeys(("RequestOutput", "SequenceDelta", "TokenLogprob", "Usage"), "llmserve.outputs"),
     # backends

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Mapping, Protocol
 
 from llmserve.sampling import SamplingParams
 
@@ -41,6 +41,56 @@ class GenerateRequest:
     deadline: float | None = None
     add_special_tokens: bool = True
     mask_factory: Any = None  # Callable[[], LogitsMask] | None
+
+
+@dataclass(frozen=True, slots=True)
+class RequestPolicy:
+    """How a dialect wants its requests prepared; declared once per route, as a constant.
+
+    ``prompt`` is the field that errors about the prompt name (``messages``, ``inputs``,
+    ``text_input``...). ``names`` maps the core's sampling fields to the client's own
+    (``{"max_tokens": "max_completion_tokens"}``): every error the core raises about a field
+    names it as the client sent it, so no dialect rewrites a message.
+
+    ``length`` is what happens to an output longer than the room the prompt leaves, computed
+    once, after tokenizing: ``reject`` (OpenAI, vLLM, TGI: a 400 naming ``max_tokens``) or
+    ``cap`` (Anthropic, Ollama, MindIE: an unset or larger ``max_tokens`` becomes the room;
+    ``PreparedRequest.capped`` says a given one was cut). ``context_limit`` is a dialect's own
+    context length for the request (Ollama's ``num_ctx``), at most the server's, named
+    ``limit_param`` in the error of a prompt it cannot hold.
+    """
+
+    prompt: str = "prompt"
+    names: Mapping[str, str] = field(default_factory=dict)
+    length: Literal["reject", "cap"] = "reject"
+    context_limit: int | None = None
+    limit_param: str | None = None
+
+    def name(self, field: str) -> str:
+        """The client's name for the core's request field ``field``."""
+        return self.prompt if field == "prompt" else self.names.get(field, field)
+
+
+REJECT = RequestPolicy()
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedRequest:
+    """A request the engine client tokenized and validated (``EngineClient.prepare``): what
+    ``generate`` takes. Frozen: nothing changes a request between its validation and its run.
+
+    ``sampling.max_tokens`` is always set (the room the prompt leaves when the client gave
+    none); ``capped`` says the ``cap`` policy cut a larger one to that room.
+    """
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: tuple[int, ...]
+    sampling: SamplingParams
+    priority: int = 5
+    deadline: float | None = None
+    mask_factory: Any = None  # Callable[[], LogitsMask] | None
+    capped: bool = False
 
 
 def deadline_after(seconds: float | None) -> float | None:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Callable, Literal, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from llmserve.errors import InvalidRequestError
 
@@ -26,7 +26,8 @@ class SamplingParams(BaseModel):
     ``temperature=0`` and so on) and never see the engine's internal state.
     """
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=False)
+    # Frozen: validated once, then only copied (``model_copy``), never changed in place.
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     n: int = Field(1, ge=1, le=MAX_N, description="Sequences returned.")
     best_of: int | None = Field(None, ge=1, le=MAX_N, description="Sequences generated; the n best are returned.")
@@ -85,11 +86,14 @@ class SamplingParams(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _consistent(self) -> "SamplingParams":
+    def _consistent(self, info: ValidationInfo) -> "SamplingParams":
+        # A cross-field rule's message starts with the field it blames, in the client's words.
+        name = _namer(info.context)
         if self.best_of is not None and self.best_of < self.n:
-            raise ValueError(f"best_of ({self.best_of}) must be >= n ({self.n})")
+            raise ValueError(f"{name('best_of')} ({self.best_of}) must be >= {name('n')} ({self.n})")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise ValueError(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
+            raise ValueError(f"{name('min_tokens')} ({self.min_tokens}) must be <= {name('max_tokens')} "
+                             f"({self.max_tokens})")
         return self
 
     @property
@@ -102,19 +106,30 @@ class SamplingParams(BaseModel):
         return self.best_of or self.n
 
     @classmethod
-    def build(cls, **fields: object) -> "SamplingParams":
-        """Validate ``fields`` (None means default) and raise InvalidRequestError naming the field."""
+    def build(cls, names: Mapping[str, str] | None = None, **fields: object) -> "SamplingParams":
+        """Validate ``fields`` (None means default) and raise InvalidRequestError naming the field
+        as the client sent it: ``names`` maps these fields to the dialect's own
+        (``RequestPolicy.names``)."""
         from pydantic import ValidationError
 
         clean = {k: v for k, v in fields.items() if v is not None}
+        name = _namer({"names": names})
         try:
-            return cls(**clean)
+            return cls.model_validate(clean, context={"names": names})
         except ValidationError as exc:
             err = exc.errors()[0]
-            param = ".".join(str(p) for p in err["loc"]) or None
+            loc = [str(p) for p in err["loc"]]
             msg = err["msg"].removeprefix("Value error, ")
-            if param is None and msg.split(" ", 1)[0] in cls.model_fields:
-                # A cross-field rule (best_of < n, min_tokens > max_tokens) has no location;
-                # its message starts with the field it blames.
-                raise InvalidRequestError(msg, param=msg.split(" ", 1)[0]) from None
-            raise InvalidRequestError(f"{param}: {msg}" if param else msg, param=param) from None
+            if not loc:
+                blamed = msg.split(" ", 1)[0]
+                if blamed in {name(f) for f in cls.model_fields}:
+                    raise InvalidRequestError(msg, param=blamed) from None
+                raise InvalidRequestError(msg) from None
+            param = ".".join([name(loc[0]), *loc[1:]])
+            raise InvalidRequestError(f"{param}: {msg}", param=param) from None
+
+
+def _namer(context: Any) -> Callable[[str], str]:
+    """The client's name of a field, from the validation context's ``names`` (none: the core's)."""
+    names = (context or {}).get("names") or {}
+    return lambda field: names.get(field, field)

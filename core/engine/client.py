@@ -23,7 +23,8 @@ from llmserve.engine.loop import EngineLoop
 from llmserve.engine.stats import EngineStats
 from llmserve.errors import EngineDeadError, InvalidRequestError, LLMServeError, RequestTimeoutError
 from llmserve.outputs import RequestOutput, SequenceDelta
-from llmserve.request import GenerateRequest
+from llmserve.engine.prepare import Preparer
+from llmserve.request import REJECT, GenerateRequest, PreparedRequest, RequestPolicy
 from llmserve.request_context import current_context
 
 log = logging.getLogger("llmserve.engine")
@@ -42,6 +43,8 @@ class EngineClient:
         self.tokenizer = engine.info.tokenizer
         self.max_model_len = engine.max_model_len
         self.limits = engine.limits
+        self.preparer = Preparer(self._tokenize, engine.info.vocab_size, engine.max_model_len, engine.limits,
+                                 engine.defaults)
         self._tokenize_pool = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="llmserve-tokenize")
         self.refusal: LLMServeError | None = None  # set when shutdown aborted everything
         self.loop = EngineLoop(engine)
@@ -87,74 +90,27 @@ class EngineClient:
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
 
-    def validate(self, prompt_ids: list[int], request: GenerateRequest, param: str = "prompt") -> None:
-        """Raise InvalidRequestError (vLLM's wording) for inputs the engine cannot run."""
-        vocab = self.info.vocab_size
-        if not prompt_ids:
-            raise InvalidRequestError("the prompt must not be empty", param=param)
-        bad = next((t for t in prompt_ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise InvalidRequestError(f"token id {bad} is out of vocabulary (vocab size {vocab})", param=param)
-        sp = request.sampling
-        for name, ids in (("logit_bias", sp.logit_bias.keys()), ("stop_token_ids", sp.stop_token_ids),
-                          ("bad_words_token_ids", [t for seq in sp.bad_words_token_ids for t in seq]),
-                          ("allowed_token_ids", sp.allowed_token_ids or ()),
-                          ("logprob_token_ids", sp.logprob_token_ids or ())):
-            bad = next((t for t in ids if not 0 <= t < vocab), None)
-            if bad is not None:
-                raise InvalidRequestError(f"{name}: token id {bad} is out of vocabulary (vocab size {vocab})",
-                                          param=name)
-        m, k = self.max_model_len, len(prompt_ids)
-        if k >= m:
-            raise InvalidRequestError(
-                f"This model's maximum context length is {m} tokens. However, your request has {k} input "
-                f"tokens. Please reduce the length of the input.", param=param)
-        if sp.max_tokens is not None and sp.max_tokens > m - k:
-            raise InvalidRequestError(
-                f"'max_tokens' is too large: {sp.max_tokens}. This model's maximum context length is {m} tokens "
-                f"and your request has {k} input tokens ({sp.max_tokens} > {m} - {k}).", param="max_tokens")
-
-    def _bad_words_ids(self, words: list[str]) -> list[list[int]]:
-        out = []
-        for word in words:
-            for variant in (word, " " + word.lstrip()):
-                ids = self.encode(variant, add_special_tokens=False)
-                if ids and ids not in out:
-                    out.append(ids)
-        return out
-
-    def prepare(self, request: GenerateRequest, param: str = "prompt") -> list[int]:
-        """Tokenize and validate ``request`` in place (idempotent); return its prompt ids.
-
-        Protocols call this before answering, so a bad request fails with a status code
-        instead of in the middle of a stream. It blocks while it tokenizes: from the event
-        loop, await ``aprepare`` instead.
-        """
-        self.check_limits(request, param)  # cheap: lengths only
-        if request.prompt_token_ids is None:
-            request.prompt_token_ids = self._tokenize(request.prompt or "", request.add_special_tokens)
-        request.sampling = self.engine.defaults.apply(request.sampling, len(request.prompt_token_ids),
-                                                      self.max_model_len)
-        if request.sampling.bad_words:
-            ids = request.sampling.bad_words_token_ids + self._bad_words_ids(request.sampling.bad_words)
-            request.sampling = request.sampling.model_copy(update={"bad_words_token_ids": ids, "bad_words": []})
-        self.validate(request.prompt_token_ids, request, param)
-        return request.prompt_token_ids
-
-    def check_limits(self, request: GenerateRequest, param: str = "prompt") -> None:
+    def check_limits(self, request: GenerateRequest, policy: RequestPolicy = REJECT) -> None:
         """The bounds that hold before any tokenizing: prompt characters, stop strings (400)."""
-        if request.prompt_token_ids is None:
-            self.limits.check_prompt(request.prompt, param)
-        self.limits.check_stops(request.sampling)
-        self.limits.check_logprobs(request.sampling)
+        self.preparer.check_limits(request, policy)
 
-    async def aprepare(self, request: GenerateRequest, param: str = "prompt") -> list[int]:
+    def prepare(self, request: GenerateRequest, policy: RequestPolicy = REJECT) -> PreparedRequest:
+        """Tokenize, fit and validate ``request`` under the dialect's ``policy``: the one
+        ``PreparedRequest`` that ``generate`` takes (``engine/prepare.py``).
+
+        Protocols prepare before answering, so a bad request fails with a status code instead
+        of in the middle of a stream. It blocks while it tokenizes: from the event loop, await
+        ``aprepare`` instead.
+        """
+        return self.preparer.prepare(request, policy)
+
+    async def aprepare(self, request: GenerateRequest, policy: RequestPolicy = REJECT) -> PreparedRequest:
         """``prepare`` off the event loop: the bounds are checked here, at once, and only a
         request within them is tokenized, in a worker thread."""
-        self.check_limits(request, param)
+        self.preparer.check_limits(request, policy)
         if request.prompt_token_ids is not None and not request.sampling.bad_words:
-            return self.prepare(request, param)  # nothing to tokenize: no worker needed
-        return await self.in_worker(self.prepare, request, param)
+            return self.preparer.prepare(request, policy)  # nothing to tokenize: no worker needed
+        return await self.in_worker(self.preparer.prepare, request, policy)
 
     async def embed(self, inputs: list[list[int]], param: str = "input") -> list[list[float]]:
         """Pooled embeddings of token-id lists (an embedding model, ``--task embed``)."""
@@ -200,8 +156,9 @@ class EngineClient:
         self.loop.submit(add)
         return await fut
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
-        """Run ``request``; yield its events until the finished one. Raises core errors.
+    async def generate(self, request: PreparedRequest) -> AsyncIterator[RequestOutput]:
+        """Run ``request`` (from ``prepare``); yield its events until the finished one. Raises
+        core errors.
 
         Deadlines are enforced here and nowhere else: ``request.deadline`` (the request's own
         budget, e.g. MindIE's and Triton's ``timeout``) and the HTTP request's
@@ -220,7 +177,7 @@ class EngineClient:
             raise EngineDeadError("the engine is not running")
         if self.refusal is not None:
             raise self.refusal
-        prompt_ids = list(await self.aprepare(request))
+        prompt_ids = request.prompt_token_ids
         aio = asyncio.get_running_loop()
         queue: asyncio.Queue[RequestOutput | None] = asyncio.Queue()  # None: the deadline passed
         ctx = current_context()  # the HTTP request's admission share, deadline and log counts, if any
@@ -235,7 +192,7 @@ class EngineClient:
 
         def add() -> None:
             try:
-                self.engine.add_request(request, prompt_ids, sink)
+                self.engine.add_request(request, sink)
             except BaseException:
                 # The engine dies of this (the loop reports it and fails every request it
                 # knows), but this request may not be known yet: answer it here, or its client
@@ -285,7 +242,7 @@ class EngineClient:
             if not done:
                 self.abort(request.request_id, "length" if cut else "abort")
 
-    async def generate_many(self, requests: list[GenerateRequest]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    async def generate_many(self, requests: list[PreparedRequest]) -> AsyncIterator[tuple[int, RequestOutput]]:
         """Run several requests concurrently; yield ``(request index, event)`` as events arrive.
 
         Closing the iterator early cancels every request (each stream aborts itself); the first
@@ -297,7 +254,7 @@ class EngineClient:
             return
         queue: asyncio.Queue = asyncio.Queue()
 
-        async def pump(i: int, request: GenerateRequest) -> None:
+        async def pump(i: int, request: PreparedRequest) -> None:
             try:
                 async for event in self.generate(request):
                     await queue.put((i, event, None))
@@ -384,7 +341,7 @@ class _Progress:
             if d.finish_reason is not None:
                 self.finished.add(d.index)
 
-    def past_deadline(self, request: GenerateRequest, hard: bool) -> RequestOutput:
+    def past_deadline(self, request: PreparedRequest, hard: bool) -> RequestOutput:
         """The final "length" event of a request cut at its own deadline after output; else
         raise the timeout error (no output yet, or the server's hard ``--request-timeout``)."""
         if hard:

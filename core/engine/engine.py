@@ -33,7 +33,7 @@ from llmserve.engine.sequence import Sequence
 from llmserve.engine.stats import EngineStats
 from llmserve.errors import ConfigError, GenerationError, InvalidRequestError, LLMServeError
 from llmserve.outputs import RequestOutput, Timings
-from llmserve.request import GenerateRequest
+from llmserve.request import PreparedRequest
 
 if TYPE_CHECKING:
     from llmserve.server.metrics import Metrics
@@ -125,17 +125,19 @@ class LLMEngine:
         return num_blocks
 
     # -- requests ------------------------------------------------------------------------------
-    def add_request(self, request: GenerateRequest, prompt_ids: list[int], sink: Sink) -> None:
-        """Queue a validated, tokenized request. Errors are delivered through ``sink``; an
-        exception raised here is the engine's failure (the loop dies), not the request's."""
+    def add_request(self, request: PreparedRequest, sink: Sink) -> None:
+        """Queue a prepared request (``EngineClient.prepare``: tokenized, validated, its
+        ``max_tokens`` set). Errors are delivered through ``sink``; an exception raised here is
+        the engine's failure (the loop dies), not the request's."""
         self.faults.check_add(request.request_id)
+        prompt_ids = list(request.prompt_token_ids)
         sp = request.sampling
         if request.request_id in self.requests:
             sink(RequestOutput(request.request_id, finished=True,
                                error=InvalidRequestError(f"request id {request.request_id!r} is already in use",
                                                          param="request_id")))
             return
-        max_tokens = sp.max_tokens or (self.max_model_len - len(prompt_ids))
+        max_tokens = sp.max_tokens or (self.max_model_len - len(prompt_ids))  # set by prepare; a guard
         arrival = time.time()
         try:
             masks = [self._mask(request) for _ in range(sp.num_sequences)]
@@ -157,7 +159,7 @@ class LLMEngine:
         for seq in seqs:
             self.scheduler.add(seq)
 
-    def _mask(self, request: GenerateRequest) -> GuardedMask | None:
+    def _mask(self, request: PreparedRequest) -> GuardedMask | None:
         if self.faults.fails_mask(request.request_id):
             return GuardedMask(FailingMask())
         return GuardedMask(request.mask_factory()) if request.mask_factory else None

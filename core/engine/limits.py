@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmserve.errors import InvalidRequestError
+from llmserve.request import REJECT, RequestPolicy
 from llmserve.sampling import MAX_LOGPROBS, SamplingParams
 
 # Characters per token assumed when the prompt cap is derived from the context length: far
@@ -55,11 +56,11 @@ class RequestLimits:
                 f"{chars} characters of input, more than the {self.max_prompt_chars} this server tokenizes "
                 f"(--max-prompt-chars). Please reduce the length of the input.", param=param)
 
-    def check_logprobs(self, sampling: SamplingParams) -> None:
+    def check_logprobs(self, sampling: SamplingParams, policy: RequestPolicy = REJECT) -> None:
         """Refuse more log probabilities per token than ``--max-logprobs`` allows (400)."""
-        for name in ("logprobs", "prompt_logprobs"):
-            asked = getattr(sampling, name)
+        for field, asked in (("logprobs", sampling.logprobs), ("prompt_logprobs", sampling.prompt_logprobs)):
             if asked is not None and asked > self.max_logprobs:
+                name = policy.name(field)
                 raise InvalidRequestError(f"{name}: at most {self.max_logprobs} log probabilities per token are "
                                           f"allowed on this server (--max-logprobs), got {asked}", param=name)
 

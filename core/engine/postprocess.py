@@ -15,7 +15,7 @@ from llmserve.engine.backend import StepResult
 from llmserve.engine.scheduler import ScheduledSeq
 from llmserve.engine.sequence import Sequence
 from llmserve.outputs import FinishReason, RequestOutput, SequenceDelta, Timings, TokenLogprob, Usage
-from llmserve.request import GenerateRequest
+from llmserve.request import PreparedRequest
 from llmserve.sampling import SamplingParams
 from llmserve.text.detokenizer import IncrementalDetokenizer
 from llmserve.text.stop import StopChecker
@@ -47,7 +47,7 @@ class SeqState:
 class RequestState:
     """The engine's record of one request: its sequences, where its events go, its timings."""
 
-    request: GenerateRequest
+    request: PreparedRequest
     prompt_ids: list[int]
     seqs: list[Sequence]
     sink: Sink

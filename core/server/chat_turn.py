@@ -16,18 +16,20 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, Callable
 
 from llmserve.errors import InvalidRequestError
 from llmserve.guided import GuidedSpec
 from llmserve.parsing.service import Chains
 from llmserve.parsing.tool_choice import ToolPlan
-from llmserve.request import GenerateRequest
+from llmserve.request import GenerateRequest, PreparedRequest, RequestPolicy
 from llmserve.sampling import SamplingParams
 from llmserve.text.chat_template import render_chat
 
 if TYPE_CHECKING:
     from llmserve.server.context import ServerContext
+
+CHAT = RequestPolicy(prompt="messages")  # OpenAI's: reject an output longer than the room
 
 
 @dataclass(slots=True)
@@ -43,15 +45,12 @@ class ChatTurn:
     ``parallel_tool_calls`` are in OpenAI's shapes; ``forced_words`` names a forced call in the
     dialect's words when one meets ``constraint`` (a 400). ``reasoning``: false when the request
     turned thinking off. ``truncate`` cuts the prompt's ids (vLLM's ``truncate_prompt_tokens``).
-    ``param`` is the field prompt errors name; ``no_template``, when given, is the refusal for a
-    model without a chat template.
+    ``no_template``, when given, is the refusal for a model without a chat template.
 
-    ``length`` is the dialect's policy for an output longer than the room the prompt leaves:
-    ``reject`` (OpenAI, vLLM: a 400 naming ``max_tokens``) or ``cap`` (Anthropic, Ollama: an
-    unset or larger ``max_tokens`` becomes the room; ``PreparedChat.capped`` says it was cut).
-    ``context_limit`` is the dialect's own context length for the request (Ollama's
-    ``num_ctx``, at most the server's), named ``limit_param`` in the 400 of a prompt it cannot
-    hold.
+    ``policy`` is the dialect's ``RequestPolicy``: the field prompt errors name (``messages``),
+    its names for the sampling fields, and its length policy (``reject`` as OpenAI, ``cap`` as
+    Anthropic and Ollama, with Ollama's ``num_ctx`` as its context limit). The ``sampling`` was
+    built with the same names (``SamplingParams.build(names=policy.names, ...)``).
     """
 
     sampling: SamplingParams = field(default_factory=SamplingParams)
@@ -74,11 +73,8 @@ class ChatTurn:
     chat_template: str | None = None
     documents: list[dict[str, Any]] | None = None
     truncate: Callable[[list[int]], list[int]] | None = None
-    length: Literal["reject", "cap"] = "reject"
-    context_limit: int | None = None
-    limit_param: str | None = None
+    policy: RequestPolicy = CHAT
     priority: int = 5
-    param: str = "messages"
     no_template: str | None = None
 
 
@@ -88,10 +84,9 @@ class PreparedChat:
     and its parse chains (``chains.make()``: a fresh chain per choice; ``None`` when nothing
     is parsed)."""
 
-    request: GenerateRequest
+    request: PreparedRequest  # ``request.capped``: the ``cap`` policy cut max_tokens to the room
     plan: ToolPlan
     chains: Chains
-    capped: bool = False  # the ``cap`` policy cut max_tokens to the room the prompt left
 
 
 async def prepare_chat(context: "ServerContext", turn: ChatTurn) -> PreparedChat:
@@ -109,8 +104,8 @@ async def prepare_chat(context: "ServerContext", turn: ChatTurn) -> PreparedChat
     mask_factory = await context.guided.compile_async(spec) if spec is not None else None
     chains = context.parsing.chains(engine.tokenizer, plan, constrained=mask_factory is not None,
                                     reasoning=turn.reasoning, template_kwargs=turn.template_kwargs)
-    request, capped = await engine.in_worker(_request, context, turn, plan, chains, mask_factory)
-    return PreparedChat(request, plan, chains, capped)
+    request = await engine.in_worker(_request, context, turn, plan, chains, mask_factory)
+    return PreparedChat(request, plan, chains)
 
 
 async def count_chat_tokens(context: "ServerContext", turn: ChatTurn, tools: list[dict[str, Any]] | None) -> int:
@@ -135,45 +130,27 @@ def _prompt(context: "ServerContext", turn: ChatTurn,
         text = turn.text
     else:
         if turn.no_template and not getattr(engine.tokenizer, "chat_template", None):
-            raise InvalidRequestError(turn.no_template, param=turn.param)
+            raise InvalidRequestError(turn.no_template, param=turn.policy.prompt)
         cfg = context.config
         text = render_chat(engine.tokenizer, turn.messages or [], tools=tools,
                            add_generation_prompt=turn.add_generation_prompt,
                            continue_final_message=turn.continue_final_message, chat_template=turn.chat_template,
                            template_kwargs=turn.template_kwargs, documents=turn.documents,
                            trusted=cfg.trust_request_chat_template, timeout=cfg.chat_template_render_timeout)
-    ids = engine.encode(text, special, param=turn.param) if text else []
+    ids = engine.encode(text, special, param=turn.policy.prompt) if text else []
     return text, [*turn.prefix_ids, *ids]
 
 
 def _request(context: "ServerContext", turn: ChatTurn, plan: ToolPlan, chains: Chains,
-             mask_factory: Any) -> tuple[GenerateRequest, bool]:
-    """The engine request of ``turn``, tokenized and validated, and whether its ``max_tokens``
-    was capped. In a tokenizer thread."""
+             mask_factory: Any) -> PreparedRequest:
+    """The prepared engine request of ``turn``: tokenized, fitted to the room the prompt leaves
+    under the dialect's policy and validated, once. In a tokenizer thread."""
     engine = context.engine
     assert engine is not None
     text, ids = _prompt(context, turn, plan.offered)
     if turn.truncate is not None:
         text, ids = None, turn.truncate(ids)
-    sampling, capped = _fitted(turn, turn.sampling, len(ids), engine.max_model_len)
-    request = GenerateRequest(prompt=text, prompt_token_ids=ids, sampling=chains.keep_markers(sampling),
+    request = GenerateRequest(prompt=text, prompt_token_ids=ids, sampling=chains.keep_markers(turn.sampling),
                               request_id=turn.request_id, priority=turn.priority, add_special_tokens=False,
                               mask_factory=mask_factory)
-    engine.prepare(request, param=turn.param)
-    return request, capped
-
-
-def _fitted(turn: ChatTurn, sampling: SamplingParams, prompt_tokens: int,
-            max_model_len: int) -> tuple[SamplingParams, bool]:
-    """``sampling`` under the turn's length policy: the room is computed once, here."""
-    limit = max_model_len if turn.context_limit is None else min(turn.context_limit, max_model_len)
-    if turn.context_limit is not None and prompt_tokens >= limit:
-        raise InvalidRequestError(f"the prompt has {prompt_tokens} tokens, which does not fit the context length of "
-                                  f"{limit} tokens ({turn.limit_param}, at most the server's {max_model_len})",
-                                  param=turn.limit_param)
-    room = limit - prompt_tokens
-    if turn.length != "cap" or room <= 0:  # no room: the engine's validation names the prompt
-        return sampling, False
-    if sampling.max_tokens is None or sampling.max_tokens > room:
-        return sampling.model_copy(update={"max_tokens": room}), sampling.max_tokens is not None
-    return sampling, False
+    return engine.prepare(request, turn.policy)

@@ -33,7 +33,7 @@ def make_client(**cfg) -> EngineClient:
 async def collect(client, prompt, **sampling):
     request = GenerateRequest(prompt=prompt, sampling=SamplingParams(**sampling))
     texts, reasons, events = {}, {}, []
-    async for event in client.generate(request):
+    async for event in client.generate(client.prepare(request)):
         events.append(event)
         for d in event.outputs:
             texts[d.index] = texts.get(d.index, "") + d.text
@@ -105,7 +105,7 @@ def test_validation_errors_before_any_event():
             await collect(client, "abc", max_tokens=30)
         assert err.value.param == "max_tokens"
         with pytest.raises(InvalidRequestError, match="out of vocabulary"):
-            async for _ in client.generate(GenerateRequest(prompt_token_ids=[1, 999])):
+            async for _ in client.generate(client.prepare(GenerateRequest(prompt_token_ids=[1, 999]))):
                 pass
         with pytest.raises(InvalidRequestError, match="logit_bias"):
             await collect(client, "abc", logit_bias={5000: 1.0})
@@ -136,7 +136,7 @@ def test_burst_with_random_aborts_leaves_engine_idle():
                                                           max_tokens=rng.randint(1, 15)), priority=rng.randint(1, 5))
         stop_after = rng.choice([None, 0, 1, 3])
         count = 0
-        async for _ in client.generate(request):
+        async for _ in client.generate(client.prepare(request)):
             count += 1
             if stop_after is not None and count > stop_after:
                 break  # leaving the iterator aborts the request

@@ -87,7 +87,7 @@ def backend(model_dir):
 
 def run_engine(backend, prompts, passes=1, sequential=False, **cfg):
     from llmserve.engine.engine import LLMEngine
-    from llmserve.request import GenerateRequest
+    from llmserve.request import PreparedRequest
     from llmserve.sampling import SamplingParams
 
     be, info = backend
@@ -104,9 +104,9 @@ def run_engine(backend, prompts, passes=1, sequential=False, **cfg):
         results = {}
         for p in prompts:
             ids = engine.tokenizer(p).input_ids
-            req = GenerateRequest(prompt=p, request_id=f"{n}:{p}",
+            req = PreparedRequest(prompt=p, prompt_token_ids=tuple(ids), request_id=f"{n}:{p}",
                                   sampling=SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True))
-            engine.add_request(req, ids, lambda out, p=p, results=results: results.setdefault(p, []).extend(
+            engine.add_request(req, lambda out, p=p, results=results: results.setdefault(p, []).extend(
                 t for d in out.outputs for t in d.token_ids))
             while sequential and engine.has_work:  # alone: finish it before the next one starts
                 engine.step()

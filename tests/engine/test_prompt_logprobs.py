@@ -8,7 +8,7 @@ from llmserve.engine.postprocess import RequestState, add_prompt_logprobs
 from llmserve.engine.scheduler import ScheduledSeq
 from llmserve.engine.sequence import Sequence
 from llmserve.outputs import Timings
-from llmserve.request import GenerateRequest
+from llmserve.request import PreparedRequest
 from llmserve.sampling import SamplingParams
 
 PROMPT = [10, 11, 12, 13, 14, 15]
@@ -26,7 +26,7 @@ def chunk(state: RequestState, seq: Sequence, start: int, size: int, base: float
 def new_state() -> tuple[RequestState, Sequence]:
     sp = SamplingParams(prompt_logprobs=1)
     seq = Sequence("r", PROMPT, sp)
-    state = RequestState(GenerateRequest(prompt_token_ids=PROMPT, sampling=sp, request_id="r"), PROMPT, [seq],
+    state = RequestState(PreparedRequest("r", None, tuple(PROMPT), sp), PROMPT, [seq],
                          lambda _: None, Timings(), prompt_logprobs=[None])
     return state, seq
 

@@ -49,7 +49,7 @@ def test_priority_one_is_admitted_before_earlier_priority_five():
     admitted: list[str] = []
 
     async def run(name: str, req: GenerateRequest) -> None:
-        async for _ in client.generate(req):
+        async for _ in client.generate(client.prepare(req)):
             if name not in admitted:
                 admitted.append(name)
 
@@ -80,7 +80,7 @@ def test_waiting_request_past_its_timeout_fails_and_frees_everything():
         events = []
 
         async def run_blocker():
-            async for event in client.generate(blocker):
+            async for event in client.generate(client.prepare(blocker)):
                 events.append(event)
 
         task = asyncio.create_task(run_blocker())
@@ -88,7 +88,8 @@ def test_waiting_request_past_its_timeout_fails_and_frees_everything():
             await asyncio.sleep(0.005)
         start = time.time()
         with pytest.raises(GenerationError) as err:
-            async for _ in client.generate(request("late", 5, deadline=time.monotonic() + 0.1)):
+            late = client.prepare(request("late", 5, deadline=time.monotonic() + 0.1))
+            async for _ in client.generate(late):
                 pass
         assert err.value.status == 408 and "timed out" in err.value.message
         assert time.time() - start < 0.35  # it did not wait for the blocker to finish
@@ -107,7 +108,8 @@ def test_running_request_past_its_timeout_is_finished_with_length():
 
     async def main():
         text, reasons, count = "", [], 0
-        async for event in client.generate(request("r" * 100, 100, deadline=time.monotonic() + 0.15)):
+        running = client.prepare(request("r" * 100, 100, deadline=time.monotonic() + 0.15))
+        async for event in client.generate(running):
             for d in event.outputs:
                 text += d.text
                 count += len(d.token_ids)

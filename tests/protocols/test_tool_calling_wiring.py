@@ -256,13 +256,15 @@ def test_tools_and_tool_history_reach_the_template(echo_app):
 def kept_special_tokens(context, monkeypatch) -> dict[str, bool]:
     """Per request id, in order: whether the request keeps special tokens in its text."""
     seen: dict[str, bool] = {}
-    prepare = context.engine.prepare
+    preparer = context.engine.preparer  # the one place every route's request is prepared
+    prepare = preparer.prepare
 
-    def spy(req, *args, **kwargs):  # the route prepares, then generation prepares again
-        seen.setdefault(req.request_id, not req.sampling.skip_special_tokens)
+    def spy(req, *args, **kwargs):
+        assert req.request_id not in seen, "a request is prepared once"
+        seen[req.request_id] = not req.sampling.skip_special_tokens
         return prepare(req, *args, **kwargs)
 
-    monkeypatch.setattr(context.engine, "prepare", spy)
+    monkeypatch.setattr(preparer, "prepare", spy)
     return seen
 
 

@@ -84,7 +84,7 @@ def test_cancelled_generate_aborts_whenever_the_cancellation_lands(client, deadl
             ctx.deadline = time.monotonic() + 600
         token = set_context(ctx)
         try:
-            async for event in client.generate(request):
+            async for event in client.generate(client.prepare(request)):
                 events.append(event)
         finally:
             reset_context(token)

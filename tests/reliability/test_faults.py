@@ -79,7 +79,7 @@ async def run_pair(client, bad: GenerateRequest) -> tuple[str, BaseException | N
 
     async def collect(req):
         text = ""
-        async for event in client.generate(req):
+        async for event in client.generate(client.prepare(req)):
             text += "".join(d.text for d in event.outputs)
         return text
 
@@ -213,11 +213,12 @@ def test_engine_death_fails_in_flight_queued_and_new_work(monkeypatch):
 
     async def main():
         with pytest.raises(EngineDeadError):
-            async for _ in client.generate(GenerateRequest(prompt="abcdefgh", sampling=SamplingParams(max_tokens=8))):
+            doomed = client.prepare(GenerateRequest(prompt="abcdefgh", sampling=SamplingParams(max_tokens=8)))
+            async for _ in client.generate(doomed):
                 pass
         assert client.is_dead and len(deaths) == 1 and isinstance(deaths[0], InjectedFault)
         with pytest.raises(EngineDeadError):  # new work fails fast instead of waiting for nobody
-            async for _ in client.generate(GenerateRequest(prompt="later")):
+            async for _ in client.generate(client.prepare(GenerateRequest(prompt="later"))):
                 pass
         with pytest.raises(EngineDeadError):
             client.loop.submit(lambda: None)

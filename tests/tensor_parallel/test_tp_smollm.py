@@ -34,7 +34,7 @@ def generate(tp: int, passes: int) -> tuple[list[dict[str, list[int]]], int]:
     from llmserve.engine.engine import LLMEngine
     from llmserve.plugins.backends.torch.factory import create
     from llmserve.plugins.backends.torch.options import TorchOptions
-    from llmserve.request import GenerateRequest
+    from llmserve.request import PreparedRequest
     from llmserve.sampling import SamplingParams
 
     backend = create(SimpleNamespace(model=None, dtype="float32", device="cpu", max_model_len=1024,
@@ -48,9 +48,10 @@ def generate(tp: int, passes: int) -> tuple[list[dict[str, list[int]]], int]:
         for n in range(passes):
             results: dict[str, list[int]] = {}
             for p in PROMPTS if n == 0 else PROMPTS[-2:]:
-                req = GenerateRequest(prompt=p, request_id=f"{n}:{p}",
+                req = PreparedRequest(prompt=p, prompt_token_ids=tuple(engine.tokenizer(p).input_ids),
+                                      request_id=f"{n}:{p}",
                                       sampling=SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True))
-                engine.add_request(req, engine.tokenizer(p).input_ids, lambda out, p=p, r=results: r.setdefault(
+                engine.add_request(req, lambda out, p=p, r=results: r.setdefault(
                     p, []).extend(t for d in out.outputs for t in d.token_ids))
             while engine.has_work:
                 engine.step()

@@ -29,8 +29,8 @@ class AcmeProtocol(Protocol):
 
         @router.post("/acme/shout")
         async def shout(body: ShoutRequest):
-            request = GenerateRequest(prompt=body.text,
-                                      sampling=SamplingParams.build(max_tokens=body.max_tokens, temperature=0))
+            request = await self.context.engine.aprepare(GenerateRequest(
+                prompt=body.text, sampling=SamplingParams.build(max_tokens=body.max_tokens, temperature=0)))
             text = ""
             async for event in self.context.engine.generate(request):
                 text += "".join(d.text for d in event.outputs)

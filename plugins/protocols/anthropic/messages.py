@@ -19,7 +19,7 @@ from llmserve.parsing.chain import ChainMaker
 from llmserve.parsing.contract import ParseDelta
 from llmserve.parsing.forced import first_call_only
 from llmserve.parsing.tool_choice import ToolPlan
-from llmserve.request import GenerateRequest
+from llmserve.request import PreparedRequest
 from llmserve.server.chat_turn import ChatTurn, count_chat_tokens, prepare_chat
 from llmserve.server.dialect_kit import STREAM_HEADERS, in_band_errors, sse
 
@@ -61,22 +61,19 @@ class Messages:
         model = ctx.check_model(body.model)
         sampling = params.sampling(body)
         tools, choice, parallel = params.tool_fields(body, ctx.parsing.auto_tools)
-        # Anthropic clients send their model's output cap as max_tokens (Claude Code: 32000), not a
-        # length they need: past the context window it is capped (length="cap"), and a reply cut
-        # there says model_context_window_exceeded.
         turn = self.turn(body, sampling=sampling, request_id=uuid.uuid4().hex, tools=tools, tool_choice=choice,
                          parallel_tool_calls=parallel, constraint=params.output_spec(body),
-                         forced_words="a forced tool_choice (any or tool)", length="cap")
+                         forced_words="a forced tool_choice (any or tool)", policy=params.POLICY)
         prepared = await prepare_chat(ctx, turn)
         req = prepared.request
         head = {"id": f"msg_{req.request_id}", "type": "message", "role": "assistant", "model": model}
-        reply = Reply(body, prepared.plan, prepared.chains.make, prepared.capped)
+        reply = Reply(body, prepared.plan, prepared.chains.make, req.capped)
         if body.stream:
             frames = in_band_errors(self.p, self._stream(req, head, reply), lambda err: sse(err, "error"))
             return ctx.sse_response(frames, headers=STREAM_HEADERS, ping=PING_EVENT)
         return JSONResponse(await self._complete(req, head, reply))
 
-    async def _complete(self, req: GenerateRequest, head: dict[str, Any], reply: "Reply") -> dict[str, Any]:
+    async def _complete(self, req: PreparedRequest, head: dict[str, Any], reply: "Reply") -> dict[str, Any]:
         texts: list[str] = []
         ids: list[int] = []
         usage = Usage()
@@ -92,7 +89,7 @@ class Messages:
         return {**head, "content": reply.blocks.content, "stop_reason": stop, "stop_sequence": sequence,
                 "usage": _usage(usage)}
 
-    async def _stream(self, req: GenerateRequest, head: dict[str, Any], reply: "Reply") -> AsyncIterator[str]:
+    async def _stream(self, req: PreparedRequest, head: dict[str, Any], reply: "Reply") -> AsyncIterator[str]:
         prompt_tokens = len(req.prompt_token_ids or [])
         start = {**head, "content": [], "stop_reason": None, "stop_sequence": None,
                  "usage": _usage(Usage(prompt_tokens=prompt_tokens))}

@@ -17,6 +17,7 @@ from typing import Any
 from llmserve.errors import InvalidRequestError
 from llmserve.guided import GuidedSpec
 from llmserve.parsing.tool_choice import AUTO_FLAGS
+from llmserve.request import RequestPolicy
 from llmserve.sampling import SamplingParams
 
 from .wire import CountTokensRequest, MessagesRequest
@@ -222,12 +223,18 @@ def output_spec(body: CountTokensRequest) -> GuidedSpec | None:
     return GuidedSpec("json_schema", fmt["schema"], param=param)
 
 
+# Anthropic clients send their model's output cap as max_tokens (Claude Code: 32000), not a
+# length they need: past the context window it is capped, and a reply cut there says
+# model_context_window_exceeded.
+POLICY = RequestPolicy(prompt="messages", names={"stop": "stop_sequences"}, length="cap")
+
+
 def sampling(body: MessagesRequest) -> SamplingParams:
     for i, stop in enumerate(body.stop_sequences or []):
         if not stop:
             raise InvalidRequestError(f"stop_sequences.{i}: must not be empty", param=f"stop_sequences.{i}")
-    return SamplingParams.build(max_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p,
-                                top_k=body.top_k, stop=list(body.stop_sequences or []))
+    return SamplingParams.build(POLICY.names, max_tokens=body.max_tokens, temperature=body.temperature,
+                                top_p=body.top_p, top_k=body.top_k, stop=list(body.stop_sequences or []))
 
 
 def stop_reason(finish: str | None, stop: str | int | None, called: bool,

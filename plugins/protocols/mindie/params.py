@@ -9,9 +9,10 @@ this module gives them one meaning. The replies' timing fields are in ``timing.p
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from typing import Any
 
-from llmserve.request import GenerateRequest, deadline_after
+from llmserve.request import GenerateRequest, PreparedRequest, RequestPolicy, deadline_after
 from llmserve.sampling import SamplingParams
 
 INT32_MAX = 2**31 - 1
@@ -20,9 +21,11 @@ MAX_INPUT_CHARS = 4 * 1024 * 1024          # "0KB < characters <= 4MB"
 DEFAULT_MAX_NEW_TOKENS = 20
 DEFAULT_PRIORITY = 5
 DEFAULT_TIMEOUT = 600
+# Errors name MindIE's fields; a ``max_new_tokens`` past the context's room is cut to it.
+POLICY = RequestPolicy(prompt="inputs", names={"max_tokens": "max_new_tokens"}, length="cap")
 
 
-def build_sampling(p: Any, prompt_len: int, max_model_len: int) -> tuple[SamplingParams, int | None]:
+def build_sampling(p: Any) -> tuple[SamplingParams, int | None]:
     """MindIE parameters -> (SamplingParams, seed to report).
 
     ``do_sample=false`` is greedy; ``do_sample=true`` samples; when ``do_sample`` is absent,
@@ -30,7 +33,7 @@ def build_sampling(p: Any, prompt_len: int, max_model_len: int) -> tuple[Samplin
     away from its neutral value (TGI's rule, which MindIE follows: "decided by the other
     post-processing parameters"). A sampled request without a seed gets a random one, which
     is what the reply's ``details.seed`` reports. ``max_new_tokens`` (default 20) is capped to
-    the room left in the context, as MindIE caps it to maxIterTimes.
+    the room left in the context (``POLICY``), as MindIE caps it to maxIterTimes.
     """
     temperature = p.temperature
     top_k = getattr(p, "top_k", None)
@@ -44,11 +47,8 @@ def build_sampling(p: Any, prompt_len: int, max_model_len: int) -> tuple[Samplin
     if do_sample and seed is None:
         seed = random.randint(1, INT32_MAX)
     max_tokens = p.max_new_tokens if p.max_new_tokens is not None else DEFAULT_MAX_NEW_TOKENS
-    room = max_model_len - prompt_len
-    if room > 0:
-        max_tokens = min(max_tokens, room)
     sampling = SamplingParams.build(
-        temperature=(temperature if temperature is not None else 1.0) if do_sample else 0.0,
+        POLICY.names, temperature=(temperature if temperature is not None else 1.0) if do_sample else 0.0,
         top_k=top_k or None, top_p=top_p, typical_p=typical_p,
         repetition_penalty=p.repetition_penalty, seed=seed, max_tokens=max_tokens)
     return sampling, seed
@@ -64,13 +64,11 @@ def priority(value: int | None) -> int:
 
 
 def new_request(engine: Any, p: Any, text: str | None = None, ids: list[int] | None = None,
-                param: str = "inputs") -> tuple[GenerateRequest, int | None]:
+                param: str = "inputs") -> tuple[PreparedRequest, int | None]:
     """A prepared core request for ``text`` (or token ``ids``) with MindIE parameters ``p``,
-    and the seed to report; a prompt the engine refuses is reported against ``param``."""
-    if ids is None:
-        ids = engine.encode(text or "")
-    sampling, seed = build_sampling(p, len(ids), engine.max_model_len)
-    req = GenerateRequest(prompt=text, prompt_token_ids=list(ids), sampling=sampling,
+    and the seed to report; a prompt the engine refuses is reported against ``param``. Blocks
+    while it tokenizes ``text``: run it in a tokenizer thread (``EngineClient.in_worker``)."""
+    sampling, seed = build_sampling(p)
+    req = GenerateRequest(prompt=text, prompt_token_ids=None if ids is None else list(ids), sampling=sampling,
                           priority=priority(p.priority), deadline=deadline(p.timeout))
-    engine.prepare(req, param=param)
-    return req, seed
+    return engine.prepare(req, replace(POLICY, prompt=param)), seed

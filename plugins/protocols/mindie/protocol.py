@@ -8,7 +8,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
 from llmserve.errors import EngineDeadError, InvalidRequestError, LLMServeError
-from llmserve.request import GenerateRequest
+from llmserve.request import PreparedRequest
 from llmserve.server.dialect_kit import (
     STREAM_HEADERS,
     MalformedBodyError,
@@ -85,7 +85,7 @@ class MindIEProtocol(Protocol):
             out["details"] = {"finish_reason": reason or "length", "generated_tokens": generated, "seed": seed}
         return JSONResponse(out)
 
-    async def _stream(self, req: GenerateRequest, p: InferParameters, seed: int | None) -> AsyncGenerator[str, None]:
+    async def _stream(self, req: PreparedRequest, p: InferParameters, seed: int | None) -> AsyncGenerator[str, None]:
         clock = TokenClock()
         text_all, generated = "", 0
         engine = self._engine()

@@ -19,7 +19,7 @@ from typing import Any, AsyncIterator
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from llmserve.parsing.chain import ChainMaker
-from llmserve.request import GenerateRequest
+from llmserve.request import PreparedRequest
 from llmserve.server.chat_turn import ChatTurn, prepare_chat
 from llmserve.server.dialect_kit import STREAM_HEADERS, dumps, in_band_errors
 
@@ -39,7 +39,7 @@ class Run:
     kind: str                      # "chat" or "generate"
     model: str                     # the name the reply carries (the request's, as Ollama echoes it)
     stream: bool
-    request: GenerateRequest
+    request: PreparedRequest
     make_chain: ChainMaker | None
     return_context: bool = False   # generate without raw: the final object carries `context`
     started: float = field(default_factory=time.time)
@@ -83,14 +83,13 @@ class Generation:
             body["response"] = ""
         return JSONResponse(body)
 
-    def _turn(self, body: Any, request_id: str | None, think: bool | None, **fields: Any) -> ChatTurn:
+    def _turn(self, body: Any, request_id: str | None, think: bool | None, prompt: str, **fields: Any) -> ChatTurn:
         """The request in the core's terms (``prepare_chat`` renders, tokenizes and prepares it):
         the output is capped to the room the prompt leaves in ``num_ctx``, as Ollama does."""
-        limit = params.context_limit(body.options, self.ctx.engine.max_model_len)
+        policy = params.policy(body.options, prompt)
         return ChatTurn(sampling=params.sampling(body.options), request_id=f"ollama-{request_id or uuid.uuid4().hex}",
                         constraint=guided_spec(body.format), template_kwargs=params.template_kwargs(body.think),
-                        reasoning=think is not False, length="cap", context_limit=limit,
-                        limit_param="options.num_ctx", **fields)
+                        reasoning=think is not False, policy=policy, **fields)
 
     def _start(self, body: Any, what: str) -> str:
         """Resolve the model name and check what no request may ask of this server."""
@@ -111,7 +110,7 @@ class Generation:
             raise invalid(f'"{model}" does not support tools: start the server with --enable-auto-tool-choice and '
                           f'--tool-call-parser', "tools")
         messages, continue_last = template_messages(body.messages)
-        turn = self._turn(body, request_id, think, messages=messages, tools=body.tools or None,
+        turn = self._turn(body, request_id, think, "messages", messages=messages, tools=body.tools or None,
                           add_generation_prompt=not continue_last, continue_final_message=continue_last,
                           no_template=NO_TEMPLATE)
         prepared = await prepare_chat(self.ctx, turn)
@@ -133,8 +132,7 @@ class Generation:
             text, special = generate_prompt(tokenizer, body, params.template_kwargs(body.think), timeout)
             return text, special and not body.context  # a continuation: the history already starts the sequence
 
-        turn = self._turn(body, request_id, think, render=render, prefix_ids=list(body.context or []),
-                          param="prompt")
+        turn = self._turn(body, request_id, think, "prompt", render=render, prefix_ids=list(body.context or []))
         prepared = await prepare_chat(self.ctx, turn)
         return await self._answer(Run("generate", model, body.stream is not False, prepared.request,
                                       prepared.chains.make, return_context=not body.raw))

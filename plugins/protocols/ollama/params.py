@@ -13,6 +13,7 @@ from typing import Any
 
 from llmserve.errors import InvalidRequestError
 from llmserve.guided import GuidedSpec
+from llmserve.request import RequestPolicy
 from llmserve.sampling import SamplingParams
 
 from .wire import Format, Options, Think
@@ -53,18 +54,26 @@ def _stops(value: list[str] | str | None) -> list[str]:
     return stops
 
 
-def context_limit(options: Options | None, max_model_len: int) -> int:
-    """The request's context length: ``num_ctx``, never beyond the server's."""
+# The core's sampling fields as Ollama's options name them.
+_OLLAMA_NAMES = {"repetition_penalty": "repeat_penalty", "max_tokens": "num_predict"}
+OPTION_NAMES = {field: "options." + _OLLAMA_NAMES.get(field, field) for field in SamplingParams.model_fields}
+
+
+def policy(options: Options | None, prompt: str) -> RequestPolicy:
+    """How a request is prepared: errors name ``options.*`` and ``prompt`` (``messages`` for a
+    chat); the output is capped to the room the prompt leaves in ``num_ctx`` (at most the
+    server's context), as Ollama does."""
     o = options or Options()
     if o.num_ctx is not None and o.num_ctx < 1:
         raise invalid("options.num_ctx must be at least 1", "options.num_ctx")
-    return max_model_len if o.num_ctx is None else min(o.num_ctx, max_model_len)
+    return RequestPolicy(prompt=prompt, names=OPTION_NAMES, length="cap", context_limit=o.num_ctx,
+                         limit_param="options.num_ctx")
 
 
 def sampling(options: Options | None) -> SamplingParams:
     """``options`` as SamplingParams. ``num_predict`` -1 or -2 (and absent) leave ``max_tokens``
     unset: the core's ``cap`` length policy makes it the room left in the context
-    (``context_limit``), as it caps a larger ``num_predict``."""
+    (``policy``), as it caps a larger ``num_predict``."""
     o = options or Options()
     if o.num_predict is None or o.num_predict in (-1, -2):
         max_tokens = None
@@ -77,19 +86,14 @@ def sampling(options: Options | None) -> SamplingParams:
     presence, frequency = o.presence_penalty, o.frequency_penalty
     if o.repeat_last_n == 0:  # Ollama: a window of 0 tokens disables the repetition penalties
         repeat, presence, frequency = 1.0, None, None
-    try:
-        return SamplingParams.build(
-            temperature=DEFAULTS["temperature"] if o.temperature is None else o.temperature,
+    return SamplingParams.build(
+            OPTION_NAMES, temperature=DEFAULTS["temperature"] if o.temperature is None else o.temperature,
             top_k=DEFAULTS["top_k"] if o.top_k is None else o.top_k,
             top_p=DEFAULTS["top_p"] if o.top_p is None else o.top_p,
             min_p=o.min_p, typical_p=o.typical_p,
             repetition_penalty=repeat, presence_penalty=presence, frequency_penalty=frequency,
             seed=o.seed if o.seed is not None and o.seed >= 0 else None,  # Ollama: -1 is a random seed
             stop=_stops(o.stop), max_tokens=max_tokens)
-    except InvalidRequestError as exc:
-        name = {"repetition_penalty": "repeat_penalty"}.get(exc.param or "", exc.param)
-        message = exc.message.replace(exc.param, name, 1) if exc.param and name else exc.message
-        raise invalid(f"options.{message}", f"options.{name}") from None
 
 
 def guided_spec(fmt: Format) -> GuidedSpec | None:

@@ -17,7 +17,7 @@ from llmserve.server.errors import to_error
 from llmserve.text.chat_template import arguments_as_object, message_text
 
 from .deltas import REASONING_KEYS, openai_delta
-from .params import chat_sampling, guided_spec, now, truncate, truncation
+from .params import chat_policy, chat_sampling, guided_spec, now, truncate, truncation
 from .replies import SYSTEM_FINGERPRINT, Endpoint, chat_logprobs, prompt_logprobs, usage_dict
 from .wire import ChatCompletionRequest
 
@@ -66,16 +66,13 @@ class Chat(Endpoint):
     async def __call__(self, body: ChatCompletionRequest, request_id: str | None) -> Any:
         ctx = self.p.context
         model = ctx.check_model(body.model)
-        sampling = chat_sampling(body, ctx.engine.info.vocab_size, ctx.engine.limits.max_logprobs)
+        policy = chat_policy(body)
+        sampling = chat_sampling(body, ctx.engine.info.vocab_size, ctx.engine.limits.max_logprobs, policy.names)
         if body.stream and sampling.num_sequences > sampling.n:
             raise InvalidRequestError("best_of > n is not supported when streaming", param="best_of")
         turn = self.turn(body, sampling, body.request_id or request_id or uuid.uuid4().hex)
-        try:
-            prepared = await prepare_chat(ctx, turn)
-        except InvalidRequestError as exc:
-            if exc.param == "max_tokens" and body.max_completion_tokens is not None:
-                exc.param = "max_completion_tokens"  # name the field the client sent
-            raise
+        turn.policy = policy
+        prepared = await prepare_chat(ctx, turn)
         req, plan, make_chain = prepared.request, prepared.plan, prepared.chains.make
         rid = f"chatcmpl-{body.request_id or request_id or uuid.uuid4().hex}"
         head = {"id": rid, "object": "chat.completion", "created": now(), "model": model,

@@ -69,8 +69,7 @@ class Completions(Endpoint):
             req = new_request(body, sampling, prompt=text, prompt_ids=ids, header_id=base,
                               add_special_tokens=body.add_special_tokens is not False,
                               suffix=f"-{i}" if len(prompts) > 1 else "", mask_factory=mask_factory)
-            await engine.aprepare(req)
-            reqs.append(req)
+            reqs.append(await engine.aprepare(req))
         rid = f"cmpl-{base}"
         head = {"id": rid, "object": "text_completion", "created": now(), "model": model,
                 "system_fingerprint": SYSTEM_FINGERPRINT}

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any
+from typing import Any, Mapping
 
 from llmserve.errors import InvalidRequestError
 from llmserve.guided import GuidedSpec, only_one
-from llmserve.request import GenerateRequest
+from llmserve.request import GenerateRequest, RequestPolicy
 from llmserve.sampling import MAX_LOGPROBS, SamplingParams
 
 from ..vllm_native.guided import legacy_specs, structured_outputs_spec, with_backend
@@ -58,7 +58,7 @@ def _logprob_token_ids(body: SamplingFields, logprobs_on: bool) -> list[int] | N
 
 
 def sampling_params(body: SamplingFields, max_tokens: int | None, logprobs: int | None,
-                    prompt_logprobs: int | None = None) -> SamplingParams:
+                    prompt_logprobs: int | None = None, names: Mapping[str, str] | None = None) -> SamplingParams:
     _unsupported(body)
     stop = [body.stop] if isinstance(body.stop, str) else body.stop
     mode = "processed" if (body.temp_scaled_logprobs or body.top_p_normalized_logprobs) else None
@@ -66,7 +66,7 @@ def sampling_params(body: SamplingFields, max_tokens: int | None, logprobs: int 
     if chosen is not None:
         logprobs = len(chosen)  # the named tokens take the place of the best alternatives
     return SamplingParams.build(
-        n=body.n, best_of=body.best_of, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
+        names, n=body.n, best_of=body.best_of, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
         min_p=body.min_p, typical_p=body.typical_p, frequency_penalty=body.frequency_penalty,
         presence_penalty=body.presence_penalty, repetition_penalty=body.repetition_penalty,
         logit_bias=_logit_bias(body.logit_bias), seed=body.seed, stop=stop, stop_token_ids=body.stop_token_ids,
@@ -90,7 +90,18 @@ def completion_sampling(body: CompletionRequest, vocab_size: int, cap: int = MAX
     return sampling_params(body, max_tokens, body.logprobs, prompt_lp)
 
 
-def chat_sampling(body: ChatCompletionRequest, vocab_size: int, cap: int = MAX_LOGPROBS) -> SamplingParams:
+def chat_policy(body: ChatCompletionRequest) -> RequestPolicy:
+    """How a chat request is prepared: errors name ``messages`` and the fields this request sent
+    (``top_logprobs``; ``max_completion_tokens`` when given, else ``max_tokens``); an output
+    longer than the room is refused, as vLLM does."""
+    names = {"logprobs": "top_logprobs"}
+    if body.max_completion_tokens is not None:
+        names["max_tokens"] = "max_completion_tokens"
+    return RequestPolicy(prompt="messages", names=names)
+
+
+def chat_sampling(body: ChatCompletionRequest, vocab_size: int, cap: int = MAX_LOGPROBS,
+                  names: Mapping[str, str] | None = None) -> SamplingParams:
     top = None
     if body.logprobs:
         top = body.top_logprobs or 0
@@ -98,18 +109,7 @@ def chat_sampling(body: ChatCompletionRequest, vocab_size: int, cap: int = MAX_L
         raise InvalidRequestError("top_logprobs requires logprobs to be true", param="top_logprobs")
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     prompt_lp = _prompt_logprobs(body.prompt_logprobs, vocab_size, cap)
-    # Errors name the core's fields; report the ones this request actually sent.
-    sent = {"logprobs": "top_logprobs"}
-    if body.max_completion_tokens is not None:
-        sent["max_tokens"] = "max_completion_tokens"
-    try:
-        return sampling_params(body, max_tokens, top, prompt_lp)
-    except InvalidRequestError as exc:
-        if exc.param not in sent:
-            raise
-        name = sent[exc.param]
-        message = exc.message.replace(exc.param, name, 1) if exc.message.startswith(exc.param) else exc.message
-        raise InvalidRequestError(message, param=name) from None
+    return sampling_params(body, max_tokens, top, prompt_lp, names)
 
 
 def truncation(body: Any, max_model_len: int) -> int | None:

@@ -22,7 +22,7 @@ from llmserve.parsing.chain import ChainMaker
 from llmserve.parsing.contract import ParseDelta
 from llmserve.parsing.forced import first_call_only
 from llmserve.parsing.tool_choice import ToolPlan
-from llmserve.request import GenerateRequest
+from llmserve.request import PreparedRequest, RequestPolicy
 from llmserve.sampling import SamplingParams
 from llmserve.server.chat_turn import ChatTurn, prepare_chat
 from llmserve.server.dialect_kit import STREAM_HEADERS, sse
@@ -36,15 +36,9 @@ from .wire import ResponsesRequest
 # not fail open); the Responses spelling is text.format.
 FOREIGN_CONSTRAINTS = ("response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
                        "guided_grammar")
-# The core names these after its own fields; a reply names the field the client sent.
-RENAMED = {"max_tokens": "max_output_tokens"}
-
-
-def _renamed(exc: InvalidRequestError) -> InvalidRequestError:
-    if exc.param in RENAMED:
-        name = RENAMED[exc.param]
-        return InvalidRequestError(exc.message.replace(exc.param, name), param=name)
-    return exc
+# Errors name the prompt ``input`` and the output cap as this API spells it; an output longer
+# than the room is refused, as with chat completions.
+POLICY = RequestPolicy(prompt="input", names={"max_tokens": "max_output_tokens"})
 
 
 def refuse_unsupported(body: ResponsesRequest) -> None:
@@ -91,7 +85,7 @@ class Prepared:
     input_items: list[dict[str, Any]]
     plan: ToolPlan
     make_chain: ChainMaker | None
-    request: GenerateRequest
+    request: PreparedRequest
     created: int = field(default_factory=lambda: int(time.time()))
     id: str = field(default_factory=lambda: new_id("resp"))
 
@@ -130,21 +124,15 @@ class Create:
         if not conv.messages:
             raise InvalidRequestError("input: must hold at least one item", param="input")
         choice, offered = chat_tool_choice(body.tool_choice, chat_tools(body.tools))
-        try:
-            sampling = SamplingParams.build(temperature=body.temperature, top_p=body.top_p,
-                                            max_tokens=body.max_output_tokens)
-        except InvalidRequestError as exc:
-            raise _renamed(exc) from None
+        sampling = SamplingParams.build(POLICY.names, temperature=body.temperature, top_p=body.top_p,
+                                        max_tokens=body.max_output_tokens)
         effort = body.reasoning.effort if body.reasoning is not None else None
         turn = ChatTurn(sampling=sampling, request_id=request.headers.get("x-request-id") or new_id("req"),
                         messages=conv.messages, tools=offered, tool_choice=choice,
                         parallel_tool_calls=body.parallel_tool_calls, constraint=text_format_spec(body),
                         forced_words="tool_choice required or a named function",
-                        template_kwargs={"reasoning_effort": effort} if effort else None, param="input")
-        try:
-            prepared = await prepare_chat(ctx, turn)
-        except InvalidRequestError as exc:
-            raise _renamed(exc) from None
+                        template_kwargs={"reasoning_effort": effort} if effort else None, policy=POLICY)
+        prepared = await prepare_chat(ctx, turn)
         return Prepared(body, model, owner, history, items, prepared.plan, prepared.chains.make, prepared.request)
 
     def _history(self, body: ResponsesRequest, owner: str) -> list[dict[str, Any]]:

@@ -4,25 +4,37 @@ prefill tokens, TGI's ``x-*`` headers) and ``/generate_stream`` (SSE, one event 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, AsyncGenerator
+from typing import TYPE_CHECKING, Any, AsyncGenerator, Protocol
 
 from starlette.responses import JSONResponse, Response
 
 from llmserve.errors import InvalidRequestError
-from llmserve.server.dialect_kit import STREAM_HEADERS, in_band_errors, sse
+from llmserve.request import PreparedRequest
+from llmserve.server.dialect_kit import STREAM_HEADERS, ErrorFormat, in_band_errors, sse
 
-from .params import Plan, validate
-from .tokens import Sequence
-from .wire import TGIGenerateRequest
+from .params import POLICY, Plan, validate
+from .tokens import Sequence, TokenFactory
+from .wire import TGIGenerateRequest, TGIOptions
 
 if TYPE_CHECKING:
-    from .protocol import TGIProtocol
+    from llmserve.server.context import ServerContext
+
+
+class TGIHost(ErrorFormat, Protocol):
+    """What the routes use of their ``TGIProtocol``, typed structurally: ``protocol.py`` imports
+    this module, so importing it back would close a circle."""
+
+    context: ServerContext
+    opts: TGIOptions
+
+    @property
+    def tokens(self) -> TokenFactory: ...
 
 
 class Generate:
     """The generation routes of one ``TGIProtocol``."""
 
-    def __init__(self, protocol: "TGIProtocol") -> None:
+    def __init__(self, protocol: TGIHost) -> None:
         self.p = protocol
 
     async def _plan(self, body: TGIGenerateRequest, *, stream: bool, default_full_text: bool) -> Plan:
@@ -41,11 +53,9 @@ class Generate:
                 raise InvalidRequestError(f"grammar is not valid: {msg}", param="grammar") from None
         return plan
 
-    def _prepared(self, plan: Plan) -> list:
-        reqs = plan.requests()
-        for req in reqs:
-            self.p.context.engine.prepare(req)  # a bad request fails here, with a status code
-        return reqs
+    def _prepared(self, plan: Plan) -> list[PreparedRequest]:
+        # A bad request fails here, with a status code; the prompt is already tokenized.
+        return [self.p.context.engine.prepare(req, POLICY) for req in plan.requests()]
 
     def _full(self, plan: Plan, text: str) -> str:
         return plan.inputs + text if plan.return_full_text else text

@@ -11,7 +11,7 @@ from typing import Any
 
 from llmserve.errors import InvalidRequestError
 from llmserve.guided import GuidedSpec
-from llmserve.request import GenerateRequest
+from llmserve.request import GenerateRequest, RequestPolicy
 from llmserve.sampling import SamplingParams
 
 from .wire import GenerateParameters, Grammar, TGIGenerateRequest, TGIOptions
@@ -19,6 +19,8 @@ from .wire import GenerateParameters, Grammar, TGIGenerateRequest, TGIOptions
 MAX_INPUT_CHARS = 4 * 1024 * 1024  # MindIE: 0 < characters <= 4 MB
 TGI_DEFAULT_GENERATION_LENGTH = 1024  # current TGI's cap when max_new_tokens is absent
 NO_ADAPTER = ("", "None")  # MindIE's documented default is the string "None"
+# Errors about the prompt name ``inputs``, and the sampling fields as TGI spells them.
+POLICY = RequestPolicy(prompt="inputs", names={"max_tokens": "max_new_tokens", "logprobs": "top_n_tokens"})
 
 
 def invalid(message: str, param: str | None = None) -> InvalidRequestError:
@@ -194,7 +196,7 @@ def validate(body: TGIGenerateRequest, opts: TGIOptions, engine: Any, *, stream:
     guided = _grammar_spec(p.grammar) if p.grammar is not None else None
     details = bool(p.details) or bool(p.decoder_input_details)
     sampling = SamplingParams.build(
-        temperature=temperature if sampled else 0.0,
+        POLICY.names, temperature=temperature if sampled else 0.0,
         top_k=p.top_k, top_p=p.top_p, typical_p=p.typical_p,
         repetition_penalty=repetition_penalty, frequency_penalty=frequency_penalty,
         stop=stop, include_stop_str_in_output=True,  # TGI keeps the matched stop text

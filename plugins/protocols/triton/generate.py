@@ -4,22 +4,20 @@
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING, Any, AsyncGenerator
+from typing import Any, AsyncGenerator
 
 from fastapi import Request
 from starlette.responses import JSONResponse, Response
 
 from llmserve.errors import InvalidRequestError
 from llmserve.outputs import RequestOutput
-from llmserve.request import GenerateRequest
+from llmserve.request import PreparedRequest
 from llmserve.server.dialect_kit import STREAM_HEADERS, UnsupportedError, in_band_errors, load_json, parse_model, sse
 
 from ..mindie.events import TokenClock, first_sequence
 from ..mindie.params import MAX_INPUT_CHARS
+from .host import TritonHost
 from .wire import GENERATE_PARAMETER_NAMES, GenerateBody, GenerateParameters, check_id
-
-if TYPE_CHECKING:
-    from .protocol import TritonProtocol
 
 
 def generate_body(data: Any) -> GenerateBody:
@@ -64,7 +62,7 @@ def details(p: GenerateParameters, clock: TokenClock, generated: int, reason: st
 class Generate:
     """The two generate routes of one ``TritonProtocol``."""
 
-    def __init__(self, protocol: "TritonProtocol") -> None:
+    def __init__(self, protocol: TritonHost) -> None:
         self.p = protocol
 
     async def __call__(self, request: Request, model_name: str, model_version: str | None, stream: bool) -> Response:
@@ -74,7 +72,7 @@ class Generate:
         body = generate_body(load_json(raw))
         params = body.parameters or GenerateParameters()
         p.context.admission.check(1)  # before tokenizing
-        req = p.new_request(params, text=body.text_input)
+        req = await p.new_request(params, text=body.text_input)
         head = {"id": body.id or uuid.uuid4().hex, "model_name": name, "model_version": None}
         if stream:
             return p.context.sse_response(in_band_errors(p, self._stream(head, req, params), sse),
@@ -86,7 +84,7 @@ class Generate:
                                      stream=False)
         return JSONResponse(out)
 
-    async def _stream(self, head: dict[str, Any], req: GenerateRequest,
+    async def _stream(self, head: dict[str, Any], req: PreparedRequest,
                       params: GenerateParameters) -> AsyncGenerator[str, None]:
         clock = TokenClock()
         generated = 0

@@ -5,7 +5,7 @@ binary tensors either way."""
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import Request
 from starlette.responses import JSONResponse, Response
@@ -13,6 +13,7 @@ from starlette.responses import JSONResponse, Response
 from llmserve.errors import InvalidRequestError
 from llmserve.server.dialect_kit import UnsupportedError, dumps, parse_model
 
+from .host import TritonHost
 from .tensors import encode_binary, read_inputs, split_body
 from .wire import (
     TEXT_INPUT,
@@ -25,9 +26,6 @@ from .wire import (
     SamplingParameters,
     check_id,
 )
-
-if TYPE_CHECKING:
-    from .protocol import TritonProtocol
 
 
 def check_io(body: InferBody, name: str) -> tuple[InferTensor, bool]:
@@ -68,7 +66,7 @@ def check_io(body: InferBody, name: str) -> tuple[InferTensor, bool]:
 class Infer:
     """The infer route of one ``TritonProtocol``."""
 
-    def __init__(self, protocol: "TritonProtocol") -> None:
+    def __init__(self, protocol: TritonHost) -> None:
         self.p = protocol
 
     async def __call__(self, request: Request, model_name: str, model_version: str | None) -> Response:
@@ -110,7 +108,8 @@ class Infer:
         if not values:
             raise InvalidRequestError(f"input '{TOKEN_INPUT}': no token ids", param="inputs")
         self.p.context.admission.check(1)
-        res = await self.p.collect(self.p.new_request(params, ids=[int(v) for v in values], param=TOKEN_INPUT))
+        req = await self.p.new_request(params, ids=[int(v) for v in values], param=TOKEN_INPUT)
+        res = await self.p.collect(req)
         data: list[Any] = res.token_ids
         return data, [1, len(data)] if len(shape) == 2 else [len(data)]
 
@@ -125,7 +124,7 @@ class Infer:
         if not texts or any(not t for t in texts):
             raise InvalidRequestError(f"input '{TEXT_INPUT}': prompts must not be empty", param="inputs")
         self.p.context.admission.check(len(texts))  # before tokenizing
-        reqs = [self.p.new_request(params, text=t) for t in texts]
+        reqs = [await self.p.new_request(params, text=t) for t in texts]
         tasks = [asyncio.ensure_future(self.p.collect(r)) for r in reqs]
         try:
             results = await asyncio.gather(*tasks)

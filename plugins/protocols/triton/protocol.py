@@ -4,7 +4,6 @@ routes of ``infer.py`` (JSON and binary tensors, token ids or text) and ``genera
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -13,15 +12,15 @@ from starlette.responses import JSONResponse, Response
 from llmserve import __version__
 from llmserve.errors import EngineDeadError, LLMServeError, NotFoundError
 from llmserve.server.startup import while_loading
-from llmserve.outputs import RequestOutput
-from llmserve.request import GenerateRequest
+from llmserve.request import PreparedRequest
 from llmserve.server.dialect_kit import dialect_router, load_json, parse_model
 from llmserve.server.openapi import SSE_RESPONSES, openapi_body
 from llmserve.server.protocol import Protocol
 
-from ..mindie.events import TokenClock, first_sequence
+from ..mindie.events import first_sequence
 from ..mindie.params import new_request
 from .generate import Generate
+from .host import Result
 from .infer import Infer
 from .stats import model_stats as stats_entry
 from .tensors import decompress
@@ -41,17 +40,6 @@ PLATFORM = "llmserve"
 BINARY_BODY = {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}, "description": (
     "KServe binary tensor extension: the JSON header (length in the Inference-Header-Content-Length "
     "header) followed by the raw tensor bytes")}}
-
-
-@dataclass
-class Result:
-    """One request's whole output."""
-
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    finish_reason: str | None = None
-    clock: TokenClock = field(default_factory=TokenClock)
-    last: RequestOutput | None = None
 
 
 class TritonProtocol(Protocol):
@@ -85,11 +73,14 @@ class TritonProtocol(Protocol):
         return decompress(await request.body(), request.headers.get("content-encoding"),
                           self.context.config.max_request_body_bytes)
 
-    def new_request(self, params: Any, text: str | None = None, ids: list[int] | None = None,
-                    param: str = TEXT_INPUT) -> GenerateRequest:
-        return new_request(self.engine(), params, text, ids, param)[0]
+    async def new_request(self, params: Any, text: str | None = None, ids: list[int] | None = None,
+                          param: str = TEXT_INPUT) -> PreparedRequest:
+        """The prepared request (tokenized in a tokenizer thread, off the event loop)."""
+        engine = self.engine()
+        prepared, _ = await engine.in_worker(new_request, engine, params, text, ids, param)
+        return prepared
 
-    async def collect(self, req: GenerateRequest) -> Result:
+    async def collect(self, req: PreparedRequest) -> Result:
         """Run ``req`` to the end; its text, token ids, finish reason and timings."""
         engine = self.engine()
         res = Result()

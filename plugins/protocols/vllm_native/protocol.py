@@ -20,7 +20,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from llmserve.errors import InvalidRequestError
-from llmserve.request import GenerateRequest
+from llmserve.request import GenerateRequest, PreparedRequest
 from llmserve.server.dialect_kit import STREAM_HEADERS, dialect_router, in_band_errors, parse_model
 from llmserve.server.protocol import Protocol
 from llmserve.server.shared import SharedRoute
@@ -66,17 +66,16 @@ class VLLMNativeProtocol(Protocol):
         if body.model not in (None, *NO_MODEL):
             self.context.check_model(body.model)
         sampling = sampling_params(body, self.opts.default_max_tokens)
-        request = GenerateRequest(prompt=body.prompt, sampling=sampling, request_id=f"gen-{uuid.uuid4().hex}")
-        self.context.engine.prepare(request)  # a bad request fails here, with a status code
-        return request
+        return GenerateRequest(prompt=body.prompt, sampling=sampling, request_id=f"gen-{uuid.uuid4().hex}")
 
     async def generate(self, request: Request, raw: Any) -> Response:
         body = parse_model(VLLMGenerateRequest, raw)
         self.context.admission.check(max(body.n or 1, body.best_of or 1, 1))  # before tokenizing
         spec = guided_spec(body)
-        req = await self.context.engine.in_worker(self._request, body)  # tokenizes
+        wanted = self._request(body)
         if spec is not None:
-            req.mask_factory = await self.context.guided.compile_async(spec)
+            wanted.mask_factory = await self.context.guided.compile_async(spec)
+        req = await self.context.engine.aprepare(wanted)  # a bad request fails here, with a status code
         if body.stream:
             return StreamingResponse(in_band_errors(self, self._stream(body.prompt, req), record),
                                      media_type="text/plain; charset=utf-8", headers=STREAM_HEADERS)
@@ -88,10 +87,10 @@ class VLLMNativeProtocol(Protocol):
         return JSONResponse({"text": [body.prompt + t for t in texts]})
 
     @staticmethod
-    def _texts(req: GenerateRequest) -> list[str]:
+    def _texts(req: PreparedRequest) -> list[str]:
         return [""] * req.sampling.n
 
-    async def _stream(self, prompt: str, req: GenerateRequest) -> AsyncGenerator[bytes, None]:
+    async def _stream(self, prompt: str, req: PreparedRequest) -> AsyncGenerator[bytes, None]:
         texts = self._texts(req)
         async for event in self.context.engine.generate(req):
             for d in event.outputs:
