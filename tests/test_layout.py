@@ -1,5 +1,6 @@
-"""The layout rules nothing else checks: module size, the core/plugins boundary, no import cycle
-inside the core, a docstring atop every module.
+"""The layout rules nothing else checks: module size (Python modules, and the C sources and headers
+of the plugins' native kernels), the core/plugins boundary, no import cycle inside the core or
+inside the plugins, a docstring atop every module.
 
 Imports are read from the source (``ast``), not by importing: a module's import-time edges are
 its top-level imports and those under ``if TYPE_CHECKING:`` (a circle there is still a circle
@@ -17,6 +18,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_LINES = 500
+# C sources and headers (csrc/ of native kernels): a kernel is dense, but one file per job still.
+MAX_C_LINES = 800
 # (folder, import name) as setup.py maps them.
 TREES = ((ROOT / "core", "llmserve"), (ROOT / "plugins", "llmserve.plugins"))
 
@@ -113,6 +116,20 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def line_count(path: Path) -> int:
+    return path.read_text(encoding="utf-8").count("\n")
+
+
+def c_sources(folder: Path) -> list[Path]:
+    """Every C source and header under ``folder``."""
+    return sorted(p for p in folder.rglob("*") if p.suffix in (".c", ".h") and p.is_file())
+
+
+def oversized(paths: list[Path], cap: int, root: Path) -> dict[str, int]:
+    """``path under root -> lines`` for each file of ``paths`` longer than ``cap`` lines."""
+    return {p.relative_to(root).as_posix(): n for p in paths if (n := line_count(p)) > cap}
+
+
 ALL = [(name, path) for folder, package in TREES for name, path in modules(folder, package).items()]
 
 
@@ -123,6 +140,12 @@ def test_module_is_under_the_size_cap_and_opens_with_a_docstring(name, path):
     assert lines <= MAX_LINES, f"{path.relative_to(ROOT)} has {lines} lines (cap {MAX_LINES}): split it"
     if text.strip():
         assert ast.get_docstring(ast.parse(text)), f"{path.relative_to(ROOT)} has no module docstring"
+
+
+def test_c_sources_are_under_the_size_cap():
+    sources = c_sources(ROOT / "plugins")
+    assert ROOT / "plugins/backends/torch/native/csrc/gguf_linear.c" in sources
+    assert oversized(sources, MAX_C_LINES, ROOT) == {}, f"split these along their jobs (cap {MAX_C_LINES} lines)"
 
 
 def test_core_never_imports_a_plugin():
@@ -139,9 +162,18 @@ def test_no_import_cycle_inside_core():
     assert cycles(graph) == []
 
 
+def test_no_import_cycle_inside_plugins():
+    """Within one plugin package and between plugins: a route module that needs its dialect's
+    protocol class names what it uses structurally (``tgi/generate.py``'s ``TGIHost``) rather
+    than importing it back under TYPE_CHECKING."""
+    graph = import_graph(modules(ROOT / "plugins", "llmserve.plugins"))
+    assert cycles(graph) == []
+
+
 def test_the_checks_see_what_they_look_for(tmp_path):
     """The cycle finder and the import reader catch a circle hidden behind TYPE_CHECKING, a
-    relative import and a plugin import inside a function."""
+    relative import and a plugin import inside a function; in a plugin tree, a route module's
+    back-reference to its protocol; the C size check counts lines as the module check does."""
     pkg = tmp_path / "core"
     (pkg / "sub").mkdir(parents=True)
     (pkg / "__init__.py").write_text('"""Root."""\n')
@@ -155,6 +187,23 @@ def test_the_checks_see_what_they_look_for(tmp_path):
     assert cycles(graph) == [["llmserve.a", "llmserve.sub.b"]]
     assert "llmserve.plugins.x" in imports(mods["llmserve.sub.b"], "llmserve.sub.b", top_level_only=False)
     assert "llmserve.plugins.x" not in imports(mods["llmserve.sub.b"], "llmserve.sub.b", top_level_only=True)
+
+    dialect = tmp_path / "plugins" / "protocols" / "d"
+    dialect.mkdir(parents=True)
+    (dialect / "__init__.py").write_text('"""D."""\nfrom .protocol import DProtocol\n')
+    (dialect / "protocol.py").write_text('"""P."""\nfrom .route import Route\n')
+    (dialect / "route.py").write_text('"""R."""\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n'
+                                      '    from .protocol import DProtocol\n')
+    plugin_graph = import_graph(modules(tmp_path / "plugins", "llmserve.plugins"))
+    assert cycles(plugin_graph) == [["llmserve.plugins.protocols.d.protocol", "llmserve.plugins.protocols.d.route"]]
+
+    csrc = tmp_path / "csrc"
+    csrc.mkdir()
+    (csrc / "fits.c").write_text("int x;\n" * MAX_C_LINES)
+    (csrc / "long.h").write_text("/* h */\n" * (MAX_C_LINES + 1))
+    (csrc / "notes.txt").write_text("x\n" * (MAX_C_LINES + 1))
+    assert [p.name for p in c_sources(tmp_path)] == ["fits.c", "long.h"]
+    assert oversized(c_sources(tmp_path), MAX_C_LINES, tmp_path) == {"csrc/long.h": MAX_C_LINES + 1}
 
 
 def rooms(text: str) -> dict[str, str]:
