@@ -21,8 +21,8 @@ from llmserve import __version__
 from llmserve.bench.command import bench_cli
 from llmserve.chat_cli import chat_command
 from llmserve.cli_help import BACKEND_PANEL, PanelCommand, default_text, help_context, panel_of
-from llmserve.config import (FIELDS, FLAG_ALIASES, ServerConfig, _kind, flag_name, load_config, load_options,
-                             option_flag)
+from llmserve.config import (FIELDS, FLAG_ALIASES, ServerConfig, _kind, field_owner, flag_name, flat_values,
+                             load_config, load_options, option_flag)
 from llmserve.errors import ConfigError
 from llmserve.ray_serve import ray_serve_command
 from llmserve.hooks.manager import PluginManager
@@ -66,14 +66,15 @@ def fail(message: str, code: int = 2) -> None:
 
 def _option(name: str, model: type[BaseModel], field: str, flag: str, aliases: Sequence[str] = ()) -> inspect.Parameter:
     """The typer parameter ``name`` for ``model.field`` as the long option ``flag`` (and ``aliases``)."""
-    info = model.model_fields[field]
+    owner = field_owner(field, model)  # a setting's section declares it
+    info = owner.model_fields[field]
     kind = _kind(field, model)
     help_text = info.description or ""
     literal = [a for a in get_args(info.annotation) if a is not type(None)]
     choices = get_args(info.annotation) if getattr(info.annotation, "__origin__", None) is Literal else ()
     if choices:
         help_text += f" One of: {', '.join(choices)}."
-    help_text = f"{help_text} {default_text(model, field)}".strip()
+    help_text = f"{help_text} {default_text(owner, field)}".strip()
     panel = panel_of(field) if model is ServerConfig else BACKEND_PANEL
     if kind == "bool":
         default = typer.Option(None, f"{flag}/--no-{flag[2:]}", *aliases, help=help_text, show_default=False,
@@ -258,15 +259,16 @@ def config_show(config: Optional[Path] = CONFIG_OPTION,
     The selected backend's options follow the settings, as ``<backend>.<field>``.
     """
     cfg, sources = resolve_config(flags, config)
-    values = cfg.model_dump(mode="json")
+    values = flat_values(cfg)
     values["api_key"] = ["***"] * len(values["api_key"])  # secrets are never printed
     rows = {k: (values[k], sources[k]) for k in FIELDS}
     try:
-        model = backend_option_models(plugin_registry()).get(cfg.backend)
+        backend = cfg.llm.backend
+        model = backend_option_models(plugin_registry()).get(backend)
         if model is not None:
-            options, option_sources = load_options(cfg.backend, model, cfg)
+            options, option_sources = load_options(backend, model, cfg)
             for field, value in options.model_dump(mode="json").items():
-                rows[f"{cfg.backend}.{field}"] = (value, option_sources[field])
+                rows[f"{backend}.{field}"] = (value, option_sources[field])
     except ConfigError as exc:
         fail(str(exc))
     if as_json:

@@ -65,7 +65,7 @@ def deployment_options(config: "ServerConfig", options: RayOptions) -> dict[str,
     ``--max-replicas`` the replica count is Ray's autoscaler's, aiming at
     ``--target-ongoing-requests`` requests per replica (default: half a batch).
     """
-    max_ongoing = options.max_ongoing_requests or config.max_num_seqs
+    max_ongoing = options.max_ongoing_requests or config.scheduler.max_num_seqs
     out: dict[str, Any] = {
         "max_ongoing_requests": max_ongoing,
         "ray_actor_options": {"num_cpus": options.replica_cpus, "num_gpus": options.replica_gpus},
@@ -74,7 +74,7 @@ def deployment_options(config: "ServerConfig", options: RayOptions) -> dict[str,
         # small Python classes.
         "health_check_timeout_s": max(30.0, options.health_check_period * 3),
         # Ray's graceful stop of a replica is llmserve's drain: in-flight requests finish first.
-        "graceful_shutdown_timeout_s": float(config.shutdown_timeout),
+        "graceful_shutdown_timeout_s": float(config.limits.shutdown_timeout),
     }
     if options.max_replicas is not None:
         low = options.replicas if options.min_replicas is None else options.min_replicas
@@ -166,7 +166,7 @@ def build_application(config: "ServerConfig", options: RayOptions) -> Any:
     from ray import serve
 
     for field in _PROXY_OWNED:
-        if getattr(config, field):
+        if getattr(config.http, field):
             flag = "--" + field.replace("_", "-")
             raise ValueError(f"{flag} is not used under Ray Serve: Ray's HTTP proxy owns the socket "
                              "(terminate TLS in front of it)")
@@ -192,7 +192,7 @@ def replica_error(serve: Any) -> str | None:
 
 def run(config: "ServerConfig", options: RayOptions) -> int:
     """Deploy the replicas on Ray (a local instance unless ``options.address``), serve on
-    ``config.host:config.port`` through Ray's proxy until SIGINT or SIGTERM, then take the
+    ``config.http.host:config.http.port`` through Ray's proxy until SIGINT or SIGTERM, then take the
     application down (and the local Ray instance, when this command started it)."""
     import ray
     from ray import serve
@@ -212,7 +212,7 @@ def run(config: "ServerConfig", options: RayOptions) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which installs handlers of its own
         signal.signal(sig, on_signal)
     try:
-        serve.start(http_options={"host": config.host, "port": config.port})
+        serve.start(http_options={"host": config.http.host, "port": config.http.port})
         try:
             serve.run(application, name=APP_NAME, route_prefix="/")
         except RuntimeError as exc:  # Ray's "Deploying application failed": say why in one line
@@ -222,7 +222,8 @@ def run(config: "ServerConfig", options: RayOptions) -> int:
                     else f"{options.min_replicas if options.min_replicas is not None else options.replicas}"
                          f"-{options.max_replicas} replicas (autoscaling)")
         # One line that scripts (and the tests) wait for.
-        print(f"llmserve: {replicas} serving at http://{config.host}:{config.port} through Ray Serve", flush=True)
+        http = config.http
+        print(f"llmserve: {replicas} serving at http://{http.host}:{http.port} through Ray Serve", flush=True)
         while not stop.wait(1.0):
             pass
         log.info("stopping: deleting the Ray Serve application")

@@ -32,8 +32,8 @@ def warm_up(config: ServerConfig, plugins: "PluginManager") -> float:
     for spec in config.plugins:
         plugins.load_spec(spec, "config")
     registry = Registry.collect(plugins)
-    record = registry.get("backend", config.backend).record
-    backend_cls = registry.load("backend", config.backend)
+    record = registry.get("backend", config.llm.backend).record
+    backend_cls = registry.load("backend", config.llm.backend)
     if record.options:
         options, _ = load_options(record.name, resolve(record.options), config)
         backend = backend_cls(config, options)

@@ -10,7 +10,7 @@ import pytest
 from conftest import run_cli
 
 from llmserve.cli_help import BACKEND_PANEL, ORDER, PANELS, panel_of
-from llmserve.config import FIELDS, ServerConfig, _kind, flag_name
+from llmserve.config import FIELDS, SchedulerConfig, _kind, flag_name
 
 NARROW = {"COLUMNS": "80", "LINES": "40"}
 
@@ -63,7 +63,7 @@ def test_flags_sit_in_their_panels_with_defaults(serve_help):
     assert re.search(r"--port <int>\s+Port to bind\.\s+\[default: 8000\]", server)
     assert "[default: 127.0.0.1]" in server
     assert "[default: on]" in panels["Engine"]  # --enable-prefix-caching
-    assert ServerConfig.model_fields["max_num_seqs"].default == 64 and "[default: 64]" in panels["Engine"]
+    assert SchedulerConfig.model_fields["max_num_seqs"].default == 64 and "[default: 64]" in panels["Engine"]
 
 
 def test_config_show_and_warmup_share_the_panels():

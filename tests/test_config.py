@@ -167,3 +167,26 @@ def test_backend_options_reach_the_backend(tmp_path, monkeypatch):
                             environ={})
     with pytest.raises(ConfigError, match="invalid options for 'tuned': speed: .*from cli"):
         build_server(config, PluginManager().load(autoload=False))
+
+
+def test_settings_live_in_typed_sections():
+    """A setting given by its own name goes to its section; a section may be given whole; the
+    flat name wins over the same setting in a section; errors name the setting, not the section."""
+    from llmserve.config import SECTION_OF, SECTIONS, FIELDS, SchedulerConfig, ServerConfig
+
+    config = ServerConfig(max_num_seqs=4, port=9000, block_size=32, log_level="debug")
+    assert (config.scheduler.max_num_seqs, config.http.port, config.cache.block_size) == (4, 9000, 32)
+    assert config.scheduler.model_fields_set == {"max_num_seqs"}  # what was given, as the CUDA default needs
+    given = ServerConfig(scheduler=SchedulerConfig(max_num_seqs=7), enable_chunked_prefill=False)
+    assert given.scheduler == SchedulerConfig(max_num_seqs=7, enable_chunked_prefill=False)
+    assert ServerConfig(scheduler={"max_num_seqs": 3}, max_num_seqs=5).scheduler.max_num_seqs == 5
+    assert config.max_num_seqs == 4 and config.port == 9000  # plugins written against flat reads still work
+    # every setting sits in exactly one section, or is one of ServerConfig's own two
+    assert sorted(FIELDS) == sorted([*SECTION_OF, "log_level", "plugins"])
+    assert sum(len(model.model_fields) for model in SECTIONS.values()) == len(SECTION_OF)
+    with pytest.raises(ConfigError, match=r"block-size: Input should be greater than or equal to 1.*LLMSERVE_BLOCK"):
+        load_config({}, None, environ={"LLMSERVE_BLOCK_SIZE": "0"})
+    with pytest.raises(AttributeError):
+        _ = config.no_such_setting
+    with pytest.raises(ValueError, match="prot"):
+        ServerConfig(prot=8000)

@@ -19,7 +19,7 @@ import typer.main
 
 from conftest import run_cli
 from llmserve.cli import cli
-from llmserve.config import ALIASES, ENV_PREFIX, FIELDS, load_config
+from llmserve.config import ALIASES, ENV_PREFIX, FIELDS, flat_values, load_config
 
 SNAPSHOT = Path(__file__).resolve().parent / "config_surface.json"
 
@@ -111,8 +111,7 @@ def surface(tmp_path: Path) -> dict[str, Any]:
 
 def flat(config: Any) -> dict[str, Any]:
     """``field -> value`` (JSON types) of a config, in the order of FIELDS."""
-    dumped = config.model_dump(mode="json")
-    return {name: dumped[name] for name in FIELDS}
+    return flat_values(config)
 
 
 def test_names_values_and_config_show_equal_the_snapshot(tmp_path):

@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmserve.config import ServerConfig
 from llmserve.request import LogitsMask
 from llmserve.sampling import SamplingParams
 
@@ -136,8 +137,8 @@ class Backend(ABC):
                         else StepResult(i.seq_id) for i in batch]
     """
 
-    def __init__(self, config: Any) -> None:
-        self.config = config
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config  # its sections: config.llm (the model), config.cache, config.scheduler, ...
 
     @abstractmethod
     def load(self) -> ModelInfo:

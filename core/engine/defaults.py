@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from llmserve.config import ModelConfig
 from llmserve.errors import ConfigError
 from llmserve.sampling import SamplingParams
 
@@ -80,10 +81,9 @@ class SamplingDefaults:
     _counter: Any = field(default_factory=itertools.count)
 
     @classmethod
-    def from_config(cls, config: Any) -> "SamplingDefaults":
-        values = read_generation_defaults(str(getattr(config, "generation_config", "vllm") or "vllm"),
-                                          getattr(config, "model", None))
-        return cls(values=values, seed=getattr(config, "seed", None))
+    def from_config(cls, model: ModelConfig) -> "SamplingDefaults":
+        """``--generation-config`` and ``--seed`` of the model section."""
+        return cls(values=read_generation_defaults(model.generation_config, model.model), seed=model.seed)
 
     def apply(self, sampling: SamplingParams, prompt_len: int, max_model_len: int) -> SamplingParams:
         """``sampling`` with the defaults in the fields its request left unset. Idempotent: a field

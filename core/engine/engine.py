@@ -13,6 +13,7 @@ import math
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
+from llmserve.config import CacheConfig, ServerConfig
 from llmserve.engine.backend import Backend, KVCacheSpec, ModelInfo, StepItem
 from llmserve.engine.block_manager import BlockManager
 from llmserve.engine.defaults import SamplingDefaults
@@ -71,22 +72,24 @@ class GuardedMask:
 
 
 class LLMEngine:
-    """Owns the scheduler and block manager; drives a backend."""
+    """Owns the scheduler and block manager; drives a backend. Of the configuration it reads the
+    scheduler, cache and limits sections, and the model section's sampling defaults."""
 
-    def __init__(self, backend: Backend, info: ModelInfo, config: Any) -> None:
+    def __init__(self, backend: Backend, info: ModelInfo, config: ServerConfig) -> None:
+        cache, scheduler = config.cache, config.scheduler
         self.backend = backend
         self.info = info
         self.tokenizer = info.tokenizer
         self.max_model_len = info.max_model_len
-        self.block_size = int(getattr(config, "block_size", 16))
-        self.cache_dtype = str(getattr(config, "kv_cache_dtype", "auto"))
+        self.block_size = cache.block_size
+        self.cache_dtype: str = cache.kv_cache_dtype
         self.metrics: "Metrics | None" = None  # attached by the server before the loop starts
-        self.limits = RequestLimits.from_config(config, self.max_model_len)
-        self.defaults = SamplingDefaults.from_config(config)  # --generation-config, --seed
+        self.limits = RequestLimits.from_config(config.limits, self.max_model_len)
+        self.defaults = SamplingDefaults.from_config(config.llm)  # --generation-config, --seed
         self.faults = FaultInjector.from_env()
         if self.faults.active:
             log.warning("fault injection is on (%s): for tests only", self.faults)
-        budget = int(getattr(config, "max_num_batched_tokens", 2048))
+        budget = scheduler.max_num_batched_tokens
         self.embeds = EmbedQueue(budget)
         self.requests: dict[str, RequestState] = {}
         self.eos_ids = frozenset(info.eos_token_ids)
@@ -95,25 +98,22 @@ class LLMEngine:
             self.block_manager = BlockManager(1, self.block_size, False)
             self.scheduler = Scheduler(self.block_manager, 1, budget)
             return
-        chunked = bool(getattr(config, "enable_chunked_prefill", True))
+        chunked = scheduler.enable_chunked_prefill
         if not chunked and budget < self.max_model_len:
             raise ConfigError(f"--max-num-batched-tokens ({budget}) must be at least the context length "
                               f"({self.max_model_len}) when chunked prefill is off")
-        num_blocks = self._init_kv_cache(config)
-        self.block_manager = BlockManager(num_blocks, self.block_size,
-                                          bool(getattr(config, "enable_prefix_caching", True)))
-        self.scheduler = Scheduler(self.block_manager,
-                                   max_num_seqs=int(getattr(config, "max_num_seqs", 64)),
+        num_blocks = self._init_kv_cache(cache)
+        self.block_manager = BlockManager(num_blocks, self.block_size, cache.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, max_num_seqs=scheduler.max_num_seqs,
                                    max_num_batched_tokens=budget, enable_chunked_prefill=chunked)
 
-    def _init_kv_cache(self, config: Any) -> int:
+    def _init_kv_cache(self, cache: CacheConfig) -> int:
         """Have the backend allocate the KV pool; refuse a pool that cannot hold one request of
         ``max_model_len`` tokens. The check lives here, not in each backend, so every backend
         gets it the same way."""
         min_blocks = math.ceil(self.max_model_len / self.block_size)
-        spec = KVCacheSpec(block_size=self.block_size, num_blocks=getattr(config, "num_kv_blocks", None),
-                           memory_fraction=getattr(config, "kv_cache_memory_fraction", 0.25),
-                           min_blocks=min_blocks)
+        spec = KVCacheSpec(block_size=self.block_size, num_blocks=cache.num_kv_blocks,
+                           memory_fraction=cache.kv_cache_memory_fraction, min_blocks=min_blocks)
         num_blocks = self.backend.init_kv_cache(spec)
         if num_blocks < min_blocks:
             raise ConfigError(

@@ -8,8 +8,8 @@ kept here covers every dialect (a third-party one included) without each repeati
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
+from llmserve.config import LimitsConfig
 from llmserve.errors import InvalidRequestError
 from llmserve.request import REJECT, RequestPolicy
 from llmserve.sampling import MAX_LOGPROBS, SamplingParams
@@ -33,15 +33,12 @@ class RequestLimits:
     max_logprobs: int = MAX_LOGPROBS
 
     @classmethod
-    def from_config(cls, config: Any, max_model_len: int) -> "RequestLimits":
-        prompt = getattr(config, "max_prompt_chars", None)
-        stops = getattr(config, "max_stop_strings", None)
-        chars = getattr(config, "max_stop_chars", None)
-        logprobs = getattr(config, "max_logprobs", None)
-        return cls(max_prompt_chars=int(prompt) if prompt is not None else CHARS_PER_TOKEN * max_model_len,
-                   max_stop_strings=DEFAULT_MAX_STOP_STRINGS if stops is None else int(stops),
-                   max_stop_chars=DEFAULT_MAX_STOP_CHARS if chars is None else int(chars),
-                   max_model_len=max_model_len, max_logprobs=MAX_LOGPROBS if logprobs is None else int(logprobs))
+    def from_config(cls, limits: LimitsConfig, max_model_len: int) -> "RequestLimits":
+        """The bounds the limits section sets for a model of ``max_model_len`` tokens."""
+        prompt = limits.max_prompt_chars
+        return cls(max_prompt_chars=prompt if prompt is not None else CHARS_PER_TOKEN * max_model_len,
+                   max_stop_strings=limits.max_stop_strings, max_stop_chars=limits.max_stop_chars,
+                   max_model_len=max_model_len, max_logprobs=limits.max_logprobs)
 
     def check_prompt(self, text: str | None, param: str = "prompt") -> None:
         """Refuse a prompt text too long to tokenize (400), before any tokenizing."""

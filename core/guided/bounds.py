@@ -17,6 +17,7 @@ import re._parser as sre_parse
 from dataclasses import dataclass
 from typing import Any
 
+from llmserve.config import GuidedConfig
 from llmserve.errors import InvalidRequestError
 
 _REPEATS = (sre_c.MAX_REPEAT, sre_c.MIN_REPEAT, sre_c.POSSESSIVE_REPEAT)
@@ -34,10 +35,10 @@ class GuidedLimits:
     max_pending: int = 16          # distinct constraints waiting for the compile worker (more: 503)
 
     @classmethod
-    def from_config(cls, config: Any) -> "GuidedLimits":
-        default = cls()
-        return cls(**{name: getattr(config, f"guided_{name}", getattr(default, name))
-                      for name in ("compile_timeout", "max_bytes", "max_depth", "max_items")})
+    def from_config(cls, guided: GuidedConfig) -> "GuidedLimits":
+        """The bounds the guided section sets (``max_pending`` is the server's own)."""
+        return cls(compile_timeout=guided.guided_compile_timeout, max_bytes=guided.guided_max_bytes,
+                   max_depth=guided.guided_max_depth, max_items=guided.guided_max_items)
 
 
 # -- static checks -------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from llmserve.parsing.contract import ReasoningParser, ToolParser
 from llmserve.parsing.tool_choice import ToolPlan, plan_tools
 
 if TYPE_CHECKING:
+    from llmserve.config import ParsingConfig
     from llmserve.sampling import SamplingParams
 
 
@@ -47,7 +48,7 @@ class ParsingService:
     auto_tools: bool = False  # auto tool choice is on: the flag and a tool parser
 
     @classmethod
-    def from_config(cls, config: Any, registry: Any) -> "ParsingService":
+    def from_config(cls, config: "ParsingConfig", registry: Any) -> "ParsingService":
         tool, reasoning = config.tool_call_parser, config.reasoning_parser
         return cls(tool, reasoning,
                    registry.load("tool_parser", tool) if tool else None,

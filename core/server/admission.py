@@ -70,22 +70,23 @@ class Admission:
         stats = engine.stats() if engine is not None else None
         if stats is not None and stats.dead:
             raise EngineDeadError("the engine is not running; the server is restarting")
-        most = min(c for c in (cfg.max_concurrent_requests,
-                               cfg.max_num_seqs + cfg.max_waiting_requests if cfg.max_waiting_requests is not None
+        limits, running = cfg.limits, cfg.scheduler.max_num_seqs
+        most = min(c for c in (limits.max_concurrent_requests,
+                               running + limits.max_waiting_requests if limits.max_waiting_requests is not None
                                else None, 1 << 62) if c is not None)
         if n > most:  # could never be admitted: a client error, not a reason to retry
             raise InvalidRequestError(f"the request asks for {n} sequences (n / best_of / prompts); this "
                                       f"server admits at most {most} at once", param="n")
-        cap = cfg.max_concurrent_requests
+        cap = limits.max_concurrent_requests
         if cap is not None and self.in_flight + n > cap:
             self._reject(f"{self.in_flight} requests in flight (limit {cap})", "concurrent")
-        if cfg.max_waiting_requests is not None:
+        if limits.max_waiting_requests is not None:
             queued = stats.waiting if stats is not None else 0
-            waiting = max(self.in_flight + n - cfg.max_num_seqs, queued + n if queued else 0)
-            if waiting > cfg.max_waiting_requests:
-                self._reject(f"the queue is full (limit {cfg.max_waiting_requests} waiting requests)", "waiting")
-        if cfg.max_waiting_tokens is not None and self.waiting_tokens >= cfg.max_waiting_tokens:
-            self._reject(f"{self.waiting_tokens} prompt tokens are waiting (limit {cfg.max_waiting_tokens})",
+            waiting = max(self.in_flight + n - running, queued + n if queued else 0)
+            if waiting > limits.max_waiting_requests:
+                self._reject(f"the queue is full (limit {limits.max_waiting_requests} waiting requests)", "waiting")
+        if limits.max_waiting_tokens is not None and self.waiting_tokens >= limits.max_waiting_tokens:
+            self._reject(f"{self.waiting_tokens} prompt tokens are waiting (limit {limits.max_waiting_tokens})",
                          "waiting_tokens")
         ctx = current_context()
         if ctx is not None and ctx.owner is self and not ctx.closed:
@@ -103,7 +104,7 @@ class Admission:
         """Start counting ``ctx`` (an HTTP request): its reservations and its deadline, the
         server's ``--request-timeout`` from now."""
         ctx.owner = self
-        ctx.deadline = deadline_after(self.config.request_timeout)
+        ctx.deadline = deadline_after(self.config.limits.request_timeout)
         self.requests.add(ctx)
         self.opened += 1
 

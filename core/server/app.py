@@ -58,7 +58,7 @@ def build_app(context: "ServerContext", protocols: "dict[str, Protocol]", lifesp
     leading: list[tuple[APIRouter, str]] = []   # negotiated routes, included first
     included: list[tuple[APIRouter, str]] = []
     for name, protocol in protocols.items():
-        prefix = context.config.protocol_prefix.get(name, "").rstrip("/")
+        prefix = context.config.http.protocol_prefix.get(name, "").rstrip("/")
         router = protocol.router()
         adopt_routes(protocol, router)  # one error path for every route, plain APIRouters' included
         for route in router.routes:

@@ -136,7 +136,8 @@ def _prompt(context: "ServerContext", turn: ChatTurn,
                            add_generation_prompt=turn.add_generation_prompt,
                            continue_final_message=turn.continue_final_message, chat_template=turn.chat_template,
                            template_kwargs=turn.template_kwargs, documents=turn.documents,
-                           trusted=cfg.trust_request_chat_template, timeout=cfg.chat_template_render_timeout)
+                           trusted=cfg.parsing.trust_request_chat_template,
+                           timeout=cfg.parsing.chat_template_render_timeout)
     ids = engine.encode(text, special, param=turn.policy.prompt) if text else []
     return text, [*turn.prefix_ids, *ids]
 

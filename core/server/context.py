@@ -61,7 +61,7 @@ class ServerContext:
 
         from llmserve.server.keepalive import PING, with_pings
 
-        return StreamingResponse(with_pings(body, self.config.sse_ping_interval, ping or PING),
+        return StreamingResponse(with_pings(body, self.config.limits.sse_ping_interval, ping or PING),
                                  media_type="text/event-stream", headers=headers)
 
     @property
@@ -74,10 +74,10 @@ class ServerContext:
 
             if self.engine is None or self.model is None:
                 raise RuntimeError("guided decoding needs the loaded model")
-            self._guided = GuidedDecoding(self.registry, self.config.guided_decoding_backend,
+            self._guided = GuidedDecoding(self.registry, self.config.guided.guided_decoding_backend,
                                           self.engine.tokenizer, self.model.vocab_size,
                                           list(self.model.eos_token_ids),
-                                          limits=GuidedLimits.from_config(self.config))
+                                          limits=GuidedLimits.from_config(self.config.guided))
         return self._guided
 
     @property
@@ -87,7 +87,7 @@ class ServerContext:
         if self._parsing is None:
             from llmserve.parsing.service import ParsingService
 
-            self._parsing = ParsingService.from_config(self.config, self.registry)
+            self._parsing = ParsingService.from_config(self.config.parsing, self.registry)
         return self._parsing
 
     def readiness(self) -> str | None:
@@ -102,8 +102,8 @@ class ServerContext:
 
     @property
     def served_model_names(self) -> list[str]:
-        if self.config.served_model_name:
-            return list(self.config.served_model_name)
+        if self.config.llm.served_model_name:
+            return list(self.config.llm.served_model_name)
         return [self.model.name] if self.model is not None else ["llmserve"]
 
     @property
@@ -122,6 +122,6 @@ class ServerContext:
         so is any other name while the model has a single served name, as TGI and llama.cpp do,
         unless ``--strict-model-name``; with several served names an unknown one is a 404."""
         if not name or self.is_served(name) or (len(set(self.served_model_names)) == 1
-                                                 and not self.config.strict_model_name):
+                                                 and not self.config.llm.strict_model_name):
             return self.model_name
         raise NotFoundError(message or f"The model `{name}` does not exist.", param=param)

@@ -212,7 +212,7 @@ class EdgeProtocol(HttpToolsProtocol):
 def edge_protocol(config: "ServerConfig") -> type[EdgeProtocol]:
     """The HTTP protocol class for a server with ``config``'s limits."""
     return type("EdgeProtocol", (EdgeProtocol,), {
-        "max_header_bytes": int(config.max_header_bytes),
-        "max_header_count": int(config.max_header_count),
-        "timeout_request_headers": float(config.timeout_request_headers),
+        "max_header_bytes": int(config.http.max_header_bytes),
+        "max_header_count": int(config.http.max_header_count),
+        "timeout_request_headers": float(config.http.timeout_request_headers),
     })

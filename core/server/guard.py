@@ -225,11 +225,11 @@ def _app_scope(scope: Scope, request_id: str, head_as_get: bool) -> Scope:
 def install(app: "FastAPI", context: "ServerContext") -> None:
     """Add the request guard (and CORS when configured) to ``app``. Raises ConfigError on unsafe CORS."""
     config = context.config
-    origins = list(config.cors_allow_origins)
-    if config.cors_allow_credentials and "*" in origins:
+    origins = list(config.http.cors_allow_origins)
+    if config.http.cors_allow_credentials and "*" in origins:
         raise ConfigError("--cors-allow-credentials cannot be combined with --cors-allow-origins '*': "
                           "list the origins allowed to send credentials")
-    if config.cors_allow_credentials and not origins:
+    if config.http.cors_allow_credentials and not origins:
         raise ConfigError("--cors-allow-credentials needs --cors-allow-origins (the origins allowed to send them)")
     app.add_middleware(RequestGuard, fastapi_app=app, context=context)
     if origins:
@@ -237,6 +237,7 @@ def install(app: "FastAPI", context: "ServerContext") -> None:
 
         # Added last, so it runs first: preflights are answered before the API-key check
         # (browsers send them without credentials) and refusals still carry CORS headers.
-        app.add_middleware(CORSMiddleware, allow_origins=origins, allow_credentials=config.cors_allow_credentials,
-                           allow_methods=list(config.cors_allow_methods), allow_headers=list(config.cors_allow_headers),
+        http = config.http
+        app.add_middleware(CORSMiddleware, allow_origins=origins, allow_credentials=http.cors_allow_credentials,
+                           allow_methods=list(http.cors_allow_methods), allow_headers=list(http.cors_allow_headers),
                            expose_headers=["X-Request-Id", "Retry-After", "X-Llmserve-Warning"], max_age=600)

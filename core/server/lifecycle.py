@@ -142,7 +142,7 @@ class LLMServer(uvicorn.Server):
     async def _drain(self) -> None:
         ctx = self.context
         ctx.draining = True
-        timeout = float(ctx.config.shutdown_timeout)
+        timeout = float(ctx.config.limits.shutdown_timeout)
         admission = ctx.admission
         log.info("shutting down: refusing new requests; %d in flight, waiting up to %.0f s", admission.active,
                  timeout)
@@ -191,7 +191,7 @@ def make_server(app: Any, context: "ServerContext", *, port: int | None = None, 
     from llmserve.server.serve import uvicorn_options
 
     config = context.config
-    settings = uvicorn.Config(app, host=config.host, port=config.port if port is None else port,
+    settings = uvicorn.Config(app, host=config.http.host, port=config.http.port if port is None else port,
                               **uvicorn_options(config))
     progress.guard_logs()  # uvicorn's own log handlers exist now: keep them off the live line too
     return LLMServer(settings, context, load, on_ready)

@@ -85,10 +85,10 @@ class Checks:
 
     def __init__(self, fastapi_app: "FastAPI", config: "ServerConfig") -> None:
         self.fastapi_app = fastapi_app
-        self.keys = [k.encode("utf-8", "surrogateescape") for k in config.api_key]
-        self.public_metrics = bool(config.public_metrics)
-        self.limit = int(config.max_request_body_bytes)
-        self.body_timeout = float(config.timeout_request_body)
+        self.keys = [k.encode("utf-8", "surrogateescape") for k in config.http.api_key]
+        self.public_metrics = bool(config.http.public_metrics)
+        self.limit = int(config.http.max_request_body_bytes)
+        self.body_timeout = float(config.http.timeout_request_body)
         self._table: list[tuple[Any, set[str], Any, str]] | None = None
 
     # -- routing ---------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import time
 from typing import Any, AsyncIterator, Callable, TypeVar
 
 from llmserve import progress
-from llmserve.config import ServerConfig, load_options, unknown_key_message
+from llmserve.config import GuidedConfig, ServerConfig, load_options, unknown_key_message
 from llmserve.hooks.records import ProtocolSpec, resolve
 from llmserve.errors import ConfigError
 from llmserve.hooks.manager import PluginManager
@@ -79,31 +79,31 @@ def uvicorn_options(config: ServerConfig) -> dict[str, Any]:
         access.addFilter(_NoQueryStrings())
     # uvicorn annotates timeout_keep_alive as int, but it only feeds a float timer: sub-second
     # values work (the tests use them), so the float goes through untouched.
-    return {"http": edge_protocol(config), "timeout_keep_alive": config.timeout_keep_alive,
-            "log_level": config.uvicorn_log_level or config.log_level,
-            "access_log": not config.disable_uvicorn_access_log, "root_path": config.root_path,
-            "ssl_keyfile": config.ssl_keyfile, "ssl_certfile": config.ssl_certfile,
-            "ssl_ca_certs": config.ssl_ca_certs, "ssl_cert_reqs": config.ssl_cert_reqs}
+    return {"http": edge_protocol(config), "timeout_keep_alive": config.http.timeout_keep_alive,
+            "log_level": config.http.uvicorn_log_level or config.log_level,
+            "access_log": not config.http.disable_uvicorn_access_log, "root_path": config.http.root_path,
+            "ssl_keyfile": config.http.ssl_keyfile, "ssl_certfile": config.http.ssl_certfile,
+            "ssl_ca_certs": config.http.ssl_ca_certs, "ssl_cert_reqs": config.http.ssl_cert_reqs}
 
 
 def check_tls(config: ServerConfig) -> None:
     """Refuse, before the model loads, TLS settings uvicorn would fail on with a traceback."""
-    if not (config.ssl_keyfile or config.ssl_certfile):
-        if config.ssl_ca_certs or config.ssl_cert_reqs:
+    if not (config.http.ssl_keyfile or config.http.ssl_certfile):
+        if config.http.ssl_ca_certs or config.http.ssl_cert_reqs:
             raise ConfigError("--ssl-ca-certs and --ssl-cert-reqs need HTTPS: give --ssl-certfile and --ssl-keyfile")
         return
-    if not config.ssl_certfile:
+    if not config.http.ssl_certfile:
         raise ConfigError("--ssl-keyfile needs --ssl-certfile (the certificate to serve HTTPS with)")
     import ssl
 
     from uvicorn.config import create_ssl_context
 
     try:
-        create_ssl_context(config.ssl_certfile, config.ssl_keyfile, None, ssl.PROTOCOL_TLS_SERVER,
-                           config.ssl_cert_reqs, config.ssl_ca_certs, "TLSv1")
+        create_ssl_context(config.http.ssl_certfile, config.http.ssl_keyfile, None, ssl.PROTOCOL_TLS_SERVER,
+                           config.http.ssl_cert_reqs, config.http.ssl_ca_certs, "TLSv1")
     except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(f"cannot serve HTTPS with --ssl-certfile {config.ssl_certfile!r} and --ssl-keyfile "
-                          f"{config.ssl_keyfile!r}: {exc}") from None
+        raise ConfigError(f"cannot serve HTTPS with --ssl-certfile {config.http.ssl_certfile!r} and --ssl-keyfile "
+                          f"{config.http.ssl_keyfile!r}: {exc}") from None
 
 
 def plugin_options(config: ServerConfig, registry: Registry) -> dict[str, Any]:
@@ -116,7 +116,7 @@ def plugin_options(config: ServerConfig, registry: Registry) -> dict[str, Any]:
     """
     by_name = {entry.record.name: entry for _, entry in registry.records() if entry.record.options}
     wanted = dict.fromkeys([*config.plugin_sections, *config.plugin_flags])
-    backend = registry.get("backend", config.backend).record
+    backend = registry.get("backend", config.llm.backend).record
     if backend.options:
         wanted[backend.name] = None
     out: dict[str, Any] = {}
@@ -130,11 +130,11 @@ def plugin_options(config: ServerConfig, registry: Registry) -> dict[str, Any]:
 
 
 def enabled_protocols(config: ServerConfig, registry: Registry) -> list[str]:
-    if config.protocols is None:
+    if config.http.protocols is None:
         records = [registry.get("protocol", n).record for n in registry.names("protocol")]
         return [r.name for r in records if isinstance(r, ProtocolSpec) and r.default_enabled]
     names = []
-    for name in config.protocols:
+    for name in config.http.protocols:
         primary = registry.get("protocol", name).record.name
         if primary not in names:
             names.append(primary)
@@ -160,21 +160,22 @@ def prepare_server(config: ServerConfig, plugins: PluginManager) -> tuple[Any, S
 
     for spec in config.plugins:
         plugins.load_spec(spec, "config")
-    for spec in config.tool_parser_plugin:
+    for spec in config.parsing.tool_parser_plugin:
         plugins.load_spec(spec, "--tool-parser-plugin")
     plugins.check()
-    if config.enable_auto_tool_choice and not config.tool_call_parser:
+    if config.parsing.enable_auto_tool_choice and not config.parsing.tool_call_parser:
         raise ConfigError("--enable-auto-tool-choice needs --tool-call-parser NAME "
                           "(see `llmserve plugins` for the installed tool parsers)")
     registry = Registry.collect(plugins)
     options = plugin_options(config, registry)
-    for kind, name in (("tool_parser", config.tool_call_parser), ("reasoning_parser", config.reasoning_parser)):
+    parsing = config.parsing
+    for kind, name in (("tool_parser", parsing.tool_call_parser), ("reasoning_parser", parsing.reasoning_parser)):
         if name:
             registry.get(kind, name)  # fail fast on a typo
-    if config.guided_decoding_backend != ServerConfig.model_fields["guided_decoding_backend"].default:
-        registry.get("guided_decoder", config.guided_decoding_backend)  # an explicit choice must exist
-    backend_record = registry.get("backend", config.backend).record
-    backend_cls = registry.load("backend", config.backend)
+    if config.guided.guided_decoding_backend != GuidedConfig.model_fields["guided_decoding_backend"].default:
+        registry.get("guided_decoder", config.guided.guided_decoding_backend)  # an explicit choice must exist
+    backend_record = registry.get("backend", config.llm.backend).record
+    backend_cls = registry.load("backend", config.llm.backend)
     context = ServerContext(config=config, registry=registry, plugins=plugins)
     log.debug("parsers: %s", context.parsing)  # loaded once, here: a parser that does not import fails now
     protocols = {name: registry.load("protocol", name)(context, options.get(name))
@@ -186,7 +187,7 @@ def prepare_server(config: ServerConfig, plugins: PluginManager) -> tuple[Any, S
             context.ready = True
             path = context.model.path if context.model is not None else "-"
             log.info("serving %s (%s) with protocols: %s", context.model_name, path, ", ".join(protocols))
-        trimmer = asyncio.create_task(trim_when_idle(context, config.heap_trim_interval))
+        trimmer = asyncio.create_task(trim_when_idle(context, config.limits.heap_trim_interval))
         try:
             yield
         finally:
@@ -203,18 +204,19 @@ def prepare_server(config: ServerConfig, plugins: PluginManager) -> tuple[Any, S
     # the plain ``cls(config)`` contract.
     backend = (backend_cls(config, options[backend_record.name]) if backend_record.options
                else backend_cls(config))
-    log.info("loading model with backend '%s'", config.backend)
+    log.info("loading model with backend '%s'", config.llm.backend)
     from llmserve.engine.client import EngineClient
     from llmserve.engine.engine import LLMEngine
 
-    template = server_template(config.chat_template) if config.chat_template else None  # before the load
+    chat_template = config.parsing.chat_template
+    template = server_template(chat_template) if chat_template else None  # before the load
 
     def load_engine() -> LLMEngine:
         model = backend.load()
-        if model.device == "cuda" and "max_num_seqs" not in config.model_fields_set:
+        if model.device == "cuda" and "max_num_seqs" not in config.scheduler.model_fields_set:
             # A GPU step costs about the same for 64 rows as for 256 (the weights are read once
             # either way), and the CUDA graphs are captured up to this size: a larger default batch.
-            config.max_num_seqs = CUDA_MAX_NUM_SEQS
+            config.scheduler.max_num_seqs = CUDA_MAX_NUM_SEQS
         if template is not None:  # --chat-template replaces the model's own, for every dialect
             model.chat_template = template
             model.tokenizer.chat_template = template
@@ -253,7 +255,7 @@ def run_server(config: ServerConfig, plugins: PluginManager) -> int:
     check_tls(config)
     # The port first: a taken one fails before anything loads. The model then loads while the
     # server already answers /health (200) and /ready (503 "loading").
-    sock = bind_socket(config.host, config.port)
+    sock = bind_socket(config.http.host, config.http.port)
     try:
         app, context, load = prepare_server(config, plugins)
     except BaseException:

@@ -93,10 +93,10 @@ def bind_socket(host: str, port: int) -> socket.socket:
 def base_url(context: "ServerContext", port: int) -> str:
     """``http(s)://host:port`` clients reach this server at (a wildcard host shown as loopback)."""
     config = context.config
-    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(config.host, config.host)
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(config.http.host, config.http.host)
     host = f"[{host}]" if ":" in host else host
-    scheme = "https" if getattr(config, "ssl_certfile", None) else "http"
-    return f"{scheme}://{host}:{port}{(getattr(config, 'root_path', '') or '').rstrip('/')}"
+    scheme = "https" if config.http.ssl_certfile else "http"
+    return f"{scheme}://{host}:{port}{config.http.root_path.rstrip('/')}"
 
 
 def ready_summary(context: "ServerContext", protocols: dict[str, Any], port: int, seconds: float) -> list[str]:
@@ -113,13 +113,13 @@ def ready_summary(context: "ServerContext", protocols: dict[str, Any], port: int
     inner = getattr(engine, "engine", None)
     blocks = getattr(getattr(inner, "block_manager", None), "num_blocks", None)
     if blocks and info is not None and info.task != "embed":
-        kv = getattr(config, "kv_cache_dtype", "auto")  # auto: the model's compute dtype
-        lines.append(f"  KV pool  {blocks} blocks x {config.block_size} tokens = {blocks * config.block_size} tokens "
+        kv, size = config.cache.kv_cache_dtype, config.cache.block_size  # kv auto: the model's compute dtype
+        lines.append(f"  KV pool  {blocks} blocks x {size} tokens = {blocks * size} tokens "
                      f"in {info.dtype if kv == 'auto' else kv}")
     root = base_url(context, port)
     registry = context.registry
     for name in protocols:
-        prefix = config.protocol_prefix.get(name, "").rstrip("/")
+        prefix = config.http.protocol_prefix.get(name, "").rstrip("/")
         described = ""
         if registry is not None:
             try:

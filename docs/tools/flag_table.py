@@ -1,12 +1,12 @@
-"""Print the `llmserve serve` flag table (Markdown) from ServerConfig."""
+"""Print the `llmserve serve` flag table (Markdown) from ServerConfig's sections."""
 import json
 from typing import Literal, get_args, get_origin
 
-from llmserve.config import ENV_PREFIX, FIELDS, FLAG_ALIASES, ServerConfig, _kind, flag_name
+from llmserve.config import ENV_PREFIX, FIELDS, FLAG_ALIASES, _kind, field_owner, flag_name
 
 
 def type_of(field):
-    ann = ServerConfig.model_fields[field].annotation
+    ann = field_owner(field).model_fields[field].annotation
     args = [a for a in get_args(ann) if a is not type(None)]
     if get_origin(ann) is not Literal and len(args) == 1 and get_origin(args[0]) is Literal:
         ann = args[0]  # Optional[Literal[...]]: the choices, or unset
@@ -22,7 +22,7 @@ def type_of(field):
 
 
 def default_of(field):
-    info = ServerConfig.model_fields[field]
+    info = field_owner(field).model_fields[field]
     value = info.get_default(call_default_factory=True)
     return "—" if value is None else f"`{json.dumps(value)}`"
 
@@ -40,5 +40,5 @@ def flag_of(field):
 print("| Flag | Type | Default | Environment variable | Description |")
 print("|---|---|---|---|---|")
 for f in FIELDS:
-    desc = (ServerConfig.model_fields[f].description or "").replace("|", "\\|")
+    desc = (field_owner(f).model_fields[f].description or "").replace("|", "\\|")
     print(f"| {flag_of(f)} | {type_of(f)} | {default_of(f)} | `{ENV_PREFIX}{f.upper()}` | {desc} |")

@@ -17,7 +17,6 @@ import logging
 import subprocess
 import sys
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Iterator
 
 import pytest
@@ -31,6 +30,7 @@ from engine.test_greedy_equality import MAX_NEW, run_engine
 from test_startup import one_line_error
 from test_torch_paged import VOCAB, save_word_tokenizer
 
+from llmserve.config import ModelConfig, ServerConfig
 from llmserve.engine.backend import KVCacheSpec, StepItem
 from llmserve.errors import ConfigError
 from llmserve.plugins.backends.torch import architectures
@@ -178,7 +178,7 @@ RUNS = [(arch, True) for arch in sorted(VERIFIED)] + [(arch, False) for arch in 
 def test_greedy_equals_generate(arch: str, fused: bool, tmp_path_factory) -> None:
     c = case(arch, tmp_path_factory)
     assert len(LONG.split()) > c.window, "the long prompt must cross every sliding window"
-    backend = TorchBackend(SimpleNamespace(model=c.path, dtype="float32", device="cpu", max_model_len=None),
+    backend = TorchBackend(ServerConfig(model=c.path, dtype="float32", device="cpu", max_model_len=None),
                            TorchOptions.from_environ(fused_forward=fused))
     # transformers picks a tokenizer class by model type for some (Qwen2's, which splits these words
     # differently): the prompts go through the word tokenizer itself, as the reference's do.
@@ -291,7 +291,7 @@ def tiny_dir_with(tmp_path, **config: object) -> str:
 
 def refusal(path: str, **flags: object) -> str:
     with pytest.raises(ConfigError) as err:
-        load_model(SimpleNamespace(model=path, dtype="float32", device="cpu", **flags))
+        load_model(ModelConfig(model=path, dtype="float32", device="cpu", **flags))
     assert "\n" not in str(err.value)
     return str(err.value)
 
@@ -319,8 +319,8 @@ def test_an_unverified_architecture_needs_the_flag_and_is_named_in_the_plan(tmp_
     monkeypatch.delitem(architectures.VERIFIED, "helium")  # an architecture off the list
     line = refusal(path)
     assert "'helium'" in line and "has not verified" in line and architectures.FLAG in line
-    backend = TorchBackend(SimpleNamespace(model=path, dtype="float32", device="cpu", max_model_len=None,
-                                           allow_unverified_architecture=True))
+    backend = TorchBackend(ServerConfig(model=path, dtype="float32", device="cpu", max_model_len=None,
+                                        allow_unverified_architecture=True))
     with caplog.at_level(logging.INFO, logger="llmserve.backend.torch"):
         backend.load()
         backend.init_kv_cache(KVCacheSpec(block_size=4, num_blocks=16))

@@ -6,12 +6,12 @@ CPU path against the torch attention."""
 from __future__ import annotations
 
 import random
-from types import SimpleNamespace
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from llmserve.config import ServerConfig
 from llmserve.engine.backend import KVCacheSpec
 from llmserve.plugins.backends.torch.attention import PagedKVCache, StepMetadata
 from llmserve.plugins.backends.torch.cuda.graphs import DecodeGraphs, buckets, eager_capture
@@ -32,7 +32,7 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def backend(path: str, kernel_ops: bool, graphs: bool) -> TorchBackend:
-    b = TorchBackend(SimpleNamespace(model=path, dtype="float32", device="cpu", max_model_len=None, max_num_seqs=16),
+    b = TorchBackend(ServerConfig(model=path, dtype="float32", device="cpu", max_model_len=None, max_num_seqs=16),
                      TorchOptions.from_environ(cpu_kernels=False))
     b.load()
     b.init_kv_cache(KVCacheSpec(block_size=BS, num_blocks=160))

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import logging
 import os
-from types import SimpleNamespace
 
 import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from llmserve.config import ServerConfig
 from llmserve.engine.backend import KVCacheSpec, StepItem
 from llmserve.plugins.backends.torch import loader, runner
 from llmserve.plugins.backends.torch.options import TorchOptions
@@ -85,7 +85,7 @@ def reference(path: str, dtype: torch.dtype) -> torch.Tensor:
 
 def make_backend(path: str, dtype: str = "auto", kv: str = "auto", num_blocks: int = 32,
                  **options: object) -> TorchBackend:
-    config = SimpleNamespace(model=path, dtype=dtype, device="cpu", max_model_len=None, kv_cache_dtype=kv)
+    config = ServerConfig(model=path, dtype=dtype, device="cpu", max_model_len=None, kv_cache_dtype=kv)
     backend = TorchBackend(config, TorchOptions(threads=1, **options))
     backend.load()
     backend.init_kv_cache(KVCacheSpec(block_size=BS, num_blocks=num_blocks))
@@ -226,8 +226,8 @@ def test_a_half_cache_holds_twice_the_blocks(fp32_dir: str, monkeypatch: pytest.
     monkeypatch.setattr(runner, "_available_cpu_memory", lambda: 1000 * per_block_fp32)
     blocks = {}
     for kv in ("float32", "bfloat16", "float16"):
-        backend = TorchBackend(SimpleNamespace(model=fp32_dir, dtype="auto", device="cpu", max_model_len=None,
-                                               kv_cache_dtype=kv), TorchOptions(threads=1, cpu_kernels=False))
+        backend = TorchBackend(ServerConfig(model=fp32_dir, dtype="auto", device="cpu", max_model_len=None,
+                                            kv_cache_dtype=kv), TorchOptions(threads=1, cpu_kernels=False))
         backend.load()
         blocks[kv] = backend.init_kv_cache(KVCacheSpec(block_size=BS, memory_fraction=0.5))
         assert backend.cache.num_blocks == blocks[kv]

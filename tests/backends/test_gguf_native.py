@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import os
 import sys
-from types import SimpleNamespace
 
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("gguf")
 
+from llmserve.config import ServerConfig
 from llmserve.engine.backend import KVCacheSpec, StepItem
 from llmserve.errors import ConfigError
 from llmserve.plugins.backends.torch.options import TorchOptions
@@ -41,8 +41,8 @@ BATCH_MAX_REL_ERR, BATCH_MIN_AGREE = 0.2, 0.97
 
 
 def make_backend(path: str, cache: str, num_blocks: int = 32, **options: object) -> TorchBackend:
-    backend = TorchBackend(SimpleNamespace(model=path, dtype="float32", device="cpu", max_model_len=None,
-                                           cache_dir=cache), TorchOptions(**options))
+    backend = TorchBackend(ServerConfig(model=path, dtype="float32", device="cpu", max_model_len=None,
+                                        cache_dir=cache), TorchOptions(**options))
     backend.info = backend.load()
     backend.init_kv_cache(KVCacheSpec(block_size=BS, num_blocks=num_blocks))
     return backend
@@ -236,8 +236,8 @@ def test_requantized_smollm2_greedy_equals_transformers_generate(qtype: str, bf1
         pytest.skip(str(exc))
     path = str(tmp_path / f"smollm2.{qtype}.gguf")
     gguf_writer.requantize_embedded(path, qtype)
-    backend = TorchBackend(SimpleNamespace(model=path, dtype="float32", device="cpu", max_model_len=1024,
-                                           cache_dir=str(tmp_path / "cache")), TorchOptions(gguf_bf16_matmul=bf16))
+    backend = TorchBackend(ServerConfig(model=path, dtype="float32", device="cpu", max_model_len=1024,
+                                        cache_dir=str(tmp_path / "cache")), TorchOptions(gguf_bf16_matmul=bf16))
     info = backend.load()
     assert info.quantization == f"quantized as in the file: {qtype.lower()} 211 matrices"
     assert ("gguf_matmul=bf16-amx" in backend.plan()) == bf16

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import logging
 import os
-from types import SimpleNamespace
 
 import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from llmserve.config import ServerConfig
 from llmserve.errors import ConfigError
 from llmserve.plugins.backends.torch import loader
 from llmserve.plugins.backends.torch.runner import TorchBackend
@@ -57,7 +57,7 @@ def fake_gguf(tmp_path, monkeypatch):
 
 
 def load(model: str | None, cache: str, **kw: object):
-    return TorchBackend(SimpleNamespace(model=model, dtype="float32", device="cpu", cache_dir=cache, **kw)).load()
+    return TorchBackend(ServerConfig(model=model, dtype="float32", device="cpu", cache_dir=cache, **kw)).load()
 
 
 def test_gguf_converted_once_then_cached(fake_gguf, tmp_path, caplog) -> None:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import logging
-from types import SimpleNamespace
 
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from llmserve.config import ServerConfig
 from llmserve.engine.backend import KVCacheSpec
 from llmserve.errors import ConfigError
 from llmserve.plugins.backends.torch.native import build
@@ -34,7 +34,7 @@ def threads():
 
 
 def plan_lines(tiny_dir: str, options: TorchOptions | None, caplog: pytest.LogCaptureFixture) -> list[str]:
-    backend = TorchBackend(SimpleNamespace(model=tiny_dir, dtype="float32", device="cpu", max_model_len=None), options)
+    backend = TorchBackend(ServerConfig(model=tiny_dir, dtype="float32", device="cpu", max_model_len=None), options)
     with caplog.at_level(logging.INFO, logger="llmserve.backend.torch"):
         backend.load()
         backend.init_kv_cache(KVCacheSpec(block_size=4, num_blocks=16))

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-from types import SimpleNamespace
 
 import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from llmserve.config import ServerConfig
 from llmserve.engine.backend import KVCacheSpec, StepItem
 from llmserve.errors import ConfigError
 from llmserve.plugins.backends.torch.native.ops import ElementwiseOps, PackedLinear
@@ -77,7 +77,7 @@ def make_backend(path: str, num_blocks: int = 64, fused: bool = True, declines: 
     """``fused``: ask for the backend's own forward; ``declines``: the architecture must refuse it;
     ``kernel``: decode attention and linear layers in the native CPU kernels (which must then be
     built), else torch. The other options come from the environment, as without a server."""
-    backend = TorchBackend(SimpleNamespace(model=path, dtype="float32", device="cpu", max_model_len=None),
+    backend = TorchBackend(ServerConfig(model=path, dtype="float32", device="cpu", max_model_len=None),
                            TorchOptions.from_environ(fused_forward=fused, cpu_kernels=kernel))
     backend.load()
     assert (backend._fused is not None) == (fused and not declines)
@@ -223,19 +223,19 @@ def test_results_follow_batch_order_and_no_sample(backend: TorchBackend) -> None
 def test_kv_cache_too_small_raises(tiny_dir: str) -> None:
     from llmserve.engine.engine import LLMEngine
 
-    b = TorchBackend(SimpleNamespace(model=tiny_dir, dtype="float32", device="cpu"))
+    b = TorchBackend(ServerConfig(model=tiny_dir, dtype="float32", device="cpu"))
     info = b.load()
     with pytest.raises(ConfigError, match="max-model-len"):  # the engine refuses a pool under one request
-        LLMEngine(b, info, SimpleNamespace(block_size=16, num_kv_blocks=3))
+        LLMEngine(b, info, ServerConfig(block_size=16, num_kv_blocks=3))
     assert b.init_kv_cache(KVCacheSpec(block_size=16, memory_fraction=0.001, min_blocks=1)) >= 1
     with pytest.raises(ConfigError, match="cannot allocate"):
         b.init_kv_cache(KVCacheSpec(block_size=16, num_blocks=10**13))
 
 
 def test_max_model_len_capped(tiny_dir: str) -> None:
-    b = TorchBackend(SimpleNamespace(model=tiny_dir, dtype="float32", device="cpu", max_model_len=100000))
+    b = TorchBackend(ServerConfig(model=tiny_dir, dtype="float32", device="cpu", max_model_len=100000))
     assert b.load().max_model_len == 256
-    b = TorchBackend(SimpleNamespace(model=tiny_dir, dtype="float32", device="cpu", max_model_len=64))
+    b = TorchBackend(ServerConfig(model=tiny_dir, dtype="float32", device="cpu", max_model_len=64))
     assert b.load().max_model_len == 64
 
 
@@ -408,7 +408,7 @@ def test_native_decode_step_refuses_a_slot_outside_the_pool(tiny_dir: str) -> No
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
 def test_cuda_matches_cpu(tiny_dir: str, reference) -> None:
-    b = TorchBackend(SimpleNamespace(model=tiny_dir, dtype="float32", device="cuda"))
+    b = TorchBackend(ServerConfig(model=tiny_dir, dtype="float32", device="cuda"))
     assert b.load().device == "cuda"
     b.init_kv_cache(KVCacheSpec(block_size=BS, num_blocks=32))
     a, c = seq(20, 10), seq(21, 6)
@@ -449,7 +449,7 @@ def test_fused_forward_takes_any_attention_output_layout(tiny_dir: str, referenc
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "transformers"])
 def test_cuda_batched_decode_matches_cpu(tiny_dir: str, reference, fused: bool) -> None:
     """Twelve sequences prefilled in one step, then decoded together, as a server batches them."""
-    b = TorchBackend(SimpleNamespace(model=tiny_dir, dtype="float32", device="cuda", max_model_len=None),
+    b = TorchBackend(ServerConfig(model=tiny_dir, dtype="float32", device="cuda", max_model_len=None),
                      TorchOptions.from_environ(fused_forward=fused))
     b.load()
     assert (b._fused is not None) == fused
@@ -470,7 +470,7 @@ def test_fused_forward_environment_switch(tiny_dir: str, monkeypatch, value: str
         monkeypatch.delenv("LLMSERVE_FUSED_FORWARD", raising=False)
     else:
         monkeypatch.setenv("LLMSERVE_FUSED_FORWARD", value)
-    b = TorchBackend(SimpleNamespace(model=tiny_dir, dtype="float32", device="cpu", max_model_len=None))
+    b = TorchBackend(ServerConfig(model=tiny_dir, dtype="float32", device="cpu", max_model_len=None))
     b.load()
     assert (b._fused is not None) == fused
 

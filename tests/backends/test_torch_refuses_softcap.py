@@ -1,8 +1,8 @@
 """Models whose attention the paged kernel cannot run are refused at load, not mid-request."""
 
-from types import SimpleNamespace
-
 import pytest
+
+from llmserve.config import ModelConfig
 
 torch = pytest.importorskip("torch")
 
@@ -17,4 +17,4 @@ def test_softcapping_model_is_refused_at_load(tmp_path):
                        num_attention_heads=2, num_key_value_heads=1, head_dim=16, attn_logit_softcapping=50.0)
     Gemma2ForCausalLM(cfg).save_pretrained(tmp_path)
     with pytest.raises(ConfigError, match="uses attention softcapping or attention sinks"):
-        load_model(SimpleNamespace(model=str(tmp_path), dtype="float32", device="cpu"))
+        load_model(ModelConfig(model=str(tmp_path), dtype="float32", device="cpu"))

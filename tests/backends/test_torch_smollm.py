@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
-from types import SimpleNamespace
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
+from llmserve.config import ServerConfig
 from llmserve.engine.backend import KVCacheSpec, StepItem
 from llmserve.sampling import SamplingParams
 
@@ -36,7 +36,7 @@ def backend():
     except Exception as exc:  # noqa: BLE001 - the wheel is optional
         pytest.skip(str(exc))
     # Default cache dir (~/.cache/llmserve): the first run converts the GGUF (~20 s), later runs reuse it.
-    b = TorchBackend(SimpleNamespace(model=None, dtype="float32", device="cpu"))
+    b = TorchBackend(ServerConfig(model=None, dtype="float32", device="cpu"))
     info = b.load()
     b.init_kv_cache(KVCacheSpec(block_size=BS, num_blocks=64))
     yield b, info
@@ -58,7 +58,7 @@ def test_greedy_batch_equals_generate(backend) -> None:
     from llmserve.plugins.backends.torch.options import TorchOptions
     from llmserve.plugins.backends.torch.runner import TorchBackend
 
-    ref = TorchBackend(SimpleNamespace(model=None, dtype="float32", device="cpu"),
+    ref = TorchBackend(ServerConfig(model=None, dtype="float32", device="cpu"),
                        TorchOptions(fused_forward=False, cpu_kernels=False))
     ref.load()
     model = ref.loaded.model

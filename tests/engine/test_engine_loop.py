@@ -4,13 +4,13 @@ import asyncio
 import random
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins"))
 from echo_backend import EOS, EchoBackend
 
+from llmserve.config import ServerConfig
 from llmserve.engine.client import EngineClient
 from llmserve.engine.engine import LLMEngine
 from llmserve.errors import InvalidRequestError
@@ -19,12 +19,12 @@ from llmserve.sampling import SamplingParams
 
 
 def make_client(**cfg) -> EngineClient:
-    config = SimpleNamespace(block_size=4, num_kv_blocks=cfg.pop("num_kv_blocks", 64),
-                             max_num_seqs=cfg.pop("max_num_seqs", 16),
-                             max_num_batched_tokens=cfg.pop("max_num_batched_tokens", 64),
-                             max_model_len=cfg.pop("max_model_len", 128),
-                             enable_prefix_caching=True,
-                             enable_chunked_prefill=not cfg.pop("enable_chunked_prefill_off", False), **cfg)
+    config = ServerConfig(block_size=4, num_kv_blocks=cfg.pop("num_kv_blocks", 64),
+                          max_num_seqs=cfg.pop("max_num_seqs", 16),
+                          max_num_batched_tokens=cfg.pop("max_num_batched_tokens", 64),
+                          max_model_len=cfg.pop("max_model_len", 128),
+                          enable_prefix_caching=True,
+                          enable_chunked_prefill=not cfg.pop("enable_chunked_prefill_off", False), **cfg)
     backend = EchoBackend(config)
     info = backend.load()
     return EngineClient(LLMEngine(backend, info, config))

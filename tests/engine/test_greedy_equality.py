@@ -13,6 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from llmserve.config import ServerConfig
+
 torch = pytest.importorskip("torch")
 
 MAX_NEW = 24
@@ -79,8 +81,8 @@ def backend(model_dir):
     """One loaded model for every engine configuration below (each engine re-sizes the KV pool)."""
     from llmserve.plugins.backends.torch.runner import TorchBackend
 
-    be = TorchBackend(SimpleNamespace(model=model_dir, dtype="float32", device="cpu", max_model_len=1024,
-                                      enforce_eager=True))
+    be = TorchBackend(ServerConfig(model=model_dir, dtype="float32", device="cpu", max_model_len=1024,
+                                   enforce_eager=True))
     info = be.load()
     return be, info
 
@@ -93,11 +95,11 @@ def run_engine(backend, prompts, passes=1, sequential=False, **cfg):
     be, info = backend
     if "max_model_len" in cfg:  # a shorter context lets a tiny pool pass the capacity check
         info = dataclasses.replace(info, max_model_len=cfg.pop("max_model_len"))
-    config = SimpleNamespace(block_size=16, num_kv_blocks=cfg.pop("num_kv_blocks", 256),
-                             max_num_seqs=cfg.pop("max_num_seqs", 32),
-                             max_num_batched_tokens=cfg.pop("max_num_batched_tokens", 2048),
-                             enable_prefix_caching=cfg.pop("enable_prefix_caching", True),
-                             enable_chunked_prefill=True, **cfg)
+    config = ServerConfig(block_size=16, num_kv_blocks=cfg.pop("num_kv_blocks", 256),
+                          max_num_seqs=cfg.pop("max_num_seqs", 32),
+                          max_num_batched_tokens=cfg.pop("max_num_batched_tokens", 2048),
+                          enable_prefix_caching=cfg.pop("enable_prefix_caching", True),
+                          enable_chunked_prefill=True, **cfg)
     engine = LLMEngine(be, info, config)
     results: dict[str, list[int]] = {}
     for n in range(passes):

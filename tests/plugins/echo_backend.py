@@ -62,7 +62,7 @@ class EchoBackend(Backend):
                     time.sleep(load_delay / parts)
                     progress.advance()
         return ModelInfo(name="echo", path="echo://",
-                         max_model_len=int(getattr(self.config, "max_model_len", None) or 512),
+                         max_model_len=self.config.llm.max_model_len or 512,
                          vocab_size=257, eos_token_ids=[EOS], tokenizer=ByteTokenizer())
 
     def init_kv_cache(self, spec: KVCacheSpec) -> int:

@@ -10,13 +10,13 @@ import sys
 import threading
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins"))
 from echo_backend import EchoBackend
 
+from llmserve.config import ServerConfig
 from llmserve.engine.client import EngineClient
 from llmserve.engine.engine import LLMEngine
 from llmserve.errors import GenerationError
@@ -33,8 +33,8 @@ class SlowEcho(EchoBackend):
 
 
 def make_client(max_num_seqs: int = 1) -> EngineClient:
-    config = SimpleNamespace(block_size=4, num_kv_blocks=256, max_num_seqs=max_num_seqs, max_num_batched_tokens=256,
-                             max_model_len=512, enable_prefix_caching=True, enable_chunked_prefill=True)
+    config = ServerConfig(block_size=4, num_kv_blocks=256, max_num_seqs=max_num_seqs, max_num_batched_tokens=256,
+                          max_model_len=512, enable_prefix_caching=True, enable_chunked_prefill=True)
     backend = SlowEcho(config)
     return EngineClient(LLMEngine(backend, backend.load(), config))
 

@@ -154,9 +154,9 @@ def test_pooling_routes_follow_the_same_rule(embed, path, body, answered):
     client, context = embed
     r = client.post(path, json={**body, "model": UNKNOWN})
     assert r.status_code == 200 and answered(r) == "mini", r.text
-    context.config.strict_model_name = True  # one model load for both halves; read per request
+    context.config.llm.strict_model_name = True  # one model load for both halves; read per request
     try:
         assert_not_found("openai", client.post(path, json={**body, "model": UNKNOWN}), UNKNOWN)
         assert answered(client.post(path, json={**body, "model": "mini"})) == "mini"
     finally:
-        context.config.strict_model_name = False
+        context.config.llm.strict_model_name = False

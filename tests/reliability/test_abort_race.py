@@ -14,7 +14,6 @@ import asyncio
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -22,6 +21,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins"))
 from echo_backend import EchoBackend
 
+from llmserve.config import ServerConfig
 from llmserve.engine.client import EngineClient
 from llmserve.engine.engine import LLMEngine
 from llmserve.request import GenerateRequest
@@ -36,8 +36,8 @@ TURNS = range(6)  # loop turns between an event being queued and the cancellatio
 @pytest.fixture
 def client(monkeypatch):
     monkeypatch.setenv("LLMSERVE_ECHO_STEP_DELAY", str(STEP))
-    config = SimpleNamespace(block_size=4, num_kv_blocks=256, max_num_seqs=4, max_num_batched_tokens=256,
-                             max_model_len=512, enable_prefix_caching=True, enable_chunked_prefill=True)
+    config = ServerConfig(block_size=4, num_kv_blocks=256, max_num_seqs=4, max_num_batched_tokens=256,
+                          max_model_len=512, enable_prefix_caching=True, enable_chunked_prefill=True)
     backend = EchoBackend(config)
     engine_client = EngineClient(LLMEngine(backend, backend.load(), config))
     yield engine_client

@@ -9,13 +9,13 @@ import json
 import sys
 import threading
 from pathlib import Path
-from types import SimpleNamespace
 
 import httpx
 import openai
 import pytest
 
 from conftest import ECHO_PLUGIN, ServerProcess
+from llmserve.config import ServerConfig
 from llmserve.engine.client import EngineClient
 from llmserve.engine.engine import LLMEngine
 from llmserve.engine.faults import FaultInjector, InjectedFault
@@ -58,8 +58,8 @@ class MaskingEcho(EchoBackend):
 
 
 def engine_client(backend_cls=EchoBackend) -> EngineClient:
-    config = SimpleNamespace(block_size=4, num_kv_blocks=64, max_num_seqs=8, max_num_batched_tokens=64,
-                             max_model_len=128, enable_prefix_caching=True, enable_chunked_prefill=True)
+    config = ServerConfig(block_size=4, num_kv_blocks=64, max_num_seqs=8, max_num_batched_tokens=64,
+                          max_model_len=128, enable_prefix_caching=True, enable_chunked_prefill=True)
     backend = backend_cls(config)
     return EngineClient(LLMEngine(backend, backend.load(), config))
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
-from types import SimpleNamespace
 
 import pytest
+
+from llmserve.config import ServerConfig
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 VOCAB = 250  # not a multiple of 2 or 3: the vocabulary slices are padded
@@ -40,6 +41,6 @@ def tiny_4_2(tmp_path_factory: pytest.TempPathFactory) -> str:
     return build_tiny(str(tmp_path_factory.mktemp("tiny-4-2")), 4, 2)
 
 
-def config(model: str | None, tp: int, **more: object) -> SimpleNamespace:
-    return SimpleNamespace(model=model, dtype="float32", device="cpu", max_model_len=None,
+def config(model: str | None, tp: int, **more: object) -> ServerConfig:
+    return ServerConfig(model=model, dtype="float32", device="cpu", max_model_len=None,
                            tensor_parallel_size=tp, log_level="warning", **more)

@@ -8,9 +8,9 @@ so a difference would show up first at a near-tie: none is tolerated here.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
+
+from llmserve.config import ServerConfig
 
 torch = pytest.importorskip("torch")
 
@@ -37,12 +37,12 @@ def generate(tp: int, passes: int) -> tuple[list[dict[str, list[int]]], int]:
     from llmserve.request import PreparedRequest
     from llmserve.sampling import SamplingParams
 
-    backend = create(SimpleNamespace(model=None, dtype="float32", device="cpu", max_model_len=1024,
-                                     tensor_parallel_size=tp, log_level="warning"), TorchOptions())
+    backend = create(ServerConfig(model=None, dtype="float32", device="cpu", max_model_len=1024,
+                                  tensor_parallel_size=tp, log_level="warning"), TorchOptions())
     try:
         info = backend.load()
-        config = SimpleNamespace(block_size=16, num_kv_blocks=256, max_num_seqs=32, max_num_batched_tokens=128,
-                                 enable_prefix_caching=True, enable_chunked_prefill=True)
+        config = ServerConfig(block_size=16, num_kv_blocks=256, max_num_seqs=32, max_num_batched_tokens=128,
+                              enable_prefix_caching=True, enable_chunked_prefill=True)
         engine = LLMEngine(backend, info, config)
         runs = []
         for n in range(passes):

@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any
 
+from llmserve.config import ServerConfig
 from llmserve.engine.backend import Backend
 from llmserve.errors import ConfigError
 
 from .options import TorchOptions
 
 
-def create(config: Any, options: TorchOptions | None = None) -> Backend:
-    """The backend for ``config.task``; ``options`` drive the generation backend's execution plan
+def create(config: ServerConfig, options: TorchOptions | None = None) -> Backend:
+    """The backend for the model section's ``task``; ``options`` drive the generation backend's execution plan
     (the embedding backend has no switches)."""
-    tp = int(getattr(config, "tensor_parallel_size", 1) or 1)
-    if getattr(config, "task", "generate") == "embed":
+    tp = config.parallel.tensor_parallel_size
+    if config.llm.task == "embed":
         if tp > 1:
             raise ConfigError("--tensor-parallel-size applies to generation models; serve an embedding model "
                               "with --tensor-parallel-size 1")

@@ -29,6 +29,7 @@ from typing import Any, Callable
 import torch
 
 from llmserve import progress
+from llmserve.config import ModelConfig, ServerConfig
 from llmserve.errors import ConfigError
 
 from .gguf_file import GGUFFile
@@ -65,17 +66,17 @@ def _open(path: str) -> GGUFFile:
         raise load_error(path, exc) from None
 
 
-def native_gguf_path(config: Any, options: Any) -> str | None:
+def native_gguf_path(config: ServerConfig, options: Any) -> str | None:
     """The GGUF file ``config`` serves when it takes the native path here, else None."""
     if not (getattr(options, "gguf_native", True) and options.cpu_kernels and options.fused_forward):
         return None
-    source = getattr(config, "model", None)
+    source = config.llm.model
     if source is not None and not str(source).lower().endswith(".gguf"):
         return None
-    if int(getattr(config, "tensor_parallel_size", None) or 1) > 1:
+    if config.parallel.tensor_parallel_size > 1:
         return None
-    device = resolve_device(getattr(config, "device", "auto"))
-    if device.type != "cpu" or resolve_dtype(getattr(config, "dtype", "auto"), device) != torch.float32:
+    device = resolve_device(config.llm.device)
+    if device.type != "cpu" or resolve_dtype(config.llm.dtype, device) != torch.float32:
         return None
     if not _kernels_available():
         return None
@@ -208,18 +209,18 @@ def _parameter(module: Any, name: str, value: torch.Tensor) -> None:
     setattr(module, name, torch.nn.Parameter(value, requires_grad=False))
 
 
-def load_native(config: Any, path: str, bf16_matmul: bool = False) -> tuple[LoadedModel, GGUFParts]:
+def load_native(model_cfg: ModelConfig, path: str, bf16_matmul: bool = False) -> tuple[LoadedModel, GGUFParts]:
     """The model of the GGUF file at ``path`` with its weights left in the file's quantization;
     ``bf16_matmul``: the linears take the bf16 AMX path for batches (``gguf_ops.gguf_linear``)."""
     from transformers import AutoConfig, AutoTokenizer
 
     t0 = time.monotonic()
-    source = getattr(config, "model", None)
+    source = model_cfg.model
     _, name = _resolve_source(source)
     gguf_file = _File(path)
-    meta = metadata_dir(path, gguf_file.data_offset, getattr(config, "cache_dir", None))
+    meta = metadata_dir(path, gguf_file.data_offset, model_cfg.cache_dir)
     model_config = AutoConfig.from_pretrained(meta)
-    tokenizer_dir = getattr(config, "tokenizer", None)  # --tokenizer: another tokenizer than the model's
+    tokenizer_dir = model_cfg.tokenizer  # --tokenizer: another tokenizer than the model's
     try:
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir or meta)
     except (OSError, ValueError) as exc:
@@ -233,7 +234,7 @@ def load_native(config: Any, path: str, bf16_matmul: bool = False) -> tuple[Load
     log.info("loaded %s (GGUF %s, read from the file) in %.1f s", name,
              ",".join(sorted(set(parts.types))), time.monotonic() - t0)
     native = int(getattr(model_config, "max_position_embeddings", None) or 2048)
-    wanted = getattr(config, "max_model_len", None)
+    wanted = model_cfg.max_model_len
     if wanted and wanted > native:
         log.warning("max_model_len %d exceeds the model's %d positions; using %d", wanted, native, native)
     lm = LoadedModel(

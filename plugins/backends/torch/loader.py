@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from llmserve import progress
+from llmserve.config import ModelConfig
 from llmserve.errors import ConfigError
 
 from .architectures import check_config, check_config_file, check_modules
@@ -288,19 +289,19 @@ def _resolve_source(model: str | None) -> tuple[str | None, str]:
     return None, os.path.basename(str(model).rstrip("/\\")) or str(model)
 
 
-def load_model(config: Any) -> LoadedModel:
-    """Load what ``config`` names onto its device with the paged attention wired in."""
+def load_model(model_cfg: ModelConfig) -> LoadedModel:
+    """Load what the model section names onto its device with the paged attention wired in."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     register_attention()
-    device = resolve_device(getattr(config, "device", "auto"))
-    trust = bool(getattr(config, "trust_remote_code", False))
-    source = getattr(config, "model", None)
+    device = resolve_device(model_cfg.device)
+    trust = model_cfg.trust_remote_code
+    source = model_cfg.model
     gguf_path, name = _resolve_source(source)
     path = os.path.abspath(gguf_path) if gguf_path else str(source)
-    hf_dir = hf_directory(source, getattr(config, "cache_dir", None))
+    hf_dir = hf_directory(source, model_cfg.cache_dir)
     # A GGUF's converted weights are fp32 whatever the file held: only HF checkpoints keep theirs.
-    dtype = resolve_dtype(getattr(config, "dtype", "auto"), device, None if gguf_path else checkpoint_dtype(hf_dir))
+    dtype = resolve_dtype(model_cfg.dtype, device, None if gguf_path else checkpoint_dtype(hf_dir))
 
     # What the backend cannot serve right is refused before any weight is read.
     shown = str(source) if source else name
@@ -309,7 +310,7 @@ def load_model(config: Any) -> LoadedModel:
         hf_config = AutoConfig.from_pretrained(hf_dir, trust_remote_code=trust)
     except (OSError, ValueError, KeyError) as exc:
         raise load_error(source, exc) from None
-    unverified = check_config(hf_config, shown, bool(getattr(config, "allow_unverified_architecture", False)))
+    unverified = check_config(hf_config, shown, model_cfg.allow_unverified_architecture)
     if unverified:
         log.warning("serving %s, a %r model, unverified (--allow-unverified-architecture): its answers may differ "
                     "from transformers'", name, unverified)
@@ -322,7 +323,7 @@ def load_model(config: Any) -> LoadedModel:
             model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=dtype, trust_remote_code=trust, **placement)
     except (OSError, ValueError, KeyError) as exc:
         raise load_error(source, exc) from None
-    tokenizer_dir = getattr(config, "tokenizer", None)  # --tokenizer: another tokenizer than the model's
+    tokenizer_dir = model_cfg.tokenizer  # --tokenizer: another tokenizer than the model's
     try:
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir or hf_dir, trust_remote_code=trust)
     except (OSError, ValueError) as exc:
@@ -343,7 +344,7 @@ def load_model(config: Any) -> LoadedModel:
 
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     native = getattr(cfg, "max_position_embeddings", None) or 2048
-    wanted = getattr(config, "max_model_len", None)
+    wanted = model_cfg.max_model_len
     if wanted and wanted > native:
         log.warning("max_model_len %d exceeds the model's %d positions; using %d", wanted, native, native)
     return LoadedModel(

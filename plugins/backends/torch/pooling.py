@@ -66,19 +66,19 @@ class TorchEmbeddingBackend(Backend):
 
         from .loader import resolve_device, resolve_dtype
 
-        path = getattr(self.config, "model", None) or embedded_embedding_dir()
+        path = self.config.llm.model or embedded_embedding_dir()
         if not os.path.isdir(path):
             raise ConfigError(f"embedding model directory {path!r} not found")
-        self.device = resolve_device(getattr(self.config, "device", "auto"))
-        dtype = resolve_dtype(getattr(self.config, "dtype", "auto"), self.device)
-        trust = bool(getattr(self.config, "trust_remote_code", False))
+        self.device = resolve_device(self.config.llm.device)
+        dtype = resolve_dtype(self.config.llm.dtype, self.device)
+        trust = self.config.llm.trust_remote_code
         log.info("loading embedding model %s", path)
-        self.tokenizer = AutoTokenizer.from_pretrained(getattr(self.config, "tokenizer", None) or path,
+        self.tokenizer = AutoTokenizer.from_pretrained(self.config.llm.tokenizer or path,
                                                        trust_remote_code=trust)
         self.model = AutoModel.from_pretrained(path, dtype=dtype, trust_remote_code=trust).to(self.device).eval()
         self.mode, self.normalize, max_seq = pooling_setup(path)
         limit = min(max_seq or 10**9, getattr(self.model.config, "max_position_embeddings", 512))
-        asked = getattr(self.config, "max_model_len", None)
+        asked = self.config.llm.max_model_len
         max_len = min(asked, limit) if asked else limit
         self.pad_id = self.tokenizer.pad_token_id or 0
         embedded = path.endswith(os.path.join(EMBEDDED_PACKAGE, "model"))

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from llmserve import progress
+from llmserve.config import ServerConfig
 from llmserve.engine.backend import Backend, KVCacheSpec, ModelInfo, StepItem, StepResult
 from llmserve.errors import ConfigError
 
@@ -55,7 +56,7 @@ class TorchBackend(Backend):
     the ``LLMSERVE_*`` variables and the defaults do, as ``TorchOptions.from_environ`` says.
     """
 
-    def __init__(self, config: Any, options: TorchOptions | None = None) -> None:
+    def __init__(self, config: ServerConfig, options: TorchOptions | None = None) -> None:
         super().__init__(config)
         self.options = options if options is not None else TorchOptions.from_environ()
         self.loaded: LoadedModel | None = None
@@ -75,15 +76,15 @@ class TorchBackend(Backend):
     # ------------------------------------------------------------------ lifecycle
     def load(self) -> ModelInfo:
         opts = self.options
-        if str(getattr(self.config, "device", "auto")).lower() != "cuda":
+        if self.config.llm.device != "cuda":
             _set_cpu_threads(opts.threads)
-            if opts.cpu_kernels and str(getattr(self.config, "dtype", "auto")) in ("auto", "float32"):
+            if opts.cpu_kernels and self.config.llm.dtype in ("auto", "float32"):
                 self.warm_up(wait=False)  # the compilers run while the weights load
         from .gguf_model import load_native, native_gguf_path
 
         gguf_path = native_gguf_path(self.config, opts)
         if gguf_path is not None:  # the file's own quantized weights; no fp32 copy
-            self.loaded, self._gguf = load_native(self.config, gguf_path, bf16_matmul=opts.gguf_bf16_matmul)
+            self.loaded, self._gguf = load_native(self.config.llm, gguf_path, bf16_matmul=opts.gguf_bf16_matmul)
             lm = self.loaded
         else:
             lm = self.loaded = self._load_model()
@@ -145,7 +146,7 @@ class TorchBackend(Backend):
 
     def _load_model(self) -> LoadedModel:
         """The loaded model, before anything is fused or packed (tensor parallel keeps its shard here)."""
-        return load_model(self.config)
+        return load_model(self.config.llm)
 
     def _stored_as(self) -> str | None:
         """The packed linears' formats, e.g. ``lossless panels: q4 120, q8 1`` (None when none is packed)."""
@@ -181,14 +182,14 @@ class TorchBackend(Backend):
 
         gguf_path = native_gguf_path(self.config, self.options)
         if gguf_path is not None:  # served from the file itself: only its config and tokenizer are cached
-            prepare(gguf_path, getattr(self.config, "cache_dir", None))
+            prepare(gguf_path, self.config.llm.cache_dir)
             return
-        hf_directory(getattr(self.config, "model", None), getattr(self.config, "cache_dir", None))
+        hf_directory(self.config.llm.model, self.config.llm.cache_dir)
 
     def init_kv_cache(self, spec: KVCacheSpec) -> int:
         lm = self._require_loaded()
         try:
-            kv_dtype = kv_cache_dtype(getattr(self.config, "kv_cache_dtype", "auto"), lm.dtype)
+            kv_dtype = kv_cache_dtype(self.config.cache.kv_cache_dtype, lm.dtype)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         per_block = PagedKVCache.bytes_per_block(self._num_layers, spec.block_size, self._kv_heads,
@@ -214,7 +215,7 @@ class TorchBackend(Backend):
             ) from None
         log.info("KV cache: %d blocks x %d tokens (%.2f GiB, %s, %s)", num_blocks, spec.block_size,
                  num_blocks * per_block / 2**30, lm.device, str(kv_dtype).removeprefix("torch."))
-        if self.cache.kernel_ops and lm.device.type == "cuda" and not getattr(self.config, "enforce_eager", False):
+        if self.cache.kernel_ops and lm.device.type == "cuda" and not self.config.llm.enforce_eager:
             from .cuda.graphs import cuda_capture_in
 
             self.enable_decode_graphs(cuda_capture_in(torch.cuda.graph_pool_handle()))
@@ -242,7 +243,7 @@ class TorchBackend(Backend):
         if fused.reduce is not None:  # tensor parallel: every rank runs each step; graphs stay off
             log.info("decode graphs not used with tensor parallelism")
             return False
-        limit = int(max_model_len or getattr(self.config, "max_model_len", None) or lm.max_model_len)
+        limit = int(max_model_len or self.config.llm.max_model_len or lm.max_model_len)
         if not fused.tabulate_rope(limit, lm.dtype):
             log.info("decode graphs not used: the RoPE type depends on the sequence length")
             return False
@@ -251,7 +252,7 @@ class TorchBackend(Backend):
         def forward(ids: torch.Tensor, pos: torch.Tensor, meta: StepMetadata) -> torch.Tensor:
             return self._logits(fused.forward(ids, pos, cache, meta))
 
-        graphs = DecodeGraphs(forward, int(getattr(self.config, "max_num_seqs", 64)), width, cache.block_size,
+        graphs = DecodeGraphs(forward, self.config.scheduler.max_num_seqs, width, cache.block_size,
                               lm.device, cache.decode_segments)
         with torch.inference_mode():
             graphs.capture(capture)

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from llmserve.config import ServerConfig
 from llmserve.engine.backend import KVCacheSpec, ModelInfo, StepItem
 from llmserve.errors import ConfigError
 
@@ -62,11 +63,11 @@ def _pin(cores: list[int]) -> None:
 class TensorParallelBackend(TorchBackend):
     """``TorchBackend`` over one shard; rank 0 (the server's) also drives the workers."""
 
-    def __init__(self, config: Any, options: TorchOptions | None = None, rank: int = 0,
+    def __init__(self, config: ServerConfig, options: TorchOptions | None = None, rank: int = 0,
                  world: int | None = None) -> None:
         super().__init__(config, options)
         self.rank = rank
-        self.world = int(world or getattr(config, "tensor_parallel_size", 1))
+        self.world = int(world or config.parallel.tensor_parallel_size)
         self.reduce_s = 0.0  # seconds spent in all-reduces and the logits gather (debug, bench)
         self._reduce_mark = 0.0
         self._mode = tp_worker.MODE_STEP
@@ -81,7 +82,7 @@ class TensorParallelBackend(TorchBackend):
     # ------------------------------------------------------------------ process group
     def start_rank(self, init_method: str, cores: list[int]) -> None:
         """Pin this rank's cores (CPU) or pick its GPU, then join the process group."""
-        cuda = str(getattr(self.config, "device", "auto")).lower() != "cpu" and torch.cuda.is_available()
+        cuda = self.config.llm.device != "cpu" and torch.cuda.is_available()
         if cuda:
             if torch.cuda.device_count() < self.world:
                 raise ConfigError(f"--tensor-parallel-size {self.world} needs {self.world} GPUs; "
@@ -89,8 +90,8 @@ class TensorParallelBackend(TorchBackend):
             torch.cuda.set_device(self.rank)
             # Each rank loads onto its own GPU (a bare "cuda" would mean the first one to the loader).
             device = f"cuda:{self.rank}"
-            self.config = (self.config.model_copy(update={"device": device}) if hasattr(self.config, "model_copy")
-                           else _with(self.config, device=device))
+            llm = self.config.llm.model_copy(update={"device": device})
+            self.config = self.config.model_copy(update={"llm": llm})
         elif cores and hasattr(os, "sched_setaffinity"):
             self._affinity = sorted(os.sched_getaffinity(0))
             _pin(cores)
@@ -178,13 +179,12 @@ class TensorParallelBackend(TorchBackend):
     # ------------------------------------------------------------------ lifecycle
     def load(self) -> ModelInfo:
         if self.rank == 0:
-            source = getattr(self.config, "model", None)
+            source = self.config.llm.model
             from transformers import AutoConfig
 
             # GGUF files go through the converted (dequantized) directory: each rank slices plain tensors.
-            hf_dir = hf_directory(source, getattr(self.config, "cache_dir", None))
-            cfg = AutoConfig.from_pretrained(hf_dir, trust_remote_code=bool(getattr(self.config, "trust_remote_code",
-                                                                                    False)))
+            hf_dir = hf_directory(source, self.config.llm.cache_dir)
+            cfg = AutoConfig.from_pretrained(hf_dir, trust_remote_code=self.config.llm.trust_remote_code)
             tp_shard.check(tp_shard.text_config(cfg), self.world, f"model {os.path.basename(str(source or hf_dir))!r}")
             if not self.options.fused_forward:
                 raise ConfigError("--tensor-parallel-size needs the fused forward (--torch-fused-forward)")
@@ -208,7 +208,7 @@ class TensorParallelBackend(TorchBackend):
         return info
 
     def _load_model(self) -> LoadedModel:
-        lm = load_model(self.config)
+        lm = load_model(self.config.llm)
         self._vocab = lm.vocab_size
         self._shard = tp_shard.shard_model(lm.model, self.world, self.rank)
         return lm
@@ -318,15 +318,6 @@ class TensorParallelBackend(TorchBackend):
         if rows:
             self._logits(hidden if rows == list(range(hidden.shape[0]))
                          else hidden[torch.tensor(rows, device=hidden.device)])
-
-
-def _with(config: Any, **changes: Any) -> Any:
-    import copy
-
-    config = copy.copy(config)
-    for key, value in changes.items():
-        setattr(config, key, value)
-    return config
 
 
 def _free_port(addr: str) -> int:

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from llmserve.config import ServerConfig
 from llmserve.engine.backend import KVCacheSpec, StepItem
 
 log = logging.getLogger("llmserve.backend.torch.tp")
@@ -88,11 +89,11 @@ def _reply(conn: Connection, exc: BaseException | None) -> None:
     conn.send_bytes(text.encode())
 
 
-def run(rank: int, world: int, config: Any, options: Any, init_method: str, conn: Connection, parent_pid: int,
+def run(rank: int, world: int, config: ServerConfig, options: Any, init_method: str, conn: Connection, parent_pid: int,
         cores: list[int]) -> None:
     """Entry point of a spawned worker: join the group, load the shard, then replay rank 0's steps."""
     os.environ["LLMSERVE_PROGRESS"] = "off"  # rank 0 reports the start-up
-    logging.basicConfig(level=str(getattr(config, "log_level", "info")).upper(), stream=sys.stderr,
+    logging.basicConfig(level=config.log_level.upper(), stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s tp-rank{rank} %(name)s: %(message)s")
     _watch_parent(parent_pid)
     from .tensor_parallel import TensorParallelBackend

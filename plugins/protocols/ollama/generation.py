@@ -126,7 +126,7 @@ class Generation:
         if not body.prompt and not body.context:
             return self._loaded("generate", model, body.keep_alive)
         think = think_mode(body.think, self.ctx.parsing.reasoning_parser, model)
-        tokenizer, timeout = self.ctx.engine.tokenizer, self.ctx.config.chat_template_render_timeout
+        tokenizer, timeout = self.ctx.engine.tokenizer, self.ctx.config.parsing.chat_template_render_timeout
 
         def render() -> tuple[str, bool]:
             text, special = generate_prompt(tokenizer, body, params.template_kwargs(body.think), timeout)

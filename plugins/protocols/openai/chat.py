@@ -34,7 +34,7 @@ class Chat(Endpoint):
     def turn(self, body: ChatCompletionRequest, sampling: Any, request_id: str) -> ChatTurn:
         """The request in the core's terms (``prepare_chat`` plans, renders and tokenizes it)."""
         ctx = self.p.context
-        if body.chat_template is not None and not ctx.config.trust_request_chat_template:
+        if body.chat_template is not None and not ctx.config.parsing.trust_request_chat_template:
             raise InvalidRequestError("chat_template in requests is disabled on this server "
                                       "(start it with --trust-request-chat-template)", param="chat_template")
         keep = truncation(body, ctx.engine.max_model_len)
@@ -126,7 +126,7 @@ class Chat(Endpoint):
     async def _stream(self, body: ChatCompletionRequest, req: Any, head: dict,
                       make_chain: ChainMaker | None, plan: ToolPlan) -> AsyncIterator[str]:
         opts = body.stream_options
-        include_usage = bool(opts and opts.include_usage) or self.p.context.config.enable_force_include_usage
+        include_usage = bool(opts and opts.include_usage) or self.p.context.config.parsing.enable_force_include_usage
         continuous = bool(opts and opts.continuous_usage_stats)
         usage = (len(req.prompt_token_ids), 0, 0)
         chains: dict[int, ParseChain | None] = {}

@@ -135,7 +135,7 @@ class Completions(Endpoint):
                       make_chain: ChainMaker | None) -> AsyncIterator[str]:
         n = reqs[0].sampling.n
         opts = body.stream_options
-        include_usage = bool(opts and opts.include_usage) or self.p.context.config.enable_force_include_usage
+        include_usage = bool(opts and opts.include_usage) or self.p.context.config.parsing.enable_force_include_usage
         continuous = bool(opts and opts.continuous_usage_stats)
         started: set[int] = set()
         labels = self.labels(body)

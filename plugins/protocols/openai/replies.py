@@ -37,7 +37,7 @@ class Endpoint:
         (else the server's ``return_tokens_as_token_ids``) asks for ids."""
         as_ids = body.return_tokens_as_token_ids
         if as_ids is None:
-            as_ids = getattr(self.p.context.config, "return_tokens_as_token_ids", None)
+            as_ids = self.p.context.config.parsing.return_tokens_as_token_ids
         return TOKEN_IDS if as_ids else self.tt
 
 

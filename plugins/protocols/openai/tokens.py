@@ -63,8 +63,8 @@ class Tokens:
                 render_chat, engine.tokenizer, messages, tools=body.tools,
                 add_generation_prompt=bool(body.add_generation_prompt) and not body.continue_final_message,
                 continue_final_message=bool(body.continue_final_message), chat_template=body.chat_template,
-                template_kwargs=body.chat_template_kwargs, trusted=ctx.config.trust_request_chat_template,
-                timeout=ctx.config.chat_template_render_timeout)
+                template_kwargs=body.chat_template_kwargs, trusted=ctx.config.parsing.trust_request_chat_template,
+                timeout=ctx.config.parsing.chat_template_render_timeout)
             special = bool(body.add_special_tokens)  # the template already has its special tokens
         elif body.prompt is not None:
             text, special = body.prompt, body.add_special_tokens is not False

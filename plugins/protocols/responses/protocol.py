@@ -31,7 +31,7 @@ class ResponsesProtocol(Protocol):
 
     def owner(self, request: Request) -> str:
         """Whose responses a request may read: its API key's, when the server has keys."""
-        return ResponseStore.owner(presented_key(request.headers)) if self.context.config.api_key else ""
+        return ResponseStore.owner(presented_key(request.headers)) if self.context.config.http.api_key else ""
 
     def _stored(self, request: Request, response_id: str) -> tuple[str, Any]:
         owner = self.owner(request)

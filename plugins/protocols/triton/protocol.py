@@ -71,7 +71,7 @@ class TritonProtocol(Protocol):
     async def read_body(self, request: Request) -> bytes:
         """The body, inflated when tritonclient compressed it (capped like any body)."""
         return decompress(await request.body(), request.headers.get("content-encoding"),
-                          self.context.config.max_request_body_bytes)
+                          self.context.config.http.max_request_body_bytes)
 
     async def new_request(self, params: Any, text: str | None = None, ids: list[int] | None = None,
                           param: str = TEXT_INPUT) -> PreparedRequest:

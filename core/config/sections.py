@@ -1,34 +1,28 @@
-"""The server configuration: one pydantic model, filled from CLI > environment > YAML > defaults.
+"""The server's settings as typed sections composed into ``ServerConfig``, vLLM-style.
 
-Every field is a long CLI flag (``max_model_len`` <-> ``--max-model-len``), a YAML key (either
-spelling), and an environment variable (``LLMSERVE_MAX_MODEL_LEN``). ``load_config`` records
-where each value came from so ``llmserve config show`` can say it. A backend's options model
-(``BackendSpec(options=...)``) is filled the same way by ``load_options``: a YAML section named
-after the backend, ``LLMSERVE_<BACKEND>_<FIELD>`` variables and ``--<backend>-<field>`` flags.
+Each section groups the settings one part of the server reads (``config.scheduler.max_num_seqs``,
+``config.cache.block_size``); a consumer takes its section, not the whole configuration. The
+settings keep their flat outer names: ``ServerConfig(max_num_seqs=4)``, a YAML key, a flag or an
+environment variable names the setting alone and is routed to its section (``SECTION_OF``).
+Field descriptions double as CLI help.
 """
 
 from __future__ import annotations
 
-import difflib
-import json
-import os
-from pathlib import Path
-from types import UnionType
-from typing import Any, Literal, Mapping, Sequence, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Any, Literal, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
-from llmserve.errors import ConfigError
-
-ENV_PREFIX = "LLMSERVE_"
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
-class ServerConfig(BaseModel):
-    """Everything ``llmserve serve`` can be told. Field descriptions double as CLI help."""
+class Section(BaseModel):
+    """A group of settings; its field names are the settings' own (flat) names."""
 
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
-    # model
+
+class ModelConfig(Section):
+    """The model and how it is loaded: which checkpoint, its names, dtype, device, context length, task."""
+
     model: str | None = Field(None, description=(
         "Hugging Face model directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)."))
     served_model_name: list[str] = Field(default_factory=list, description=(
@@ -62,7 +56,12 @@ class ServerConfig(BaseModel):
         "model: the embedded all-MiniLM-L6-v2)."))
     cache_dir: str | None = Field(None, description=(
         "Where converted GGUF weights are cached (default ~/.cache/llmserve)."))
-    # engine
+    enforce_eager: bool = Field(False, description="Disable CUDA graphs.")
+
+
+class CacheConfig(Section):
+    """The KV cache: block size, pool size, dtype and prefix reuse."""
+
     block_size: int = Field(16, ge=1, le=1024, description="Tokens per KV-cache block.")
     num_kv_blocks: int | None = Field(None, ge=1, description=(
         "KV pool size in blocks (overrides --kv-cache-memory-fraction)."))
@@ -71,16 +70,29 @@ class ServerConfig(BaseModel):
     kv_cache_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description=(
         "Dtype of the KV cache: auto is the model's compute dtype; bfloat16 or float16 halve the memory per "
         "token of a float32 model's cache (keys and values are cast back to the compute dtype when read)."))
+    enable_prefix_caching: bool = Field(True, description="Reuse KV blocks of shared prompt prefixes.")
+
+
+class SchedulerConfig(Section):
+    """What one engine step may hold: sequences, tokens, and whether prompts are split."""
+
     max_num_seqs: int = Field(64, ge=1, description="Most sequences in one engine step.")
     max_num_batched_tokens: int = Field(2048, ge=16, description=(
         "Token budget of one engine step (prefill chunks + decodes)."))
-    enable_prefix_caching: bool = Field(True, description="Reuse KV blocks of shared prompt prefixes.")
     enable_chunked_prefill: bool = Field(True, description="Split long prompts across engine steps.")
-    enforce_eager: bool = Field(False, description="Disable CUDA graphs.")
+
+
+class ParallelConfig(Section):
+    """How the model is split across processes."""
+
     tensor_parallel_size: int = Field(1, ge=1, le=64, description=(
         "Split the model's heads, MLP and vocabulary across this many processes (torch backend): one per GPU "
         "on CUDA (nccl), one per group of cores on the CPU (gloo). 1: one process."))
-    # limits and lifecycle
+
+
+class LimitsConfig(Section):
+    """Limits on requests and the server's lifecycle: admission, request caps, timeouts, pings, shutdown."""
+
     max_concurrent_requests: int | None = Field(None, ge=1, description=(
         "Most requests served at once, running or waiting (a request counts n / best_of / its prompts); more get "
         "503 with Retry-After (TGI routes: 429). Default: no limit."))
@@ -110,7 +122,12 @@ class ServerConfig(BaseModel):
     shutdown_timeout: float = Field(30.0, ge=0, description=(
         "On SIGTERM: refuse new requests (503) and let in-flight ones finish for up to this many seconds, then "
         "abort the rest and exit 0; 0 aborts at once."))
-    # server
+
+
+class ServerHTTPConfig(Section):
+    """The HTTP server: address, dialects and their prefixes, API keys, TLS, CORS, request heads and
+    bodies, uvicorn's own logging."""
+
     host: str = Field("127.0.0.1", description="Address to bind.")
     port: int = Field(8000, ge=0, le=65535, description="Port to bind.")
     protocols: list[str] | None = Field(None, description=(
@@ -162,6 +179,16 @@ class ServerConfig(BaseModel):
         "HTTP methods browsers may use cross-origin (CORS), or * for any; repeatable."))
     cors_allow_headers: list[str] = Field(["*"], description=(
         "Request headers browsers may send cross-origin (CORS), or * for any; repeatable."))
+    uvicorn_log_level: Literal["trace", "debug", "info", "warning", "error", "critical"] | None = Field(
+        None, description="Log level of uvicorn's own loggers (default: --log-level).")
+    disable_uvicorn_access_log: bool = Field(True, description=(
+        "Leave uvicorn's access log off: each request's one log line is llmserve's request log "
+        "(`llmserve.access`). --no-disable-uvicorn-access-log adds uvicorn's line back, query strings removed."))
+
+
+class ParsingConfig(Section):
+    """Chat templates, tool-call and reasoning parsers, and what the outputs carry."""
+
     chat_template_render_timeout: float = Field(5.0, gt=0, le=600, description=(
         "Seconds a chat template may take to render before the request fails with 400."))
     chat_template: str | None = Field(None, description=(
@@ -183,6 +210,11 @@ class ServerConfig(BaseModel):
         "Plugin file or module contributing tool or reasoning parsers (loaded like --plugin); repeatable."))
     reasoning_parser: str | None = Field(None, description=(
         "Reasoning parser that moves the model's thinking into reasoning_content."))
+
+
+class GuidedConfig(Section):
+    """Guided decoding: the preferred plugin and the bounds on one output constraint."""
+
     guided_decoding_backend: str = Field("lm-format-enforcer", description=(
         "Guided-decoding plugin preferred for guided_json / guided_regex / guided_choice / guided_grammar / "
         "response_format (another installed one is used for kinds it does not support)."))
@@ -198,12 +230,40 @@ class ServerConfig(BaseModel):
     guided_max_items: int = Field(1024, ge=16, description=(
         "Most items in one part of an output constraint (choices, enum values, properties, anyOf branches, "
         "alternatives of a regex group); more get 400."))
+
+
+# Section attribute of ServerConfig -> its model, in the order the sections are composed.
+SECTIONS: dict[str, type[Section]] = {
+    "llm": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig, "parallel": ParallelConfig,
+    "limits": LimitsConfig, "http": ServerHTTPConfig, "parsing": ParsingConfig, "guided": GuidedConfig,
+}
+# Setting -> the section attribute that holds it (the settings outside sections are ServerConfig's own).
+SECTION_OF: dict[str, str] = {field: name for name, model in SECTIONS.items() for field in model.model_fields}
+
+
+class ServerConfig(BaseModel):
+    """Everything ``llmserve serve`` can be told: the sections, plus the two process-wide settings
+    (the log level and the plugin list, which the loader needs before any section matters).
+
+    Flat keyword arguments name settings and go to their sections, so ``ServerConfig(port=9000,
+    max_num_seqs=4)`` and ``ServerConfig(http=ServerHTTPConfig(port=9000))`` are the same kind of
+    value. Reading a setting flat (``config.port``) still works for plugins written against the
+    flat configuration, but the type checker sees only the sections: the code here reads
+    ``config.http.port``.
+    """
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    llm: ModelConfig = Field(default_factory=ModelConfig)
+    cache: CacheConfig = Field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    http: ServerHTTPConfig = Field(default_factory=ServerHTTPConfig)
+    parsing: ParsingConfig = Field(default_factory=ParsingConfig)
+    guided: GuidedConfig = Field(default_factory=GuidedConfig)
+    # The process's own settings: every process logs, and plugins load before any section is read.
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
-    uvicorn_log_level: Literal["trace", "debug", "info", "warning", "error", "critical"] | None = Field(
-        None, description="Log level of uvicorn's own loggers (default: --log-level).")
-    disable_uvicorn_access_log: bool = Field(True, description=(
-        "Leave uvicorn's access log off: each request's one log line is llmserve's request log "
-        "(`llmserve.access`). --no-disable-uvicorn-access-log adds uvicorn's line back, query strings removed."))
     plugins: list[str] = Field(default_factory=list, description=(
         "Extra plugins: pkg.mod, pkg.mod:attr, file.py, entry-point name, or no:NAME; repeatable (CLI flag "
         "--plugin)."))
@@ -214,191 +274,34 @@ class ServerConfig(BaseModel):
     config_file: str | None = Field(None, exclude=True)
     plugin_flags: dict[str, dict[str, Any]] = Field(default_factory=dict, exclude=True)
 
-
-_PLUGIN_INPUTS = ("plugin_sections", "config_file", "plugin_flags")
-FIELDS = [name for name in ServerConfig.model_fields if name not in _PLUGIN_INPUTS]
-# YAML keys that are spelled differently from the field.
-ALIASES = {"plugin": "plugins", "allowed_origins": "cors_allow_origins", "allowed_methods": "cors_allow_methods",
-           "allowed_headers": "cors_allow_headers", "allow_credentials": "cors_allow_credentials"}
-# Other spellings of a field's flag (vLLM's names for the same settings): field -> flags.
-FLAG_ALIASES = {field: ["--" + key.replace("_", "-")] for key, field in ALIASES.items() if field != "plugins"}
-FLAG_ALIASES["tensor_parallel_size"] = ["-tp"]  # vLLM's short spelling
-
-
-def flag_name(field: str) -> str:
-    return "--plugin" if field == "plugins" else "--" + field.replace("_", "-")
-
-
-def _kind(field: str, model: type[BaseModel] = ServerConfig) -> str:
-    """``list``, ``dict``, ``bool`` or ``scalar``: how a text value of the field is read."""
-    ann = model.model_fields[field].annotation
-    base = ann
-    if get_origin(ann) in (Union, UnionType):  # Optional[X] -> X
-        base = next(a for a in get_args(ann) if a is not type(None))
-    origin = get_origin(base)
-    if origin is list:
-        return "list"
-    if origin is dict:
-        return "dict"
-    if base is bool:
-        return "bool"
-    return "scalar"
-
-
-def parse_text(field: str, value: Any, model: type[BaseModel] = ServerConfig) -> Any:
-    """Turn a string from the CLI or the environment into what the field expects."""
-    kind = _kind(field, model)
-    if kind == "list":
-        items = value if isinstance(value, (list, tuple)) else [value]
-        out: list[str] = []
-        for item in items:
-            text = str(item).strip()
-            if text.startswith("["):
-                out.extend(str(x) for x in json.loads(text))
+    @model_validator(mode="before")
+    @classmethod
+    def _route_flat_settings(cls, data: Any) -> Any:
+        """Move each flat setting into its section; a flat setting wins over the same one given in
+        a section."""
+        if not isinstance(data, Mapping):
+            return data
+        routed: dict[str, Any] = {}
+        flat: dict[str, dict[str, Any]] = {}
+        for key, value in data.items():
+            section = SECTION_OF.get(key)
+            if section is None:
+                routed[key] = value
             else:
-                out.extend(part.strip() for part in text.split(",") if part.strip())
-        return out
-    if kind == "dict":
-        items = value if isinstance(value, (list, tuple)) else str(value).split(",")
-        out_d: dict[str, str] = {}
-        for item in items:
-            key, sep, val = str(item).partition("=")
-            if not sep:
-                raise ConfigError(f"{field}: expected NAME=VALUE, got {item!r}")
-            out_d[key.strip()] = val.strip()
-        return out_d
-    return value
+                flat.setdefault(section, {})[key] = value
+        for section, values in flat.items():
+            given = routed.get(section)
+            if isinstance(given, BaseModel):
+                given = given.model_dump(exclude_unset=True)
+            if given is None or isinstance(given, Mapping):
+                routed[section] = {**(given or {}), **values}
+            # else: the section itself is malformed, and validating it says so
+        return routed
 
-
-def _normalize_key(key: str) -> str:
-    name = str(key).replace("-", "_")
-    return ALIASES.get(name, name)
-
-
-def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
-    import yaml
-
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"config file {str(p)!r} not found")
-    try:
-        data = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {str(p)!r} is not valid YAML: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {str(p)!r} must be a mapping of option names to values")
-    return data
-
-
-def load_config(cli: dict[str, Any] | None = None, config_file: str | None = None,
-                environ: Mapping[str, str] | None = None) -> tuple[ServerConfig, dict[str, str]]:
-    """Merge the sources and validate. Returns the config and ``field -> source``.
-
-    ``cli`` holds only the flags the user gave (already parsed by the CLI, None = not given);
-    a plugin's option flags come as ``{section: {field: value}}``. YAML keys that are not fields
-    are kept in ``plugin_sections`` for plugins to validate (see ``load_options``).
-    """
-    env: Mapping[str, str] = os.environ if environ is None else environ
-    values: dict[str, Any] = {}
-    sources: dict[str, str] = {name: "default" for name in FIELDS}
-    sections: dict[str, dict[str, Any]] = {}
-    plugin_flags: dict[str, dict[str, Any]] = {}
-
-    if config_file:
-        for key, value in read_yaml(config_file).items():
-            name = _normalize_key(key)
-            if name in FIELDS:
-                values[name] = parse_text(name, value) if isinstance(value, str) else value
-                sources[name] = f"yaml:{config_file}"
-            elif isinstance(value, dict):
-                sections[str(key)] = value  # maybe a plugin's section; checked later
-            else:
-                raise ConfigError(unknown_key_message(str(key), config_file))
-    for name in FIELDS:
-        env_name = ENV_PREFIX + name.upper()
-        if env.get(env_name, "") != "":
-            values[name] = parse_text(name, env[env_name])
-            sources[name] = f"env:{env_name}"
-    for name, value in (cli or {}).items():
-        if name not in FIELDS and isinstance(value, dict):
-            plugin_flags[name] = {k: v for k, v in value.items() if v is not None}
-            continue
-        if value is None or (isinstance(value, (list, tuple)) and not value):
-            continue
-        parsed = parse_text(name, value) if isinstance(value, (str, list, tuple)) else value
-        if name == "plugins" and sources[name] != "default":
-            # Plugins accumulate (YAML/env first, then --plugin) instead of replacing.
-            parsed = list(values.get(name) or []) + parsed
-            sources[name] = f"{sources[name]}+cli"
-        else:
-            sources[name] = "cli"
-        values[name] = parsed
-    try:
-        config = ServerConfig(**values)
-    except ValidationError as exc:
-        raise ConfigError(validation_message(exc, sources)) from None
-    config.plugin_sections, config.config_file, config.plugin_flags = sections, config_file, plugin_flags
-    return config, sources
-
-
-def option_env(section: str, model: type[BaseModel], field: str) -> str:
-    """The environment variable of a plugin option: ``LLMSERVE_<SECTION>_<FIELD>``, unless the
-    model sets a class attribute ``env_prefix`` (then ``<env_prefix><FIELD>``)."""
-    prefix = getattr(model, "env_prefix", None) or f"{ENV_PREFIX}{section.replace('-', '_').upper()}_"
-    return prefix + field.upper()
-
-
-def option_flag(section: str, field: str) -> str:
-    """The CLI flag of a plugin option: ``--<section>-<field>`` with dashes."""
-    return f"--{section}-{field}".replace("_", "-")
-
-
-def load_options(section: str, model: type[BaseModel], config: ServerConfig,
-                 environ: Mapping[str, str] | None = None) -> tuple[BaseModel, dict[str, str]]:
-    """The options of the contribution ``section``, merged like the server's settings: its flags
-    (``config.plugin_flags``) > its environment variables > its YAML section > the model's
-    defaults. Returns the validated model and ``field -> source``; pass ``environ={}`` for
-    options that only the YAML file sets."""
-    env: Mapping[str, str] = os.environ if environ is None else environ
-    values: dict[str, Any] = {}
-    sources = {name: "default" for name in model.model_fields}
-    for key, value in (config.plugin_sections.get(section) or {}).items():
-        name = str(key).replace("-", "_")
-        values[name] = parse_text(name, value, model) if isinstance(value, str) and name in sources else value
-        sources[name] = f"yaml:{config.config_file}" if config.config_file else "yaml"
-    for name in model.model_fields:
-        env_name = option_env(section, model, name)
-        if env.get(env_name, "") != "":
-            values[name] = parse_text(name, env[env_name], model)
-            sources[name] = f"env:{env_name}"
-    for name, value in (config.plugin_flags.get(section) or {}).items():
-        values[name] = parse_text(name, value, model) if isinstance(value, (str, list, tuple)) else value
-        sources[name] = "cli"
-    try:
-        return model(**values), sources
-    except ValidationError as exc:
-        message = validation_message(exc, sources)
-        raise ConfigError(message.replace("invalid configuration:", f"invalid options for '{section}':")) from None
-
-
-def unknown_key_message(key: str, where: str, extra: Sequence[str] = ()) -> str:
-    valid = sorted([f.replace("_", "-") for f in FIELDS] + list(extra))
-    close = difflib.get_close_matches(key.replace("_", "-"), valid, n=1)
-    hint = f" (did you mean '{close[0]}'?)" if close else ""
-    return f"unknown config key '{key}' in {where}{hint}; valid keys: {', '.join(valid)}"
-
-
-def validation_message(exc: ValidationError, sources: dict[str, str] | None = None) -> str:
-    parts = []
-    for err in exc.errors():
-        loc = [str(p) for p in err["loc"]]
-        name = loc[0] if loc else "?"
-        where = f" (from {sources[name]})" if sources and name in sources else ""
-        msg = err["msg"]
-        ctx = err.get("ctx") or {}
-        if err["type"] == "literal_error" and "expected" in ctx:
-            msg = f"must be one of {ctx['expected']}"
-        got = err.get("input")
-        shown = f", got {got!r}" if not isinstance(got, dict) else ""
-        parts.append(f"{name.replace('_', '-')}: {msg}{shown}{where}")
-    return "invalid configuration: " + "; ".join(parts)
+    if not TYPE_CHECKING:
+        # Kept out of the type checker's sight on purpose: it must flag a flat read in this code.
+        def __getattr__(self, name: str) -> Any:
+            section = SECTION_OF.get(name)
+            if section is not None:
+                return getattr(getattr(self, section), name)
+            return super().__getattr__(name)
