@@ -28,6 +28,16 @@ def register_tool_parsers():
                        description="<tool_calls>[json, ...]</tool_calls> (Jamba 1.5)"),
         ToolParserSpec(name="internlm", target=f"{_PKG}.internlm:InternLMToolParser",
                        description="<|action_start|><|plugin|>{json}<|action_end|> (InternLM 2.5)"),
+        ToolParserSpec(name="qwen3_coder", target=f"{_PKG}.qwen3_coder:Qwen3CoderToolParser", aliases=("qwen3_xml",),
+                       description="<tool_call><function=N><parameter=K>V</parameter></function> (Qwen3-Coder, 3.5)"),
+        ToolParserSpec(name="glm45", target=f"{_PKG}.glm45:Glm45ToolParser",
+                       description="<tool_call>N<arg_key>K</arg_key><arg_value>V</arg_value> (GLM-4.5/4.6)"),
+        ToolParserSpec(name="glm47", target=f"{_PKG}.glm45:Glm45ToolParser",
+                       description="<tool_call>N<arg_key>K</arg_key><arg_value>V</arg_value> (GLM-4.7)"),
+        ToolParserSpec(name="minimax_m2", target=f"{_PKG}.minimax_m2:MiniMaxM2ToolParser",
+                       description="<minimax:tool_call><invoke name=N><parameter name=K>V (MiniMax-M2)"),
+        ToolParserSpec(name="seed_oss", target=f"{_PKG}.seed_oss:SeedOssToolParser",
+                       description="<seed:tool_call><function=N><parameter=K>V</parameter> (Seed-OSS)"),
     ]
 
 
@@ -38,4 +48,10 @@ def register_reasoning_parsers():
                             description="<think>...</think>; no </think> means all reasoning"),
         ReasoningParserSpec(name="qwen3", target=f"{_PKG}.reasoning:Qwen3ReasoningParser",
                             description="<think>...</think>; honours enable_thinking"),
+        ReasoningParserSpec(name="glm45", target=f"{_PKG}.reasoning:Glm45ReasoningParser",
+                            description="<think>...</think> (GLM-4.5/4.6/4.7); honours enable_thinking"),
+        ReasoningParserSpec(name="minimax_m2", target=f"{_PKG}.reasoning:DeepSeekR1ReasoningParser",
+                            description="<think>...</think>; output starts inside the thinking"),
+        ReasoningParserSpec(name="seed_oss", target=f"{_PKG}.reasoning:SeedOssReasoningParser",
+                            description="<seed:think>...</seed:think> (Seed-OSS); only when the output opens it"),
     ]

@@ -2,7 +2,9 @@
 Qwen2.5/Qwen3 and many fine-tunes).
 
 Several blocks are parallel calls; a block may also hold a JSON list of call objects. A
-missing ``</tool_call>`` at the end of the output is accepted. ``"parameters"`` is accepted
+missing ``</tool_call>`` at the end of the output is accepted after complete JSON; JSON cut off
+there (``{"name": "f", "arguments": {"a": 1`` and nothing more) is content: the model was cut
+off and nothing should run (the other formats close such a call). ``"parameters"`` is accepted
 for ``"arguments"``. A block that is not a valid call (``json_calls``' checked rules) is
 content, verbatim; the other blocks stay calls (vLLM returns the whole output as content).
 Text before, between and after the blocks is content (vLLM keeps only the text before the
@@ -17,9 +19,26 @@ from llmserve.parsing.streaming import RegionToolParser
 from llmserve.parsing.json_calls import CallList
 
 
+class _WholeOnly:
+    """A body that takes the end of the output like an end marker: what is not complete JSON
+    then is not a call (``end(cut=False)``)."""
+
+    def __init__(self, body: CallList) -> None:
+        self.body = body
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.body, name)
+
+    def feed(self, s: str) -> int:
+        return self.body.feed(s)
+
+    def end(self, cut: bool = True) -> None:
+        self.body.end(False)
+
+
 class HermesToolParser(RegionToolParser):
     start_markers = ("<tool_call>",)
     end_marker = "</tool_call>"
 
     def _new_body(self, marker: str) -> Any:
-        return CallList(self, single_ok=True, checked=True)
+        return _WholeOnly(CallList(self, single_ok=True, checked=True))

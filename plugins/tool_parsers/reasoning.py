@@ -1,4 +1,5 @@
-"""Reasoning parsers for ``<think>`` ... ``</think>`` models: deepseek_r1 and qwen3.
+"""Reasoning parsers for ``<think>`` ... ``</think>`` models: deepseek_r1 (also registered as
+minimax_m2), qwen3, glm45, and seed_oss (``<seed:think>`` ... ``</seed:think>``).
 
 ``ThinkReasoningParser`` is the reusable base: a subclass may change ``start_tag`` /
 ``end_tag``, ``thinking_by_default()`` and ``implicit_end()``. Like every parser here it
@@ -28,6 +29,8 @@ class ThinkReasoningParser(ReasoningParser):
 
     start_tag = "<think>"
     end_tag = "</think>"
+    #: Drop end tags found in the content (a model that closes its thinking twice).
+    drop_stray_end_tags = False
 
     def __init__(self, tokenizer: Any = None, chat_template_kwargs: dict[str, Any] | None = None) -> None:
         super().__init__(tokenizer, chat_template_kwargs)
@@ -76,8 +79,14 @@ class ThinkReasoningParser(ReasoningParser):
                 self._state = REASON if self.thinking_by_default() else CONTENT
                 continue
             if self._state == CONTENT:
-                out.content += buf
-                self._buf = ""
+                if not self.drop_stray_end_tags:
+                    out.content += buf
+                    self._buf = ""
+                    break
+                # Hold what could still be the start of an end tag; drop the whole ones.
+                keep = 0 if final else held_suffix(buf[-len(self.end_tag):], (self.end_tag,))
+                out.content += buf[:len(buf) - keep].replace(self.end_tag, "")
+                self._buf = buf[len(buf) - keep:]
                 break
             end = buf.find(self.end_tag)
             limit = end if end >= 0 else len(buf)
@@ -101,7 +110,9 @@ class ThinkReasoningParser(ReasoningParser):
 class DeepSeekR1ReasoningParser(ThinkReasoningParser):
     """deepseek_r1: everything up to the first ``</think>`` is reasoning (the R1 template puts
     ``<think>`` in the prompt; a generated leading ``<think>`` is dropped); the rest is
-    content. No ``</think>`` means all reasoning, as in vLLM. Unlike vLLM, streaming and
+    content. No ``</think>`` means all reasoning, as in vLLM. Registered as ``minimax_m2`` too:
+    MiniMax-M2's template opens ``<think>`` in the prompt, so its output starts inside the
+    thinking, which is this rule. Unlike vLLM, streaming and
     non-streaming agree: text before a leading ``<think>`` that is only whitespace is dropped
     in both, and an empty output gives ``reasoning_content`` null in both."""
 
@@ -119,8 +130,11 @@ class Qwen3ReasoningParser(ThinkReasoningParser):
     followed by ``<function=`` (Qwen3-Coder format) or, beyond vLLM, by ``{`` (hermes
     format) ends reasoning implicitly, so a call written inside the thinking reaches the
     tool parser. With ``chat_template_kwargs={"enable_thinking": False}`` output that does not
-    start with ``<think>`` is all content (vLLM's server skips the parser in that case).
+    start with ``<think>`` is all content (vLLM's server skips the parser in that case). A
+    ``</think>`` after the first one is dropped from the content (vLLM leaves it there).
     """
+
+    drop_stray_end_tags = True
 
     def thinking_by_default(self) -> bool:
         return self.chat_template_kwargs.get("enable_thinking", True) is not False
@@ -143,3 +157,29 @@ class Qwen3ReasoningParser(ThinkReasoningParser):
         if not final and limit == len(buf):
             return -1, len(buf) - held_suffix(buf[-len(_TOOL_CALL):], (_TOOL_CALL,))
         return -1, len(buf)
+
+
+class Glm45ReasoningParser(ThinkReasoningParser):
+    """glm45 (GLM-4.5, 4.6, 4.7): ``<think>`` ... ``</think>``, a leading ``<think>`` dropped. The
+    templates render ``<think></think>`` into the prompt when ``enable_thinking`` is false: then
+    output that does not start with ``<think>`` is all content; otherwise it begins in reasoning
+    (GLM-4.7 opens the block in the prompt). Stray ``</think>`` tags in the content are dropped."""
+
+    drop_stray_end_tags = True
+
+    def thinking_by_default(self) -> bool:
+        return self.chat_template_kwargs.get("enable_thinking", True) is not False
+
+
+class SeedOssReasoningParser(ThinkReasoningParser):
+    """seed_oss: ``<seed:think>`` ... ``</seed:think>``. Seed-OSS opens the block itself (its
+    template's generation prompt is the bare assistant header), so output that does not start
+    with ``<seed:think>`` is all content; a block left open is all reasoning (a cut-off
+    thought). Stray end tags in the content are dropped."""
+
+    start_tag = "<seed:think>"
+    end_tag = "</seed:think>"
+    drop_stray_end_tags = True
+
+    def thinking_by_default(self) -> bool:
+        return False

@@ -6,6 +6,7 @@ control characters inside strings escaped), so these are the strings the API ret
 
 from __future__ import annotations
 
+from .cases_xml import XML_CASES
 from .helpers import Case
 
 WEATHER = '{"city": "Paris", "unit": "celsius"}'
@@ -46,10 +47,13 @@ HERMES = [
     Case("text_after", hermes_block("get_time", "{}") + "\nDone.", content="\nDone.", calls=[("get_time", "{}")]),
     Case("missing_end_tag", '<tool_call>\n{"name": "get_time", "arguments": {"tz": "UTC"}}',
          calls=[("get_time", '{"tz": "UTC"}')]),
+    # Cut off inside the JSON, no end tag: content, nothing runs (the issue-39 fix).
     Case("truncated_in_arguments", 'Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par',
-         content="Checking.", calls=[("get_weather", '{"city": "Par"}')]),
+         content='Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par'),
     Case("truncated_after_key", '<tool_call>{"name": "f", "arguments": {"a": 1, "b": tr',
-         calls=[("f", '{"a": 1}')]),
+         content='<tool_call>{"name": "f", "arguments": {"a": 1, "b": tr'),
+    Case("truncated_list_keeps_complete_calls", '<tool_call>[{"name": "a", "arguments": {}}, {"name": "b", "argu',
+         calls=[("a", "{}")]),
     Case("truncated_before_name", 'Sure.\n<tool_call>\n{"name": "get_wea',
          content='Sure.\n<tool_call>\n{"name": "get_wea'),
     Case("malformed_not_json", '<tool_call>\nget_weather(city="Paris")\n</tool_call>',
@@ -271,7 +275,10 @@ def rule_cases(parser: str) -> list[Case]:
         text = OPEN[parser] + obj + CLOSE[parser]
         out.append(Case(rid, text, calls=[call]) if call else Case(rid, text, content=text))
     cut = OPEN[parser] + '{"name": "f", "arguments": {"a": 1, "b": "x'
-    out.append(Case("rule_cut_off_in_arguments", cut, calls=[("f", '{"a": 1, "b": "x"}')]))
+    if parser == "hermes":  # an open <tool_call> cut off inside its JSON is content (hermes' rule)
+        out.append(Case("rule_cut_off_in_arguments", cut, content=cut))
+    else:
+        out.append(Case("rule_cut_off_in_arguments", cut, calls=[("f", '{"a": 1, "b": "x"}')]))
     cut = OPEN[parser] + '{"arguments": {"a": 1}, "na'
     out.append(Case("rule_cut_off_before_name", cut, content=cut))
     if CLOSE[parser].strip("]"):  # an end marker before the object closed: malformed, not cut off
@@ -369,7 +376,7 @@ REASONING_CASES = [
 ]
 
 ALL_TOOL_CASES = [case for cases in TOOL_CASES.values() for case in cases]
-ALL_CASES = ALL_TOOL_CASES + REASONING_CASES
+ALL_CASES = ALL_TOOL_CASES + REASONING_CASES + XML_CASES
 
 
 def case_id(case: Case) -> str:

@@ -126,11 +126,12 @@ def test_parallel_tool_calls_false_keeps_the_first_call(auto):
 
 
 def test_truncated_call_reports_length(auto):
+    # hermes: an open <tool_call> cut off inside its JSON is content, so nothing half-written runs.
     r = chat(auto, CALL_W, tools=TOOLS, max_tokens=62)
     choice = r.json()["choices"][0]
     assert choice["finish_reason"] == "length"
-    call = choice["message"]["tool_calls"][0]["function"]
-    assert call["name"] == "get_weather" and call["arguments"].startswith('{"city": "Z')
+    assert not choice["message"].get("tool_calls")
+    assert choice["message"]["content"].startswith('<tool_call>{"name": "get_weather", "arguments": {"city": "Z')
 
 
 @pytest.mark.parametrize("extra, param", [
