@@ -35,8 +35,8 @@ import httpx
 
 # The load generator (client, closed loop, percentiles) and the prompts live in the package,
 # shared with `llmserve bench serve`.
-from llmserve.bench.dataset import PROMPTS
-from llmserve.bench.loadgen import percentile, run_closed_loop
+from llmserve.plugins.commands.bench.dataset import PROMPTS
+from llmserve.plugins.commands.bench.loadgen import percentile, run_closed_loop
 
 
 def free_port() -> int:

@@ -192,7 +192,7 @@ def test_plot_is_a_png(echo_server, tmp_path):
 
 def test_percentiles_match_numpy():
     np = pytest.importorskip("numpy")
-    from llmserve.bench.loadgen import describe, percentile
+    from llmserve.plugins.commands.bench.loadgen import describe, percentile
 
     values = [0.3, 5.0, 1.25, 9.5, 2.0, 2.0, 7.75]
     for q in (0, 10, 50, 90, 99, 100):

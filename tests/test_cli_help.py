@@ -9,7 +9,7 @@ import pytest
 
 from conftest import run_cli
 
-from llmserve.cli_help import BACKEND_PANEL, ORDER, PANELS, panel_of
+from llmserve.cli.help import BACKEND_PANEL, ORDER, PANELS, panel_of
 from llmserve.config import FIELDS, SchedulerConfig, _kind, flag_name
 
 NARROW = {"COLUMNS": "80", "LINES": "40"}

@@ -239,3 +239,11 @@ def test_architecture_doc_names_every_room():
     assert missing == [], "add these to docs/architecture.md"
     named = set(re.findall(r"`((?:core|plugins)/[\w/.]*)`", text))
     assert named and sorted(p for p in named if not (ROOT / p).exists()) == []
+
+
+def test_the_core_top_level_holds_few_modules():
+    """The loose modules atop core/ are the kernel's shared vocabulary (requests, outputs, errors,
+    config); everything with a job of its own lives in a room (a package: engine/, server/,
+    cli/, guided/, ...), and client commands live in a plugin."""
+    loose = sorted(p.name for p in (ROOT / "core").glob("*.py"))
+    assert len(loose) <= 12, loose

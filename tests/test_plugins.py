@@ -1,6 +1,7 @@
 """Plugin loading: specs, order, blocking, failure policy, duplicates, lazy records."""
 
 import json
+import re
 import sys
 import textwrap
 
@@ -173,6 +174,34 @@ def test_register_commands_from_an_entry_point_plugin(tmp_path):
     result = run_cli("hello", "--name", "plugins", env={"PYTHONPATH": str(tmp_path)})
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "hello plugins"
+
+
+def listed_commands(help_text: str) -> set[str]:
+    """The command names of ``llmserve --help``."""
+    return set(re.findall(r"^  ([a-z][\w-]*)(?=\s|$)", help_text.split("Commands:")[1], re.M))
+
+
+def test_commands_come_and_go_with_their_plugin(tmp_path):
+    """chat, bench and ray-serve come from the built-in ``commands`` plugin, which always loads;
+    with autoload off, an installed plugin's command is gone."""
+    fake_distribution(tmp_path, "greet_dist", {"greetep": "greetmod"}, {"greetmod": """
+        from llmserve import hookimpl
+
+        @hookimpl
+        def register_commands(cli):
+            @cli.command()
+            def greet():
+                print("hi")
+    """})
+    on = {"PYTHONPATH": str(tmp_path)}
+    off = {**on, "LLMSERVE_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    assert listed_commands(run_cli("--help", env=on).stdout) >= {"chat", "bench", "ray-serve", "greet"}
+    without = listed_commands(run_cli("--help", env=off).stdout)
+    assert {"chat", "bench", "ray-serve", "serve"} <= without and "greet" not in without
+    gone = run_cli("greet", env=off)
+    assert gone.returncode == 2 and "No such command 'greet'" in gone.stderr
+    rows = {row["name"]: row for row in json.loads(run_cli("plugins", "--json", env=off).stdout)}
+    assert rows["commands"]["source"] == "builtin" and rows["commands"]["module"] == "llmserve.plugins.commands"
 
 
 def test_register_reasoning_parsers_and_aliases(tmp_path):

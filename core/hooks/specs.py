@@ -109,8 +109,11 @@ def register_guided_decoders() -> "list[GuidedDecoderSpec]":
 def register_commands(cli: "typer.Typer") -> None:
     """Add sub-commands to the ``llmserve`` CLI.
 
-    Called once while the CLI is built, before arguments are parsed; only auto-discovered
-    plugins (entry points) can add commands, since ``--plugin`` is parsed later.
+    Called once while the CLI is built, before arguments are parsed; only built-in and
+    auto-discovered plugins (entry points) can add commands, since ``--plugin`` is parsed later.
+    The built-in ``commands`` plugin (``llmserve.plugins.commands``) adds ``chat``, ``bench``
+    and ``ray-serve`` this way. A command builds only on the names ``llmserve.cli`` exports
+    (``with_config_options``, ``resolve_config``, ``PanelCommand``, ``fail``, ...).
 
     Example::
 

@@ -39,6 +39,6 @@ def seeded_ids():
 def fresh_cli_plugins(monkeypatch):
     """``llmserve parse --plugin`` loads into the process-wide plugin manager: start each test
     with a fresh one so plugins loaded by one test are not seen by the next."""
-    import llmserve.cli
+    import llmserve.cli.app
 
-    monkeypatch.setattr(llmserve.cli, "_plugins", None)
+    monkeypatch.setattr(llmserve.cli.app, "_plugins", None)

@@ -11,8 +11,8 @@ import time
 import pytest
 
 from llmserve.config import ServerConfig
-from llmserve.ray_serve import (REPLICA_HEADER, LLMServeReplica, RayOptions, deployment_options,
-                                with_replica_header)
+from llmserve.plugins.commands.ray_serve import (REPLICA_HEADER, LLMServeReplica, RayOptions, deployment_options,
+                                                 with_replica_header)
 
 
 def test_fixed_replicas():

@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, MutableMapping, Opti
 
 import typer
 
+from llmserve.cli import CONFIG_OPTION, fail, resolve_config
+
 if TYPE_CHECKING:
     from llmserve.config import ServerConfig
     from llmserve.server.context import ServerContext
@@ -240,7 +242,6 @@ def run(config: "ServerConfig", options: RayOptions) -> int:
     return 0
 
 
-CONFIG = typer.Option(None, "--config", "-c", help="YAML file whose keys are the long flag names.")
 REPLICAS = typer.Option(1, "--replicas", min=1, help="Replicas to run (the initial count when autoscaling).")
 MIN_REPLICAS = typer.Option(None, "--min-replicas", min=0, help="Autoscaling floor (needs --max-replicas).")
 MAX_REPLICAS = typer.Option(None, "--max-replicas", min=1,
@@ -260,7 +261,7 @@ RAY_ADDRESS = typer.Option(None, "--ray-address",
 def ray_serve_command(model_arg: Optional[str] = typer.Argument(
                           None, metavar="MODEL", show_default=False,
                           help="Model directory or .gguf file (default: embedded SmolLM2-135M-Instruct)."),
-                      config: Optional[Path] = CONFIG, replicas: int = REPLICAS,
+                      config: Optional[Path] = CONFIG_OPTION, replicas: int = REPLICAS,
                       min_replicas: Optional[int] = MIN_REPLICAS, max_replicas: Optional[int] = MAX_REPLICAS,
                       target_ongoing_requests: Optional[float] = TARGET_ONGOING,
                       max_ongoing_requests: Optional[int] = MAX_ONGOING, replica_cpus: float = REPLICA_CPUS,
@@ -271,8 +272,6 @@ def ray_serve_command(model_arg: Optional[str] = typer.Argument(
     Takes every `serve` flag. Each replica is a whole server with every enabled dialect; Ray
     routes requests, health-checks and restarts replicas, and autoscales with --max-replicas.
     """
-    from llmserve.cli import fail, resolve_config
-
     if importlib.util.find_spec("ray") is None:
         fail("llmserve ray-serve needs Ray Serve: pip install 'llmserve[ray]'")
     if model_arg is not None:

@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from llmserve.bench.loadgen import LevelRun, Sample, describe
+from .loadgen import LevelRun, Sample, describe
 
 METRICS = (("ttft", "TTFT", "Time to First Token"), ("itl", "ITL", "Inter-token Latency"),
            ("e2el", "E2EL", "End-to-end Latency"))

@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 import typer
 
-from llmserve.remote import API_KEY_ENV, RemoteError, pick_model, server_root
+from ..remote import API_KEY_ENV, RemoteError, pick_model, server_root
 
 bench_cli = typer.Typer(no_args_is_help=True, help="Benchmarks: load a running server and measure it.")
 
@@ -44,7 +44,7 @@ def make_prompts(kind: str, path: Optional[Path], count: int, input_len: Optiona
                  seed: Optional[int]) -> list[Any]:
     import random
 
-    from llmserve.bench import dataset
+    from . import dataset
 
     rng = random.Random(seed or 0)
     if kind == "custom":
@@ -101,7 +101,7 @@ def bench_serve(
     """Closed-loop load against an OpenAI-compatible server: throughput, TTFT, ITL, latency."""
     import asyncio
 
-    from llmserve.bench import dataset, loadgen, report
+    from . import dataset, loadgen, report
 
     if endpoint not in dataset.ENDPOINTS:
         _fail(f"--endpoint must be one of {', '.join(dataset.ENDPOINTS)}")

@@ -19,7 +19,7 @@ from typing import Any, Iterator, Optional, TextIO
 
 import typer
 
-from llmserve.remote import API_KEY_ENV, RemoteError, auth_headers, error_message, openai_base, pick_model, unreachable
+from .remote import API_KEY_ENV, RemoteError, auth_headers, error_message, openai_base, pick_model, unreachable
 
 DEFAULT_URL = "http://127.0.0.1:8000/v1"
 HELP = """Commands:
