@@ -247,3 +247,16 @@ def test_the_core_top_level_holds_few_modules():
     cli/, guided/, ...), and client commands live in a plugin."""
     loose = sorted(p.name for p in (ROOT / "core").glob("*.py"))
     assert len(loose) <= 12, loose
+
+
+def test_the_engine_never_imports_the_server():
+    """The engine reports to the server through an interface of its own (``EngineObserver`` in
+    core/engine/stats.py, which the server's ``Metrics`` implements): no module of core/engine
+    imports core/server, not even under ``TYPE_CHECKING`` or inside a function."""
+    offenders = {}
+    for name, path in modules(ROOT / "core" / "engine", "llmserve.engine").items():
+        bad = sorted(m for m in imports(path, name, top_level_only=False)
+                     if m == "llmserve.server" or m.startswith("llmserve.server."))
+        if bad:
+            offenders[str(path.relative_to(ROOT))] = bad
+    assert offenders == {}, "the engine must not depend on the server"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from llmserve.config import CacheConfig, ServerConfig
 from llmserve.engine.backend import Backend, KVCacheSpec, ModelInfo, StepItem
@@ -31,13 +31,10 @@ from llmserve.engine.postprocess import (
 )
 from llmserve.engine.scheduler import ScheduledSeq, Scheduler
 from llmserve.engine.sequence import Sequence
-from llmserve.engine.stats import EngineStats
+from llmserve.engine.stats import EngineObserver, EngineStats
 from llmserve.errors import ConfigError, GenerationError, InvalidRequestError, LLMServeError
 from llmserve.outputs import RequestOutput, Timings
 from llmserve.request import PreparedRequest
-
-if TYPE_CHECKING:
-    from llmserve.server.metrics import Metrics
 
 log = logging.getLogger("llmserve.engine")
 
@@ -83,7 +80,7 @@ class LLMEngine:
         self.max_model_len = info.max_model_len
         self.block_size = cache.block_size
         self.cache_dtype: str = cache.kv_cache_dtype
-        self.metrics: "Metrics | None" = None  # attached by the server before the loop starts
+        self.metrics: EngineObserver | None = None  # attached by the server before the loop starts
         self.limits = RequestLimits.from_config(config.limits, self.max_model_len)
         self.defaults = SamplingDefaults.from_config(config.llm)  # --generation-config, --seed
         self.faults = FaultInjector.from_env()

@@ -1,14 +1,23 @@
-"""``EngineStats``: one consistent snapshot of the engine's counters, for the server to read.
+"""What the engine tells the rest of the server about itself: ``EngineStats``, one consistent
+snapshot of its counters, read by anyone; and ``EngineObserver``, the events it reports as they
+happen, to one observer that the server attaches.
 
 The engine thread builds a fresh snapshot at the end of every loop iteration and publishes it
 with one reference assignment, so the event loop (admission control, ``/metrics``, MindIE's
 batch size) reads numbers that all come from the same moment, without locks and without
 reaching into the scheduler or the block manager.
+
+Per-request and per-step events (latencies, tokens per step) do not fit a snapshot: the engine
+calls its observer for each. The observer is declared here, in the engine's own terms, so the
+engine never imports the server; the server's Prometheus ``Metrics`` implements it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
+
+from llmserve.outputs import Timings
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,3 +47,30 @@ class EngineStats:
     def kv_usage(self) -> float:
         """Fraction of KV-cache blocks in use (0 to 1)."""
         return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
+
+
+class EngineObserver(Protocol):
+    """What the engine reports while it runs (``LLMEngine.metrics``; the server attaches its
+    ``llmserve.server.metrics.Metrics`` before the engine loop starts; None: nobody listens).
+
+    Every method is called on the engine thread, in the middle of a step, for every request or
+    every step: an implementation must return at once, never block and take no lock the event
+    loop may hold (plain counters and histograms). Times are ``time.time()`` seconds.
+    """
+
+    def token_step(self, seconds: float) -> None:
+        """One output step of a request went out, ``seconds`` after its previous one (not
+        called for a request's first output step: that one is in its ``Timings``)."""
+
+    def iteration(self, tokens: int) -> None:
+        """One engine step ran ``tokens`` tokens through the model (prompt chunks and decodes
+        together)."""
+
+    def request_finished(self, reason: str, timings: Timings, prompt_tokens: int, generation_tokens: int,
+                         now: float | None = None, n: int = 1, max_tokens: int | None = None,
+                         preemptions: int = 0) -> None:
+        """A generate request ended. ``reason`` is its finish reason (``stop``, ``length``,
+        ``abort``, ``error``); ``timings`` its arrival, first schedule, first token and end;
+        ``prompt_tokens`` / ``generation_tokens`` its token counts (all choices together);
+        ``now`` when it ended (None: now); ``n`` and ``max_tokens`` its parameters;
+        ``preemptions`` how often its sequences were preempted."""

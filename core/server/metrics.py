@@ -19,7 +19,7 @@ import time
 from bisect import bisect_left
 from typing import Iterable, Mapping
 
-from llmserve.engine.stats import EngineStats
+from llmserve.engine.stats import EngineObserver, EngineStats
 from llmserve.outputs import Timings
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -114,8 +114,10 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-class Metrics:
-    """The server's metrics. ``rejected(reason)`` is the admission-control entry point."""
+class Metrics(EngineObserver):
+    """The server's metrics. ``rejected(reason)`` is the admission-control entry point; the
+    engine reports into it as its ``EngineObserver`` (``token_step``, ``iteration``,
+    ``request_finished``)."""
 
     def __init__(self, max_model_len: int = 8192) -> None:
         self.success: dict[str, int] = {r: 0 for r in FINISH_REASONS}
