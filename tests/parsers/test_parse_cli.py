@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from llmserve.cli import cli
 
 from .cases import ALL_CASES, HERMES, case_id
-from .helpers import structure, whole
+from .helpers import registry, structure, whole
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -82,9 +82,11 @@ def test_parse_never_imports_torch_or_parser_modules_it_does_not_use():
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--tool-parser", "nope"], "error: unknown tool parser 'nope'; available: granite, hermes, internlm, jamba, "
-                                "llama3_json, mistral, pythonic"),
-    (["--reasoning-parser", "nope"], "error: unknown reasoning parser 'nope'; available: deepseek_r1, qwen3"),
+    # The listing is every registered name, sorted (the registry's own order).
+    (["--tool-parser", "nope"], "error: unknown tool parser 'nope'; available: "
+                                + ", ".join(registry().names("tool_parser"))),
+    (["--reasoning-parser", "nope"], "error: unknown reasoning parser 'nope'; available: "
+                                     + ", ".join(registry().names("reasoning_parser"))),
     (["--tool-parser", "hermes", "--chat-template-kwargs", "[1]"], "error: --chat-template-kwargs: not a JSON object"),
     (["--plugin", "no_such_module_xyz"], "error: cannot load plugin 'no_such_module_xyz': ModuleNotFoundError: "
                                          "No module named 'no_such_module_xyz'"),
