@@ -5,7 +5,7 @@ Only records are built here; each parser module is imported when a parser is fir
 """
 
 from llmserve import hookimpl
-from llmserve.hooks.records import ReasoningParserSpec, ToolParserSpec
+from llmserve import ReasoningParserSpec, ToolParserSpec
 
 _PKG = "llmserve.plugins.tool_parsers"
 

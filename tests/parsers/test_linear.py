@@ -2,18 +2,32 @@
 (in deltas of 1 to 7 characters) and whole, on adversarial output: unclosed ``<tool_call>`` and
 ``<think>`` tags by the thousand, ``[`` followed by thousands of ``a(``, deep brackets, objects
 nested and left open, lists of thousands of elements that are not calls (each one held until
-the list has a call), and each parser's own markers repeated or followed by those. The parsers
-are read from the registry at run time, so a parser added later is covered too.
+the list has a call), each parser's own markers repeated or followed by those, and for the
+XML-style families calls left open by the thousand, thousands of parameters and one huge value.
+The parsers are read from the registry at run time, so a parser added later is covered too.
 
 A prompt-injected model can be made to write any of these; a parser quadratic in them pins the
-server's event loop for minutes per request. The measure is the ratio of the time for 128 kB to
-the time for 4 kB: about 32 when linear, about 1000 when quadratic. The bound, 80, sits far from
+server's event loop for minutes per request. The measure is the ratio of the time for 32 kB to
+the time for 1 kB: about 32 when linear, about 1000 when quadratic. The bound, 80, sits far from
 both, so noise cannot turn one into the other: it fails a parser whose quadratic part is, at
-128 kB, 1.6 times its linear part or more (one that takes 14 times as long as it should at 1 MB).
+32 kB, 1.6 times its linear part or more (one that takes 50 times as long as it should at 1 MB).
 The times are the thread's CPU time (``time.thread_time``) with the garbage collector paused, each
 the best of the runs made; a ratio that is not clearly linear is measured again, up to three
 rounds, since noise only ever adds time. ``test_a_quadratic_parser_is_caught`` runs a
 deliberately quadratic parser through the same measure.
+
+Cost (CI runs this for some 25 parsers, each on 15 to 30 inputs, twice): the ratio only needs
+two sizes 32 times apart, so they are 1 kB and 32 kB, a quarter of the 4 kB / 128 kB this test
+began with, and each parser costs a quarter as much. The big run is nearly all of a measure's
+time, streamed above all (a delta costs the same fixed work whatever it holds), and it is made
+once when the ratio is clearly linear. What the smaller sizes give up: a quadratic part must be
+1.6 times the linear part at 32 kB rather than at 128 kB to fail, which still fails every
+parser that rescans its buffer per delta or per region (``test_a_quadratic_parser_is_caught``
+measures such a parser at about 160, twice the bound). The rest goes on what was measured twice before:
+one test per parser measures whole and streamed over the same inputs, warmed up once per mode
+rather than once per input; inputs that are the same text (``<tool_call> repeated`` is
+``unclosed <tool_call>``) are measured once; and parsers that are one class under two names are
+measured once, under the first name. None of these changes what is measured for any parser.
 """
 
 from __future__ import annotations
@@ -21,7 +35,7 @@ from __future__ import annotations
 import gc
 import time
 from itertools import cycle
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
@@ -30,9 +44,10 @@ from llmserve.parsing.contract import ParseDelta, ToolParser
 
 from .helpers import registry
 
-SMALL, BIG = 4_000, 128_000  # 32 times as much output
+SMALL, BIG = 1_000, 32_000  # 32 times as much output
 MAX_RATIO = 80  # linear: about 32; quadratic: about 1000
 CLEAR = 48  # clearly linear: not measured again
+Builder = Callable[[int], str]  # the size -> that much output
 TOOLS = [{"type": "function", "function": {"name": "a", "parameters": {"type": "object", "properties": {}}}}]
 
 
@@ -40,7 +55,7 @@ def repeat(unit: str, size: int) -> str:
     return (unit * (size // len(unit) + 1))[:size]
 
 
-def generic_inputs() -> dict[str, object]:
+def generic_inputs() -> dict[str, Builder]:
     """name -> function of the size giving that much adversarial output."""
     return {
         "unclosed <tool_call>": lambda n: repeat("<tool_call>", n),
@@ -64,7 +79,40 @@ def markers(kind: str, name: str) -> list[str]:
     return sorted({m for m in found if isinstance(m, str) and m})
 
 
-def inputs_for(kind: str, name: str) -> dict[str, object]:
+def family_inputs(name: str) -> dict[str, Builder]:
+    """Inputs for the XML-style families: a call left open in its first value, by the thousand;
+    one call with as many parameters as fit (a thousand and more at 32 kB; test_xml_params.py
+    parses 10k); one parameter with a value as long as the output; parameter names that are the
+    family's own markers."""
+    units = XML_FAMILIES.get(name)
+    if units is None:
+        return {}
+    start, param, close = units
+    opened = param.format("k", "VALUE")
+    opened = start + opened[:opened.index("VALUE") + 5]
+    bare = len(start + param.format("k", "") + close)
+    return {
+        "calls left open": lambda n: repeat(opened, n),
+        "thousands of parameters": lambda n: start + repeat(param.format("k", "v"), n - len(start) - len(close))
+        + close,
+        "one huge value": lambda n: start + param.format("k", repeat("v", n - bare)) + close,
+        "marker names": lambda n: start + repeat(param.format(start, close), n - len(start)),
+    }
+
+
+# name -> (call start, one parameter as "{}" key and "{}" value, call end) of the XML families.
+XML_FAMILIES = {
+    "qwen3_coder": ("<tool_call>\n<function=a>\n", "<parameter={}>\n{}\n</parameter>\n", "</function>\n</tool_call>"),
+    "seed_oss": ("<seed:tool_call><function=a>", "<parameter={}>{}</parameter>", "</function></seed:tool_call>"),
+    "glm45": ("<tool_call>a\n", "<arg_key>{}</arg_key>\n<arg_value>{}</arg_value>\n", "</tool_call>"),
+    "glm47": ("<tool_call>a", "<arg_key>{}</arg_key><arg_value>{}</arg_value>", "</tool_call>"),
+    "minimax_m2": ('<minimax:tool_call><invoke name="a">', '<parameter name="{}">{}</parameter>',
+                   "</invoke></minimax:tool_call>"),
+}
+
+
+def inputs_for(kind: str, name: str) -> dict[str, Builder]:
+    """The adversarial inputs of one parser, each text once (the first label kept)."""
     out = generic_inputs()
     for m in markers(kind, name):
         out[f"{m} repeated"] = lambda n, m=m: repeat(m, n)
@@ -72,13 +120,28 @@ def inputs_for(kind: str, name: str) -> dict[str, object]:
         out[f"{m} then objects nested"] = lambda n, m=m: m + repeat('{"a": ', n - len(m))
         out[f"{m} then words and ["] = lambda n, m=m: m + repeat("x [", n - len(m))
         out[f"{m} then objects that are not calls"] = lambda n, m=m: m + "[" + repeat('{"a": 1}, ', n - len(m) - 1)
-    return out
+    out.update(family_inputs(name))
+    seen: set[str] = set()
+    unique: dict[str, Builder] = {}
+    for label, build in out.items():
+        text = build(SMALL)
+        if text not in seen:
+            seen.add(text)
+            unique[label] = build
+    return unique
 
 
 def chains() -> list[tuple[str, str]]:
+    """``(kind, name)`` of every registered parser, one name per class (module doc)."""
     reg = registry()
-    return ([("tool_parser", n) for n in reg.names("tool_parser")]
-            + [("reasoning_parser", n) for n in reg.names("reasoning_parser")])
+    out, classes = [], set()
+    for kind in ("tool_parser", "reasoning_parser"):
+        for name in reg.names(kind):
+            cls = reg.load(kind, name)
+            if (kind, cls) not in classes:
+                classes.add((kind, cls))
+                out.append((kind, name))
+    return out
 
 
 def chain_maker(kind: str, name: str):
@@ -112,13 +175,16 @@ def run(new_chain, text: str, streamed: bool, budget: float = float("inf")) -> f
         gc.enable()
 
 
-def ratio(new_chain, build, streamed: bool) -> float:
-    """time(128 kB) / time(4 kB), each the best of the runs made. Noise only adds time, so a
+def ratio(new_chain, build, streamed: bool, warm: bool = True) -> float:
+    """time(32 kB) / time(1 kB), each the best of the runs made. Noise only adds time, so a
     ratio that is not clearly linear (under ``CLEAR``) is measured again, up to three rounds:
-    a parser fails only if the best times of all three keep it at the bound."""
+    a parser fails only if the best times of all three keep it at the bound. ``warm``: run the
+    small input once first (caches, first imports); a caller measuring several inputs in a row
+    warms up once."""
     small, big = build(SMALL), build(BIG)
     assert len(small) == SMALL and len(big) == BIG
-    run(new_chain, small, streamed)  # warms caches up
+    if warm:
+        run(new_chain, small, streamed)
     smalls: list[float] = []
     bigs: list[float] = []
     for _ in range(3):
@@ -154,15 +220,19 @@ def test_a_quadratic_parser_is_caught():
     assert r >= MAX_RATIO, f"a quadratic parser measured {r:.1f}, under the bound {MAX_RATIO}"
 
 
-@pytest.mark.parametrize("streamed", [False, True], ids=["whole", "streamed"])
 @pytest.mark.parametrize("kind, name", chains(), ids=[n for _, n in chains()])
-def test_parser_time_is_linear(kind, name, streamed):
+def test_parser_time_is_linear(kind, name):
     slow = {}
-    for label, build in inputs_for(kind, name).items():
-        r = ratio(chain_maker(kind, name), build, streamed)
-        if r >= MAX_RATIO:
-            slow[label] = round(r, 1)
-    assert not slow, f"{name} ({'streamed' if streamed else 'whole'}): 128 kB / 4 kB time ratios {slow}"
+    make = chain_maker(kind, name)
+    inputs = inputs_for(kind, name)
+    for streamed in (False, True):
+        first = True
+        for label, build in inputs.items():
+            r = ratio(make, build, streamed, warm=first)
+            first = False
+            if r >= MAX_RATIO:
+                slow[f"{label} ({'streamed' if streamed else 'whole'})"] = round(r, 1)
+    assert not slow, f"{name}: 32 kB / 1 kB time ratios {slow}"
 
 
 def test_every_registered_parser_is_covered():
