@@ -17,32 +17,60 @@ __version__ = "0.1.0"
 
 hookimpl = pluggy.HookimplMarker("llmserve")
 
-# Plugin-facing name -> the module that owns it (docs/architecture.md lists the rooms).
+# Plugin-facing name -> the module that owns it (docs/architecture.md lists the rooms). The
+# built-in plugins and the example plugin import the core through these names only
+# (tests/test_public_api.py holds it), so what a third-party plugin can use is exactly what the
+# built-ins use. ``progress`` (loading and download progress) is imported as a module.
 _EXPORTS = {
     # records that the register_* hooks return
     **dict.fromkeys(("ProtocolSpec", "BackendSpec", "ToolParserSpec", "ReasoningParserSpec",
                      "GuidedDecoderSpec"), "llmserve.hooks.records"),
-    # dialects
+    "PluginManager": "llmserve.hooks.manager",
+    # dialects: the contract, the kit every route uses, and the one chat turn
     "Protocol": "llmserve.server.protocol",
     "ServerContext": "llmserve.server.context",
     "SharedRoute": "llmserve.server.shared",
-    **dict.fromkeys(("WireModel", "dialect_router", "sse", "in_band_errors", "parse_body", "parse_model"),
-                    "llmserve.server.dialect_kit"),
-    # the engine's request and output types
-    **dict.fromkeys(("GenerateRequest", "PreparedRequest", "RequestPolicy"), "llmserve.request"),
-    "SamplingParams": "llmserve.sampling",
+    **dict.fromkeys(("WireModel", "dialect_router", "sse", "in_band_errors", "parse_body", "parse_model",
+                     "ErrorFormat", "MalformedBodyError", "UnsupportedError", "SSE_DONE", "STREAM_HEADERS", "dumps",
+                     "load_json"), "llmserve.server.dialect_kit"),
+    **dict.fromkeys(("ChatTurn", "prepare_chat", "count_chat_tokens"), "llmserve.server.chat_turn"),
+    **dict.fromkeys(("SSE_RESPONSES", "openapi_body", "stream_responses"), "llmserve.server.openapi"),
+    **dict.fromkeys(("presented_key", "public_route"), "llmserve.server.middleware"),
+    "to_error": "llmserve.server.errors",
+    "answers_media": "llmserve.server.negotiation",
+    "while_loading": "llmserve.server.startup",
+    "CONTENT_TYPE": "llmserve.server.metrics",
+    **dict.fromkeys(("build_server", "setup_logging"), "llmserve.server.serve"),
+    **dict.fromkeys(("render_chat", "message_text", "arguments_as_object"), "llmserve.text.chat_template"),
+    "IncrementalDetokenizer": "llmserve.text.detokenizer",
+    # the engine's request and output types, and its client
+    **dict.fromkeys(("GenerateRequest", "PreparedRequest", "RequestPolicy", "deadline_after"), "llmserve.request"),
+    **dict.fromkeys(("SamplingParams", "MAX_LOGPROBS"), "llmserve.sampling"),
     **dict.fromkeys(("RequestOutput", "SequenceDelta", "TokenLogprob", "Usage"), "llmserve.outputs"),
+    "EngineClient": "llmserve.engine.client",
+    "EngineLoop": "llmserve.engine.loop",
     # backends
     **dict.fromkeys(("Backend", "ModelInfo", "KVCacheSpec", "StepItem", "StepResult"), "llmserve.engine.backend"),
+    # configuration and commands
+    **dict.fromkeys(("ServerConfig", "ModelConfig", "load_options"), "llmserve.config"),
+    **dict.fromkeys(("CONFIG_OPTION", "PanelCommand", "fail", "resolve_config", "with_config_options"),
+                    "llmserve.cli"),
     # parsers
     **dict.fromkeys(("ToolParser", "ReasoningParser", "ParseDelta", "ToolCallDelta", "new_call_id"),
                     "llmserve.parsing.contract"),
-    **dict.fromkeys(("StreamingToolParser", "RegionToolParser"), "llmserve.parsing.streaming"),
+    **dict.fromkeys(("StreamingToolParser", "RegionToolParser", "held_suffix"), "llmserve.parsing.streaming"),
+    **dict.fromkeys(("ParseChain", "ChainMaker"), "llmserve.parsing.chain"),
+    **dict.fromkeys(("CallList", "CheckedCall"), "llmserve.parsing.json_calls"),
+    "JsonScanner": "llmserve.parsing.json_scan",
+    "first_call_only": "llmserve.parsing.forced",
+    **dict.fromkeys(("AUTO_FLAGS", "ToolPlan"), "llmserve.parsing.tool_choice"),
     # guided decoding
-    **dict.fromkeys(("GuidedDecoder", "GuidedSpec"), "llmserve.guided"),
+    **dict.fromkeys(("GuidedDecoder", "GuidedSpec", "json_schema_spec", "only_one"), "llmserve.guided"),
+    "check_deadline": "llmserve.guided.worker",
     # errors, rendered by every dialect in its own format
-    **dict.fromkeys(("LLMServeError", "InvalidRequestError", "NotFoundError", "GenerationError", "ConfigError"),
-                    "llmserve.errors"),
+    **dict.fromkeys(("LLMServeError", "InvalidRequestError", "NotFoundError", "GenerationError", "ConfigError",
+                     "EngineDeadError", "ModelLoadingError", "OverloadedError", "PayloadTooLargeError",
+                     "RequestTimeoutError", "ShuttingDownError", "UnauthorizedError"), "llmserve.errors"),
 }
 
 __all__ = ["__version__", "hookimpl", *_EXPORTS]

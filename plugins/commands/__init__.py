@@ -18,7 +18,7 @@ from llmserve import hookimpl
 
 @hookimpl
 def register_commands(cli: Any) -> None:
-    from llmserve.cli import PanelCommand, with_config_options
+    from llmserve import PanelCommand, with_config_options
 
     from .bench.command import bench_cli
     from .chat import chat_command

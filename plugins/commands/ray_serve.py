@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, MutableMapping, Opti
 
 import typer
 
-from llmserve.cli import CONFIG_OPTION, fail, resolve_config
+from llmserve import CONFIG_OPTION, fail, resolve_config
 
 if TYPE_CHECKING:
-    from llmserve.config import ServerConfig
-    from llmserve.server.context import ServerContext
+    from llmserve import ServerConfig
+    from llmserve import ServerContext
 
 log = logging.getLogger("llmserve.ray")
 
@@ -146,8 +146,8 @@ class LLMServeReplica:
     def __init__(self, config: "ServerConfig") -> None:
         from ray import serve
 
-        from llmserve.hooks.manager import PluginManager
-        from llmserve.server.serve import build_server, setup_logging
+        from llmserve import PluginManager
+        from llmserve import build_server, setup_logging
 
         setup_logging(config.log_level)
         app, self.context = build_server(config, PluginManager().load())
@@ -199,7 +199,7 @@ def run(config: "ServerConfig", options: RayOptions) -> int:
     import ray
     from ray import serve
 
-    from llmserve.server.serve import setup_logging
+    from llmserve import setup_logging
 
     setup_logging(config.log_level)
     application = build_application(config, options)  # option errors before Ray starts

@@ -5,7 +5,7 @@ guided request.
 """
 
 from llmserve import hookimpl
-from llmserve.hooks.records import GuidedDecoderSpec
+from llmserve import GuidedDecoderSpec
 
 
 @hookimpl

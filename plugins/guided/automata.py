@@ -19,7 +19,7 @@ from lmformatenforcer import RegexParser, TokenEnforcerTokenizerData
 from lmformatenforcer.characterlevelparser import CharacterLevelParser, CharacterLevelParserConfig
 from lmformatenforcer.tokenlist import TokenList
 
-from llmserve.guided.worker import check_deadline
+from llmserve import check_deadline
 
 
 # -- regexes -------------------------------------------------------------------------------------

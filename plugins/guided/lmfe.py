@@ -50,8 +50,8 @@ from lmformatenforcer.consts import WHITESPACE_CHARACTERS
 from lmformatenforcer.tokenizerprefixtree import JsonFreetextTokenCache
 from lmformatenforcer.tokenlist import TokenList
 
-from llmserve.errors import InvalidRequestError
-from llmserve.guided import GuidedDecoder, GuidedSpec
+from llmserve import InvalidRequestError
+from llmserve import GuidedDecoder, GuidedSpec
 
 from .automata import ChoiceParser, choice_trie, regex_context, regex_index
 from .schema import compile_regex, prepare_schema_context

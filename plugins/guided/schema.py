@@ -15,7 +15,7 @@ from lmformatenforcer import JsonSchemaParser
 from lmformatenforcer import jsonschemaparser as _jsp
 from lmformatenforcer.external.jsonschemaobject import JsonSchemaObject
 
-from llmserve.errors import InvalidRequestError
+from llmserve import InvalidRequestError
 
 _ANY = {"anyOf": [{"type": t} for t in ("string", "number", "boolean", "null", "object", "array")]}
 _SHAPE_KEYS = ("type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref")

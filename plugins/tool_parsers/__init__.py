@@ -38,6 +38,18 @@ def register_tool_parsers():
                        description="<minimax:tool_call><invoke name=N><parameter name=K>V (MiniMax-M2)"),
         ToolParserSpec(name="seed_oss", target=f"{_PKG}.seed_oss:SeedOssToolParser",
                        description="<seed:tool_call><function=N><parameter=K>V</parameter> (Seed-OSS)"),
+        ToolParserSpec(name="openai", target=f"{_PKG}.harmony:OpenAIToolParser",
+                       description="harmony <|channel|>commentary to=functions.N<|message|>{json}<|call|> (gpt-oss)"),
+        ToolParserSpec(name="kimi_k2", target=f"{_PKG}.kimi_k2:KimiK2ToolParser",
+                       description="<|tool_call_begin|>functions.N:0<|tool_call_argument_begin|>{json} (Kimi-K2)"),
+        ToolParserSpec(name="deepseek_v3", target=f"{_PKG}.deepseek:DeepSeekV3ToolParser",
+                       description="<｜tool▁call▁begin｜>function<｜tool▁sep｜>N ```json {json}``` (DeepSeek-V3)"),
+        ToolParserSpec(name="deepseek_v31", target=f"{_PKG}.deepseek:DeepSeekV31ToolParser",
+                       description="<｜tool▁call▁begin｜>N<｜tool▁sep｜>{json} (DeepSeek-V3.1/V3.2)"),
+        ToolParserSpec(name="phi4_mini_json", target=f"{_PKG}.phi4_mini:Phi4MiniJsonToolParser",
+                       description="functools[json, ...] (Phi-4-mini)"),
+        ToolParserSpec(name="lfm2", target=f"{_PKG}.lfm2:Lfm2ToolParser",
+                       description="<|tool_call_start|>[name(k=v), ...]<|tool_call_end|> (LFM2, LFM2.5)"),
     ]
 
 
@@ -54,4 +66,14 @@ def register_reasoning_parsers():
                             description="<think>...</think>; output starts inside the thinking"),
         ReasoningParserSpec(name="seed_oss", target=f"{_PKG}.reasoning:SeedOssReasoningParser",
                             description="<seed:think>...</seed:think> (Seed-OSS); only when the output opens it"),
+        ReasoningParserSpec(name="openai_gptoss", target=f"{_PKG}.harmony:OpenAIGptOssReasoningParser",
+                            description="harmony analysis channel (gpt-oss); calls passed on to the openai parser"),
+        ReasoningParserSpec(name="kimi_k2", target=f"{_PKG}.reasoning_families:KimiK2ReasoningParser",
+                            description="<think>...</think> when the output opens it; a tool-call section ends it"),
+        ReasoningParserSpec(name="deepseek_v3", target=f"{_PKG}.reasoning_families:DeepSeekV3ReasoningParser",
+                            description="<think>...</think> (DeepSeek-V3.1/V3.2); honours thinking"),
+        ReasoningParserSpec(name="mistral", target=f"{_PKG}.reasoning_families:MistralReasoningParser",
+                            description="[THINK]...[/THINK] (Magistral)"),
+        ReasoningParserSpec(name="granite", target=f"{_PKG}.reasoning_families:GraniteReasoningParser",
+                            description="Here is my thought process: ... Here is my response: (Granite 3.2)"),
     ]

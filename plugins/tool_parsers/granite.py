@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmserve.parsing.streaming import RegionToolParser
-from llmserve.parsing.json_calls import CallList
+from llmserve import RegionToolParser
+from llmserve import CallList
 
 
 class GraniteToolParser(RegionToolParser):

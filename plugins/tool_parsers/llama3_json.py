@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmserve.parsing.streaming import RegionToolParser
-from llmserve.parsing.json_calls import CheckedCall
+from llmserve import RegionToolParser
+from llmserve import CheckedCall
 
 
 class Llama3JsonToolParser(RegionToolParser):

@@ -21,9 +21,9 @@ from __future__ import annotations
 import re
 from typing import Any, Callable
 
-from llmserve.parsing.streaming import RegionToolParser
-from llmserve.parsing.json_calls import CallList
-from llmserve.parsing.json_scan import JsonScanner
+from llmserve import RegionToolParser
+from llmserve import CallList
+from llmserve import JsonScanner
 
 _NAME = re.compile(r"[A-Za-z0-9_.\-]+")
 _WS = re.compile(r"\s*")

@@ -22,7 +22,7 @@ import json
 import math
 from typing import Any
 
-from llmserve.parsing.streaming import RegionToolParser
+from llmserve import RegionToolParser
 
 
 def _jsonable(value: Any) -> Any:

@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from llmserve.parsing.contract import ParseDelta, ReasoningParser
-from llmserve.parsing.streaming import held_suffix
+from llmserve import ParseDelta, ReasoningParser
+from llmserve import held_suffix
 
 START, REASON, CONTENT = range(3)
 

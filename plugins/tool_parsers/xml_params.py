@@ -32,7 +32,7 @@ import math
 from abc import abstractmethod
 from typing import Any
 
-from llmserve.parsing.streaming import RegionToolParser
+from llmserve import RegionToolParser
 
 _MAX_REF_HOPS = 8
 _NO = object()  # "not a typed value": the text stays a string

@@ -2,7 +2,7 @@
 only records are built here; the implementations load when used."""
 
 from llmserve import hookimpl
-from llmserve.hooks.records import ProtocolSpec, ToolParserSpec
+from llmserve import ProtocolSpec, ToolParserSpec
 
 
 @hookimpl

@@ -3,7 +3,7 @@
 import json
 import uuid
 
-from llmserve.parsing.contract import ParseDelta, ToolCallDelta, ToolParser
+from llmserve import ParseDelta, ToolCallDelta, ToolParser
 
 
 class AcmeToolParser(ToolParser):

@@ -3,10 +3,10 @@
 from fastapi import APIRouter
 from pydantic import BaseModel
 
-from llmserve.request import GenerateRequest
-from llmserve.sampling import SamplingParams
-from llmserve.server.dialect_kit import WireModel, dialect_router
-from llmserve.server.protocol import Protocol
+from llmserve import GenerateRequest
+from llmserve import SamplingParams
+from llmserve import WireModel, dialect_router
+from llmserve import Protocol
 
 
 class AcmeOptions(BaseModel):

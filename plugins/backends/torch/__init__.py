@@ -5,7 +5,7 @@ Kept import-light on purpose: torch and transformers load only when the backend 
 """
 
 from llmserve import hookimpl
-from llmserve.hooks.records import BackendSpec
+from llmserve import BackendSpec
 
 
 @hookimpl

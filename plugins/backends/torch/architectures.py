@@ -8,7 +8,7 @@ import json
 import os
 from typing import Any, Iterable
 
-from llmserve.errors import ConfigError
+from llmserve import ConfigError
 
 FLAG = "--allow-unverified-architecture"
 

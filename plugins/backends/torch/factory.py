@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 
-from llmserve.config import ServerConfig
-from llmserve.engine.backend import Backend
-from llmserve.errors import ConfigError
+from llmserve import ServerConfig
+from llmserve import Backend
+from llmserve import ConfigError
 
 from .options import TorchOptions
 

@@ -29,8 +29,8 @@ from typing import Any, Callable
 import torch
 
 from llmserve import progress
-from llmserve.config import ModelConfig, ServerConfig
-from llmserve.errors import ConfigError
+from llmserve import ModelConfig, ServerConfig
+from llmserve import ConfigError
 
 from .gguf_file import GGUFFile
 from .loader import (LoadedModel, publish_dir, _eos_ids, _resolve_source, load_error, quiet_bars, resolve_device,

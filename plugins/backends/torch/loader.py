@@ -19,8 +19,8 @@ from typing import Any, Callable, Iterator
 import torch
 
 from llmserve import progress
-from llmserve.config import ModelConfig
-from llmserve.errors import ConfigError
+from llmserve import ModelConfig
+from llmserve import ConfigError
 
 from .architectures import check_config, check_config_file, check_modules
 from .attention import ATTN_IMPL, register_attention

@@ -51,7 +51,7 @@ class TorchOptions(BaseModel):
     def from_environ(cls, **given: object) -> "TorchOptions":
         """The options of a backend built without a server: ``given`` values over the
         environment variables over the defaults (what ``llmserve serve`` does without YAML)."""
-        from llmserve.config import ServerConfig, load_options
+        from llmserve import ServerConfig, load_options
 
         options, _ = load_options(SECTION, cls, ServerConfig(plugin_flags={SECTION: given}))
         return options  # type: ignore[return-value]

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from llmserve.engine.backend import Backend, KVCacheSpec, ModelInfo, StepItem, StepResult
-from llmserve.errors import ConfigError
+from llmserve import Backend, KVCacheSpec, ModelInfo, StepItem, StepResult
+from llmserve import ConfigError
 
 log = logging.getLogger("llmserve.backend.torch")
 

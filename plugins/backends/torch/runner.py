@@ -13,9 +13,9 @@ from typing import Any
 import torch
 
 from llmserve import progress
-from llmserve.config import ServerConfig
-from llmserve.engine.backend import Backend, KVCacheSpec, ModelInfo, StepItem, StepResult
-from llmserve.errors import ConfigError
+from llmserve import ServerConfig
+from llmserve import Backend, KVCacheSpec, ModelInfo, StepItem, StepResult
+from llmserve import ConfigError
 
 from .attention import PagedKVCache, PrefillSegment, StepMetadata, kv_cache_dtype, step_context
 from .fused import FusedDecoder

@@ -8,8 +8,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from llmserve.engine.backend import StepItem
-from llmserve.sampling import SamplingParams
+from llmserve import StepItem
+from llmserve import SamplingParams
 
 NEG_INF = float("-inf")
 LOGPROB_FLOOR = -9999.0  # what -inf (or NaN) logprobs are reported as: JSON has no infinities

@@ -24,9 +24,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from llmserve.config import ServerConfig
-from llmserve.engine.backend import KVCacheSpec, ModelInfo, StepItem
-from llmserve.errors import ConfigError
+from llmserve import ServerConfig
+from llmserve import KVCacheSpec, ModelInfo, StepItem
+from llmserve import ConfigError
 
 from . import tp_shard, tp_worker
 from .loader import LoadedModel, hf_directory, load_model
@@ -151,7 +151,7 @@ class TensorParallelBackend(TorchBackend):
         self._broken = True
         exc = WorkerDied(f"tensor-parallel rank {dead[0]} died (exit code {self._procs[dead[0] - 1].exitcode})")
         log.error("%s", exc)
-        from llmserve.engine.loop import EngineLoop
+        from llmserve import EngineLoop
 
         def fail() -> None:
             raise exc

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from llmserve.errors import ConfigError
+from llmserve import ConfigError
 
 ARCHITECTURES = ("llama", "mistral", "qwen2")  # what the fused forward runs (fused._ARCHITECTURES)
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from llmserve.config import ServerConfig
-from llmserve.engine.backend import KVCacheSpec, StepItem
+from llmserve import ServerConfig
+from llmserve import KVCacheSpec, StepItem
 
 log = logging.getLogger("llmserve.backend.torch.tp")
 

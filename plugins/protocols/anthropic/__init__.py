@@ -1,7 +1,7 @@
 """Built-in ``anthropic`` protocol: the Anthropic Messages API (``/v1/messages``)."""
 
 from llmserve import hookimpl
-from llmserve.hooks.records import ProtocolSpec
+from llmserve import ProtocolSpec
 
 
 @hookimpl

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmserve.parsing.contract import ParseDelta
-from llmserve.server.dialect_kit import sse
+from llmserve import ParseDelta
+from llmserve import sse
 
 from .params import signature, tool_input, tool_use_id
 

@@ -14,14 +14,14 @@ from typing import Any, AsyncIterator
 
 from starlette.responses import JSONResponse, Response
 
-from llmserve.outputs import Usage
-from llmserve.parsing.chain import ChainMaker
-from llmserve.parsing.contract import ParseDelta
-from llmserve.parsing.forced import first_call_only
-from llmserve.parsing.tool_choice import ToolPlan
-from llmserve.request import PreparedRequest
-from llmserve.server.chat_turn import ChatTurn, count_chat_tokens, prepare_chat
-from llmserve.server.dialect_kit import STREAM_HEADERS, in_band_errors, sse
+from llmserve import Usage
+from llmserve import ChainMaker
+from llmserve import ParseDelta
+from llmserve import first_call_only
+from llmserve import ToolPlan
+from llmserve import PreparedRequest
+from llmserve import ChatTurn, count_chat_tokens, prepare_chat
+from llmserve import STREAM_HEADERS, in_band_errors, sse
 
 from . import params
 from .events import PING_EVENT, Blocks, event

@@ -14,11 +14,11 @@ import hashlib
 import json
 from typing import Any
 
-from llmserve.errors import InvalidRequestError
-from llmserve.guided import GuidedSpec
-from llmserve.parsing.tool_choice import AUTO_FLAGS
-from llmserve.request import RequestPolicy
-from llmserve.sampling import SamplingParams
+from llmserve import InvalidRequestError
+from llmserve import GuidedSpec
+from llmserve import AUTO_FLAGS
+from llmserve import RequestPolicy
+from llmserve import SamplingParams
 
 from .wire import CountTokensRequest, MessagesRequest
 

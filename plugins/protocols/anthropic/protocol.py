@@ -16,7 +16,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from llmserve.errors import (
+from llmserve import (
     EngineDeadError,
     LLMServeError,
     ModelLoadingError,
@@ -24,9 +24,9 @@ from llmserve.errors import (
     RequestTimeoutError,
     ShuttingDownError,
 )
-from llmserve.server.dialect_kit import dialect_router
-from llmserve.server.openapi import SSE_RESPONSES
-from llmserve.server.protocol import Protocol
+from llmserve import dialect_router
+from llmserve import SSE_RESPONSES
+from llmserve import Protocol
 
 from .messages import Messages
 from .wire import CountTokensRequest, MessagesRequest

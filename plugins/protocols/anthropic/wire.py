@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from llmserve.server.dialect_kit import WireModel
+from llmserve import WireModel
 
 
 class MessageParam(WireModel):

@@ -3,7 +3,7 @@
 (``/v2/models/{m}/generate``, token ``/infer``) are served by the ``triton`` protocol."""
 
 from llmserve import hookimpl
-from llmserve.hooks.records import ProtocolSpec
+from llmserve import ProtocolSpec
 
 
 @hookimpl

@@ -7,10 +7,10 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from llmserve.outputs import RequestOutput, SequenceDelta
+from llmserve import RequestOutput, SequenceDelta
 
 if TYPE_CHECKING:
-    from llmserve.engine.client import EngineClient
+    from llmserve import EngineClient
 
 
 def finish_reason(delta: SequenceDelta) -> str | None:

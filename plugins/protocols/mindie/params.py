@@ -12,8 +12,8 @@ import random
 from dataclasses import replace
 from typing import Any
 
-from llmserve.request import GenerateRequest, PreparedRequest, RequestPolicy, deadline_after
-from llmserve.sampling import SamplingParams
+from llmserve import GenerateRequest, PreparedRequest, RequestPolicy, deadline_after
+from llmserve import SamplingParams
 
 INT32_MAX = 2**31 - 1
 UINT64_MAX = 2**64 - 1

@@ -7,18 +7,11 @@ from typing import Any, AsyncGenerator
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
-from llmserve.errors import EngineDeadError, InvalidRequestError, LLMServeError
-from llmserve.request import PreparedRequest
-from llmserve.server.dialect_kit import (
-    STREAM_HEADERS,
-    MalformedBodyError,
-    dialect_router,
-    in_band_errors,
-    parse_body,
-    sse,
-)
-from llmserve.server.openapi import SSE_RESPONSES, openapi_body
-from llmserve.server.protocol import Protocol
+from llmserve import EngineDeadError, InvalidRequestError, LLMServeError
+from llmserve import PreparedRequest
+from llmserve import STREAM_HEADERS, MalformedBodyError, dialect_router, in_band_errors, parse_body, sse
+from llmserve import SSE_RESPONSES, openapi_body
+from llmserve import Protocol
 
 from .params import MAX_INPUT_CHARS, new_request
 from .events import TokenClock, first_sequence

@@ -7,7 +7,7 @@ from typing import Any, Union
 
 from pydantic import Field
 
-from llmserve.server.dialect_kit import WireModel
+from llmserve import WireModel
 
 from .params import INT32_MAX, UINT64_MAX
 

@@ -1,7 +1,7 @@
 """Built-in ``ollama`` protocol: the Ollama API (``/api/chat``, ``/api/generate``, ``/api/tags``, ...)."""
 
 from llmserve import hookimpl
-from llmserve.hooks.records import ProtocolSpec
+from llmserve import ProtocolSpec
 
 
 @hookimpl

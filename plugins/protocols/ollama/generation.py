@@ -18,10 +18,10 @@ from typing import Any, AsyncIterator
 
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from llmserve.parsing.chain import ChainMaker
-from llmserve.request import PreparedRequest
-from llmserve.server.chat_turn import ChatTurn, prepare_chat
-from llmserve.server.dialect_kit import STREAM_HEADERS, dumps, in_band_errors
+from llmserve import ChainMaker
+from llmserve import PreparedRequest
+from llmserve import ChatTurn, prepare_chat
+from llmserve import STREAM_HEADERS, dumps, in_band_errors
 
 from . import params
 from .params import created_at, durations, guided_spec, invalid, resolve_model, think_mode

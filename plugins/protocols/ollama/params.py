@@ -11,10 +11,10 @@ import time
 from datetime import datetime, timezone
 from typing import Any
 
-from llmserve.errors import InvalidRequestError
-from llmserve.guided import GuidedSpec
-from llmserve.request import RequestPolicy
-from llmserve.sampling import SamplingParams
+from llmserve import InvalidRequestError
+from llmserve import GuidedSpec
+from llmserve import RequestPolicy
+from llmserve import SamplingParams
 
 from .wire import Format, Options, Think
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from llmserve.errors import InvalidRequestError
-from llmserve.text.chat_template import arguments_as_object, render_chat
+from llmserve import InvalidRequestError
+from llmserve import arguments_as_object, render_chat
 
 from .wire import GenerateRequest, Message
 

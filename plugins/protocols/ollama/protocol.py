@@ -16,10 +16,10 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from llmserve import __version__
-from llmserve.errors import LLMServeError
-from llmserve.server.dialect_kit import dialect_router
-from llmserve.server.openapi import stream_responses
-from llmserve.server.protocol import Protocol
+from llmserve import LLMServeError
+from llmserve import dialect_router
+from llmserve import stream_responses
+from llmserve import Protocol
 
 from .embed import Embeddings
 from .generation import NDJSON, Generation

@@ -11,7 +11,7 @@ from typing import Any, Union
 
 from pydantic import Field
 
-from llmserve.server.dialect_kit import WireModel
+from llmserve import WireModel
 
 #: ``format``: "" (none), "json", or a JSON schema object.
 Format = Union[str, dict[str, Any], None]

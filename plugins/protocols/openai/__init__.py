@@ -1,7 +1,7 @@
 """Built-in ``openai`` protocol: the OpenAI API with vLLM's and FastDeploy's extra parameters."""
 
 from llmserve import hookimpl
-from llmserve.hooks.records import ProtocolSpec
+from llmserve import ProtocolSpec
 
 
 @hookimpl

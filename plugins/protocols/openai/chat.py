@@ -7,14 +7,14 @@ from typing import Any, AsyncIterator
 
 from starlette.responses import JSONResponse
 
-from llmserve.errors import InvalidRequestError
-from llmserve.parsing.chain import ChainMaker, ParseChain
-from llmserve.parsing.forced import first_call_only
-from llmserve.parsing.tool_choice import ToolPlan
-from llmserve.server.chat_turn import ChatTurn, prepare_chat
-from llmserve.server.dialect_kit import SSE_DONE, STREAM_HEADERS, sse
-from llmserve.server.errors import to_error
-from llmserve.text.chat_template import arguments_as_object, message_text
+from llmserve import InvalidRequestError
+from llmserve import ChainMaker, ParseChain
+from llmserve import first_call_only
+from llmserve import ToolPlan
+from llmserve import ChatTurn, prepare_chat
+from llmserve import SSE_DONE, STREAM_HEADERS, sse
+from llmserve import to_error
+from llmserve import arguments_as_object, message_text
 
 from .deltas import REASONING_KEYS, openai_delta
 from .params import chat_policy, chat_sampling, guided_spec, now, truncate, truncation

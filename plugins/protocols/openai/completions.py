@@ -8,11 +8,11 @@ from typing import Any, AsyncIterator
 
 from starlette.responses import JSONResponse
 
-from llmserve.errors import InvalidRequestError
-from llmserve.outputs import TokenLogprob
-from llmserve.parsing.chain import ChainMaker, ParseChain
-from llmserve.server.dialect_kit import SSE_DONE, STREAM_HEADERS, sse
-from llmserve.server.errors import to_error
+from llmserve import InvalidRequestError
+from llmserve import TokenLogprob
+from llmserve import ChainMaker, ParseChain
+from llmserve import SSE_DONE, STREAM_HEADERS, sse
+from llmserve import to_error
 
 from .params import completion_sampling, guided_mask, new_request, now, truncate, truncation
 from .replies import SYSTEM_FINGERPRINT, Endpoint, completion_logprobs, prompt_logprobs, usage_dict

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmserve.parsing.contract import ParseDelta
+from llmserve import ParseDelta
 
 
 #: Where the thinking goes: vLLM's current field, then the older name its clients still read.

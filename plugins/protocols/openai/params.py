@@ -6,10 +6,10 @@ import time
 import uuid
 from typing import Any, Mapping
 
-from llmserve.errors import InvalidRequestError
-from llmserve.guided import GuidedSpec, only_one
-from llmserve.request import GenerateRequest, RequestPolicy
-from llmserve.sampling import MAX_LOGPROBS, SamplingParams
+from llmserve import InvalidRequestError
+from llmserve import GuidedSpec, only_one
+from llmserve import GenerateRequest, RequestPolicy
+from llmserve import MAX_LOGPROBS, SamplingParams
 
 from ..vllm_native.guided import legacy_specs, structured_outputs_spec, with_backend
 from .wire import ChatCompletionRequest, CompletionRequest, SamplingFields

@@ -12,8 +12,8 @@ from typing import Any, Literal, Union
 from pydantic import Field
 from starlette.responses import JSONResponse
 
-from llmserve.errors import InvalidRequestError
-from llmserve.server.dialect_kit import WireModel
+from llmserve import InvalidRequestError
+from llmserve import WireModel
 
 from .params import now, truncate, truncation
 

@@ -10,11 +10,11 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
 from llmserve import __version__
-from llmserve.errors import LLMServeError
-from llmserve.server.dialect_kit import dialect_router, parse_model
-from llmserve.server.openapi import SSE_RESPONSES
-from llmserve.server.protocol import Protocol
-from llmserve.server.shared import SharedRoute
+from llmserve import LLMServeError
+from llmserve import dialect_router, parse_model
+from llmserve import SSE_RESPONSES
+from llmserve import Protocol
+from llmserve import SharedRoute
 
 from .chat import Chat
 from .completions import Completions

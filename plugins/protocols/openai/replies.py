@@ -8,7 +8,7 @@ from functools import lru_cache
 from typing import Any
 
 from llmserve import __version__
-from llmserve.outputs import TokenLogprob
+from llmserve import TokenLogprob
 
 # Every reply's ``system_fingerprint``: a string, as OpenAI and TGI send (text_generation's
 # Client.chat refuses a reply without one).

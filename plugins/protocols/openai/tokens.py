@@ -8,9 +8,9 @@ from typing import Any
 from pydantic import Field, model_validator
 from starlette.responses import JSONResponse
 
-from llmserve.errors import InvalidRequestError
-from llmserve.server.dialect_kit import WireModel
-from llmserve.text.chat_template import message_text, render_chat
+from llmserve import InvalidRequestError
+from llmserve import WireModel
+from llmserve import message_text, render_chat
 
 from .wire import ChatMessage
 

@@ -7,8 +7,8 @@ from typing import Any, Literal, Union
 
 from pydantic import ConfigDict, Field, model_validator
 
-from llmserve.errors import InvalidRequestError
-from llmserve.server.dialect_kit import WireModel
+from llmserve import InvalidRequestError
+from llmserve import WireModel
 
 
 class StreamOptions(WireModel):

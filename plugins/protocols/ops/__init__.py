@@ -1,7 +1,7 @@
 """Built-in ``ops`` protocol: liveness (/health, /ping), readiness (/ready) and /metrics."""
 
 from llmserve import hookimpl
-from llmserve.hooks.records import ProtocolSpec
+from llmserve import ProtocolSpec
 
 
 @hookimpl

@@ -12,10 +12,10 @@ from fastapi import APIRouter
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from llmserve import progress
-from llmserve.server.dialect_kit import dialect_router
-from llmserve.server.metrics import CONTENT_TYPE
-from llmserve.server.middleware import public_route
-from llmserve.server.protocol import Protocol
+from llmserve import dialect_router
+from llmserve import CONTENT_TYPE
+from llmserve import public_route
+from llmserve import Protocol
 
 
 class OpsProtocol(Protocol):

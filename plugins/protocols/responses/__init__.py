@@ -1,7 +1,7 @@
 """Built-in ``responses`` protocol: the OpenAI Responses API (``/v1/responses``)."""
 
 from llmserve import hookimpl
-from llmserve.hooks.records import ProtocolSpec
+from llmserve import ProtocolSpec
 
 
 @hookimpl

@@ -16,17 +16,17 @@ from typing import Any, AsyncIterator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from llmserve.errors import InvalidRequestError, NotFoundError
-from llmserve.guided import GuidedSpec
-from llmserve.parsing.chain import ChainMaker
-from llmserve.parsing.contract import ParseDelta
-from llmserve.parsing.forced import first_call_only
-from llmserve.parsing.tool_choice import ToolPlan
-from llmserve.request import PreparedRequest, RequestPolicy
-from llmserve.sampling import SamplingParams
-from llmserve.server.chat_turn import ChatTurn, prepare_chat
-from llmserve.server.dialect_kit import STREAM_HEADERS, sse
-from llmserve.server.errors import to_error
+from llmserve import InvalidRequestError, NotFoundError
+from llmserve import GuidedSpec
+from llmserve import ChainMaker
+from llmserve import ParseDelta
+from llmserve import first_call_only
+from llmserve import ToolPlan
+from llmserve import PreparedRequest, RequestPolicy
+from llmserve import SamplingParams
+from llmserve import ChatTurn, prepare_chat
+from llmserve import STREAM_HEADERS, sse
+from llmserve import to_error
 
 from .items import Conversation, chat_tool_choice, chat_tools
 from .output import OutputBuilder, new_id, usage

@@ -18,8 +18,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from llmserve.errors import InvalidRequestError
-from llmserve.text.chat_template import arguments_as_object
+from llmserve import InvalidRequestError
+from llmserve import arguments_as_object
 
 ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
 TEXT_PARTS = ("input_text", "output_text", "text", "refusal")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-from llmserve.parsing.contract import ParseDelta
+from llmserve import ParseDelta
 
 Event = dict[str, Any]
 

@@ -9,11 +9,11 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
-from llmserve.errors import InvalidRequestError, LLMServeError, NotFoundError
-from llmserve.server.dialect_kit import dialect_router
-from llmserve.server.middleware import presented_key
-from llmserve.server.openapi import SSE_RESPONSES
-from llmserve.server.protocol import Protocol
+from llmserve import InvalidRequestError, LLMServeError, NotFoundError
+from llmserve import dialect_router
+from llmserve import presented_key
+from llmserve import SSE_RESPONSES
+from llmserve import Protocol
 
 from .create import Create
 from .store import ResponseStore

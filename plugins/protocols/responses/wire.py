@@ -11,7 +11,7 @@ from typing import Any, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from llmserve.server.dialect_kit import WireModel
+from llmserve import WireModel
 
 
 class ResponsesOptions(BaseModel):

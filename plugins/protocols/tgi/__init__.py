@@ -1,7 +1,7 @@
 """Built-in ``tgi`` protocol: Hugging Face text-generation-inference's native API."""
 
 from llmserve import hookimpl
-from llmserve.hooks.records import ProtocolSpec
+from llmserve import ProtocolSpec
 
 
 @hookimpl

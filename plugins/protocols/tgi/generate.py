@@ -8,16 +8,16 @@ from typing import TYPE_CHECKING, Any, AsyncGenerator, Protocol
 
 from starlette.responses import JSONResponse, Response
 
-from llmserve.errors import InvalidRequestError
-from llmserve.request import PreparedRequest
-from llmserve.server.dialect_kit import STREAM_HEADERS, ErrorFormat, in_band_errors, sse
+from llmserve import InvalidRequestError
+from llmserve import PreparedRequest
+from llmserve import STREAM_HEADERS, ErrorFormat, in_band_errors, sse
 
 from .params import POLICY, Plan, validate
 from .tokens import Sequence, TokenFactory
 from .wire import TGIGenerateRequest, TGIOptions
 
 if TYPE_CHECKING:
-    from llmserve.server.context import ServerContext
+    from llmserve import ServerContext
 
 
 class TGIHost(ErrorFormat, Protocol):

@@ -9,10 +9,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmserve.errors import InvalidRequestError
-from llmserve.guided import GuidedSpec
-from llmserve.request import GenerateRequest, RequestPolicy
-from llmserve.sampling import SamplingParams
+from llmserve import InvalidRequestError
+from llmserve import GuidedSpec
+from llmserve import GenerateRequest, RequestPolicy
+from llmserve import SamplingParams
 
 from .wire import GenerateParameters, Grammar, TGIGenerateRequest, TGIOptions
 

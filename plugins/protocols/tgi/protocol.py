@@ -15,7 +15,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
 from llmserve import __version__
-from llmserve.errors import (
+from llmserve import (
     EngineDeadError,
     InvalidRequestError,
     LLMServeError,
@@ -25,10 +25,10 @@ from llmserve.errors import (
     PayloadTooLargeError,
     UnauthorizedError,
 )
-from llmserve.server.dialect_kit import dialect_router, parse_model
-from llmserve.server.openapi import SSE_RESPONSES
-from llmserve.server.protocol import Protocol
-from llmserve.server.shared import SharedRoute
+from llmserve import dialect_router, parse_model
+from llmserve import SSE_RESPONSES
+from llmserve import Protocol
+from llmserve import SharedRoute
 
 from .generate import Generate
 from .tokens import TokenFactory

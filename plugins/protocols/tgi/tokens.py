@@ -6,8 +6,8 @@ import math
 from functools import lru_cache
 from typing import Any
 
-from llmserve.outputs import SequenceDelta, TokenLogprob
-from llmserve.text.detokenizer import IncrementalDetokenizer
+from llmserve import SequenceDelta, TokenLogprob
+from llmserve import IncrementalDetokenizer
 
 
 def finite(x: float | None) -> float | None:

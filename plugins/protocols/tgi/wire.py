@@ -12,7 +12,7 @@ from typing import Any, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from llmserve.server.dialect_kit import WireModel
+from llmserve import WireModel
 
 
 class TGIOptions(BaseModel):

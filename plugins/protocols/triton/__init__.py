@@ -2,7 +2,7 @@
 tensor extension tritonclient uses by default, and MindIE's flavour of the generate extension."""
 
 from llmserve import hookimpl
-from llmserve.hooks.records import ProtocolSpec
+from llmserve import ProtocolSpec
 
 
 @hookimpl

@@ -9,10 +9,10 @@ from typing import Any, AsyncGenerator
 from fastapi import Request
 from starlette.responses import JSONResponse, Response
 
-from llmserve.errors import InvalidRequestError
-from llmserve.outputs import RequestOutput
-from llmserve.request import PreparedRequest
-from llmserve.server.dialect_kit import STREAM_HEADERS, UnsupportedError, in_band_errors, load_json, parse_model, sse
+from llmserve import InvalidRequestError
+from llmserve import RequestOutput
+from llmserve import PreparedRequest
+from llmserve import STREAM_HEADERS, UnsupportedError, in_band_errors, load_json, parse_model, sse
 
 from ..mindie.events import TokenClock, first_sequence
 from ..mindie.params import MAX_INPUT_CHARS

@@ -10,14 +10,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from fastapi import Request
 
-from llmserve.outputs import RequestOutput
-from llmserve.request import PreparedRequest
-from llmserve.server.dialect_kit import ErrorFormat
+from llmserve import RequestOutput
+from llmserve import PreparedRequest
+from llmserve import ErrorFormat
 
 from ..mindie.events import TokenClock
 
 if TYPE_CHECKING:
-    from llmserve.server.context import ServerContext
+    from llmserve import ServerContext
 
 
 @dataclass

@@ -10,8 +10,8 @@ from typing import Any
 from fastapi import Request
 from starlette.responses import JSONResponse, Response
 
-from llmserve.errors import InvalidRequestError
-from llmserve.server.dialect_kit import UnsupportedError, dumps, parse_model
+from llmserve import InvalidRequestError
+from llmserve import UnsupportedError, dumps, parse_model
 
 from .host import TritonHost
 from .tensors import encode_binary, read_inputs, split_body

@@ -10,12 +10,12 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
 from llmserve import __version__
-from llmserve.errors import EngineDeadError, LLMServeError, NotFoundError
-from llmserve.server.startup import while_loading
-from llmserve.request import PreparedRequest
-from llmserve.server.dialect_kit import dialect_router, load_json, parse_model
-from llmserve.server.openapi import SSE_RESPONSES, openapi_body
-from llmserve.server.protocol import Protocol
+from llmserve import EngineDeadError, LLMServeError, NotFoundError
+from llmserve import while_loading
+from llmserve import PreparedRequest
+from llmserve import dialect_router, load_json, parse_model
+from llmserve import SSE_RESPONSES, openapi_body
+from llmserve import Protocol
 
 from ..mindie.events import first_sequence
 from ..mindie.params import new_request

@@ -14,9 +14,9 @@ import struct
 import zlib
 from typing import Any
 
-from llmserve.errors import InvalidRequestError, PayloadTooLargeError
+from llmserve import InvalidRequestError, PayloadTooLargeError
 
-from llmserve.server.dialect_kit import UnsupportedError, load_json
+from llmserve import UnsupportedError, load_json
 
 # datatype -> struct code (BYTES is length-prefixed; BF16 has no struct code)
 STRUCT_CODES = {"BOOL": "?", "UINT8": "B", "UINT16": "H", "UINT32": "I", "UINT64": "Q", "INT8": "b",

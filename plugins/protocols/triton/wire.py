@@ -11,8 +11,8 @@ from typing import Annotated, Any, Union
 
 from pydantic import Field
 
-from llmserve.errors import InvalidRequestError
-from llmserve.server.dialect_kit import WireModel
+from llmserve import InvalidRequestError
+from llmserve import WireModel
 
 from ..mindie.params import INT32_MAX, UINT64_MAX
 

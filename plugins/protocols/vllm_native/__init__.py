@@ -1,7 +1,7 @@
 """Built-in ``vllm_native`` protocol: vLLM's (and MindIE's) native ``POST /generate`` with ``prompt``."""
 
 from llmserve import hookimpl
-from llmserve.hooks.records import ProtocolSpec
+from llmserve import ProtocolSpec
 
 
 @hookimpl

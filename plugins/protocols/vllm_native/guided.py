@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from llmserve.errors import InvalidRequestError
-from llmserve.guided import GuidedSpec, json_schema_spec
+from llmserve import InvalidRequestError
+from llmserve import GuidedSpec, json_schema_spec
 
 # vLLM's StructuredOutputsParams: the constraint keys (exactly one) and the options beside them.
 STRUCTURED_KINDS = {"json": "json_schema", "regex": "regex", "choice": "choice", "grammar": "grammar",

@@ -3,9 +3,9 @@ wording, then the kernel's own checks."""
 
 from __future__ import annotations
 
-from llmserve.errors import InvalidRequestError
-from llmserve.guided import GuidedSpec, only_one
-from llmserve.sampling import SamplingParams
+from llmserve import InvalidRequestError
+from llmserve import GuidedSpec, only_one
+from llmserve import SamplingParams
 
 from .guided import legacy_specs, structured_outputs_spec, with_backend
 from .wire import VLLMGenerateRequest

@@ -19,11 +19,11 @@ from typing import Any, AsyncGenerator
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from llmserve.errors import InvalidRequestError
-from llmserve.request import GenerateRequest, PreparedRequest
-from llmserve.server.dialect_kit import STREAM_HEADERS, dialect_router, in_band_errors, parse_model
-from llmserve.server.protocol import Protocol
-from llmserve.server.shared import SharedRoute
+from llmserve import InvalidRequestError
+from llmserve import GenerateRequest, PreparedRequest
+from llmserve import STREAM_HEADERS, dialect_router, in_band_errors, parse_model
+from llmserve import Protocol
+from llmserve import SharedRoute
 
 from .params import guided_spec, sampling_params
 from .wire import VLLMGenerateRequest, VLLMNativeOptions

@@ -7,8 +7,8 @@ from typing import Any, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from llmserve.errors import InvalidRequestError
-from llmserve.server.dialect_kit import WireModel
+from llmserve import InvalidRequestError
+from llmserve import WireModel
 
 
 class VLLMNativeOptions(BaseModel):

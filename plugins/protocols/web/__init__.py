@@ -1,7 +1,7 @@
 """Built-in ``web`` protocol: the browser pages (chat playground at ``GET /``, Swagger UI, ReDoc)."""
 
 from llmserve import hookimpl
-from llmserve.hooks.records import ProtocolSpec
+from llmserve import ProtocolSpec
 
 
 @hookimpl

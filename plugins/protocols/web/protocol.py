@@ -18,11 +18,11 @@ from pathlib import Path
 from fastapi import APIRouter, Request
 from starlette.responses import FileResponse, HTMLResponse, Response
 
-from llmserve.errors import NotFoundError
-from llmserve.server.dialect_kit import dialect_router
-from llmserve.server.middleware import public_route
-from llmserve.server.negotiation import answers_media
-from llmserve.server.protocol import Protocol
+from llmserve import NotFoundError
+from llmserve import dialect_router
+from llmserve import public_route
+from llmserve import answers_media
+from llmserve import Protocol
 
 STATIC = Path(__file__).parent / "static"
 JS, CSS, PNG = "text/javascript; charset=utf-8", "text/css; charset=utf-8", "image/png"
