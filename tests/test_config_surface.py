@@ -38,7 +38,7 @@ SAMPLES = {
     "heap_trim_interval": "3", "shutdown_timeout": "4", "host": "0.0.0.0", "port": "9000",
     "protocols": "openai,ops", "protocol_prefix": "tgi=/tgi", "api_key": "k1,k2", "root_path": "/llm",
     "ssl_keyfile": "/k.pem", "ssl_certfile": "/c.pem", "ssl_ca_certs": "/ca.pem", "ssl_cert_reqs": "2",
-    "enable_request_id_headers": "false", "public_metrics": "true", "timeout_keep_alive": "7",
+    "enable_request_id_headers": "true", "public_metrics": "true", "timeout_keep_alive": "7",
     "max_request_body_bytes": "4096", "max_header_bytes": "8192", "max_header_count": "32",
     "timeout_request_headers": "9", "timeout_request_body": "10", "cors_allow_origins": "https://a.example",
     "cors_allow_credentials": "true", "cors_allow_methods": "GET", "cors_allow_headers": "X-A,X-B",

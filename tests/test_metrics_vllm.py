@@ -68,8 +68,8 @@ def test_families_names_types_and_labels(echo):
 def test_request_histograms_move_with_requests(echo):
     client, _ = echo
     before = scrape(client)
-    # Run one after the other, prompts shorter than a block (no prefix hits): a request with a
-    # p-token prompt and g generated tokens runs p + (g - 1) tokens through the model.
+    # vllm:iteration_tokens_total counts as vLLM does: each sequence's p prompt tokens once, with
+    # its first token, and its g generated tokens (p + g per sequence, however it was scheduled).
     r = client.post("/v1/completions", json={"prompt": "abcdef", "max_tokens": 3, "n": 2})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 6
     r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hello"}],
@@ -84,7 +84,7 @@ def test_request_histograms_move_with_requests(echo):
     assert moved("vllm:request_params_n") == (2, 3)              # n=2, then n=1
     assert moved("vllm:request_params_max_tokens") == (2, 7)
     count, tokens = moved("vllm:iteration_tokens_total")
-    assert tokens == 2 * (6 + 2) + (5 + 3) and count >= 3 + 4  # each n=2 sequence prefills alone
+    assert tokens == 2 * (6 + 3) + (5 + 4) and count >= 3 + 4
     assert moved("vllm:request_num_preemptions") == (2, 0)
     count, seconds = moved("vllm:request_inference_time_seconds")
     assert count == 2 and seconds >= (3 + 4) * 0.02  # every step sleeps 20 ms
@@ -120,3 +120,28 @@ def test_waiting_by_reason_tracks_the_queue(echo):
     m = scrape(client)
     assert sample(m, "vllm:num_requests_waiting_by_reason", reason="capacity") == 0
     assert sample(m, "vllm:num_requests_running") == 0
+
+
+def test_iteration_tokens_do_not_depend_on_the_prefix_cache(echo):
+    """The same request twice: the second finds its prompt's full blocks in the prefix cache and
+    computes only the rest, yet both count the same tokens (vLLM's count: prompt plus output)."""
+    client, _ = echo
+    body = {"prompt": "a prompt of forty bytes, two full blocks", "max_tokens": 5}
+    moved = []
+    for _ in range(2):
+        before = hist(scrape(client), "vllm:iteration_tokens_total")[1]
+        r = client.post("/v1/completions", json=body)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5
+        moved.append(hist(scrape(client), "vllm:iteration_tokens_total")[1] - before)
+    m = scrape(client)  # the parser names a counter's family without its _total
+    queried, hit = (sample(m, f"vllm:prefix_cache_{k}", f"vllm:prefix_cache_{k}_total") for k in ("queries", "hits"))
+    assert hit >= 32 and queried >= hit  # the second request did reuse the first one's blocks
+    assert moved == [40 + 5, 40 + 5]
+
+
+def test_admission_rejections_under_the_vllm_prefix(echo):
+    client, context = echo
+    context.metrics.rejected("waiting")
+    m = scrape(client)
+    for name in ("vllm:admission_rejections", "llmserve:admission_rejections"):  # the first name is kept
+        assert sample(m, name, name + "_total", reason="waiting") == 1

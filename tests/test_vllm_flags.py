@@ -155,10 +155,18 @@ def test_cors_methods_and_headers_reach_the_preflight(echo_app):
     assert refused.status_code == 400
 
 
-def test_enable_request_id_headers_is_accepted(echo_app):
+def test_request_id_headers_only_with_the_flag(echo_app):
+    """As in vLLM: replies carry X-Request-Id with --enable-request-id-headers, and none without it
+    (not even from the OpenAI routes, which build their ids from the request's)."""
     assert shown("--enable-request-id-headers")["enable_request_id_headers"]["source"] == "cli"
-    client, _ = echo_app(enable_request_id_headers=True)
-    assert client.get("/v1/models", headers={"X-Request-Id": "abc-1"}).headers["x-request-id"] == "abc-1"
+    on, _ = echo_app(enable_request_id_headers=True)
+    off, _ = echo_app()
+    for client, expected in ((on, "abc-1"), (off, None)):
+        assert client.get("/v1/models", headers={"X-Request-Id": "abc-1"}).headers.get("x-request-id") == expected
+        r = client.post("/v1/completions", json={"prompt": "ab", "max_tokens": 1}, headers={"X-Request-Id": "abc-1"})
+        assert r.json()["id"] == "cmpl-abc-1" and r.headers.get("x-request-id") == expected
+        r = client.post("/v1/completions", json={"prompt": "ab", "max_tokens": -1})
+        assert r.status_code == 400 and ("x-request-id" in r.headers) == (expected is not None)
 
 
 # -- usage in every stream ----------------------------------------------------------------------

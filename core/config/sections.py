@@ -147,9 +147,9 @@ class ServerHTTPConfig(Section):
         "CA certificates file (PEM) used to verify client certificates (with --ssl-cert-reqs)."))
     ssl_cert_reqs: int = Field(0, ge=0, le=2, description=(
         "Whether HTTPS clients must present a certificate: 0 no, 1 optional, 2 required (Python's ssl.CERT_*)."))
-    enable_request_id_headers: bool = Field(True, description=(
-        "Accepted for vLLM compatibility and always on: every response carries X-Request-Id (the client's own, "
-        "or a new one)."))
+    enable_request_id_headers: bool = Field(False, description=(
+        "Add X-Request-Id to every response (the client's own when it sent a plain one, else a new id), as vLLM "
+        "does with this flag; off, responses carry none (the id is still logged and given to the route)."))
     public_metrics: bool = Field(False, description=(
         "Serve GET /metrics without an API key (by default it needs one when --api-key is set)."))
     timeout_keep_alive: float = Field(5.0, gt=0, description=(

@@ -230,9 +230,8 @@ class LLMEngine:
         self.faults.check_step(self.stats["steps"] + 1)
         results = self.backend.step(items)  # an exception here is fatal: the loop reports it
         self.stats["steps"] += 1
-        if self.metrics is not None:
-            self.metrics.iteration(sum(s.num_tokens for s in scheduled))
         self.scheduler.on_step_done(scheduled)
+        step_tokens = 0
         touched: dict[str, RequestState] = {}
         finished: list[Sequence] = []
         failed: set[str] = set()
@@ -252,6 +251,10 @@ class LLMEngine:
                     if state.timings.first_token is None:
                         state.timings.first_token = now
                     self.stats["generation_tokens"] += 1
+                    # vllm:iteration_tokens_total counts as vLLM does: a sequence's whole prompt once, in the
+                    # step of its first token, plus every generated token. The total for a workload then does
+                    # not depend on how its prefills were chunked or what the prefix cache held at the time.
+                    step_tokens += 1 + (seq.num_prompt_tokens if seq.num_output_tokens == 0 else 0)
                     if append_token(seq, result, self.eos_ids, self.max_model_len):
                         finished.append(seq)
                     touched[seq.request_id] = state
@@ -259,6 +262,8 @@ class LLMEngine:
                 log.error("request %s failed: %s: %s", seq.request_id, type(exc).__name__, exc,
                           exc_info=not isinstance(exc, InjectedFault))
                 failed.add(seq.request_id)
+        if self.metrics is not None:
+            self.metrics.iteration(step_tokens)
         for seq in finished:
             self.scheduler.finish(seq)
         if finished:

@@ -7,7 +7,8 @@ its own wire format (models, parameter rules, reply shapes, error format).
   ``error_response`` right where it happens; ``in_band_errors`` does the same for a stream
   whose 200 has already gone, with the protocol's ``error_body``.
 - ``load_json`` / ``parse_model`` / ``parse_body``: strict parsing for routes that read their
-  body by hand (compressed bodies, binary tensors, bodies told apart by shape).
+  body by hand (compressed bodies, binary tensors, bodies told apart by shape);
+  ``scan_top_level`` reads a body's top-level keys without building it.
 - ``check_json``: the rules every JSON body meets, whichever way it was parsed (no nesting past
   ``MAX_JSON_DEPTH``, no lone UTF-16 surrogates); ``DialectRoute`` applies them to bodies
   FastAPI validates, ``load_json`` to bodies read by hand.
@@ -282,9 +283,45 @@ def load_json(raw: bytes) -> Any:
     except (ValueError, UnicodeDecodeError):
         raise MalformedBodyError("request body is not valid JSON") from None
     except RecursionError:
-        raise NestingTooDeepError(f"request body is nested too deeply (more than {MAX_JSON_DEPTH} levels)") from None
+        deep = scan_top_level(raw)[1]  # too deep to build: name the field from the text
+        where = f" (in `{deep}`)" if deep else ""
+        raise NestingTooDeepError(f"request body is nested too deeply (more than {MAX_JSON_DEPTH} levels){where}",
+                                  param=deep) from None
     check_json(value, raw)
     return value
+
+
+# A JSON string (escapes included), or a character that opens, closes or separates.
+_TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[{}\[\]:]')
+
+
+def scan_top_level(raw: bytes) -> tuple[list[str], str | None]:
+    """The keys of the top-level JSON object in ``raw``, in order, and the first one whose value
+    nests past ``MAX_JSON_DEPTH`` (None if none does), read from the text without building any
+    value: a body too deep for ``json`` still says whose it is and where it is too deep. Best
+    effort: text that is not a JSON object gives no keys."""
+    if not raw.lstrip().startswith(b"{"):
+        return [], None
+    keys: list[str] = []
+    deep: str | None = None
+    depth, last = 0, b""
+    for match in _TOKEN.finditer(raw):
+        token = match.group()
+        if token in (b"{", b"["):
+            depth += 1
+            if depth > MAX_JSON_DEPTH and deep is None and keys:
+                deep = keys[-1]
+        elif token in (b"}", b"]"):
+            depth -= 1
+            if depth <= 0:
+                break  # the end of the top-level object
+        elif token == b":" and depth == 1 and last.startswith(b'"'):
+            try:
+                keys.append(json.loads(last))
+            except ValueError:
+                keys.append("")  # a key that is not valid text names nothing
+        last = token
+    return keys, deep
 
 
 def parse_model(model: type[M], data: Any, prefix: str = "") -> M:

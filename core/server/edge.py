@@ -18,14 +18,16 @@ uvicorn's own with these bounds added:
   to ``--timeout-request-headers`` seconds, so that the client, which usually sends its whole
   body before it reads, receives the answer instead of a connection reset. Nothing is kept.
 
-The refusals are plain text and close the connection: they happen before a route (and so a
-dialect) is known, as with any HTTP server's parser errors.
+The refusals close the connection. They come before the route runs, but the request line's
+target names it: the body is the error format of the dialect that owns the path
+(``middleware.head_refusals``), so that a client reads it as it reads the route's other errors;
+without a known path it is the OpenAI envelope.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -51,6 +53,8 @@ class EdgeProtocol(HttpToolsProtocol):
     max_header_bytes = 65536
     max_header_count = 256
     timeout_request_headers = 30.0
+    #: ``(method, target, status, message) -> (content type, body)`` of a refusal; None: plain text.
+    answer: Callable[[str, bytes, int, str], tuple[bytes, bytes]] | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -185,9 +189,14 @@ class EdgeProtocol(HttpToolsProtocol):
         if self.cycle is not None and not self.cycle.response_complete:
             self._close()  # a pipelined head while a response is under way: no room for an answer
             return
-        body = message.encode("ascii", "replace")
-        self.transport.write(b"HTTP/1.1 %d %s\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: %d\r\n"
-                             b"connection: close\r\n\r\n%s" % (status, _REASONS[status], len(body), body))
+        media, body = b"text/plain; charset=utf-8", message.encode("ascii", "replace")
+        target = getattr(self, "url", b"")  # what arrived of the request's target (set once a request began)
+        if self.answer is not None:
+            # The method is parsed before the target: with a target, it is known.
+            method = self.parser.get_method().decode("latin-1") if target else ""
+            media, body = self.answer(method, target, status, message)
+        self.transport.write(b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n"
+                             b"connection: close\r\n\r\n%s" % (status, _REASONS[status], media, len(body), body))
         self._dropping = True
         self.flow.resume_reading()
         if self.transport.can_write_eof():
@@ -209,10 +218,13 @@ class EdgeProtocol(HttpToolsProtocol):
             timer.cancel()
 
 
-def edge_protocol(config: "ServerConfig") -> type[EdgeProtocol]:
-    """The HTTP protocol class for a server with ``config``'s limits."""
+def edge_protocol(config: "ServerConfig",
+                  answer: Callable[[str, bytes, int, str], tuple[bytes, bytes]] | None = None) -> type[EdgeProtocol]:
+    """The HTTP protocol class for a server with ``config``'s limits; ``answer`` renders its refusals
+    (``middleware.head_refusals``), plain text without it."""
     return type("EdgeProtocol", (EdgeProtocol,), {
         "max_header_bytes": int(config.http.max_header_bytes),
         "max_header_count": int(config.http.max_header_count),
         "timeout_request_headers": float(config.http.timeout_request_headers),
+        "answer": staticmethod(answer) if answer is not None else None,
     })

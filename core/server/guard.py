@@ -5,7 +5,8 @@ For each HTTP request it
 - opens the request's ``RequestContext`` (id, admission share, deadline, log counts) and
   makes it current: the only per-request context variable the server has. Its id is the
   client's ``X-Request-Id`` when that is a plain token, else a new one; the route sees that id
-  in the header and every reply carries it back;
+  in the header, and with ``--enable-request-id-headers`` every reply carries it back (without
+  it no reply carries the header, whatever the route set: vLLM's behaviour);
 - runs the checks of ``llmserve.server.middleware`` (API key on the routed path, deny by
   default, body size, content type) and answers refusals in the route's dialect, before the
   request can hold any capacity; serves HEAD as GET for routes that declare only GET;
@@ -65,6 +66,7 @@ class RequestGuard:
         self.app = app
         self.context = context
         self.checks = Checks(fastapi_app, context.config)
+        self.echo_id = bool(context.config.http.enable_request_id_headers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket" and not self.checks.websocket_allowed(Headers(scope=scope)):
@@ -83,17 +85,18 @@ class RequestGuard:
         method = scope["method"]
         scope = _app_scope(scope, ctx.request_id, self.checks.head_as_get(scope, endpoint))
         state: dict[str, Any] = {"status": None, "refused": None}
-        request_id = (b"x-request-id", ctx.request_id.encode("ascii"))
+        request_id = [(b"x-request-id", ctx.request_id.encode("ascii"))] if self.echo_id else []
 
         async def send_status(message: Message) -> None:
             if state["refused"] is not None:
                 return  # the body overflowed or stalled: what the app answers is replaced by our 413 / 408
             if message["type"] == "http.response.start":
                 state["status"] = message["status"]
-                # Every reply names its request: the client's id when it is a plain token, else ours.
+                # The reply names its request (the client's id when it is a plain token, else ours) when the
+                # server was asked to; a route's own header never goes out unchecked.
                 kept = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"x-request-id"]
                 warnings = [(b"x-llmserve-warning", w.encode("ascii")) for w in ctx.warnings]
-                message = {**message, "headers": [*kept, request_id, *warnings]}
+                message = {**message, "headers": [*kept, *request_id, *warnings]}
             await send(message)
 
         try:

@@ -192,7 +192,7 @@ def make_server(app: Any, context: "ServerContext", *, port: int | None = None, 
 
     config = context.config
     settings = uvicorn.Config(app, host=config.http.host, port=config.http.port if port is None else port,
-                              **uvicorn_options(config))
+                              **uvicorn_options(config, app))
     progress.guard_logs()  # uvicorn's own log handlers exist now: keep them off the live line too
     return LLMServer(settings, context, load, on_ready)
 

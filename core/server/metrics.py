@@ -139,8 +139,9 @@ class Metrics(EngineObserver):
                                 "in seconds.", REQUEST_LATENCY_BUCKETS)
         self.inference = Histogram("vllm:request_inference_time_seconds", "Time from the first engine step "
                                    "to the end (prefill and decode) in seconds.", REQUEST_LATENCY_BUCKETS)
-        self.step_tokens = Histogram("vllm:iteration_tokens_total", "Tokens run through the model per engine "
-                                     "step.", STEP_TOKEN_BUCKETS)
+        self.step_tokens = Histogram("vllm:iteration_tokens_total", "Tokens per engine step, as vLLM counts them: "
+                                     "the prompts of sequences that produced their first token plus the tokens "
+                                     "generated.", STEP_TOKEN_BUCKETS)
         self.preempted = Histogram("vllm:request_num_preemptions", "Preemptions per finished request.",
                                    PREEMPTION_BUCKETS)
         self.n = Histogram("vllm:request_params_n", "The n request parameter of finished requests.", N_BUCKETS)
@@ -165,7 +166,8 @@ class Metrics(EngineObserver):
         self.tpot.observe(seconds)
 
     def iteration(self, tokens: int) -> None:
-        """Engine thread: one engine step ran ``tokens`` tokens (prompt chunks and decodes)."""
+        """Engine thread: one engine step; ``tokens`` is the prompt length of every sequence that produced
+        its first token in it plus the tokens it generated (vLLM's count)."""
         self.step_tokens.observe(tokens)
 
     def request_finished(self, reason: str, timings: Timings, prompt_tokens: int, generation_tokens: int,
@@ -238,6 +240,9 @@ class Metrics(EngineObserver):
                      self.max_tokens):
             out.extend(hist.lines(labels))
         out.extend(_cache_config_info(stats))
-        counter("llmserve:admission_rejections_total", "Requests refused by admission control, by reason.",
+        counter("vllm:admission_rejections_total", "Requests refused by admission control, by reason.",
                 self.rejections, "reason")
+        # The name this counter had first, kept for the dashboards built on it.
+        counter("llmserve:admission_rejections_total", "Requests refused by admission control, by reason (older "
+                "name of vllm:admission_rejections_total).", self.rejections, "reason")
         return "\n".join(out) + "\n"

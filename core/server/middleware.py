@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import hmac
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from urllib.parse import unquote
 
 from starlette.requests import Request
+from starlette.responses import Response
 from starlette.routing import compile_path
 from starlette.types import Message, Scope, Send
 
@@ -171,15 +173,37 @@ class Checks:
         return PayloadTooLargeError(f"request body is larger than the server's limit of {self.limit} bytes "
                                     "(--max-request-body-bytes)")
 
+    def error_response(self, error: LLMServeError, endpoint: Any, request: Request | None) -> Response:
+        """``error`` in the format of the protocol that owns ``endpoint`` (the OpenAI envelope when none does)."""
+        owner = getattr(self.fastapi_app.state, "owners", {}).get(endpoint)
+        return owner.error_response(error, request) if owner is not None else openai_error_response(error)
+
     async def refuse(self, error: LLMServeError, headers: dict[str, str], scope: Scope, endpoint: Any,
                      send: Send) -> None:
         """Answer ``error`` in the format of the protocol that owns ``endpoint``."""
-        owner = getattr(self.fastapi_app.state, "owners", {}).get(endpoint)
-        request = Request(scope)
-        response = owner.error_response(error, request) if owner is not None else openai_error_response(error)
+        response = self.error_response(error, endpoint, Request(scope))
         for name, value in headers.items():
             response.headers[name] = value
         await response(scope, _no_body, send)
+
+
+def head_refusals(fastapi_app: "FastAPI",
+                  config: "ServerConfig") -> Callable[[str, bytes, int, str], tuple[bytes, bytes]]:
+    """What the HTTP edge (``llmserve.server.edge``) sends when it refuses a request head:
+    ``answer(method, target, status, message) -> (content type, body)``, in the format of the
+    dialect whose route the request line names (``target`` as far as it arrived; ``method`` empty
+    when unknown), so that a client parses the refusal as it parses every other error of the route."""
+    checks = Checks(fastapi_app, config)
+
+    def answer(method: str, target: bytes, status: int, message: str) -> tuple[bytes, bytes]:
+        path = unquote(target.split(b"?", 1)[0].decode("latin-1"))
+        scope = {"type": "http", "method": method, "path": path, "root_path": config.http.root_path, "headers": []}
+        _, endpoint = checks.match(scope)
+        error = RequestTimeoutError(message) if status == 408 else InvalidRequestError(message, status=status)
+        response = checks.error_response(error, endpoint, None)
+        return response.headers.get("content-type", "application/json").encode("latin-1"), bytes(response.body)
+
+    return answer
 
 
 async def _no_body() -> Message:

@@ -69,17 +69,20 @@ class _NoQueryStrings(logging.Filter):
         return True
 
 
-def uvicorn_options(config: ServerConfig) -> dict[str, Any]:
+def uvicorn_options(config: ServerConfig, app: Any = None) -> dict[str, Any]:
     """The ``uvicorn.Config`` keyword arguments for ``config``: HTTP limits, keep-alive, logging,
-    the proxy's path prefix and TLS."""
+    the proxy's path prefix and TLS. With ``app`` (the FastAPI app), refusals of request heads
+    are in the format of the dialect that owns the requested path."""
     from llmserve.server.edge import edge_protocol
+    from llmserve.server.middleware import head_refusals
 
     access = logging.getLogger("uvicorn.access")
     if not any(isinstance(f, _NoQueryStrings) for f in access.filters):
         access.addFilter(_NoQueryStrings())
     # uvicorn annotates timeout_keep_alive as int, but it only feeds a float timer: sub-second
     # values work (the tests use them), so the float goes through untouched.
-    return {"http": edge_protocol(config), "timeout_keep_alive": config.http.timeout_keep_alive,
+    answer = head_refusals(app, config) if hasattr(app, "state") else None
+    return {"http": edge_protocol(config, answer), "timeout_keep_alive": config.http.timeout_keep_alive,
             "log_level": config.http.uvicorn_log_level or config.log_level,
             "access_log": not config.http.disable_uvicorn_access_log, "root_path": config.http.root_path,
             "ssl_keyfile": config.http.ssl_keyfile, "ssl_certfile": config.http.ssl_certfile,

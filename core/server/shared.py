@@ -3,7 +3,9 @@
 ``POST /generate`` is TGI's when the body has ``inputs`` and vLLM-native when it has
 ``prompt``; ``POST /tokenize`` is TGI's or vLLM's the same way. Each protocol declares its
 half as a ``SharedRoute``; ``build_app`` mounts one dispatcher per method and path that
-parses the body once and hands it to the first protocol that accepts it.
+parses the body once and hands it to the first protocol that accepts it. A body that breaks
+the JSON rules (not JSON, nested too deeply, a lone surrogate) is refused by the dialect its
+top-level keys name, found by a scan that does not build the value.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from llmserve.errors import InvalidRequestError
-from llmserve.server.dialect_kit import ErrorFormat, MalformedBodyError, load_json, render_error
+from llmserve.server.dialect_kit import ErrorFormat, load_json, render_error, scan_top_level
 from llmserve.server.openapi import stream_responses
 
 
@@ -45,10 +47,15 @@ def mount_shared(router: APIRouter, method: str, path: str,
 
     async def dispatch(request: Request) -> Response:
         first = entries[0][0]
+        raw = await request.body()
         try:
-            body = load_json(await request.body())
-        except MalformedBodyError as exc:
-            return first.error_response(exc, request)
+            body = load_json(raw)
+        except InvalidRequestError as exc:
+            # The value could not be built (or must not be used), yet its keys still say whose it is: a vLLM
+            # body with a lone surrogate gets vLLM's error, not the first dialect's.
+            keys = dict.fromkeys(scan_top_level(raw)[0])
+            owner = next((p for p, route in entries if route.accepts(keys)), first)
+            return owner.error_response(exc, request)
         body = {} if body is None else body  # an empty body is an empty object, which no dialect claims
         for protocol, route in entries:
             if route.accepts(body):
@@ -75,3 +82,4 @@ def mount_shared(router: APIRouter, method: str, path: str,
     router.add_api_route(path, dispatch, methods=[method], openapi_extra=extra, responses=responses or None,
                          summary=" / ".join(p.__class__.__name__ for p, _ in entries))
     return dispatch
+

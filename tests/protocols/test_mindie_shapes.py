@@ -168,6 +168,8 @@ INFER_INVALID = [
     ({"inputs": "hi", "parameters": {"timeout": 0}}, "parameters.timeout"),
     ({"inputs": "hi", "parameters": {"timeout": 3601}}, "parameters.timeout"),
     ({"inputs": "hi", "parameters": {"timeout": 1.5}}, "parameters.timeout"),
+    ({"inputs": "hi", "parameters": {"batch_size": 1e30}}, "parameters.batch_size"),
+    ({"inputs": "hi", "parameters": {"batch_size": 0}}, "parameters.batch_size"),
 ]
 
 

@@ -89,6 +89,7 @@ CHAT_ONLY = [
     ({"tool_choice": 3}, "tool_choice"),
     ({"chat_template_kwargs": "x"}, "chat_template_kwargs"),
     ({"prompt_token_ids": ["a"]}, "prompt_token_ids.0"),
+    ({"prompt_token_ids": []}, "prompt_token_ids"),  # not "no ids": the messages would be rendered instead
     ({"documents": "x"}, "documents"),
 ]
 

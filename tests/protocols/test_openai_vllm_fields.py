@@ -167,6 +167,18 @@ def test_return_tokens_as_token_ids(oai):
     assert entries[0].bytes == list(b"token_id:104") and entries[0].top_logprobs[0].token == "token_id:104"
 
 
+def test_completion_top_logprobs_start_with_the_token():
+    """vLLM's order: each entry names the token itself first, then its alternatives (a prompt
+    token under echo is seldom the model's best guess; clients read the first key as the token)."""
+    from llmserve.outputs import TokenLogprob
+    from llmserve.plugins.protocols.openai.replies import TOKEN_IDS, completion_logprobs
+
+    entry = TokenLogprob(7, -3.0, [(1, -0.1), (2, -0.5), (7, -3.0)])
+    out = completion_logprobs([(5, None), (7, entry)], TOKEN_IDS, 0, 2)
+    assert out["tokens"] == ["token_id:5", "token_id:7"] and out["top_logprobs"][0] is None
+    assert list(out["top_logprobs"][1].items()) == [("token_id:7", -3.0), ("token_id:1", -0.1), ("token_id:2", -0.5)]
+
+
 def test_return_tokens_as_token_ids_server_default(echo_app):
     client, _ = echo_app(return_tokens_as_token_ids=True)
     body = {"prompt": "ab", "max_tokens": 1, "logprobs": 0}
@@ -322,9 +334,9 @@ def test_smollm_prompt_logprobs_and_sampling_fields(smollm_server):
         r = client.completions.create(model=model, prompt="The capital of France is", max_tokens=3,
                                       temperature=temperature, extra_body={"allowed_token_ids": [london]})
         assert r.choices[0].text == " London" * 3
-    # logprob_token_ids: the named tokens' logprobs in their order, the sampled one among them.
+    # logprob_token_ids: the named tokens' logprobs, after the sampled token's own (vLLM's order).
     free = client.completions.create(model=model, prompt="The capital of France is", max_tokens=1, temperature=0,
                                      logprobs=1, extra_body={"logprob_token_ids": [london, paris]})
     choice = free.choices[0]
-    assert choice.text == " Paris" and list(choice.logprobs.top_logprobs[0]) == [" London", " Paris"]
+    assert choice.text == " Paris" and list(choice.logprobs.top_logprobs[0]) == [" Paris", " London"]
     assert choice.logprobs.top_logprobs[0][" Paris"] == pytest.approx(choice.logprobs.token_logprobs[0], abs=1e-4)

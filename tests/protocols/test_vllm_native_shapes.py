@@ -130,6 +130,24 @@ def test_validation_errors_in_openai_envelope(client, body, param, message, stre
     assert err["message"].startswith(message), err["message"]
 
 
+@pytest.mark.parametrize("raw,param,message", [
+    (b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b', "max_tokens": 2}', "prompt",
+     "request body is nested too deeply"),
+    (b'{"max_tokens": 2, "prompt": "ab\\ud800cd"}', "prompt", "prompt: text contains a lone UTF-16 surrogate"),
+    (b'{"prompt": "ab", "max_tokens": 2', None, "request body is not valid JSON"),
+])
+def test_bodies_breaking_the_json_rules_get_the_openai_envelope(client, raw, param, message):
+    """/generate is shared with TGI: a vLLM body (`prompt`) that cannot be used as JSON is still
+    refused in vLLM's envelope, not in TGI's 422 (the first dialect of the route)."""
+    r = client.post("/generate", content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and err["code"] == 400 and err["message"].startswith(message), err
+    r = client.post("/generate", content=raw.replace(b'"prompt"', b'"inputs"'),
+                    headers={"content-type": "application/json"})
+    assert r.status_code == 422 and r.json()["error_type"] == "validation", r.text  # TGI's body: TGI's error
+
+
 def test_unknown_model_is_404(echo_app):
     client, _ = echo_app(strict_model_name=True)
     r = client.post("/generate", json={"prompt": "x", "model": "other"})

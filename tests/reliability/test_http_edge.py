@@ -152,6 +152,25 @@ def test_huge_url_is_414(edge):
     assert status == 414
 
 
+@pytest.mark.parametrize("path,shape", [
+    ("/v1/chat/completions", lambda b: set(b["error"]) == {"message", "type", "param", "code"}),
+    ("/generate", lambda b: set(b) == {"error", "error_type"}),          # shared: its first dialect, TGI
+    ("/api/chat", lambda b: set(b) == {"error"}),
+    ("/v1/messages", lambda b: b["type"] == "error" and set(b["error"]) == {"type", "message"}),
+    ("/no/such/route", lambda b: set(b["error"]) == {"message", "type", "param", "code"}),
+])
+def test_head_refusals_are_in_the_dialects_format(edge, path, shape):
+    """A Content-Type with 10,000 parameters: 431 before the key check, in the error format of the
+    dialect that owns the path, so that its clients parse it like any other error of the route."""
+    content_type = "application/json" + "".join(f"; p{i}=v{i}" for i in range(10_000))
+    status, headers, body = raw(edge.port, "POST", path, {"Content-Type": content_type}, body=b"{}")
+    assert status == 431 and headers["content-type"] == "application/json", (headers, body[:200])
+    parsed = json.loads(body)
+    assert shape(parsed) and b"--max-header-bytes" in body, parsed
+    status, headers, body = raw(edge.port, "GET", path + "?" + "a" * 100_000)
+    assert status == 414 and shape(json.loads(body)), body[:200]
+
+
 def test_header_limit_holds_for_a_key_too(edge):
     """The limits apply before the key is looked at: a valid key does not buy a bigger head."""
     status, _, _ = raw(edge.port, "GET", "/v1/models", {**AUTH, "X-Big": "b" * 70_000})

@@ -74,7 +74,7 @@ def keyed(tmp_path_factory):
     from conftest import ECHO_PLUGIN
 
     server = InProcServer(backend="echo", plugins=[ECHO_PLUGIN, str(plugin)], protocols=every, api_key=[KEY],
-                          trust_request_chat_template=True)
+                          trust_request_chat_template=True, enable_request_id_headers=True)
     yield server
     server.stop()
 

@@ -27,6 +27,10 @@ class InferParameters(WireModel):
     watermark: bool | None = Field(None, description="Accepted and ignored (not supported, as in MindIE).")
     priority: int | None = Field(None, ge=1, le=5, description="1 (highest) .. 5 (default).")
     timeout: int | None = Field(None, gt=0, le=3600, description="Seconds, (0, 3600], default 600.")
+    # A parameter of the MindIE family (its Triton-style generate routes); held to the family's range
+    # here too, so that a client sending it to /infer learns of a bad value instead of having it dropped.
+    batch_size: int | None = Field(None, gt=0, le=INT32_MAX, description="(0, 2147483647]; validated, not used "
+                                                                          "(the engine batches continuously).")
 
 
 class InferBody(WireModel):

@@ -110,8 +110,11 @@ def completion_logprobs(items: list[tuple[int, TokenLogprob | None]], tt: "Token
             tops.append(None)
             continue
         lps.append(clamp(e.logprob))
-        top = {tt.text(t): clamp(lp) for t, lp in e.top[:want_top]} if want_top else {}
-        top.setdefault(text, clamp(e.logprob))
+        # The token itself first, then its best alternatives: vLLM's order, which clients rely on
+        # (the first key of each entry is read as the token, as vLLM's own tests do).
+        top = {text: clamp(e.logprob)}
+        for t, lp in e.top[:want_top]:
+            top.setdefault(tt.text(t), clamp(lp))
         tops.append(top)
     return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, Union
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from llmserve import InvalidRequestError
 from llmserve import WireModel
@@ -150,6 +150,15 @@ class ChatCompletionRequest(SamplingFields):
     documents: list[dict[str, Any]] | None = None
     prompt_logprobs: int | None = Field(None, ge=-1)
     include_reasoning: bool | None = True
+
+    @field_validator("prompt_token_ids")
+    @classmethod
+    def _some_prompt_ids(cls, ids: list[int] | None) -> list[int] | None:
+        # An empty list is not "no list": left as is, it would fall back to rendering `messages`,
+        # answering a request that asked for a prompt of no tokens.
+        if ids is not None and not ids:
+            raise ValueError("must not be empty (leave it out to render `messages`)")
+        return ids
 
     @model_validator(mode="before")
     @classmethod
