@@ -82,4 +82,3 @@ def mount_shared(router: APIRouter, method: str, path: str,
     router.add_api_route(path, dispatch, methods=[method], openapi_extra=extra, responses=responses or None,
                          summary=" / ".join(p.__class__.__name__ for p, _ in entries))
     return dispatch
-
