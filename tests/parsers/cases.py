@@ -6,6 +6,8 @@ control characters inside strings escaped), so these are the strings the API ret
 
 from __future__ import annotations
 
+from .cases_families import REASONING as FAMILY_REASONING
+from .cases_families import TOOL_CASES as FAMILY_TOOL_CASES
 from .cases_xml import XML_CASES
 from .helpers import Case
 
@@ -246,7 +248,8 @@ OPEN = {"hermes": "<tool_call>\n", "mistral": "[TOOL_CALLS] [", "llama3_json": "
         "granite": "<|tool_call|>[", "jamba": "<tool_calls>[", "internlm": "<|action_start|><|plugin|>"}
 CLOSE = {"hermes": "\n</tool_call>", "mistral": "]", "llama3_json": "", "granite": "]", "jamba": "]</tool_calls>",
          "internlm": "<|action_end|>"}
-LISTS = ("hermes", "mistral", "granite", "jamba")  # formats whose region may hold a list of calls
+OPEN["phi4_mini_json"], CLOSE["phi4_mini_json"] = "functools[", "]"
+LISTS = ("hermes", "mistral", "granite", "jamba", "phi4_mini_json")  # formats whose region may hold a list of calls
 GOOD_A, GOOD_C = '{"name": "a", "arguments": {}}', '{"name": "c", "arguments": {"x": 1}}'
 RULES = [
     ("rule_valid", '{"name": "f", "arguments": {"a": 1}}', ("f", '{"a": 1}')),
@@ -312,6 +315,7 @@ RULE_CASES = {name: rule_cases(name) for name in OPEN}
 
 TOOL_CASES = {"hermes": HERMES, "mistral": MISTRAL, "pythonic": PYTHONIC, "llama3_json": LLAMA3,
               "granite": GRANITE, "jamba": JAMBA, "internlm": INTERNLM}
+TOOL_CASES.update(FAMILY_TOOL_CASES)
 for _name, _cases in RULE_CASES.items():
     TOOL_CASES[_name] = TOOL_CASES[_name] + _cases
 for _name, _cases in TOOL_CASES.items():
@@ -376,7 +380,7 @@ REASONING_CASES = [
 ]
 
 ALL_TOOL_CASES = [case for cases in TOOL_CASES.values() for case in cases]
-ALL_CASES = ALL_TOOL_CASES + REASONING_CASES + XML_CASES
+ALL_CASES = ALL_TOOL_CASES + REASONING_CASES + XML_CASES + FAMILY_REASONING
 
 
 def case_id(case: Case) -> str:

@@ -1,0 +1,23 @@
+"""phi4_mini_json: Phi-4-mini's tool calls, ``functools[{"name": ..., "arguments": {...}}, ...]``.
+
+``functools`` followed by a JSON list of call objects (``"parameters"`` works for
+``"arguments"``), with the *checked* list rules of ``json_calls``: an element that is not a
+call is content and its valid siblings stay calls; a list without any call is content,
+``functools`` included (the word in prose is not a call). Plain text markers: special tokens
+are not needed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmserve.parsing.json_calls import CallList
+from llmserve.parsing.streaming import RegionToolParser
+
+
+class Phi4MiniJsonToolParser(RegionToolParser):
+    needs_special_tokens = False
+    start_markers = ("functools",)
+
+    def _new_body(self, marker: str) -> Any:
+        return CallList(self, single_ok=False, checked=True)
