@@ -35,9 +35,11 @@ from __future__ import annotations
 import re
 from typing import Any, Protocol
 
-from llmserve.parsing.contract import ParseDelta, ReasoningParser
-from llmserve.parsing.json_scan import JsonScanner
-from llmserve.parsing.streaming import StreamingToolParser, held_suffix
+from llmserve import ParseDelta
+from llmserve import ReasoningParser
+from llmserve import JsonScanner
+from llmserve import StreamingToolParser
+from llmserve import held_suffix
 
 START, CHANNEL, MESSAGE, CONSTRAIN = "<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"
 END, CALL, RETURN = "<|end|>", "<|call|>", "<|return|>"

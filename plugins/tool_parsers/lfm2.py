@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmserve.parsing.streaming import RegionToolParser
+from llmserve import RegionToolParser
 from llmserve.plugins.tool_parsers.pythonic import PythonicList
 
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import re
 from typing import Any, Callable
 
-from llmserve.parsing.json_scan import JsonScanner
-from llmserve.parsing.streaming import RegionToolParser
+from llmserve import JsonScanner
+from llmserve import RegionToolParser
 
 MAX_HEADER = 512  # longer than any function name and its markers; a longer header is not a call
 _SPACE = re.compile(r"\s*")

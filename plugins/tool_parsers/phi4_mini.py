@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmserve.parsing.json_calls import CallList
-from llmserve.parsing.streaming import RegionToolParser
+from llmserve import CallList
+from llmserve import RegionToolParser
 
 
 class Phi4MiniJsonToolParser(RegionToolParser):

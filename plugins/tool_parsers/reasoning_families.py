@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmserve.parsing.contract import ParseDelta, ReasoningParser
-from llmserve.parsing.streaming import find_first, held_suffix
+from llmserve import ParseDelta
+from llmserve import ReasoningParser
+from llmserve import held_suffix
 from llmserve.plugins.tool_parsers.reasoning import ThinkReasoningParser
 
 _KIMI_SECTION = "<|tool_calls_section_begin|>"
@@ -101,7 +102,7 @@ class GraniteReasoningParser(ReasoningParser):
             else:
                 self._state = CONTENT
         if self._state == REASON:
-            idx, phrase = find_first(buf, GRANITE_ENDS, 0)
+            idx, phrase = min(((buf.find(e), e) for e in GRANITE_ENDS if e in buf), default=(-1, ""))
             if idx >= 0:
                 out.reasoning += buf[:idx]
                 buf, self._state = buf[idx + len(phrase):], CONTENT
