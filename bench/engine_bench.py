@@ -22,13 +22,13 @@ import os
 import random
 import statistics
 import time
-from types import SimpleNamespace
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
 
 from device.report import append_jsonl  # bench/device/report.py (bench/ is this script's folder)
+from llmserve.config import ServerConfig
 from llmserve.engine.engine import LLMEngine
 from llmserve.plugins.backends.torch.options import TorchOptions
 from llmserve.plugins.backends.torch.runner import TorchBackend
@@ -133,7 +133,7 @@ def main() -> None:
     bw, tflops = ceilings(args.device)
     bw, tflops = args.bandwidth_gbs or bw, args.tflops or tflops
     max_seqs = max(args.concurrency)
-    config = SimpleNamespace(model=args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
+    config = ServerConfig(model=args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
                              max_num_seqs=max_seqs, enforce_eager=args.enforce_eager, block_size=16,
                              max_num_batched_tokens=max(2048, args.input_len * 4), num_kv_blocks=None,
                              kv_cache_memory_fraction=0.3)

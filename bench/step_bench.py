@@ -23,12 +23,12 @@ import argparse
 import os
 import statistics
 import time
-from types import SimpleNamespace
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
 
+from llmserve.config import ServerConfig
 from llmserve.engine.backend import KVCacheSpec, StepItem
 from llmserve.plugins.backends.torch.runner import TorchBackend
 from llmserve.sampling import SamplingParams
@@ -95,7 +95,7 @@ def main() -> None:
                     help="decode through the fused forward's Python layer loop, not the one-call native step")
     args = ap.parse_args()
 
-    backend = TorchBackend(SimpleNamespace(model=args.model, dtype=args.dtype, device=args.device))
+    backend = TorchBackend(ServerConfig(model=args.model, dtype=args.dtype, device=args.device))
     info = backend.load()
     if backend._fused is not None and (args.layer_loop or args.parts):
         backend._fused.native_decode = False

@@ -16,17 +16,17 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from types import SimpleNamespace
 from typing import Any
 
 
 def load(model: str | None, tp: int, batch: int, per_seq: int) -> Any:
+    from llmserve.config import ServerConfig
     from llmserve.engine.backend import KVCacheSpec
     from llmserve.plugins.backends.torch.factory import create
     from llmserve.plugins.backends.torch.options import TorchOptions
 
-    backend = create(SimpleNamespace(model=model, dtype="float32", device="cpu", max_model_len=None,
-                                     tensor_parallel_size=tp, log_level="warning"), TorchOptions())
+    backend = create(ServerConfig(model=model, dtype="float32", device="cpu", max_model_len=None,
+                                  tensor_parallel_size=tp, log_level="warning"), TorchOptions())
     backend.load()
     backend.init_kv_cache(KVCacheSpec(16, num_blocks=batch * per_seq))
     return backend
