@@ -35,6 +35,7 @@ from llmserve.engine.stats import EngineObserver, EngineStats
 from llmserve.errors import ConfigError, GenerationError, InvalidRequestError, LLMServeError
 from llmserve.outputs import RequestOutput, Timings
 from llmserve.request import PreparedRequest
+from llmserve.text.token_floor import max_token_span
 
 log = logging.getLogger("llmserve.engine")
 
@@ -81,7 +82,7 @@ class LLMEngine:
         self.block_size = cache.block_size
         self.cache_dtype: str = cache.kv_cache_dtype
         self.metrics: EngineObserver | None = None  # attached by the server before the loop starts
-        self.limits = RequestLimits.from_config(config.limits, self.max_model_len)
+        self.limits = RequestLimits.from_config(config.limits, self.max_model_len, max_token_span(self.tokenizer))
         self.defaults = SamplingDefaults.from_config(config.llm)  # --generation-config, --seed
         self.faults = FaultInjector.from_env()
         if self.faults.active:

@@ -31,14 +31,29 @@ class RequestLimits:
     max_stop_chars: int = DEFAULT_MAX_STOP_CHARS
     max_model_len: int = 0
     max_logprobs: int = MAX_LOGPROBS
+    token_span: int | None = None  # the most characters one token covers (``text/token_floor.py``)
 
     @classmethod
-    def from_config(cls, limits: LimitsConfig, max_model_len: int) -> "RequestLimits":
-        """The bounds the limits section sets for a model of ``max_model_len`` tokens."""
+    def from_config(cls, limits: LimitsConfig, max_model_len: int, token_span: int | None = None) -> "RequestLimits":
+        """The bounds the limits section sets for a model of ``max_model_len`` tokens whose
+        tokens cover at most ``token_span`` characters each (None: no such bound is known)."""
         prompt = limits.max_prompt_chars
         return cls(max_prompt_chars=prompt if prompt is not None else CHARS_PER_TOKEN * max_model_len,
                    max_stop_strings=limits.max_stop_strings, max_stop_chars=limits.max_stop_chars,
-                   max_model_len=max_model_len, max_logprobs=limits.max_logprobs)
+                   max_model_len=max_model_len, max_logprobs=limits.max_logprobs, token_span=token_span)
+
+    def check_fits(self, text: str | None, param: str = "prompt") -> None:
+        """Refuse (400) a prompt text that needs more tokens than the context holds whatever its
+        tokenization: ``len(text) / token_span`` tokens at least. Only for a prompt that must fit
+        whole (not one the request truncates); cheap, so it runs before tokenizing."""
+        span = self.token_span
+        if text is None or not span or not self.max_model_len or len(text) < span * self.max_model_len:
+            return
+        least = -(-len(text) // span)
+        raise InvalidRequestError(
+            f"This model's maximum context length is {self.max_model_len} tokens. However, your request has at "
+            f"least {least} input tokens ({len(text)} characters, and a token of this model covers at most "
+            f"{span}). Please reduce the length of the input.", param=param)
 
     def check_prompt(self, text: str | None, param: str = "prompt") -> None:
         """Refuse a prompt text too long to tokenize (400), before any tokenizing."""

@@ -30,10 +30,12 @@ class Preparer:
         self.defaults = defaults
 
     def check_limits(self, request: GenerateRequest, policy: RequestPolicy = REJECT) -> None:
-        """The bounds that hold before any tokenizing: prompt characters, stop strings and log
-        probabilities (400). Cheap: lengths only, so the event loop may run it."""
+        """The bounds that hold before any tokenizing: prompt characters (and a prompt too long
+        for the context whatever its tokens), stop strings and log probabilities (400). Cheap:
+        lengths only, so the event loop may run it."""
         if request.prompt_token_ids is None:
             self.limits.check_prompt(request.prompt, policy.prompt)
+            self.limits.check_fits(request.prompt, policy.prompt)
         self.limits.check_stops(request.sampling, policy.name("stop"))
         self.limits.check_logprobs(request.sampling, policy)
 

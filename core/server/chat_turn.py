@@ -138,6 +138,8 @@ def _prompt(context: "ServerContext", turn: ChatTurn,
                            template_kwargs=turn.template_kwargs, documents=turn.documents,
                            trusted=cfg.parsing.trust_request_chat_template,
                            timeout=cfg.parsing.chat_template_render_timeout)
+    if turn.truncate is None:  # the whole prompt must fit: one too long for any tokenization is refused now
+        engine.limits.check_fits(text, turn.policy.prompt)
     ids = engine.encode(text, special, param=turn.policy.prompt) if text else []
     return text, [*turn.prefix_ids, *ids]
 
