@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 
-from llmserve.plugins.tool_parsers.named_json import NamedJson, SectionParser
+from llmserve.plugins.tool_parsers.named_json import SectionParser
 
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
@@ -55,11 +55,9 @@ class DeepSeekV31ToolParser(SectionParser):
     start_markers = (CALL_BEGIN, CALLS_BEGIN, CALLS_END)
     end_marker = CALL_END
     section_begin, section_end, call_begin = CALLS_BEGIN, CALLS_END, CALL_BEGIN
-
-    def _call_body(self) -> NamedJson:
-        return NamedJson(self, v31_name)
+    call_name = staticmethod(v31_name)
 
 
 class DeepSeekV3ToolParser(DeepSeekV31ToolParser):
-    def _call_body(self) -> NamedJson:
-        return NamedJson(self, v3_name, suffix="```")
+    call_name = staticmethod(v3_name)
+    call_suffix = "```"

@@ -33,7 +33,7 @@ All harmony markers are special tokens: both parsers declare ``needs_special_tok
 from __future__ import annotations
 
 import re
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from llmserve import ParseDelta
 from llmserve import ReasoningParser
@@ -164,7 +164,23 @@ def function_name(recipient: str) -> str | None:
     return m.group(1) if m else None
 
 
-class OpenAIToolParser(StreamingToolParser):
+class ReaderFed:
+    """``feed`` for both harmony parsers: the text goes to the parser's ``HarmonyReader``, which
+    calls the parser back as its sink; what that made is taken out."""
+
+    _reader: HarmonyReader
+    _finished: bool
+    _take: Callable[[], ParseDelta]
+
+    def feed(self, text: str, token_ids: list[int] | tuple[int, ...] = ()) -> ParseDelta:
+        if self._finished:
+            raise RuntimeError("feed() after finish()")
+        if text:
+            self._reader.feed(text, False)
+        return self._take()
+
+
+class OpenAIToolParser(ReaderFed, StreamingToolParser):
     """openai: harmony tool calls (see the module doc)."""
 
     # Declared for the linear-time test, which repeats each parser's markers.
@@ -178,13 +194,6 @@ class OpenAIToolParser(StreamingToolParser):
         self._name: str | None = None
         self._verbatim = False
         self._body: list[str] = []
-
-    def feed(self, text: str, token_ids: list[int] | tuple[int, ...] = ()) -> ParseDelta:
-        if self._finished:
-            raise RuntimeError("feed() after finish()")
-        if text:
-            self._reader.feed(text, False)
-        return self._take()
 
     def finish(self) -> ParseDelta:
         if not self._finished:
@@ -239,7 +248,7 @@ class OpenAIToolParser(StreamingToolParser):
         return None
 
 
-class OpenAIGptOssReasoningParser(ReasoningParser):
+class OpenAIGptOssReasoningParser(ReaderFed, ReasoningParser):
     """openai_gptoss: harmony reasoning (see the module doc)."""
 
     needs_special_tokens = True
@@ -252,13 +261,6 @@ class OpenAIGptOssReasoningParser(ReasoningParser):
         self._reasoning: list[str] = []
         self._mode = "content"
         self._finished = False
-
-    def feed(self, text: str, token_ids: list[int] | tuple[int, ...] = ()) -> ParseDelta:
-        if self._finished:
-            raise RuntimeError("feed() after finish()")
-        if text:
-            self._reader.feed(text, False)
-        return self._take()
 
     def finish(self) -> ParseDelta:
         if not self._finished:

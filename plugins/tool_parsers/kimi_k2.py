@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 
-from llmserve.plugins.tool_parsers.named_json import NamedJson, SectionParser
+from llmserve.plugins.tool_parsers.named_json import SectionParser
 
 SECTION_BEGIN, SECTION_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
 CALL_BEGIN, ARGS_BEGIN, CALL_END = "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"
@@ -36,6 +36,4 @@ class KimiK2ToolParser(SectionParser):
     start_markers = (CALL_BEGIN, SECTION_BEGIN, SECTION_END)
     end_marker = CALL_END
     section_begin, section_end, call_begin = SECTION_BEGIN, SECTION_END, CALL_BEGIN
-
-    def _call_body(self) -> NamedJson:
-        return NamedJson(self, kimi_name)
+    call_name = staticmethod(kimi_name)

@@ -15,7 +15,7 @@ after complete invokes at the end of the output is accepted.
 
 from __future__ import annotations
 
-from llmserve.plugins.tool_parsers.xml_params import Call, XmlToolParser, between, plain_name, skip_space
+from llmserve.plugins.tool_parsers.xml_params import Call, XmlToolParser, plain_name, read_tagged_calls
 
 
 def _unquote(name: str) -> str | None:
@@ -27,31 +27,7 @@ def _unquote(name: str) -> str | None:
 
 def read_invokes(text: str) -> list[Call] | None:
     """``<invoke name="N"><parameter name="K">V</parameter>...</invoke>``, one or more."""
-    calls: list[Call] = []
-    i = skip_space(text, 0)
-    while i < len(text):
-        got = between(text, i, "<invoke name=", ">")
-        name = _unquote(got[0]) if got else None
-        if got is None or name is None:
-            return None
-        i, pairs = got[1], []
-        while True:
-            i = skip_space(text, i)
-            if text.startswith("</invoke>", i):
-                i += len("</invoke>")
-                break
-            head = between(text, i, "<parameter name=", ">")
-            key = _unquote(head[0]) if head else None
-            if head is None or key is None:
-                return None
-            end = text.find("</parameter>", head[1])
-            if end < 0:
-                return None
-            pairs.append((key, text[head[1]:end]))
-            i = end + len("</parameter>")
-        calls.append((name, pairs))
-        i = skip_space(text, i)
-    return calls or None
+    return read_tagged_calls(text, ("<invoke name=", "</invoke>", "<parameter name="), _unquote)
 
 
 class MiniMaxM2ToolParser(XmlToolParser):

@@ -135,6 +135,8 @@ class SectionParser(RegionToolParser):
     a section that ends (or an output that ends) without one releases the text verbatim."""
 
     section_begin = section_end = call_begin = ""
+    call_name: NameOf  # reads a call's header: a staticmethod of the family's header rule
+    call_suffix = ""  # what may close a call after its object (a code fence)
 
     def __init__(self, tokenizer: Any = None, tools: list[dict[str, Any]] | None = None) -> None:
         super().__init__(tokenizer, tools)
@@ -142,7 +144,7 @@ class SectionParser(RegionToolParser):
         self._in_section = False  # inside a section that made a call
 
     def _call_body(self) -> NamedJson:
-        raise NotImplementedError
+        return NamedJson(self, self.call_name, suffix=self.call_suffix)
 
     def _new_body(self, marker: str) -> Any:
         if marker == self.call_begin:

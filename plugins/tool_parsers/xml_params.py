@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import math
 from abc import abstractmethod
-from typing import Any
+from typing import Any, Callable
 
 from llmserve import RegionToolParser
 
@@ -249,31 +249,44 @@ def trim_newline(value: str) -> str:
     return value[:-1] if value.endswith("\n") else value
 
 
-def read_functions(text: str) -> list[Call] | None:
-    """``<function=NAME><parameter=KEY>VALUE</parameter>...</function>``, one or more (the
-    Qwen3-Coder and Seed-OSS body); each value loses one newline on each side."""
+def read_tagged_calls(
+    text: str, tags: tuple[str, str, str], name_of: Callable[[str], str | None],
+    value_of: Callable[[str], str] = str,
+) -> list[Call] | None:
+    """One or more ``OPEN NAME>`` ... ``CLOSE`` calls, each holding ``PARAM KEY>VALUE</parameter>``
+    pairs, where ``tags`` is ``(OPEN, CLOSE, PARAM)`` (``("<function=", "</function>",
+    "<parameter=")`` for Qwen3-Coder); ``name_of`` reads a written name (None: not a name) and
+    ``value_of`` a written value. None when the text is not exactly complete calls (whitespace
+    around them aside)."""
+    opener, closer, param = tags
     calls: list[Call] = []
     i = skip_space(text, 0)
     while i < len(text):
-        got = between(text, i, "<function=", ">")
-        name = plain_name(got[0]) if got else None
+        got = between(text, i, opener, ">")
+        name = name_of(got[0]) if got else None
         if got is None or name is None:
             return None
         i, pairs = got[1], []
         while True:
             i = skip_space(text, i)
-            if text.startswith("</function>", i):
-                i += len("</function>")
+            if text.startswith(closer, i):
+                i += len(closer)
                 break
-            head = between(text, i, "<parameter=", ">")
-            key = plain_name(head[0]) if head else None
+            head = between(text, i, param, ">")
+            key = name_of(head[0]) if head else None
             if head is None or key is None:
                 return None
             end = text.find("</parameter>", head[1])
             if end < 0:
                 return None
-            pairs.append((key, trim_newline(text[head[1]:end])))
+            pairs.append((key, value_of(text[head[1]:end])))
             i = end + len("</parameter>")
         calls.append((name, pairs))
         i = skip_space(text, i)
     return calls or None
+
+
+def read_functions(text: str) -> list[Call] | None:
+    """``<function=NAME><parameter=KEY>VALUE</parameter>...</function>``, one or more (the
+    Qwen3-Coder and Seed-OSS body); each value loses one newline on each side."""
+    return read_tagged_calls(text, ("<function=", "</function>", "<parameter="), plain_name, trim_newline)
