@@ -67,7 +67,56 @@ def checked_arguments(raw: str) -> str | None:
     return value if isinstance(inner, dict) else None
 
 
-class CheckedCall:
+class _CallBody:
+    """What ``CheckedCall`` and ``CallObject`` share: the scanner reporting the object's keys
+    and values, the body protocol's flags, the name rule and ``end``: the object complete at
+    the end is ``_complete``, an unfinished one is ``_unfinished(cut)``."""
+
+    def __init__(self, sink: Any, arg_keys: tuple[str, ...], accept: Callable[[str], bool] | None) -> None:
+        self.sink = sink
+        self.sc = JsonScanner(watch_depth=1)
+        self.arg_keys, self.accept = arg_keys, accept
+        self.key: str | None = None
+        self.role: str | None = None
+        self.name_at = self.args_at = self.args_end = -1
+        self.committed = self.done = self.failed = False
+        self.rest = 0
+
+    def end(self, cut: bool = True) -> None:
+        if self.done:
+            return
+        self.sc.end()
+        self._events()
+        if self.sc.done:
+            self._complete()
+        else:
+            self._unfinished(cut)
+
+    def _value_start(self, at: int) -> str | None:
+        """A value of the object starts at ``at``: the first ``name`` and the first arguments key
+        take theirs here (marked); the role of this value ("name", "args" or None)."""
+        self.role = None
+        if self.key == "name" and self.name_at < 0:
+            self.role, self.name_at = "name", at
+        elif self.key in self.arg_keys and self.args_at < 0:
+            self.role, self.args_at = "args", at
+        return self.role
+
+    def _valid_name(self, name: Any) -> bool:
+        """A non-empty string that ``accept`` (when given) takes."""
+        return isinstance(name, str) and bool(name) and (self.accept is None or self.accept(name))
+
+    def _events(self) -> None:
+        raise NotImplementedError
+
+    def _complete(self) -> None:
+        raise NotImplementedError
+
+    def _unfinished(self, cut: bool) -> None:
+        raise NotImplementedError
+
+
+class CheckedCall(_CallBody):
     """One call object of free model text, released whole once complete and valid (the
     *checked* policy of the module doc). ``arg_keys`` name the arguments key (the first one
     present is used; other keys are ignored, key order is free); ``accept(name)`` may reject
@@ -77,14 +126,9 @@ class CheckedCall:
 
     def __init__(self, sink: Any, arg_keys: tuple[str, ...] = ("arguments", "parameters"),
                  accept: Callable[[str], bool] | None = None) -> None:
-        self.sink = sink
-        self.sc = JsonScanner(watch_depth=1)
-        self.arg_keys, self.accept = arg_keys, accept
-        self.key: str | None = None
-        self.role: str | None = None
-        self.name_at = self.name_end = self.args_at = self.args_end = -1
-        self.committed = self.done = self.failed = self.complete = False
-        self.rest = 0
+        super().__init__(sink, arg_keys, accept)
+        self.name_end = -1
+        self.complete = False
 
     def feed(self, s: str) -> int:
         if self.done:
@@ -97,14 +141,8 @@ class CheckedCall:
             self.done = self.failed = True
         return n
 
-    def end(self, cut: bool = True) -> None:
-        if self.done:
-            return
-        self.sc.end()
-        self._events()
-        if self.sc.done:
-            self._complete()
-        elif cut:
+    def _unfinished(self, cut: bool) -> None:
+        if cut:
             self._cut()
         else:
             self.done = self.failed = True
@@ -114,11 +152,7 @@ class CheckedCall:
             if kind == "key":
                 self.key = value
             elif kind == "vstart":
-                self.role = None
-                if self.key == "name" and self.name_at < 0:
-                    self.role, self.name_at = "name", value
-                elif self.key in self.arg_keys and self.args_at < 0:
-                    self.role, self.args_at = "args", value
+                self._value_start(value)
             elif self.role == "name":
                 self.name_end = value
             elif self.role == "args":
@@ -129,9 +163,7 @@ class CheckedCall:
         if self.name_end < 0:
             return None
         name = json.loads(self.sc.text()[self.name_at:self.name_end])
-        if not isinstance(name, str) or not name or (self.accept and not self.accept(name)):
-            return None
-        return name
+        return name if self._valid_name(name) else None
 
     def _complete(self) -> None:
         self.done, self.complete, self.rest = True, True, self.sc.raw
@@ -161,7 +193,7 @@ class CheckedCall:
         self.sink._call_args(args)
 
 
-class CallObject:
+class CallObject(_CallBody):
     """One ``{"name": "...", "arguments": {...}}`` call (``arg_keys`` name the arguments key;
     other keys are ignored; key order does not matter).
 
@@ -175,19 +207,12 @@ class CallObject:
 
     def __init__(self, sink: Any, arg_keys: tuple[str, ...] = ("arguments", "parameters"),
                  require_args: bool = False, accept: Callable[[str], bool] | None = None) -> None:
-        self.sink = sink
-        self.sc = JsonScanner(watch_depth=1)
-        self.arg_keys, self.require_args, self.accept = arg_keys, require_args, accept
-        self.key: str | None = None
-        self.role: str | None = None
+        super().__init__(sink, arg_keys, accept)
+        self.require_args = require_args
         self.name: str | None = None
-        self.name_at = self.args_at = -1
-        self.args_end = -1
         self.args_obj = False
         self.args_value: str | None = None
         self.sent = 0
-        self.committed = self.done = self.failed = False
-        self.rest = 0
 
     def feed(self, s: str) -> int:
         if self.done:
@@ -203,15 +228,8 @@ class CallObject:
                 self._stream()
         return n
 
-    def end(self, cut: bool = True) -> None:
-        if self.done:
-            return
-        self.sc.end()
-        self._events()
-        if self.sc.done:
-            self._complete()
-        else:
-            self._close()
+    def _unfinished(self, cut: bool) -> None:
+        self._close()
 
     def _events(self) -> None:
         sc = self.sc
@@ -221,18 +239,14 @@ class CallObject:
             if kind == "key":
                 self.key = value
             elif kind == "vstart":
-                self.role = None
-                if self.key == "name" and self.name_at < 0:
-                    self.role, self.name_at = "name", value
-                elif self.key in self.arg_keys and self.args_at < 0:
-                    self.role, self.args_at = "args", value
+                if self._value_start(value) == "args":
                     self.args_obj = sc.text()[value] == "{"
                     self.sent = value
                     if self.args_obj and self.name is not None:
                         self._commit()
             elif self.role == "name":
                 name = json.loads(sc.text()[self.name_at:value])
-                if not isinstance(name, str) or not name or (self.accept and not self.accept(name)):
+                if not self._valid_name(name):
                     self.failed = self.done = True
                     break
                 self.name = name

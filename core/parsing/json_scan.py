@@ -25,6 +25,9 @@ _DIGITS = frozenset("0123456789")
 
 VALUE, STR, ESC, UESC, NUM, LIT, OBJ_FIRST, OBJ_KEY, COLON, AFTER, ARR_FIRST, DONE, ERROR = range(13)
 _WS_STATES = frozenset((VALUE, OBJ_FIRST, OBJ_KEY, COLON, AFTER, ARR_FIRST))
+# The states whose characters come in runs that ``feed`` takes whole: whitespace between
+# tokens, and the plain characters of a string.
+_RUNS = {**dict.fromkeys(_WS_STATES, _WS_RUN), STR: _STR_RUN}
 # Number automaton: after '-', '0', int digits, '.', fraction digits, 'e', exponent sign, exponent digits.
 N_MINUS, N_ZERO, N_INT, N_DOT, N_FRAC, N_E, N_ESIGN, N_EXP = range(8)
 _NUM_END = frozenset((N_ZERO, N_INT, N_FRAC, N_EXP))
@@ -126,16 +129,9 @@ class JsonScanner:
             st = self.state
             if st == DONE or st == ERROR:
                 break
-            if st in _WS_STATES:
-                m = _WS_RUN.match(s, i)
-                if m:
-                    self._emit(m.group())
-                    self.raw += m.end() - i
-                    i = m.end()
-                    self._closable()
-                    continue
-            elif st == STR:
-                m = _STR_RUN.match(s, i)
+            run = _RUNS.get(st)
+            if run is not None:
+                m = run.match(s, i)
                 if m:
                     self._emit(m.group())
                     self.raw += m.end() - i

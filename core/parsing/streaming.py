@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 from abc import abstractmethod
-from typing import Any
+from typing import Any, Callable
 
 from llmserve.parsing.contract import ParseDelta, ToolCallDelta, ToolParser, new_call_id
 
@@ -39,14 +39,20 @@ def held_suffix(text: str, markers: tuple[str, ...] | list[str]) -> int:
     return best
 
 
-def find_first(text: str, markers: tuple[str, ...] | list[str], start: int) -> tuple[int, str]:
-    """``(index, marker)`` of the earliest marker at or after ``start`` (longest on ties), or ``(-1, "")``."""
+def earliest(markers: tuple[str, ...] | list[str], find: Callable[[str], int]) -> tuple[int, str]:
+    """``(index, marker)`` of the marker that ``find`` (an index, or -1: absent) places first,
+    the longest on ties, or ``(-1, "")``."""
     best, hit = -1, ""
     for marker in markers:
-        i = text.find(marker, start)
+        i = find(marker)
         if i >= 0 and (best < 0 or i < best or (i == best and len(marker) > len(hit))):
             best, hit = i, marker
     return best, hit
+
+
+def find_first(text: str, markers: tuple[str, ...] | list[str], start: int) -> tuple[int, str]:
+    """``(index, marker)`` of the earliest marker at or after ``start`` (longest on ties), or ``(-1, "")``."""
+    return earliest(markers, lambda marker: text.find(marker, start))
 
 
 class StreamingToolParser(ToolParser):
@@ -130,12 +136,7 @@ class StreamingToolParser(ToolParser):
 
     def _find_first(self, markers: tuple[str, ...] | list[str], start: int) -> tuple[int, str]:
         """``find_first`` over the buffer, with ``_find``'s memory."""
-        best, hit = -1, ""
-        for marker in markers:
-            i = self._find(marker, start)
-            if i >= 0 and (best < 0 or i < best or (i == best and len(marker) > len(hit))):
-                best, hit = i, marker
-        return best, hit
+        return earliest(markers, lambda marker: self._find(marker, start))
 
     def _text(self, s: str) -> None:
         """Release content; trailing whitespace waits until we know what follows it."""
