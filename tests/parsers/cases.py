@@ -9,7 +9,7 @@ from __future__ import annotations
 from .cases_families import REASONING as FAMILY_REASONING
 from .cases_families import TOOL_CASES as FAMILY_TOOL_CASES
 from .cases_xml import XML_CASES
-from .helpers import Case
+from .helpers import Case, verbatim
 
 WEATHER = '{"city": "Paris", "unit": "celsius"}'
 NESTED = ('{"query": {"filters": [{"field": "title", "op": "in", "values": ["a\\"b", "c\\\\d", -1.5e-3, 0, true, '
@@ -24,8 +24,8 @@ def hermes_block(name: str, args: str, key: str = "arguments") -> str:
 
 
 HERMES = [
-    Case("no_call", "The weather is nice.\nNo tools needed.", content="The weather is nice.\nNo tools needed."),
-    Case("angle_brackets", "if a < b and c > d: <tool_", content="if a < b and c > d: <tool_"),
+    verbatim("no_call", "The weather is nice.\nNo tools needed."),
+    verbatim("angle_brackets", "if a < b and c > d: <tool_"),
     Case("text_before", "Let me check that.\n" + hermes_block("get_weather", WEATHER),
          content="Let me check that.", calls=[("get_weather", WEATHER)]),
     Case("parallel", hermes_block("get_weather", WEATHER) + "\n" + hermes_block("get_time", '{"tz": "CET"}'),
@@ -39,8 +39,7 @@ HERMES = [
          calls=[("search", '{"q": 1}')]),
     Case("arguments_as_string", '<tool_call>{"name": "f", "arguments": "{\\"a\\": [1, 2]}"}</tool_call>',
          calls=[("f", '{"a": [1, 2]}')]),
-    Case("arguments_string_not_json", '<tool_call>{"name": "f", "arguments": "{\\"a\\": NaN}"}</tool_call>',
-         content='<tool_call>{"name": "f", "arguments": "{\\"a\\": NaN}"}</tool_call>'),
+    verbatim("arguments_string_not_json", '<tool_call>{"name": "f", "arguments": "{\\"a\\": NaN}"}</tool_call>'),
     Case("list_in_block",
          '<tool_call>[{"name": "a", "arguments": {}}, {"name": "b", "arguments": {"x": 1}}]</tool_call>',
          calls=[("a", "{}"), ("b", '{"x": 1}')]),
@@ -50,31 +49,25 @@ HERMES = [
     Case("missing_end_tag", '<tool_call>\n{"name": "get_time", "arguments": {"tz": "UTC"}}',
          calls=[("get_time", '{"tz": "UTC"}')]),
     # Cut off inside the JSON, no end tag: content, nothing runs (the issue-39 fix).
-    Case("truncated_in_arguments", 'Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par',
-         content='Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par'),
-    Case("truncated_after_key", '<tool_call>{"name": "f", "arguments": {"a": 1, "b": tr',
-         content='<tool_call>{"name": "f", "arguments": {"a": 1, "b": tr'),
+    verbatim("truncated_in_arguments", 'Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par'),
+    verbatim("truncated_after_key", '<tool_call>{"name": "f", "arguments": {"a": 1, "b": tr'),
     Case("truncated_list_keeps_complete_calls", '<tool_call>[{"name": "a", "arguments": {}}, {"name": "b", "argu',
          calls=[("a", "{}")]),
-    Case("truncated_before_name", 'Sure.\n<tool_call>\n{"name": "get_wea',
-         content='Sure.\n<tool_call>\n{"name": "get_wea'),
-    Case("malformed_not_json", '<tool_call>\nget_weather(city="Paris")\n</tool_call>',
-         content='<tool_call>\nget_weather(city="Paris")\n</tool_call>'),
+    verbatim("truncated_before_name", 'Sure.\n<tool_call>\n{"name": "get_wea'),
+    verbatim("malformed_not_json", '<tool_call>\nget_weather(city="Paris")\n</tool_call>'),
     Case("malformed_then_good", '<tool_call>oops</tool_call>\n' + hermes_block("get_time", "{}"),
          content="<tool_call>oops</tool_call>", calls=[("get_time", "{}")]),
-    Case("malformed_after_name", '<tool_call>{"name": "f", "arguments": {"a": 1, "b": }}</tool_call> after',
-         content='<tool_call>{"name": "f", "arguments": {"a": 1, "b": }}</tool_call> after'),
+    verbatim("malformed_after_name", '<tool_call>{"name": "f", "arguments": {"a": 1, "b": }}</tool_call> after'),
     Case("text_after_object_in_block", hermes_block("get_time", "{}").replace("}\n<", "} ok\n<"),
          content=" ok", calls=[("get_time", "{}")]),
     Case("bad_block_between_good", hermes_block("a", "{}") + '\n<tool_call>{"name": "b"}</tool_call>\n'
          + hermes_block("c", '{"x": 1}'), content='\n<tool_call>{"name": "b"}</tool_call>',
          calls=[("a", "{}"), ("c", '{"x": 1}')]),
-    Case("name_not_string", '<tool_call>{"name": 5, "arguments": {}}</tool_call>',
-         content='<tool_call>{"name": 5, "arguments": {}}</tool_call>'),
+    verbatim("name_not_string", '<tool_call>{"name": 5, "arguments": {}}</tool_call>'),
 ]
 
 MISTRAL = [
-    Case("no_call", "Bonjour ! Comment puis-je aider ?", content="Bonjour ! Comment puis-je aider ?"),
+    verbatim("no_call", "Bonjour ! Comment puis-je aider ?"),
     Case("v7_text_before", f'Sure, checking.[TOOL_CALLS] [{{"name": "get_weather", "arguments": {WEATHER}}}]',
          content="Sure, checking.", calls=[("get_weather", WEATHER)]),
     Case("v7_parallel", '[TOOL_CALLS] [{"name": "a", "arguments": {"x": 1}}, {"name": "b", "arguments": {}}]',
@@ -95,16 +88,16 @@ MISTRAL = [
     Case("truncated_v11", '[TOOL_CALLS]get_weather{"city": "Par', calls=[("get_weather", '{"city": "Par"}')]),
     Case("truncated_v7_second_call", '[TOOL_CALLS] [{"name": "a", "arguments": {"x": 1}}, {"name": "b", "argu',
          calls=[("a", '{"x": 1}')]),
-    Case("truncated_marker", "Answer: 42[TOOL_CAL", content="Answer: 42[TOOL_CAL"),
-    Case("malformed_not_json", "[TOOL_CALLS] not json at all", content="[TOOL_CALLS] not json at all"),
+    verbatim("truncated_marker", "Answer: 42[TOOL_CAL"),
+    verbatim("malformed_not_json", "[TOOL_CALLS] not json at all"),
     Case("v11_name_without_arguments", "[TOOL_CALLS]get_time", calls=[("get_time", "{}")]),
     Case("v11_names_without_arguments",
          f"[TOOL_CALLS]get_time [TOOL_CALLS]get_time[ARGS][TOOL_CALLS]get_weather{WEATHER}",
          calls=[("get_time", "{}"), ("get_time", "{}"), ("get_weather", WEATHER)]),
     Case("v11_known_name_without_arguments", "Now.[TOOL_CALLS]get_time[ARGS]", content="Now.",
          calls=[("get_time", "{}")], tools=TOOLS),
-    Case("v11_unknown_name_without_arguments", "[TOOL_CALLS]get_wea", content="[TOOL_CALLS]get_wea", tools=TOOLS),
-    Case("v11_name_then_text", "[TOOL_CALLS]get_time now please", content="[TOOL_CALLS]get_time now please"),
+    verbatim("v11_unknown_name_without_arguments", "[TOOL_CALLS]get_wea", tools=TOOLS),
+    verbatim("v11_name_then_text", "[TOOL_CALLS]get_time now please"),
     Case("v11_broken_arguments", '[TOOL_CALLS]run{"code": "print("hi")"}[TOOL_CALLS]get_time{}',
          content='[TOOL_CALLS]run{"code": "print("hi")"}', calls=[("get_time", "{}")]),
     Case("v11_text_around_calls", 'Sure. [TOOL_CALLS]a{} mid [TOOL_CALLS]c{"x": 1} After.',
@@ -115,15 +108,15 @@ MISTRAL = [
          content="junk trail", calls=[("add", '{"a": 1, "b": 2}')]),
     Case("v7_words_before_list", 'Ok.[TOOL_CALLS]Calling [it]: [ {"name": "a", "arguments": {}}]',
          content="Ok.Calling [it]:", calls=[("a", "{}")]),
-    Case("v7_junk_without_list", "[TOOL_CALLS] see [1] and [x", content="[TOOL_CALLS] see [1] and [x"),
-    Case("v7_junk_list_not_calls", '[TOOL_CALLS] x [{"a": 1}] y', content='[TOOL_CALLS] x [{"a": 1}] y'),
+    verbatim("v7_junk_without_list", "[TOOL_CALLS] see [1] and [x"),
+    verbatim("v7_junk_list_not_calls", '[TOOL_CALLS] x [{"a": 1}] y'),
     Case("malformed_then_good", "[TOOL_CALLS]oops, sorry[TOOL_CALLS]get_time{}",
          content="[TOOL_CALLS]oops, sorry", calls=[("get_time", "{}")]),
 ]
 
 PYTHONIC = [
-    Case("no_call", "Paris is sunny today.", content="Paris is sunny today."),
-    Case("text_before_is_content", "Sure! [get_weather(city='Paris')]", content="Sure! [get_weather(city='Paris')]"),
+    verbatim("no_call", "Paris is sunny today."),
+    verbatim("text_before_is_content", "Sure! [get_weather(city='Paris')]"),
     Case("single", "[get_weather(city='Paris', unit=\"celsius\")]", calls=[("get_weather", WEATHER)]),
     Case("parallel", "[get_weather(city='Paris', unit='celsius'), get_time(tz='CET')]",
          calls=[("get_weather", WEATHER), ("get_time", '{"tz": "CET"}')]),
@@ -141,21 +134,20 @@ PYTHONIC = [
     Case("truncated_second_call", "[get_weather(city='Paris', unit='celsius'), get_time(tz='CE",
          calls=[("get_weather", WEATHER)]),
     Case("truncated_no_bracket", "[get_weather(city='Paris', unit='celsius')", calls=[("get_weather", WEATHER)]),
-    Case("truncated_first_call", "[get_weather(city='Par", content="[get_weather(city='Par"),
-    Case("malformed_positional", "[get_weather('Paris')]", content="[get_weather('Paris')]"),
+    verbatim("truncated_first_call", "[get_weather(city='Par"),
+    verbatim("malformed_positional", "[get_weather('Paris')]"),
     Case("bad_sibling", "[a(x=1), b(y=undefined_name), c(z=1e999), d(w=b'x'), e(v=2)]",
          content=" b(y=undefined_name) c(z=1e999) d(w=b'x')", calls=[("a", '{"x": 1}'), ("e", '{"v": 2}')]),
     Case("bad_first_sibling", "[b(y=undefined_name), a(x=1)]", content="b(y=undefined_name)",
          calls=[("a", '{"x": 1}')]),
-    Case("no_good_sibling", "[b(y=undefined_name), c('positional')] ok",
-         content="[b(y=undefined_name), c('positional')] ok"),
+    verbatim("no_good_sibling", "[b(y=undefined_name), c('positional')] ok"),
     Case("bad_sibling_then_cut_off", "[b(1), a(x=1), c(z='", content="b(1)", calls=[("a", '{"x": 1}')]),
-    Case("markdown_link", "[docs](https://example.com) say hi", content="[docs](https://example.com) say hi"),
-    Case("plain_list", "[1, 2, 3] are numbers", content="[1, 2, 3] are numbers"),
+    verbatim("markdown_link", "[docs](https://example.com) say hi"),
+    verbatim("plain_list", "[1, 2, 3] are numbers"),
 ]
 
 LLAMA3 = [
-    Case("no_call", "The capital of France is Paris.", content="The capital of France is Paris."),
+    verbatim("no_call", "The capital of France is Paris."),
     Case("text_before", f'Let me look that up. {{"name": "get_weather", "parameters": {WEATHER}}}',
          content="Let me look that up.", calls=[("get_weather", WEATHER)]),
     Case("python_tag", f'<|python_tag|>{{"name": "get_weather", "parameters": {WEATHER}}}',
@@ -169,19 +161,16 @@ LLAMA3 = [
          calls=[("get_time", "{}")]),
     Case("truncated", '{"name": "get_weather", "parameters": {"city": "Par',
          calls=[("get_weather", '{"city": "Par"}')]),
-    Case("truncated_before_arguments", '{"name": "get_weather", "param',
-         content='{"name": "get_weather", "param'),
-    Case("malformed_no_parameters", '{"name": "get_weather"}', content='{"name": "get_weather"}'),
+    verbatim("truncated_before_arguments", '{"name": "get_weather", "param'),
+    verbatim("malformed_no_parameters", '{"name": "get_weather"}'),
     Case("bad_then_good", '{"name": "a"}; {"name": "b", "parameters": {}}', content='{"name": "a"};',
          calls=[("b", "{}")]),
-    Case("json_in_prose", 'Use {"a": {"b": [1, 2]}} as config {curly}',
-         content='Use {"a": {"b": [1, 2]}} as config {curly}'),
-    Case("malformed_builtin_tool", '<|python_tag|>brave_search.call(query="x")',
-         content='<|python_tag|>brave_search.call(query="x")'),
+    verbatim("json_in_prose", 'Use {"a": {"b": [1, 2]}} as config {curly}'),
+    verbatim("malformed_builtin_tool", '<|python_tag|>brave_search.call(query="x")'),
 ]
 
 GRANITE = [
-    Case("no_call", "Granite says hello.", content="Granite says hello."),
+    verbatim("no_call", "Granite says hello."),
     Case("text_before", f'I\'ll check.<|tool_call|>[{{"name": "get_weather", "arguments": {WEATHER}}}]',
          content="I'll check.", calls=[("get_weather", WEATHER)]),
     Case("parallel_v31", '<tool_call>[{"name": "a", "arguments": {"x": 1}}, {"name": "b", "arguments": {}}]',
@@ -195,12 +184,12 @@ GRANITE = [
          calls=[("get_time", "{}")]),
     Case("truncated", '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_ti',
          calls=[("get_weather", '{"city": "Paris"}')]),
-    Case("malformed", "<|tool_call|>not json", content="<|tool_call|>not json"),
-    Case("list_not_calls", "[1, 2] and more", content="[1, 2] and more"),
+    verbatim("malformed", "<|tool_call|>not json"),
+    verbatim("list_not_calls", "[1, 2] and more"),
 ]
 
 JAMBA = [
-    Case("no_call", "Jamba here.", content="Jamba here."),
+    verbatim("no_call", "Jamba here."),
     Case("whitespace_prefix", f' <tool_calls>[{{"name": "get_weather", "arguments": {WEATHER}}}]</tool_calls>',
          calls=[("get_weather", WEATHER)]),
     Case("text_before", f'Checking.\n<tool_calls>[{{"name": "get_weather", "arguments": {WEATHER}}}]</tool_calls>',
@@ -218,11 +207,11 @@ JAMBA = [
          calls=[("get_time", "{}")]),
     Case("truncated", '<tool_calls>[{"name": "get_weather", "arguments": {"city": "Pa',
          calls=[("get_weather", '{"city": "Pa"}')]),
-    Case("malformed", "<tool_calls>[oops]</tool_calls> sorry", content="<tool_calls>[oops]</tool_calls> sorry"),
+    verbatim("malformed", "<tool_calls>[oops]</tool_calls> sorry"),
 ]
 
 INTERNLM = [
-    Case("no_call", "InternLM answers directly.", content="InternLM answers directly.", tools=TOOLS),
+    verbatim("no_call", "InternLM answers directly.", tools=TOOLS),
     Case("text_before", f'I will check.<|action_start|><|plugin|>\n{{"name": "get_weather", "parameters": {WEATHER}}}'
                         '<|action_end|>', content="I will check.", calls=[("get_weather", WEATHER)], tools=TOOLS),
     Case("parallel", '<|action_start|><|plugin|>{"name": "get_time", "parameters": {}}<|action_end|>\n'
@@ -236,10 +225,9 @@ INTERNLM = [
          calls=[("get_time", "{}")], tools=TOOLS),
     Case("truncated", '<|action_start|><|plugin|>\n{"name": "search", "parameters": {"q": "wea',
          calls=[("search", '{"q": "wea"}')], tools=TOOLS),
-    Case("unknown_tool", '<|action_start|><|plugin|>{"name": "rm_rf", "parameters": {}}<|action_end|>',
-         content='<|action_start|><|plugin|>{"name": "rm_rf", "parameters": {}}<|action_end|>', tools=TOOLS),
-    Case("malformed", "<|action_start|><|plugin|>oops<|action_end|>",
-         content="<|action_start|><|plugin|>oops<|action_end|>"),
+    verbatim("unknown_tool", '<|action_start|><|plugin|>{"name": "rm_rf", "parameters": {}}<|action_end|>',
+             tools=TOOLS),
+    verbatim("malformed", "<|action_start|><|plugin|>oops<|action_end|>"),
 ]
 
 # The malformed-output rules, one table run through every JSON parser: (id, call object,
@@ -276,17 +264,17 @@ def rule_cases(parser: str) -> list[Case]:
     out = []
     for rid, obj, call in RULES:
         text = OPEN[parser] + obj + CLOSE[parser]
-        out.append(Case(rid, text, calls=[call]) if call else Case(rid, text, content=text))
+        out.append(Case(rid, text, calls=[call]) if call else verbatim(rid, text))
     cut = OPEN[parser] + '{"name": "f", "arguments": {"a": 1, "b": "x'
     if parser == "hermes":  # an open <tool_call> cut off inside its JSON is content (hermes' rule)
-        out.append(Case("rule_cut_off_in_arguments", cut, content=cut))
+        out.append(verbatim("rule_cut_off_in_arguments", cut))
     else:
         out.append(Case("rule_cut_off_in_arguments", cut, calls=[("f", '{"a": 1, "b": "x"}')]))
     cut = OPEN[parser] + '{"arguments": {"a": 1}, "na'
-    out.append(Case("rule_cut_off_before_name", cut, content=cut))
+    out.append(verbatim("rule_cut_off_before_name", cut))
     if CLOSE[parser].strip("]"):  # an end marker before the object closed: malformed, not cut off
         text = OPEN[parser] + '{"name": "f", "arguments": {"a": 1}' + CLOSE[parser].lstrip("]")
-        out.append(Case("rule_end_marker_inside_object", text, content=text))
+        out.append(verbatim("rule_end_marker_inside_object", text))
     text = "Before. " + wrap.format(GOOD_A) + " mid " + wrap.format(GOOD_C) + " After."
     both = [("a", "{}"), ("c", '{"x": 1}')]
     out.append(Case("rule_text_around_calls", text, content="Before. mid After.", calls=both))
@@ -300,8 +288,7 @@ def rule_cases(parser: str) -> list[Case]:
                  calls=[("a", "{}"), ("c", '{"x": 1}')]),
             Case("rule_bad_first_sibling", in_list.format(f'{{"name": 7, "arguments": {{}}}}, {GOOD_C}'),
                  content='{"name": 7, "arguments": {}}', calls=[("c", '{"x": 1}')]),
-            Case("rule_no_good_sibling", in_list.format('{"name": "b"}, {"x": 1}'),
-                 content=in_list.format('{"name": "b"}, {"x": 1}')),
+            verbatim("rule_no_good_sibling", in_list.format('{"name": "b"}, {"x": 1}')),
         ]
         text = in_list.format(f'{GOOD_A}, {{"name": "b", "arguments": {{"y": ]}}}}, {GOOD_C}')
         rest = text[text.index('{"name": "b"'):]
@@ -344,8 +331,8 @@ REASONING_CASES = [
          reasoning_parser="qwen3"),
     Case("qwen3_truncated", "<think>\nlong thought", reasoning="\nlong thought", reasoning_parser="qwen3"),
     Case("qwen3_absent", "Hello!", reasoning="Hello!", reasoning_parser="qwen3"),
-    Case("qwen3_disabled", "Hello! <think> is a tag.", content="Hello! <think> is a tag.", reasoning_parser="qwen3",
-         template_kwargs={"enable_thinking": False}),
+    verbatim("qwen3_disabled", "Hello! <think> is a tag.", reasoning_parser="qwen3",
+             template_kwargs={"enable_thinking": False}),
     Case("qwen3_disabled_with_tags", "<think>\n\n</think>\n\nHello!", reasoning="\n\n", content="\n\nHello!",
          reasoning_parser="qwen3", template_kwargs={"enable_thinking": False}),
     Case("qwen3_enabled_explicitly", "hmm</think>ok", reasoning="hmm", content="ok", reasoning_parser="qwen3",

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .helpers import Case
+from .helpers import Case, verbatim
 
 WEATHER = '{"city": "Paris", "unit": "celsius"}'
 NESTED = '{"q": {"f": [{"v": ["a\\"b", "c\\\\d", -1.5e-3, true, null]}], "braces": "} { ] ["}, "n": 10}'
@@ -52,7 +52,7 @@ def named_rules(block: Callable[[str, str], str], section: Callable[..., str], o
     end_marker = good[good.rindex("}") + 1:]
 
     def bad(rid: str, args: str) -> Case:
-        return Case(rid, section(block("f", args)), content=section(block("f", args)))
+        return verbatim(rid, section(block("f", args)))
 
     return [
         Case("rule_valid", section(good), calls=[("f", '{"a": 1}')]),
@@ -62,11 +62,10 @@ def named_rules(block: Callable[[str, str], str], section: Callable[..., str], o
         bad("rule_trailing_comma", '{"a": 1,}'),
         bad("rule_arguments_list", "[1, 2]"),
         bad("rule_arguments_string", '"a=1"'),
-        Case("rule_end_marker_inside_object", section(start + '{"a": 1' + end_marker),
-             content=section(start + '{"a": 1' + end_marker)),
+        verbatim("rule_end_marker_inside_object", section(start + '{"a": 1' + end_marker)),
         Case("rule_cut_off_in_arguments", opener + start + '{"a": 1, "b": "x',
              calls=[("f", '{"a": 1, "b": "x"}')]),
-        Case("rule_cut_off_before_arguments", "Sure." + start[:-2], content="Sure." + start[:-2]),
+        verbatim("rule_cut_off_before_arguments", "Sure." + start[:-2]),
         Case("rule_raw_newline_in_string", section(block("run", '{"code": "a = 1\nprint(a)"}')),
              calls=[("run", '{"code": "a = 1\\nprint(a)"}')]),
         Case("rule_text_around_calls",
@@ -79,8 +78,8 @@ def named_rules(block: Callable[[str, str], str], section: Callable[..., str], o
         Case("nested_escaped", section(block("search", NESTED)), calls=[("search", NESTED)]),
         Case("non_ascii", "Voilà :" + section(block("translate", UNICODE)), content="Voilà :",
              calls=[("translate", UNICODE)]),
-        Case("no_call", "The weather is nice { today }.", content="The weather is nice { today }."),
-        Case("rule_cut_off_before_first_call", "Sure. " + opener + start[:-3], content="Sure. " + opener + start[:-3]),
+        verbatim("no_call", "The weather is nice { today }."),
+        verbatim("rule_cut_off_before_first_call", "Sure. " + opener + start[:-3]),
         Case("rule_call_without_section", "Now " + block("a", "{}") + " then", content="Now then", calls=[("a", "{}")]),
         Case("rule_sections_with_and_without_calls", section(block("a", "{}")) + " x " + section(" nothing ")
              + section(block("c", '{"x": 1}')), content=" x " + section(" nothing "),
@@ -95,13 +94,10 @@ KIMI = [
          + K_SEC_END, calls=[("get_time", "{}"), ("get_time", "{}")]),
     Case("no_functions_prefix", K_SEC + "<|tool_call_begin|>get_time:0<|tool_call_argument_begin|>{}<|tool_call_end|>"
          + K_SEC_END, calls=[("get_time", "{}")]),
-    Case("bad_header", K_SEC + "<|tool_call_begin|>functions.get time:0<|tool_call_argument_begin|>{}"
-         "<|tool_call_end|>" + K_SEC_END,
-         content=K_SEC + "<|tool_call_begin|>functions.get time:0<|tool_call_argument_begin|>{}<|tool_call_end|>"
-         + K_SEC_END),
-    Case("no_argument_marker", K_SEC + "<|tool_call_begin|>functions.get_time:0{}<|tool_call_end|>" + K_SEC_END,
-         content=K_SEC + "<|tool_call_begin|>functions.get_time:0{}<|tool_call_end|>" + K_SEC_END),
-    Case("truncated_marker", "Answer: 42<|tool_calls_sec", content="Answer: 42<|tool_calls_sec"),
+    verbatim("bad_header", K_SEC + "<|tool_call_begin|>functions.get time:0<|tool_call_argument_begin|>{}"
+             "<|tool_call_end|>" + K_SEC_END),
+    verbatim("no_argument_marker", K_SEC + "<|tool_call_begin|>functions.get_time:0{}<|tool_call_end|>" + K_SEC_END),
+    verbatim("truncated_marker", "Answer: 42<|tool_calls_sec"),
     *named_rules(kimi, kimi_section, K_SEC),
 ]
 
@@ -110,10 +106,9 @@ DEEPSEEK_V3 = [
          content="Ok.", calls=[("get_weather", WEATHER), ("get_time", '{"tz": "CET"}')]),
     Case("no_fence", ds_section("<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n{}<｜tool▁call▁end｜>"),
          calls=[("get_time", "{}")]),
-    Case("not_function_type", ds_section("<｜tool▁call▁begin｜>tool<｜tool▁sep｜>get_time\n```json\n{}\n```"
-                                         "<｜tool▁call▁end｜>"),
-         content=ds_section("<｜tool▁call▁begin｜>tool<｜tool▁sep｜>get_time\n```json\n{}\n```<｜tool▁call▁end｜>")),
-    Case("v31_format_is_not_v3", ds_section(ds31("get_time", "{}")), content=ds_section(ds31("get_time", "{}"))),
+    verbatim("not_function_type", ds_section("<｜tool▁call▁begin｜>tool<｜tool▁sep｜>get_time\n```json\n{}\n```"
+             "<｜tool▁call▁end｜>")),
+    verbatim("v31_format_is_not_v3", ds_section(ds31("get_time", "{}"))),
     Case("truncated_after_object", D_SEC + ds3("get_time", "{}")[:-20], calls=[("get_time", "{}")]),
     *named_rules(ds3, ds_section, D_SEC),
 ]
@@ -123,27 +118,26 @@ DEEPSEEK_V31 = [
          calls=[("get_weather", WEATHER), ("get_time", '{"tz": "CET"}')]),
     Case("text_before", "Checking the weather.\n\n" + ds_section(ds31("get_weather", WEATHER)),
          content="Checking the weather.", calls=[("get_weather", WEATHER)]),
-    Case("v3_format_is_not_v31", ds_section(ds3("get_time", "{}")), content=ds_section(ds3("get_time", "{}"))),
-    Case("name_with_space", ds_section(ds31("get time", "{}")), content=ds_section(ds31("get time", "{}"))),
+    verbatim("v3_format_is_not_v31", ds_section(ds3("get_time", "{}"))),
+    verbatim("name_with_space", ds_section(ds31("get time", "{}"))),
     *named_rules(ds31, ds_section, D_SEC),
 ]
 
 PHI4 = [
-    Case("no_call", "The functools module has reduce().", content="The functools module has reduce()."),
+    verbatim("no_call", "The functools module has reduce()."),
     Case("parallel", f'functools[{{"name": "get_weather", "arguments": {WEATHER}}}, '
          '{"name": "get_time", "arguments": {"tz": "CET"}}]',
          calls=[("get_weather", WEATHER), ("get_time", '{"tz": "CET"}')]),
     Case("text_before_and_after", 'Sure. functools[{"name": "get_time", "parameters": {}}] Done.',
          content="Sure. Done.", calls=[("get_time", "{}")]),
     Case("space_before_list", 'functools [{"name": "get_time", "arguments": {}}]', calls=[("get_time", "{}")]),
-    Case("single_object_is_not_a_list", 'functools{"name": "get_time", "arguments": {}}',
-         content='functools{"name": "get_time", "arguments": {}}'),
+    verbatim("single_object_is_not_a_list", 'functools{"name": "get_time", "arguments": {}}'),
     Case("nested_escaped", f'functools[{{"name": "search", "arguments": {NESTED}}}]', calls=[("search", NESTED)]),
-    Case("truncated_marker", "use functo", content="use functo"),
+    verbatim("truncated_marker", "use functo"),
 ]
 
 LFM2 = [
-    Case("no_call", "It is [probably] sunny.", content="It is [probably] sunny."),
+    verbatim("no_call", "It is [probably] sunny."),
     Case("parallel", "<|tool_call_start|>[get_weather(city='Paris', days=3), get_time(tz=None)]<|tool_call_end|>",
          calls=[("get_weather", '{"city": "Paris", "days": 3}'), ("get_time", '{"tz": null}')]),
     Case("text_around", 'Checking.<|tool_call_start|>[get_time(tz="CET")]<|tool_call_end|>Done.',
@@ -153,13 +147,11 @@ LFM2 = [
     Case("space_before_list", "<|tool_call_start|>\n [get_time()]<|tool_call_end|>", calls=[("get_time", "{}")]),
     Case("bad_sibling", "<|tool_call_start|>[a(), b(1), c(x=[1, {'k': 'v'}])]<|tool_call_end|>", content=" b(1)",
          calls=[("a", "{}"), ("c", '{"x": [1, {"k": "v"}]}')]),
-    Case("not_calls", "<|tool_call_start|>[1, 2]<|tool_call_end|>",
-         content="<|tool_call_start|>[1, 2]<|tool_call_end|>"),
-    Case("not_a_list", "<|tool_call_start|>get_time()<|tool_call_end|>",
-         content="<|tool_call_start|>get_time()<|tool_call_end|>"),
+    verbatim("not_calls", "<|tool_call_start|>[1, 2]<|tool_call_end|>"),
+    verbatim("not_a_list", "<|tool_call_start|>get_time()<|tool_call_end|>"),
     Case("truncated_keeps_complete_calls", "<|tool_call_start|>[a(), get_weather(city='Pa",
          calls=[("a", "{}")]),
-    Case("truncated_marker", "Done.<|tool_call_st", content="Done.<|tool_call_st"),
+    verbatim("truncated_marker", "Done.<|tool_call_st"),
 ]
 
 # Harmony (gpt-oss). The generation prompt ends in "<|start|>assistant", so the output starts
@@ -194,19 +186,17 @@ HARMONY = [
          content="a1One moment.a2Done.", calls=[("get_weather", WEATHER), ("get_time", "{}")]),
     Case("nested_escaped", hcall("search", NESTED, first=True), calls=[("search", NESTED)]),
     Case("non_ascii", hcall("translate", UNICODE, first=True), calls=[("translate", UNICODE)]),
-    Case("body_not_json", hcall("get_time", "tz=CET", first=True), content=hcall("get_time", "tz=CET", first=True)),
-    Case("body_not_object", hcall("get_time", "[1]", first=True), content=hcall("get_time", "[1]", first=True)),
-    Case("builtin_recipient", "<|channel|>analysis to=browser.search<|message|>{\"query\": \"x\"}<|call|>",
-         content="<|channel|>analysis to=browser.search<|message|>{\"query\": \"x\"}<|call|>"),
+    verbatim("body_not_json", hcall("get_time", "tz=CET", first=True)),
+    verbatim("body_not_object", hcall("get_time", "[1]", first=True)),
+    verbatim("builtin_recipient", "<|channel|>analysis to=browser.search<|message|>{\"query\": \"x\"}<|call|>"),
     Case("truncated_in_arguments", analysis("hm", True) + A + '<|channel|>commentary to=functions.get_weather '
          '<|constrain|>json<|message|>{"city": "Par', content="hm", calls=[("get_weather", '{"city": "Par"}')]),
-    Case("truncated_in_header", "<|channel|>commentary to=functions.get_wea",
-         content="<|channel|>commentary to=functions.get_wea"),
+    verbatim("truncated_in_header", "<|channel|>commentary to=functions.get_wea"),
     Case("truncated_marker", "<|channel|>final<|message|>Hi<|ret", content="Hi<|ret"),
     Case("next_header_ends_message", "<|channel|>final<|message|>Hi" + hcall("get_time", "{}"), content="Hi",
          calls=[("get_time", "{}")]),
-    Case("plain_text", "No markers at all, a < b > c.", content="No markers at all, a < b > c."),
-    Case("stray_start", "x <|start|> y", content="x <|start|> y"),
+    verbatim("plain_text", "No markers at all, a < b > c."),
+    verbatim("stray_start", "x <|start|> y"),
 ]
 
 
@@ -228,14 +218,13 @@ REASONING = [
     Case("chain_gptoss_openai_bad_call", analysis("a", True) + hcall("f", "oops"), reasoning="a",
          content=hcall("f", "oops"), reasoning_parser=GPTOSS, tool_parser="openai"),
     Case("kimi_think", "<think>hmm</think>Hello.", reasoning="hmm", content="Hello.", reasoning_parser="kimi_k2"),
-    Case("kimi_no_think", "Hello.</think>", content="Hello.</think>", reasoning_parser="kimi_k2"),
+    verbatim("kimi_no_think", "Hello.</think>", reasoning_parser="kimi_k2"),
     Case("kimi_truncated", "<think>still", reasoning="still", reasoning_parser="kimi_k2"),
     Case("chain_kimi_section_ends_thinking", "<think>I need the time." + kimi_section(kimi("get_time", "{}")),
          reasoning="I need the time.", calls=[("get_time", "{}")], reasoning_parser="kimi_k2", tool_parser="kimi_k2"),
     Case("chain_kimi_after_think", "<think>ok</think>Sure." + kimi_section(kimi("get_time", "{}")), reasoning="ok",
          content="Sure.", calls=[("get_time", "{}")], reasoning_parser="kimi_k2", tool_parser="kimi_k2"),
-    Case("ds3_non_thinking", "Hello! <think> is a tag.", content="Hello! <think> is a tag.",
-         reasoning_parser="deepseek_v3"),
+    verbatim("ds3_non_thinking", "Hello! <think> is a tag.", reasoning_parser="deepseek_v3"),
     Case("ds3_thinking", "hmm</think>Hello!", reasoning="hmm", content="Hello!", reasoning_parser="deepseek_v3",
          template_kwargs={"thinking": True}),
     Case("ds3_thinking_truncated", "hmm", reasoning="hmm", reasoning_parser="deepseek_v3",
@@ -246,18 +235,17 @@ REASONING = [
          template_kwargs={"thinking": True}),
     Case("mistral_think", "[THINK]Let me see.[/THINK]It is 4.", reasoning="Let me see.", content="It is 4.",
          reasoning_parser="mistral"),
-    Case("mistral_absent", "It is 4. [THINK]", content="It is 4. [THINK]", reasoning_parser="mistral"),
+    verbatim("mistral_absent", "It is 4. [THINK]", reasoning_parser="mistral"),
     Case("mistral_truncated", "[THINK]Let me", reasoning="Let me", reasoning_parser="mistral"),
     Case("mistral_partial_end", "[THINK]a [/THI", reasoning="a [/THI", reasoning_parser="mistral"),
     Case("granite_complete", "Here is my thought process:\n2 + 2 = 4.\nHere is my response:\nIt is 4.",
          reasoning="\n2 + 2 = 4.\n", content="\nIt is 4.", reasoning_parser="granite"),
     Case("granite_short_forms", " Here's my thought process: a Here's my response: b", reasoning=" a ", content=" b",
          reasoning_parser="granite"),
-    Case("granite_absent", "It is 4. Here is my response: yes", content="It is 4. Here is my response: yes",
-         reasoning_parser="granite"),
+    verbatim("granite_absent", "It is 4. Here is my response: yes", reasoning_parser="granite"),
     Case("granite_truncated", "Here is my thought process: still Here is my", reasoning=" still Here is my",
          reasoning_parser="granite"),
-    Case("granite_start_phrase_cut", "Here is my thought", content="Here is my thought", reasoning_parser="granite"),
+    verbatim("granite_start_phrase_cut", "Here is my thought", reasoning_parser="granite"),
 ]
 
 TOOL_CASES = {"openai": HARMONY, "kimi_k2": KIMI, "deepseek_v3": DEEPSEEK_V3, "deepseek_v31": DEEPSEEK_V31,

@@ -4,7 +4,7 @@ that every split runs through)."""
 
 from __future__ import annotations
 
-from .helpers import Case
+from .helpers import Case, verbatim
 
 PROPS = {"city": {"type": "string"}, "days": {"type": "integer"}, "temp": {"type": "number"},
          "hot": {"type": "boolean"}, "opts": {"type": "object"}, "tags": {"type": "array"},
@@ -46,7 +46,7 @@ def seed(name: str, pairs: list[tuple[str, str]]) -> str:
 
 PARIS = '{"city": "Paris"}'
 QWEN3_CODER = [
-    Case("no_call", "Use <function=x> in prose.", content="Use <function=x> in prose."),
+    verbatim("no_call", "Use <function=x> in prose."),
     Case("text_before", "Let me check.\n" + qwen("get_weather", [("city", "Paris")]), content="Let me check.",
          calls=[("get_weather", PARIS)]),
     Case("typed", qwen("get_weather", TYPED_VALUES), calls=[("get_weather", TYPED)], tools=TOOLS),
@@ -67,25 +67,21 @@ QWEN3_CODER = [
          calls=[("get_time", '{"tz": "CET"}')]),
     Case("text_after", qwen("get_time", []) + "\nDone.", content="\nDone.", calls=[("get_time", "{}")]),
     Case("missing_end_tag", "<tool_call>\n<function=get_time>\n</function>", calls=[("get_time", "{}")]),
-    Case("truncated_in_value", "Sure.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nPar",
-         content="Sure.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nPar"),
-    Case("truncated_after_parameter", "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n",
-         content="<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"),
-    Case("missing_parameter_end", "<tool_call>\n<function=f>\n<parameter=a>\n1\n</function>\n</tool_call>",
-         content="<tool_call>\n<function=f>\n<parameter=a>\n1\n</function>\n</tool_call>"),
+    verbatim("truncated_in_value", "Sure.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nPar"),
+    verbatim("truncated_after_parameter",
+             "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"),
+    verbatim("missing_parameter_end", "<tool_call>\n<function=f>\n<parameter=a>\n1\n</function>\n</tool_call>"),
     Case("malformed_then_good", "<tool_call>\nget_time()\n</tool_call>\n" + qwen("get_time", []),
          content="<tool_call>\nget_time()\n</tool_call>", calls=[("get_time", "{}")]),
-    Case("name_is_a_marker", "<tool_call>\n<function=f>\n<parameter=</parameter>>x</parameter>\n</function>\n"
-         "</tool_call>", content="<tool_call>\n<function=f>\n<parameter=</parameter>>x</parameter>\n</function>\n"
-         "</tool_call>"),
-    Case("value_holding_the_start_marker", "<tool_call>\n<function=f>\n<parameter=a>\n<tool_call>\n</parameter>\n"
-         "</function>\n</tool_call>", content="<tool_call>\n<function=f>\n<parameter=a>\n<tool_call>\n</parameter>\n"
-         "</function>\n</tool_call>"),
+    verbatim("name_is_a_marker", "<tool_call>\n<function=f>\n<parameter=</parameter>>x</parameter>\n</function>\n"
+             "</tool_call>"),
+    verbatim("value_holding_the_start_marker", "<tool_call>\n<function=f>\n<parameter=a>\n<tool_call>\n</parameter>\n"
+             "</function>\n</tool_call>"),
 ]
 QWEN3_XML = [Case("alias", qwen("get_weather", [("days", "2")]), calls=[("get_weather", '{"days": 2}')], tools=TOOLS)]
 
 GLM45 = [
-    Case("no_call", "GLM answers.", content="GLM answers."),
+    verbatim("no_call", "GLM answers."),
     Case("text_before", "Checking.\n" + glm("get_weather", [("city", "Paris")]), content="Checking.",
          calls=[("get_weather", PARIS)]),
     Case("typed", glm("get_weather", TYPED_VALUES), calls=[("get_weather", TYPED)], tools=TOOLS),
@@ -100,11 +96,9 @@ GLM45 = [
          calls=[("note", '{"text": "\\n two\\nlines "}')]),
     Case("missing_end_tag", "<tool_call>get_time\n<arg_key>tz</arg_key>\n<arg_value>UTC</arg_value>",
          calls=[("get_time", '{"tz": "UTC"}')]),
-    Case("truncated_in_value", "<tool_call>get_time\n<arg_key>tz</arg_key>\n<arg_value>UT",
-         content="<tool_call>get_time\n<arg_key>tz</arg_key>\n<arg_value>UT"),
-    Case("key_without_value", "<tool_call>f\n<arg_key>a</arg_key>\n</tool_call> ok",
-         content="<tool_call>f\n<arg_key>a</arg_key>\n</tool_call> ok"),
-    Case("prose_in_tags", "The <tool_call>tag is</tool_call> here.", content="The <tool_call>tag is</tool_call> here."),
+    verbatim("truncated_in_value", "<tool_call>get_time\n<arg_key>tz</arg_key>\n<arg_value>UT"),
+    verbatim("key_without_value", "<tool_call>f\n<arg_key>a</arg_key>\n</tool_call> ok"),
+    verbatim("prose_in_tags", "The <tool_call>tag is</tool_call> here."),
     Case("malformed_then_good", "<tool_call></tool_call>" + glm("get_time", []), content="<tool_call></tool_call>",
          calls=[("get_time", "{}")]),
 ]
@@ -112,11 +106,11 @@ GLM47 = [
     Case("compact", "Ok." + glm("get_weather", [("city", "Paris")], compact=True) + glm("get_time", [], compact=True),
          content="Ok.", calls=[("get_weather", PARIS), ("get_time", "{}")]),
     Case("glm45_layout", glm("get_weather", [("days", "5")]), calls=[("get_weather", '{"days": 5}')], tools=TOOLS),
-    Case("truncated", "<tool_call>get_weather<arg_key>city", content="<tool_call>get_weather<arg_key>city"),
+    verbatim("truncated", "<tool_call>get_weather<arg_key>city"),
 ]
 
 MINIMAX_M2 = [
-    Case("no_call", "MiniMax answers.", content="MiniMax answers."),
+    verbatim("no_call", "MiniMax answers."),
     Case("text_before", "Let me see.\n" + minimax(("get_weather", [("city", "Paris")])), content="Let me see.",
          calls=[("get_weather", PARIS)]),
     Case("typed", minimax(("get_weather", TYPED_VALUES)), calls=[("get_weather", TYPED)], tools=TOOLS),
@@ -129,23 +123,20 @@ MINIMAX_M2 = [
     Case("quotes_optional", "<minimax:tool_call><invoke name=get_time><parameter name='tz'>UTC</parameter></invoke>"
          "</minimax:tool_call>", calls=[("get_time", '{"tz": "UTC"}')]),
     Case("text_after", minimax(("get_time", [])) + " Done.", content=" Done.", calls=[("get_time", "{}")]),
-    Case("truncated", '<minimax:tool_call>\n<invoke name="get_time">\n<parameter name="tz">UT',
-         content='<minimax:tool_call>\n<invoke name="get_time">\n<parameter name="tz">UT'),
+    verbatim("truncated", '<minimax:tool_call>\n<invoke name="get_time">\n<parameter name="tz">UT'),
     Case("missing_end_tag", '<minimax:tool_call>\n<invoke name="get_time">\n</invoke>', calls=[("get_time", "{}")]),
-    Case("malformed", "<minimax:tool_call>get_time()</minimax:tool_call> sorry",
-         content="<minimax:tool_call>get_time()</minimax:tool_call> sorry"),
+    verbatim("malformed", "<minimax:tool_call>get_time()</minimax:tool_call> sorry"),
 ]
 
 SEED_OSS = [
-    Case("no_call", "Seed answers.", content="Seed answers."),
+    verbatim("no_call", "Seed answers."),
     Case("text_before", "Checking.\n" + seed("get_weather", [("city", "Paris")]), content="Checking.",
          calls=[("get_weather", PARIS)]),
     Case("typed", seed("get_weather", TYPED_VALUES), calls=[("get_weather", TYPED)], tools=TOOLS),
     Case("parallel", seed("get_weather", [("city", "Paris")]) + seed("get_time", []),
          calls=[("get_weather", PARIS), ("get_time", "{}")]),
-    Case("truncated", "<seed:tool_call><function=get_time><parameter=tz>UT",
-         content="<seed:tool_call><function=get_time><parameter=tz>UT"),
-    Case("malformed", "<seed:tool_call>oops</seed:tool_call>", content="<seed:tool_call>oops</seed:tool_call>"),
+    verbatim("truncated", "<seed:tool_call><function=get_time><parameter=tz>UT"),
+    verbatim("malformed", "<seed:tool_call>oops</seed:tool_call>"),
 ]
 
 XML_TOOL_CASES = {"qwen3_coder": QWEN3_CODER, "qwen3_xml": QWEN3_XML, "glm45": GLM45, "glm47": GLM47,
@@ -171,7 +162,7 @@ XML_REASONING_CASES = [
          reasoning_parser="seed_oss"),
     Case("seed_oss_absent", "Just the answer </seed:think>.", content="Just the answer .", reasoning_parser="seed_oss"),
     Case("seed_oss_truncated", "<seed:think>plan", reasoning="plan", reasoning_parser="seed_oss"),
-    Case("seed_oss_partial_tag", "<seed:thi", content="<seed:thi", reasoning_parser="seed_oss"),
+    verbatim("seed_oss_partial_tag", "<seed:thi", reasoning_parser="seed_oss"),
     Case("chain_glm45", "<think>need weather</think>" + glm("get_weather", [("days", "1")]), reasoning="need weather",
          calls=[("get_weather", '{"days": 1}')], reasoning_parser="glm45", tool_parser="glm45", tools=TOOLS),
     Case("chain_minimax_m2", "weather?</think>\n" + minimax(("get_weather", [("city", "Paris")])),

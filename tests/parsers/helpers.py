@@ -40,6 +40,11 @@ class Case:
         return {"content": self.content, "reasoning_content": self.reasoning, "tool_calls": list(self.calls)}
 
 
+def verbatim(id: str, text: str, **fields: Any) -> Case:
+    """A case whose output makes no call: all of it is content, exactly as written."""
+    return Case(id, text, content=text, **fields)
+
+
 def chain(case: Case) -> ParseChain:
     return ParseChain.create(registry(), tool_parser=case.tool_parser, reasoning_parser=case.reasoning_parser,
                              tools=case.tools, chat_template_kwargs=case.template_kwargs, strict=True)
