@@ -17,7 +17,6 @@ ratios are left out. Runs on the CPU too (any model the torch backend serves).
 
 from __future__ import annotations
 
-import argparse
 import os
 import random
 import statistics
@@ -27,7 +26,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
 
-from device.report import append_jsonl  # bench/device/report.py (bench/ is this script's folder)
+import bench_args  # bench/bench_args.py (bench/ is this script's folder, first on sys.path)
+from device.report import append_jsonl  # bench/device/report.py
 from llmserve.config import ServerConfig
 from llmserve.engine.engine import LLMEngine
 from llmserve.plugins.backends.torch.options import TorchOptions
@@ -115,11 +115,9 @@ def run_level(engine: LLMEngine, backend: TorchBackend, c: int, input_len: int, 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=None, help="HF dir or .gguf (default: the embedded SmolLM2)")
-    ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    ap = bench_args.new_parser(__doc__)
+    bench_args.add_model(ap)
+    bench_args.add_levels(ap, rounds=False)
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--max-model-len", type=int, default=2048)

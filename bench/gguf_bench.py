@@ -32,10 +32,11 @@ import sys
 import time
 from pathlib import Path
 
-import llama_cpp  # bench/llama_cpp.py: the script's folder is first on sys.path
+import bench_args  # bench/bench_args.py: the script's folder is first on sys.path
+import llama_cpp
 import make_models
 import psutil
-from serve_bench import Server, free_port, run_all, run_level, start
+from serve_bench import Server, free_port, round_ratios, run_all, run_level, start
 
 # Decode steps of the workload see, on average, the prompt plus half the output in the KV
 # cache. The prompts are 10-16 tokens; 32 bounds them (and sizes llama-server's slots), and
@@ -193,9 +194,8 @@ def table(label: str, servers: list[MeasuredServer], rows: list[list[dict]], lim
                          f"{r['itl_p50'] * 1000:.1f} | {srv.rss_ready / 2**20:.0f} | {srv.ready_s:.1f} |")
         if len(servers) == 2:
             a, b = rows[0][i], rows[1][i]
-            per_round = " / ".join(f"{x / y:.2f}" for x, y in zip(a["rounds_tok_s"], b["rounds_tok_s"]))
             ours, peer = servers
-            lines.append(f"| {c} | **ratio llmserve/llama-server** (rounds: {per_round}) | "
+            lines.append(f"| {c} | **ratio llmserve/llama-server** (rounds: {round_ratios(a, b)}) | "
                          f"**{a['tok_s'] / b['tok_s']:.2f}x** | | {a['ttft_p50'] / b['ttft_p50']:.2f} | "
                          f"{a['itl_p50'] / b['itl_p50']:.2f} | {ours.rss_ready / max(peer.rss_ready, 1):.2f} | "
                          f"{ours.ready_s / peer.ready_s:.2f} |")
@@ -203,7 +203,7 @@ def table(label: str, servers: list[MeasuredServer], rows: list[list[dict]], lim
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = bench_args.new_parser(__doc__)
     ap.add_argument("--models", nargs="+", default=None, help="GGUF files (default: bench/make_models.py's)")
     ap.add_argument("--small", action="store_true", help="the ~300 MB model set instead of the 1B-shaped one")
     ap.add_argument("--models-dir", default=str(make_models.DEFAULT_DIR))
@@ -211,10 +211,7 @@ def main() -> None:
                     choices=["Q8_0", "Q4_K_M", "Q4_0", "BF16", "bf16"],
                     help="which files of the make_models set; bf16: llmserve on the safetensors directory "
                          "vs llama-server on the BF16 GGUF (BF16: both on the BF16 GGUF)")
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
-    ap.add_argument("--requests-per-level", type=int, default=0, help="default: 2 x concurrency")
-    ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--rounds", type=int, default=2, help="runs of each level per server, alternating the order")
+    bench_args.add_levels(ap)
     ap.add_argument("--skip-llmserve", action="store_true", help="only benchmark llama-server")
     ap.add_argument("--skip-peer", action="store_true", help="only benchmark llmserve")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama-server -t")
@@ -222,9 +219,7 @@ def main() -> None:
     ap.add_argument("--llmserve-args", default="", help="extra flags for llmserve serve")
     ap.add_argument("--peer-args", default="", help="extra flags for llama-server")
     ap.add_argument("--bandwidth-gib", type=float, default=2.0, help="buffer size of the bandwidth measurement")
-    ap.add_argument("--log-dir", default="bench/logs")
-    ap.add_argument("--markdown", default=None, help="append the result tables to this file")
-    ap.add_argument("--json", default=None, help="write raw results as JSON")
+    bench_args.add_outputs(ap, "append the result tables to this file")
     args = ap.parse_args()
     if args.skip_llmserve and args.skip_peer:
         sys.exit("nothing to run: both --skip-llmserve and --skip-peer")

@@ -33,6 +33,8 @@ from pathlib import Path
 
 import httpx
 
+import bench_args  # bench/bench_args.py: the script's folder is first on sys.path
+
 # The load generator (client, closed loop, percentiles) and the prompts live in the package,
 # shared with `llmserve bench serve`.
 from llmserve.plugins.commands.bench.dataset import PROMPTS
@@ -98,6 +100,12 @@ def summarize(concurrency: int, requests: int, tokens: int, wall: float, ttft: l
             "tok_s": tokens / wall, "ttft_p50": percentile(ttft, 50), "ttft_p99": percentile(ttft, 99),
             "itl_p50": percentile(itl, 50), "itl_p99": percentile(itl, 99), "client_cpu_s": client_cpu,
             "ttft": ttft, "itl": itl}
+
+
+def round_ratios(ours: dict, peer: dict) -> str:
+    """The tokens per second of each round of ``ours`` over ``peer``'s (``pool_rounds`` rows),
+    as the tables write them: ``1.02 / 0.98``."""
+    return " / ".join(f"{a / b:.2f}" for a, b in zip(ours["rounds_tok_s"], peer["rounds_tok_s"]))
 
 
 def pool_rounds(rows: list[dict]) -> dict:
@@ -210,8 +218,7 @@ def table(ours: list[dict], peer: list[dict] | None) -> str:
                          f"{r['ttft_p99']*1000:.0f} | {r['itl_p50']*1000:.1f} | {r['itl_p99']*1000:.1f} |")
         if peer:
             p = peer[i]
-            per_round = " / ".join(f"{a / b:.2f}" for a, b in zip(row["rounds_tok_s"], p["rounds_tok_s"]))
-            lines.append(f"| {row['concurrency']} | **ratio llmserve/peer** (rounds: {per_round}) | "
+            lines.append(f"| {row['concurrency']} | **ratio llmserve/peer** (rounds: {round_ratios(row, p)}) | "
                          f"**{row['tok_s']/p['tok_s']:.2f}x** | "
                          f"{row['ttft_p50']/p['ttft_p50']:.2f} | {row['ttft_p99']/p['ttft_p99']:.2f} | "
                          f"{row['itl_p50']/p['itl_p50']:.2f} | {row['itl_p99']/p['itl_p99']:.2f} |")
@@ -219,23 +226,16 @@ def table(ours: list[dict], peer: list[dict] | None) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=None, help="HF dir or .gguf (default: the embedded SmolLM2)")
-    ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
-    ap.add_argument("--requests-per-level", type=int, default=0, help="default: 2 x concurrency")
-    ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--rounds", type=int, default=2, help="runs of each level per server, alternating the order")
+    ap = bench_args.new_parser(__doc__)
+    bench_args.add_model(ap)
+    bench_args.add_levels(ap)
     ap.add_argument("--skip-peer", action="store_true", help="only benchmark llmserve")
     ap.add_argument("--skip-plain-generate", action="store_true",
                     help="do not time the plain model.generate loop (the concurrency-1 reference)")
     ap.add_argument("--peer-eos-id", type=int, default=None,
                     help="EOS id given to transformers serve so it runs to max_tokens (default: the vocab's last id)")
     ap.add_argument("--llmserve-args", default="", help="extra flags for llmserve serve")
-    ap.add_argument("--log-dir", default="bench/logs")
-    ap.add_argument("--markdown", default=None, help="append the result table to this file")
-    ap.add_argument("--json", default=None, help="write raw results as JSON")
+    bench_args.add_outputs(ap, "append the result table to this file")
     args = ap.parse_args()
     Path(args.log_dir).mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}

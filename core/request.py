@@ -53,16 +53,18 @@ class RequestPolicy:
     names it as the client sent it, so no dialect rewrites a message.
 
     ``length`` is what happens to an output longer than the room the prompt leaves, computed
-    once, after tokenizing: ``reject`` (OpenAI, vLLM, TGI: a 400 naming ``max_tokens``) or
+    once, after tokenizing: ``reject`` (vLLM's own API, TGI: a 400 naming ``max_tokens``),
     ``cap`` (Anthropic, Ollama, MindIE: an unset or larger ``max_tokens`` becomes the room;
-    ``PreparedRequest.capped`` says a given one was cut). ``context_limit`` is a dialect's own
-    context length for the request (Ollama's ``num_ctx``), at most the server's, named
-    ``limit_param`` in the error of a prompt it cannot hold.
+    ``PreparedRequest.capped`` says a given one was cut) or ``fit`` (OpenAI's chat, completions
+    and Responses: ``cap``, unless the server runs with ``--strict-max-tokens``, then
+    ``reject``). ``context_limit`` is a dialect's own context length for the request (Ollama's
+    ``num_ctx``), at most the server's, named ``limit_param`` in the error of a prompt it cannot
+    hold.
     """
 
     prompt: str = "prompt"
     names: Mapping[str, str] = field(default_factory=dict)
-    length: Literal["reject", "cap"] = "reject"
+    length: Literal["reject", "cap", "fit"] = "reject"
     context_limit: int | None = None
     limit_param: str | None = None
 

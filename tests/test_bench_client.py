@@ -17,7 +17,9 @@ from conftest import ECHO_PLUGIN, ROOT
 def bench():
     spec = importlib.util.spec_from_file_location("serve_bench", ROOT / "bench" / "serve_bench.py")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(ROOT / "bench"))  # the scripts import each other by name
+        spec.loader.exec_module(module)
     return module
 
 

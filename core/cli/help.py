@@ -38,6 +38,7 @@ PANELS: dict[str, str] = {
     # limits and lifecycle
     "max_concurrent_requests": LIMITS, "max_waiting_requests": LIMITS, "max_waiting_tokens": LIMITS,
     "max_prompt_chars": LIMITS, "max_logprobs": LIMITS, "max_stop_strings": LIMITS, "max_stop_chars": LIMITS,
+    "strict_max_tokens": LIMITS,
     "request_timeout": LIMITS, "sse_ping_interval": LIMITS, "heap_trim_interval": LIMITS,
     "shutdown_timeout": LIMITS,
     # server

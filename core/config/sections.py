@@ -104,6 +104,10 @@ class LimitsConfig(Section):
     max_prompt_chars: int | None = Field(None, ge=1, description=(
         "Longest prompt text accepted, in characters, checked before tokenizing (a longer one gets 400 at once; "
         "also the cap of the tokenize routes). Default: 32 characters per token of the context length."))
+    strict_max_tokens: bool = Field(False, description=(
+        "Refuse (400, vLLM's behaviour) an OpenAI chat, completions or Responses request whose max_tokens is larger "
+        "than the room its prompt leaves in the context. Default: cut it to the room, as Anthropic, Ollama and "
+        "OpenAI's own API do (finish_reason length if the output reaches it)."))
     max_logprobs: int = Field(20, ge=0, le=20, description=(
         "Most log probabilities a request may ask for per token (logprobs, top_logprobs, prompt_logprobs); "
         "more get 400. 20 is also the server's ceiling."))

@@ -32,6 +32,7 @@ class RequestLimits:
     max_model_len: int = 0
     max_logprobs: int = MAX_LOGPROBS
     token_span: int | None = None  # the most characters one token covers (``text/token_floor.py``)
+    strict_max_tokens: bool = False  # ``fit`` policies refuse a max_tokens over the room (--strict-max-tokens)
 
     @classmethod
     def from_config(cls, limits: LimitsConfig, max_model_len: int, token_span: int | None = None) -> "RequestLimits":
@@ -40,7 +41,8 @@ class RequestLimits:
         prompt = limits.max_prompt_chars
         return cls(max_prompt_chars=prompt if prompt is not None else CHARS_PER_TOKEN * max_model_len,
                    max_stop_strings=limits.max_stop_strings, max_stop_chars=limits.max_stop_chars,
-                   max_model_len=max_model_len, max_logprobs=limits.max_logprobs, token_span=token_span)
+                   max_model_len=max_model_len, max_logprobs=limits.max_logprobs, token_span=token_span,
+                   strict_max_tokens=limits.strict_max_tokens)
 
     def check_fits(self, text: str | None, param: str = "prompt") -> None:
         """Refuse (400) a prompt text that needs more tokens than the context holds whatever its

@@ -57,7 +57,7 @@ class Preparer:
         capped = False
         asked = sampling.max_tokens
         if asked is None or asked > room:
-            if asked is not None and policy.length == "reject":
+            if asked is not None and self._rejects(policy):
                 raise InvalidRequestError(
                     f"'{policy.name('max_tokens')}' is too large: {asked}. This model's maximum context length is "
                     f"{limit} tokens and your request has {len(ids)} input tokens ({asked} > {limit} - {len(ids)}).",
@@ -67,6 +67,10 @@ class Preparer:
         return PreparedRequest(request_id=request.request_id, prompt=request.prompt, prompt_token_ids=tuple(ids),
                                sampling=sampling, priority=request.priority, deadline=request.deadline,
                                mask_factory=request.mask_factory, capped=capped)
+
+    def _rejects(self, policy: RequestPolicy) -> bool:
+        """Whether ``policy`` refuses a ``max_tokens`` over the room (``fit``: the server decides)."""
+        return policy.length == "reject" or (policy.length == "fit" and self.limits.strict_max_tokens)
 
     def _limit(self, prompt_tokens: int, policy: RequestPolicy) -> int:
         """The context length this request runs under: the dialect's own (at most the server's),

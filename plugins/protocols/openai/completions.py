@@ -9,6 +9,7 @@ from typing import Any, AsyncIterator
 from starlette.responses import JSONResponse
 
 from llmserve import InvalidRequestError
+from llmserve import RequestPolicy
 from llmserve import TokenLogprob
 from llmserve import ChainMaker, ParseChain
 from llmserve import SSE_DONE, STREAM_HEADERS, sse
@@ -17,6 +18,9 @@ from llmserve import to_error
 from .params import completion_sampling, guided_mask, new_request, now, truncate, truncation
 from .replies import SYSTEM_FINGERPRINT, Endpoint, completion_logprobs, prompt_logprobs, usage_dict
 from .wire import CompletionRequest
+
+# An output longer than the room is cut to it (OpenAI's API), or refused under --strict-max-tokens.
+COMPLETION = RequestPolicy(prompt="prompt", length="fit")
 
 
 def split_prompts(prompt: Any) -> list[tuple[str | None, list[int] | None]]:
@@ -69,7 +73,7 @@ class Completions(Endpoint):
             req = new_request(body, sampling, prompt=text, prompt_ids=ids, header_id=base,
                               add_special_tokens=body.add_special_tokens is not False,
                               suffix=f"-{i}" if len(prompts) > 1 else "", mask_factory=mask_factory)
-            reqs.append(await engine.aprepare(req))
+            reqs.append(await engine.aprepare(req, COMPLETION))
         rid = f"cmpl-{base}"
         head = {"id": rid, "object": "text_completion", "created": now(), "model": model,
                 "system_fingerprint": SYSTEM_FINGERPRINT}

@@ -93,11 +93,12 @@ def completion_sampling(body: CompletionRequest, vocab_size: int, cap: int = MAX
 def chat_policy(body: ChatCompletionRequest) -> RequestPolicy:
     """How a chat request is prepared: errors name ``messages`` and the fields this request sent
     (``top_logprobs``; ``max_completion_tokens`` when given, else ``max_tokens``); an output
-    longer than the room is refused, as vLLM does."""
+    longer than the room is cut to it, as OpenAI's API does (refused, as vLLM does, under
+    ``--strict-max-tokens``: the ``fit`` policy)."""
     names = {"logprobs": "top_logprobs"}
     if body.max_completion_tokens is not None:
         names["max_tokens"] = "max_completion_tokens"
-    return RequestPolicy(prompt="messages", names=names)
+    return RequestPolicy(prompt="messages", names=names, length="fit")
 
 
 def chat_sampling(body: ChatCompletionRequest, vocab_size: int, cap: int = MAX_LOGPROBS,

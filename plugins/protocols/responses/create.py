@@ -37,8 +37,8 @@ from .wire import ResponsesRequest
 FOREIGN_CONSTRAINTS = ("response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
                        "guided_grammar")
 # Errors name the prompt ``input`` and the output cap as this API spells it; an output longer
-# than the room is refused, as with chat completions.
-POLICY = RequestPolicy(prompt="input", names={"max_tokens": "max_output_tokens"})
+# than the room is cut to it, as with chat completions (refused under --strict-max-tokens).
+POLICY = RequestPolicy(prompt="input", names={"max_tokens": "max_output_tokens"}, length="fit")
 
 
 def refuse_unsupported(body: ResponsesRequest) -> None:
