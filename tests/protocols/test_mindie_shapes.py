@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from llmserve.errors import GenerationError
+from .wire_checks import break_after_first_event, json_error
+from .wire_checks import sse_data as sse_events
 
 ERROR_TYPES = {400: "Bad Request", 404: "NotFoundError", 405: "Bad Request", 422: "Input Validation Error",
                424: "Generation Error", 500: "Incomplete Generation", 503: "Service Unavailable"}
@@ -23,21 +24,9 @@ def client(app):
     return app[0]
 
 
-def sse_events(text: str) -> list[dict]:
-    chunks = [c for c in text.split("\n\n") if c.strip()]
-    assert all(c.startswith("data: ") for c in chunks), chunks
-    assert all(c[6:] != "[DONE]" for c in chunks)
-    return [json.loads(c[6:]) for c in chunks]
-
-
 def assert_error(r, status: int, *needles: str) -> str:
-    assert r.status_code == status, (r.status_code, r.text)
-    assert r.headers["content-type"].startswith("application/json")
-    body = r.json()
-    assert set(body) == {"error", "error_type"}, body
+    body = json_error(r, status, {"error", "error_type"}, needles)
     assert body["error_type"] == ERROR_TYPES[status], body
-    for needle in needles:
-        assert needle in body["error"], body
     return body["error"]
 
 
@@ -112,14 +101,7 @@ def test_infer_stream_length_and_no_details(client):
 
 def test_infer_stream_error_after_start_is_in_band(app, monkeypatch):
     client, context = app
-    real = context.engine.generate
-
-    async def failing(req):
-        async for event in real(req):
-            yield event
-            raise GenerationError("backend exploded")
-
-    monkeypatch.setattr(context.engine, "generate", failing)
+    break_after_first_event(monkeypatch, context.engine, "backend exploded")
     events = sse_events(client.post("/infer", json={"inputs": "hello", "stream": True}).text)
     assert events[0]["token"]["text"] == "h"
     assert events[-1] == {"error": "backend exploded", "error_type": "Incomplete Generation"}

@@ -10,6 +10,8 @@ import pytest
 
 from llmserve.errors import EngineDeadError, GenerationError, InvalidRequestError, OverloadedError
 
+from .wire_checks import break_after_first_event, sse_data
+
 # What text-generation 0.7.0 sends: every parameter, most of them null.
 TEXT_GENERATION_PARAMS = {
     "best_of": None, "details": True, "decoder_input_details": False, "do_sample": False, "max_new_tokens": 20,
@@ -21,10 +23,8 @@ TEXT_GENERATION_PARAMS = {
 
 def sse_events(response):
     assert response.headers["content-type"].startswith("text/event-stream")
-    chunks = [c for c in response.text.split("\n\n") if c]
-    assert all(c.startswith("data: ") for c in chunks), chunks
-    assert "data: [DONE]" not in chunks and "[DONE]" not in response.text
-    return [json.loads(c[6:]) for c in chunks]
+    assert "[DONE]" not in response.text
+    return sse_data(response.text)
 
 
 @pytest.fixture
@@ -173,22 +173,10 @@ def test_stream_stop_sequence(client):
     assert events[-1]["details"]["finish_reason"] == "stop_sequence"
 
 
-def test_stream_error_after_start_is_an_event(echo_app):
+def test_stream_error_after_start_is_an_event(echo_app, monkeypatch):
     client, context = echo_app()
-    engine = context.engine
-    real = engine.generate
-
-    async def failing(request):
-        async for event in real(request):
-            yield event
-            raise GenerationError("the backend broke")
-
-    engine.generate = failing
-    try:
-        r = client.post("/generate_stream", json={"inputs": "hello"})
-    finally:
-        engine.generate = real
-    events = sse_events(r)
+    break_after_first_event(monkeypatch, context.engine, "the backend broke")
+    events = sse_events(client.post("/generate_stream", json={"inputs": "hello"}))
     assert "token" in events[0]
     assert events[-1] == {"error": "Request failed during generation: the backend broke", "error_type": "generation"}
 

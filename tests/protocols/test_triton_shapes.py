@@ -10,7 +10,8 @@ import zlib
 
 import pytest
 
-from llmserve.errors import GenerationError
+from .wire_checks import break_after_first_event, json_error
+from .wire_checks import sse_data as sse_events
 
 MODEL = "org/model"
 BASE = f"/v2/models/{MODEL}"
@@ -26,21 +27,8 @@ def client(app):
     return app[0]
 
 
-def sse_events(text: str) -> list[dict]:
-    chunks = [c for c in text.split("\n\n") if c.strip()]
-    assert all(c.startswith("data: ") for c in chunks), chunks
-    assert all(c[6:] != "[DONE]" for c in chunks)
-    return [json.loads(c[6:]) for c in chunks]
-
-
 def assert_error(r, status: int, *needles: str) -> str:
-    assert r.status_code == status, (r.status_code, r.text)
-    assert r.headers["content-type"].startswith("application/json")
-    body = r.json()
-    assert set(body) == {"error"} and isinstance(body["error"], str), body
-    for needle in needles:
-        assert needle in body["error"], body
-    return body["error"]
+    return json_error(r, status, {"error"}, needles)["error"]
 
 
 # -- hand-built binary tensors ----------------------------------------------------------------
@@ -239,14 +227,7 @@ def test_generate_stream_without_details_equals_non_stream(client):
 
 def test_generate_stream_error_after_start_is_in_band(app, monkeypatch):
     client, context = app
-    real = context.engine.generate
-
-    async def failing(req):
-        async for event in real(req):
-            yield event
-            raise GenerationError("backend exploded")
-
-    monkeypatch.setattr(context.engine, "generate", failing)
+    break_after_first_event(monkeypatch, context.engine, "backend exploded")
     r = client.post(f"{BASE}/generate_stream", json={"text_input": "hello"})
     assert r.status_code == 200
     events = sse_events(r.text)

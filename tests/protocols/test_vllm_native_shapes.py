@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from llmserve.errors import GenerationError
+from .wire_checks import break_after_first_event
 
 
 @pytest.fixture
@@ -166,22 +166,10 @@ def test_explicit_nulls_and_unknown_keys(client):
     assert r.status_code == 200 and r.json() == {"text": ["okok"]}
 
 
-def test_stream_error_after_start_is_a_record(echo_app):
+def test_stream_error_after_start_is_a_record(echo_app, monkeypatch):
     client, context = echo_app()
-    engine = context.engine
-    real = engine.generate
-
-    async def failing(request):
-        async for event in real(request):
-            yield event
-            raise GenerationError("the backend broke")
-
-    engine.generate = failing
-    try:
-        r = client.post("/generate", json={"prompt": "hello", "stream": True})
-    finally:
-        engine.generate = real
-    recs = records(r)
+    break_after_first_event(monkeypatch, context.engine, "the backend broke")
+    recs = records(client.post("/generate", json={"prompt": "hello", "stream": True}))
     assert recs[0] == {"text": ["helloh"]}
     assert recs[-1]["error"]["message"] == "the backend broke"
 
