@@ -110,8 +110,15 @@ def parse_cmd(tool_parser: Optional[str] = typer.Option(None, "--tool-parser", h
                                         help="Feed the text in N-character pieces (streaming path)."),
               template_kwargs: Optional[str] = typer.Option(None, "--chat-template-kwargs",
                                                             help='JSON object, e.g. \'{"enable_thinking": false}\'.'),
+              detect: Optional[str] = typer.Option(
+                  None, "--detect", metavar="MODEL",
+                  help="Print the parsers that `auto` picks from MODEL's chat template (a model directory, .gguf or "
+                       "template file) and the evidence, instead of parsing stdin."),
               plugin: Optional[list[str]] = PLUGIN_OPTION) -> None:
-    """Parse one model output from stdin; print {"content", "reasoning_content", "tool_calls"} as JSON."""
+    """Parse one model output from stdin; print {"content", "reasoning_content", "tool_calls"} as JSON.
+
+    With --detect MODEL: print the tool-call and reasoning parsers detected from the model's chat template.
+    """
     from llmserve.parsing.chain import StreamContractError
     from llmserve.parsing.cli import load_tools, parse_output
     from llmserve.hooks.registry import Registry
@@ -125,6 +132,14 @@ def parse_cmd(tool_parser: Optional[str] = typer.Option(None, "--tool-parser", h
         fail(str(exc))
     except ValueError as exc:
         fail(f"--chat-template-kwargs: {exc}")
+    if detect is not None:
+        from llmserve.parsing.cli import detect_output
+
+        try:
+            typer.echo("\n".join(detect_output(detect, Registry.collect(pm))))
+        except ConfigError as exc:
+            fail(str(exc))
+        return
     text = typer.get_binary_stream("stdin").read().decode("utf-8", errors="replace")
     try:
         result = parse_output(text, Registry.collect(pm), tool_parser=tool_parser, reasoning_parser=reasoning_parser,

@@ -70,17 +70,32 @@ class BackendSpec(Contribution):
 
 @dataclass(frozen=True)
 class ToolParserSpec(Contribution):
-    """A tool-call parser. ``aliases`` are extra names for ``--tool-call-parser``."""
+    """A tool-call parser. ``aliases`` are extra names for ``--tool-call-parser``.
+
+    ``template_markers``: how ``--tool-call-parser auto`` recognises the format in a model's chat
+    template: strings that all occur in the template of a model that writes it (``("<tool_call>",
+    "<function=")``). Of the parsers whose markers all occur, the most specific is chosen: the
+    most markers, then the most marker characters, then the name (``llmserve.parsing.detect``);
+    ``()``: never chosen from a template. Declared per name, so one class registered under two
+    names (two versions of one format) may carry two sets.
+    """
 
     aliases: tuple[str, ...] = ()
+    template_markers: tuple[str, ...] = ()
     kind: Kind = field(default="tool_parser", init=False)
 
 
 @dataclass(frozen=True)
 class ReasoningParserSpec(Contribution):
-    """A reasoning parser. ``aliases`` are extra names for ``--reasoning-parser``."""
+    """A reasoning parser. ``aliases`` are extra names for ``--reasoning-parser``.
+
+    ``template_markers``: as ``ToolParserSpec``'s, for ``--reasoning-parser auto``; a family's
+    thinking tag together with its tool-call marker makes the family's parser more specific
+    than one that only knows the tag.
+    """
 
     aliases: tuple[str, ...] = ()
+    template_markers: tuple[str, ...] = ()
     kind: Kind = field(default="reasoning_parser", init=False)
 
 

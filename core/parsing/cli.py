@@ -50,3 +50,14 @@ def parse_output(text: str, registry: Any, *, tool_parser: str | None = None, re
         chain.feed(text[start:start + chunk])
     chain.finish()
     return chain.result()
+
+
+def detect_output(model: str, registry: Any) -> list[str]:
+    """``llmserve parse --detect MODEL``: the parsers ``auto`` picks from the chat template of
+    ``model`` (a model directory, a ``.gguf`` or a template file) with the evidence, one line
+    per kind. ``ConfigError`` when the model cannot be read."""
+    from llmserve.parsing.detect import detect_parsers
+    from llmserve.text.model_template import read_model_template
+
+    template, special_tokens = read_model_template(model)
+    return detect_parsers(template, registry, special_tokens).lines()

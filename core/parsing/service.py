@@ -8,6 +8,7 @@ the one fact the request needs from them (``needs_special_tokens``, declared by 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +18,24 @@ from llmserve.parsing.tool_choice import ToolPlan, plan_tools
 
 if TYPE_CHECKING:
     from llmserve.config import ParsingConfig
+    from llmserve.parsing.detect import Detection
     from llmserve.sampling import SamplingParams
+
+
+log = logging.getLogger("llmserve.parsing")
+
+#: The parser name that asks for detection from the model's chat template (``llmserve.parsing.detect``).
+AUTO = "auto"
+
+
+def requested_parsers(config: "ParsingConfig") -> tuple[str | None, str | None]:
+    """The tool-call and reasoning parser names the configuration asks for: as given, and
+    ``auto`` where ``--enable-auto-tool-choice`` is on and none is named (the reasoning parser
+    only when the tool parser is not named either)."""
+    tool, reasoning = config.tool_call_parser, config.reasoning_parser
+    if config.enable_auto_tool_choice and not tool:
+        return AUTO, reasoning or AUTO
+    return tool, reasoning
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,14 +64,47 @@ class ParsingService:
     tool_cls: type[ToolParser] | None = None
     reasoning_cls: type[ReasoningParser] | None = None
     auto_tools: bool = False  # auto tool choice is on: the flag and a tool parser
+    detection: "Detection | None" = None  # what ``auto`` found in the chat template, and why
 
     @classmethod
-    def from_config(cls, config: "ParsingConfig", registry: Any) -> "ParsingService":
-        tool, reasoning = config.tool_call_parser, config.reasoning_parser
+    def from_config(cls, config: "ParsingConfig", registry: Any, template: Any = None,
+                    special_tokens: dict[str, str] | None = None) -> "ParsingService":
+        """The parsers ``config`` names; an ``auto`` one (``requested_parsers``) is detected from
+        the model's chat ``template`` (``special_tokens``: its ``bos_token``... for rendering)."""
+        tool, reasoning = requested_parsers(config)
+        detection = None
+        if AUTO in (tool, reasoning):
+            from llmserve.parsing.detect import detect_parsers
+
+            detection = detect_parsers(template, registry, special_tokens)
+            tool = detection.tool.name if tool == AUTO else tool
+            reasoning = detection.reasoning.name if reasoning == AUTO else reasoning
         return cls(tool, reasoning,
                    registry.load("tool_parser", tool) if tool else None,
                    registry.load("reasoning_parser", reasoning) if reasoning else None,
-                   auto_tools=bool(config.enable_auto_tool_choice and tool))
+                   auto_tools=bool(config.enable_auto_tool_choice and tool), detection=detection)
+
+    @classmethod
+    def for_model(cls, config: "ParsingConfig", registry: Any, model: Any) -> "ParsingService":
+        """``from_config`` with the loaded ``model``'s template (``ModelInfo``), the choices of
+        ``auto`` logged with their evidence: one line per parser chosen, and one when no
+        tool-call format was recognised (tool calls then stay off)."""
+        from llmserve.text.chat_template import special_tokens
+
+        tokenizer = getattr(model, "tokenizer", None)
+        template = getattr(tokenizer, "chat_template", None) or getattr(model, "chat_template", None)
+        service = cls.from_config(config, registry, template, special_tokens(tokenizer))
+        tool, reasoning = requested_parsers(config)
+        found = service.detection
+        if found is not None and tool == AUTO:
+            if found.tool.name:
+                log.info("tool-call parser %s, detected: %s", found.tool.name, found.tool.evidence)
+            else:
+                log.info("tool calls are off: no tool-call format was recognised (%s); name a parser with "
+                         "--tool-call-parser", found.tool.evidence)
+        if found is not None and reasoning == AUTO and found.reasoning.name:
+            log.info("reasoning parser %s, detected: %s", found.reasoning.name, found.reasoning.evidence)
+        return service
 
     def plan(self, tools: Any, tool_choice: Any = None, parallel_tool_calls: bool | None = None) -> ToolPlan:
         """``tools`` / ``tool_choice`` (OpenAI's shapes) planned under the server's flags."""

@@ -90,6 +90,11 @@ class ServerContext:
             self._parsing = ParsingService.from_config(self.config.parsing, self.registry)
         return self._parsing
 
+    def use_parsing(self, service: "ParsingService") -> None:
+        """Install the parsers chosen once the model is known (``auto``: detected from its chat
+        template, before the first request is served)."""
+        self._parsing = service
+
     def readiness(self) -> str | None:
         """None when the server should get traffic, else why not (loading, draining, engine dead)."""
         if self.draining:

@@ -15,6 +15,7 @@ from llmserve.hooks.records import ProtocolSpec, resolve
 from llmserve.errors import ConfigError
 from llmserve.hooks.manager import PluginManager
 from llmserve.hooks.registry import Registry
+from llmserve.parsing.service import AUTO, ParsingService, requested_parsers
 from llmserve.server.context import ServerContext
 from llmserve.server.memory import heap_trimmer, trim_when_idle
 from llmserve.server.startup import base_url, bind_socket, ready_summary
@@ -166,21 +167,20 @@ def prepare_server(config: ServerConfig, plugins: PluginManager) -> tuple[Any, S
     for spec in config.parsing.tool_parser_plugin:
         plugins.load_spec(spec, "--tool-parser-plugin")
     plugins.check()
-    if config.parsing.enable_auto_tool_choice and not config.parsing.tool_call_parser:
-        raise ConfigError("--enable-auto-tool-choice needs --tool-call-parser NAME "
-                          "(see `llmserve plugins` for the installed tool parsers)")
     registry = Registry.collect(plugins)
     options = plugin_options(config, registry)
     parsing = config.parsing
+    detected = AUTO in requested_parsers(parsing)  # chosen from the chat template once the model is loaded
     for kind, name in (("tool_parser", parsing.tool_call_parser), ("reasoning_parser", parsing.reasoning_parser)):
-        if name:
+        if name and name != AUTO:
             registry.get(kind, name)  # fail fast on a typo
     if config.guided.guided_decoding_backend != GuidedConfig.model_fields["guided_decoding_backend"].default:
         registry.get("guided_decoder", config.guided.guided_decoding_backend)  # an explicit choice must exist
     backend_record = registry.get("backend", config.llm.backend).record
     backend_cls = registry.load("backend", config.llm.backend)
     context = ServerContext(config=config, registry=registry, plugins=plugins)
-    log.debug("parsers: %s", context.parsing)  # loaded once, here: a parser that does not import fails now
+    if not detected:
+        log.debug("parsers: %s", context.parsing)  # loaded once, here: a parser that does not import fails now
     protocols = {name: registry.load("protocol", name)(context, options.get(name))
                  for name in enabled_protocols(config, registry)}
 
@@ -223,6 +223,8 @@ def prepare_server(config: ServerConfig, plugins: PluginManager) -> tuple[Any, S
         if template is not None:  # --chat-template replaces the model's own, for every dialect
             model.chat_template = template
             model.tokenizer.chat_template = template
+        if detected:  # --tool-call-parser / --reasoning-parser auto: the parsers the template points at
+            context.use_parsing(ParsingService.for_model(config.parsing, registry, model))
         with progress.phase("allocating the KV pool"):
             engine = LLMEngine(backend, model, config)
         context.model = model

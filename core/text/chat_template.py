@@ -22,8 +22,8 @@ TOOLS_WARNING = ("tools-not-in-prompt: the chat template left the request's tool
                  "cannot see them; serve with --chat-template set to a template that renders tools")
 _tools_warning_logged = False  # the log line comes once per server; the header on every such response
 
-__all__ = ["MAX_RENDER_CHARS", "TemplateTooCostly", "render_chat", "compile_template", "message_text",
-           "template_kwargs_for", "RESERVED_TEMPLATE_KWARGS"]
+__all__ = ["MAX_RENDER_CHARS", "TemplateTooCostly", "render_chat", "render_template", "compile_template",
+           "message_text", "template_kwargs_for", "RESERVED_TEMPLATE_KWARGS"]
 
 #: ``chat_template_kwargs`` keys a request may not set: arguments of the rendering call itself
 #: in other servers (``tokenize``, ``chat_template``, ``return_dict``... of transformers'
@@ -131,6 +131,14 @@ def compile_template(source: str) -> Any:
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     return env.from_string(source)
+
+
+def render_template(source: str, context: dict[str, Any], timeout: float | None = None) -> str:
+    """``source`` rendered with ``context`` alone, in the capped sandbox and under ``timeout``
+    seconds: what the server runs, with none of a request's rules (``llmserve.parsing.detect``
+    renders its probe conversation with it). Raises what the template raises, ``TemplateRaised``
+    for its ``raise_exception`` and ``TemplateTooCostly`` past the caps."""
+    return _render_capped(compile_template(source), context, timeout)
 
 
 def server_template(value: str) -> str:

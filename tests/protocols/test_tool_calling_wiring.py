@@ -178,9 +178,13 @@ def test_reasoning_runs_before_tool_parsing(echo_app):
     assert msg["content"] is None and [c["function"]["name"] for c in msg["tool_calls"]] == ["add"]
 
 
-def test_auto_flag_needs_a_parser(echo_app):
-    with pytest.raises(ConfigError, match="--tool-call-parser"):
-        echo_app(enable_auto_tool_choice=True)
+def test_auto_flag_alone_detects_the_parser_from_the_template(echo_app):
+    # No parser named: auto. The echo model has no chat template, so no format is found and
+    # tool calls stay off: tool_choice "auto" is refused as without the flag.
+    client, context = echo_app(enable_auto_tool_choice=True)
+    assert context.parsing.tool_parser is None and not context.parsing.auto_tools
+    reply = chat(client, "hi", tools=TOOLS)
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "tool_choice"
 
 
 def test_unknown_parser_fails_at_start(echo_app):
