@@ -108,3 +108,16 @@ def test_preparation_leaves_the_request_alone_and_its_result_is_frozen():
         prepared.request_id = "other"
     with pytest.raises(ValidationError):
         prepared.sampling.max_tokens = 1
+
+
+def test_fit_caps_unless_the_server_is_strict():
+    fit = RequestPolicy(prompt="messages", length="fit")
+    capped = preparer().prepare(request(max_tokens=1000), fit)
+    assert capped.sampling.max_tokens == 28 and capped.capped
+    strict = Preparer(preparer().tokenize, VOCAB, CONTEXT,
+                      RequestLimits(max_prompt_chars=1000, max_model_len=CONTEXT, strict_max_tokens=True),
+                      SamplingDefaults())
+    with pytest.raises(InvalidRequestError) as err:
+        strict.prepare(request(max_tokens=1000), fit)
+    assert err.value.param == "max_tokens" and "(1000 > 32 - 4)" in err.value.message
+    assert strict.prepare(request(max_tokens=1000), CAP).capped  # a cap policy caps whatever the server says

@@ -112,16 +112,17 @@ def text_of(text: Any) -> Any:
 ROUTES: dict[str, Route] = {
     "openai-chat": Route(
         "/v1/chat/completions", lambda t: {"model": MODEL, "messages": messages(t), "temperature": 0},
-        "messages", ("max_tokens",), openai_error, 400,
+        "messages", ("max_tokens",), openai_error, 400, caps=True,
         tool_choice={"tools": [WEATHER], "tool_choice": "required",
                      "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA}}},
         ok=lambda b: b["object"] == "chat.completion", context="messages"),
     "openai-completions": Route(
         "/v1/completions", lambda t: {"model": MODEL, "prompt": text_of(t), "temperature": 0},
-        "prompt", ("max_tokens",), openai_error, 400, ok=lambda b: b["object"] == "text_completion", context="prompt"),
+        "prompt", ("max_tokens",), openai_error, 400, caps=True, ok=lambda b: b["object"] == "text_completion",
+        context="prompt"),
     "responses": Route(
         "/v1/responses", lambda t: {"model": MODEL, "input": messages(t) if t is None else t, "temperature": 0},
-        "input", ("max_output_tokens",), openai_error, 400,
+        "input", ("max_output_tokens",), openai_error, 400, caps=True,
         tool_choice={"tools": [{"type": "function", **WEATHER["function"]}], "tool_choice": "required",
                      "text": {"format": {"type": "json_schema", "name": "a", "schema": SCHEMA}}},
         ok=lambda b: b["object"] == "response", context="input"),

@@ -231,7 +231,6 @@ BAD = [
     ({"input": "hi", "response_format": {"type": "json_object"}}, "response_format"),
     ({"input": "hi", "guided_json": {"type": "object"}}, "guided_json"),
     ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
-    ({"input": "hi", "max_output_tokens": 100000}, "max_output_tokens"),
     ({"input": "hi", "temperature": -1}, "temperature"),
     ({"input": "hi", "background": True}, "background"),
     ({"input": "hi", "conversation": "conv_1"}, "conversation"),
