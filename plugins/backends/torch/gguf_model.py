@@ -33,7 +33,7 @@ from llmserve import ModelConfig, ServerConfig
 from llmserve import ConfigError
 
 from .gguf_file import GGUFFile
-from .loader import (LoadedModel, publish_dir, _eos_ids, _resolve_source, load_error, quiet_bars, resolve_device,
+from .loader import (LoadedModel, publish_dir, _eos_ids, _resolve_source, load_error, read_gguf, resolve_device,
                      resolve_dtype)
 
 log = logging.getLogger("llmserve.backend.torch")
@@ -126,20 +126,15 @@ def _header_key(path: str, data_offset: int) -> str:
 def metadata_dir(path: str, data_offset: int, cache_dir: str | None) -> str:
     """A directory with the config and tokenizer transformers derives from the GGUF metadata,
     converted on first use and cached under ``cache_dir`` by the header's content."""
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig
 
     root = os.path.join(os.path.expanduser(cache_dir or "~/.cache/llmserve"), _METADATA_DIR)
     target = os.path.join(root, _header_key(path, data_offset))
     if os.path.isfile(os.path.join(target, "config.json")):
         return target
-    folder, fname = os.path.split(path)
-    log.info("reading the GGUF metadata and tokenizer of %s once (later starts read the cache %s)", fname, target)
-    with progress.phase(f"reading GGUF metadata and tokenizer of {fname}"), quiet_bars():
-        try:
-            config = AutoConfig.from_pretrained(folder, gguf_file=fname)
-            tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=fname)
-        except (OSError, ValueError, KeyError, NotImplementedError) as exc:
-            raise load_error(path, exc) from None
+    log.info("reading the GGUF metadata and tokenizer of %s once (later starts read the cache %s)",
+             os.path.basename(path), target)
+    config, tokenizer = read_gguf(path, AutoConfig, "reading GGUF metadata and tokenizer of")
     def write(tmp: str) -> None:
         config.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)

@@ -138,7 +138,7 @@ def _gguf_cache_key(path: str) -> str:
 
 def _convert_gguf(path: str, cache_root: str) -> str:
     """Return an HF directory holding the dequantized GGUF, converting it on first use."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     target = os.path.join(cache_root, "converted", _gguf_cache_key(path))
     if os.path.isfile(os.path.join(target, "config.json")):
@@ -147,13 +147,7 @@ def _convert_gguf(path: str, cache_root: str) -> str:
     log.info("converting GGUF %s once (later starts read the cache %s; `llmserve warmup` does it ahead)",
              os.path.basename(path), target)
     t0 = time.monotonic()
-    folder, fname = os.path.split(os.path.abspath(path))
-    with progress.phase(f"converting GGUF {fname}"), quiet_bars():
-        try:
-            model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=fname)
-            tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=fname)
-        except (OSError, ValueError, KeyError, NotImplementedError) as exc:
-            raise load_error(path, exc) from None
+    model, tokenizer = read_gguf(path, AutoModelForCausalLM, "converting GGUF")
     # The weights are plain dequantized tensors now; drop the GGUF marker so they can be saved.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
@@ -165,6 +159,22 @@ def _convert_gguf(path: str, cache_root: str) -> str:
     publish_dir(target, write)
     log.info("converted GGUF in %.1f s", time.monotonic() - t0)
     return target
+
+
+def read_gguf(path: str, model_class: Any, phase: str) -> tuple[Any, Any]:
+    """What transformers reads from the GGUF file ``path``: ``model_class.from_pretrained`` (a
+    model or a config) and the tokenizer, under the progress line ``phase`` and the file's name;
+    a failure is ``load_error``'s one line."""
+    from transformers import AutoTokenizer
+
+    folder, fname = os.path.split(os.path.abspath(path))
+    with progress.phase(f"{phase} {fname}"), quiet_bars():
+        try:
+            model = model_class.from_pretrained(folder, gguf_file=fname)
+            tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=fname)
+        except (OSError, ValueError, KeyError, NotImplementedError) as exc:
+            raise load_error(path, exc) from None
+    return model, tokenizer
 
 
 def publish_dir(target: str, write: Callable[[str], None]) -> None:
