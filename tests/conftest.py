@@ -9,7 +9,9 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import ContextManager, Iterator
 
 import pytest
 
@@ -98,6 +100,30 @@ class ServerProcess:
         return self.log
 
 
+@contextmanager
+def serving(*args: str, timeout: float = 120, clean_log: bool = False) -> Iterator[ServerProcess]:
+    """A ``ServerProcess`` of ``args``, ready, for the ``with`` block, and stopped after it (also
+    when it does not get ready); with ``clean_log``, its log must then hold no traceback."""
+    server = ServerProcess(*args)
+    try:
+        yield server.wait_ready(timeout)
+    finally:
+        log = server.stop()
+        if clean_log:
+            assert "Traceback" not in log, log
+
+
+# What the embedding tests of the dialects send to embed_server's model.
+EMBED_TEXTS = ["The capital of France is Paris.", "Bananas are yellow and grow in bunches."]
+
+
+def embed_server(protocols: str) -> ContextManager[ServerProcess]:
+    """``serving`` the embedded all-MiniLM-L6-v2 (``--task embed``) as ``mini``, strict model
+    names (an unknown one is a 404), on the dialects ``protocols``."""
+    return serving("--task", "embed", "--served-model-name", "mini", "--protocols", protocols, "--strict-model-name",
+                   "--log-level", "warning", timeout=180)
+
+
 @pytest.fixture
 def server_process():
     started: list[ServerProcess] = []
@@ -145,9 +171,6 @@ def echo_app():
 def smollm_server():
     """One real server for the whole session: the embedded SmolLM2 (fp32, CPU), every default
     dialect. Tests using it are end-to-end; keep their max_tokens small."""
-    server = ServerProcess("--dtype", "float32", "--device", "cpu", "--max-model-len", "2048",
-                           "--max-num-seqs", "32", "--log-level", "warning")
-    try:
-        yield server.wait_ready(timeout=300)
-    finally:
-        server.stop()
+    with serving("--dtype", "float32", "--device", "cpu", "--max-model-len", "2048", "--max-num-seqs", "32",
+                 "--log-level", "warning", timeout=300) as server:
+        yield server

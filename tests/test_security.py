@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from conftest import ECHO_PLUGIN, ServerProcess, run_cli
+from conftest import ECHO_PLUGIN, run_cli, serving
 
 np = pytest.importorskip("numpy")
 
@@ -25,27 +25,18 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "chat_
 
 @pytest.fixture(scope="module")
 def keyed():
-    server = ServerProcess("--backend", "echo", "--plugin", ECHO_PLUGIN, "--api-key", KEYS[0], "--api-key", KEYS[1],
-                           "--max-request-body-bytes", str(LIMIT), "--cors-allow-origins", ORIGIN,
-                           "--trust-request-chat-template", "--chat-template-render-timeout", "0.5",
-                           "--log-level", "warning")
-    server.wait_ready()
-    try:
+    with serving("--backend", "echo", "--plugin", ECHO_PLUGIN, "--api-key", KEYS[0], "--api-key", KEYS[1],
+                 "--max-request-body-bytes", str(LIMIT), "--cors-allow-origins", ORIGIN,
+                 "--trust-request-chat-template", "--chat-template-render-timeout", "0.5",
+                 "--log-level", "warning", clean_log=True) as server:
         yield server
-    finally:
-        log = server.stop()
-        assert "Traceback" not in log, log
 
 
 @pytest.fixture(scope="module")
 def plain():
     """Default security settings: no keys, no CORS."""
-    server = ServerProcess("--backend", "echo", "--plugin", ECHO_PLUGIN, "--log-level", "warning")
-    server.wait_ready()
-    try:
+    with serving("--backend", "echo", "--plugin", ECHO_PLUGIN, "--log-level", "warning") as server:
         yield server
-    finally:
-        server.stop()
 
 
 def auth(i: int = 0) -> dict[str, str]:

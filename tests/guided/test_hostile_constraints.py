@@ -19,7 +19,7 @@ import time
 import httpx
 import pytest
 
-from conftest import ServerProcess
+from conftest import serving
 
 CHAT = {"messages": [{"role": "user", "content": "Give me a word."}], "max_tokens": 12, "temperature": 0}
 def nested(levels: int) -> dict:
@@ -33,12 +33,9 @@ SLOW_REGEXES = ["(a|b)*a(a|b){13}", "(a|b)*a(a|b){14}", "(a|b)*b(a|b){13}", "(b|
 
 @pytest.fixture(scope="module")
 def server():
-    server = ServerProcess("--dtype", "float32", "--device", "cpu", "--max-model-len", "1024",
-                           "--log-level", "warning", "--guided-compile-timeout", "3")
-    try:
-        yield server.wait_ready(timeout=300)
-    finally:
-        server.stop()
+    with serving("--dtype", "float32", "--device", "cpu", "--max-model-len", "1024",
+                 "--log-level", "warning", "--guided-compile-timeout", "3", timeout=300) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")

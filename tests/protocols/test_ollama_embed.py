@@ -8,21 +8,17 @@ import math
 import ollama
 import pytest
 
-from conftest import ServerProcess
+from conftest import EMBED_TEXTS, embed_server
 
 pytestmark = pytest.mark.slow
 
-TEXTS = ["The capital of France is Paris.", "Bananas are yellow and grow in bunches."]
+TEXTS = EMBED_TEXTS
 
 
 @pytest.fixture(scope="module")
 def client():
-    server = ServerProcess("--task", "embed", "--served-model-name", "mini", "--protocols", "ollama,openai,ops",
-                           "--strict-model-name", "--log-level", "warning")
-    try:
-        yield ollama.Client(host=server.wait_ready(timeout=180).url, timeout=120)
-    finally:
-        server.stop()
+    with embed_server("ollama,openai,ops") as server:
+        yield ollama.Client(host=server.url, timeout=120)
 
 
 def norm(v: list[float]) -> float:

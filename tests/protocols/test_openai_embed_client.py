@@ -9,22 +9,18 @@ import httpx
 import openai
 import pytest
 
-from conftest import ServerProcess
+from conftest import EMBED_TEXTS, embed_server
 
 pytestmark = pytest.mark.slow
 
-TEXTS = ["The capital of France is Paris.", "Bananas are yellow and grow in bunches."]
+TEXTS = EMBED_TEXTS
 
 
 @pytest.fixture(scope="module")
 def url():
     # Strict names: an unknown model is a 404 (the lenient default is tests/protocols/test_model_names.py's).
-    server = ServerProcess("--task", "embed", "--served-model-name", "mini", "--protocols", "openai,ops",
-                           "--strict-model-name", "--log-level", "warning")
-    try:
-        yield server.wait_ready(timeout=180).url
-    finally:
-        server.stop()
+    with embed_server("openai,ops") as server:
+        yield server.url
 
 
 @pytest.fixture(scope="module")

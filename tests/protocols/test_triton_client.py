@@ -5,7 +5,7 @@ mapping, and that errors do not break its pooled keep-alive connections."""
 from __future__ import annotations
 
 import pytest
-from conftest import ECHO_PLUGIN, ServerProcess
+from conftest import ECHO_PLUGIN, serving
 
 np = pytest.importorskip("numpy")
 httpclient = pytest.importorskip("tritonclient.http")
@@ -16,14 +16,9 @@ MODEL = "org/model"
 
 @pytest.fixture(scope="module")
 def client():
-    server = ServerProcess("--backend", "echo", "--plugin", ECHO_PLUGIN, "--served-model-name", MODEL,
-                           "--strict-model-name", "--log-level", "warning")
-    server.wait_ready()
-    try:
+    with serving("--backend", "echo", "--plugin", ECHO_PLUGIN, "--served-model-name", MODEL,
+                 "--strict-model-name", "--log-level", "warning", clean_log=True) as server:
         yield httpclient.InferenceServerClient(url=f"127.0.0.1:{server.port}")
-    finally:
-        log = server.stop()
-        assert "Traceback" not in log, log
 
 
 def text_input(*prompts: bytes, binary: bool = True):

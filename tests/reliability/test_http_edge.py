@@ -20,7 +20,7 @@ import psutil
 import pytest
 import requests
 
-from conftest import ECHO_PLUGIN, ServerProcess
+from conftest import ECHO_PLUGIN, ServerProcess, serving
 
 KEY = "edge-key-77a0"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -80,15 +80,10 @@ def _rss(server: ServerProcess) -> int:
 
 @pytest.fixture(scope="module")
 def edge():
-    server = ServerProcess("--backend", "echo", "--plugin", ECHO_PLUGIN, "--api-key", KEY, "--log-level", "warning",
-                           "--max-request-body-bytes", str(BODY_LIMIT), "--timeout-request-headers", str(HEAD_TIMEOUT),
-                           "--timeout-request-body", str(BODY_TIMEOUT), "--timeout-keep-alive", "30")
-    server.wait_ready()
-    try:
+    with serving("--backend", "echo", "--plugin", ECHO_PLUGIN, "--api-key", KEY, "--log-level", "warning",
+                 "--max-request-body-bytes", str(BODY_LIMIT), "--timeout-request-headers", str(HEAD_TIMEOUT),
+                 "--timeout-request-body", str(BODY_TIMEOUT), "--timeout-keep-alive", "30", clean_log=True) as server:
         yield server
-    finally:
-        log = server.stop()
-        assert "Traceback" not in log, log
 
 
 def _answered(sock: socket.socket) -> bool:
