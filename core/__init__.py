@@ -68,7 +68,8 @@ _EXPORTS = {
     **dict.fromkeys(("GuidedDecoder", "GuidedSpec", "json_schema_spec", "only_one"), "llmserve.guided"),
     "check_deadline": "llmserve.guided.worker",
     # errors, rendered by every dialect in its own format
-    **dict.fromkeys(("LLMServeError", "InvalidRequestError", "NotFoundError", "GenerationError", "ConfigError",
+    **dict.fromkeys(("LLMServeError", "InvalidRequestError", "ContextLengthError", "NotFoundError", "GenerationError",
+                     "ConfigError",
                      "EngineDeadError", "ModelLoadingError", "OverloadedError", "PayloadTooLargeError",
                      "RequestTimeoutError", "ShuttingDownError", "UnauthorizedError"), "llmserve.errors"),
 }

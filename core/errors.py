@@ -14,6 +14,8 @@ class LLMServeError(Exception):
 
     status: int = 500
     type: str = "server_error"
+    #: A stable machine-readable name some dialects carry besides the status (OpenAI's ``code``).
+    code: str | None = None
 
     def __init__(self, message: str, *, param: str | None = None, status: int | None = None):
         super().__init__(message)
@@ -28,6 +30,19 @@ class InvalidRequestError(LLMServeError):
 
     status = 400
     type = "invalid_request_error"
+
+
+class ContextLengthError(InvalidRequestError):
+    """The prompt (``tokens`` of it, or at least that many) does not fit the context of ``limit``
+    tokens (HTTP 400). Dialects word it as their clients parse it: OpenAI's ``code``
+    ``context_length_exceeded``, Anthropic's ``prompt is too long: N tokens > M maximum``."""
+
+    code = "context_length_exceeded"
+
+    def __init__(self, message: str, *, tokens: int, limit: int, param: str | None = None) -> None:
+        super().__init__(message, param=param)
+        self.tokens = tokens
+        self.limit = limit
 
 
 class NotFoundError(LLMServeError):

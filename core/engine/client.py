@@ -21,7 +21,7 @@ from typing import AsyncIterator, Callable, TypeVar
 from llmserve.engine.engine import LLMEngine
 from llmserve.engine.loop import EngineLoop
 from llmserve.engine.stats import EngineStats
-from llmserve.errors import EngineDeadError, InvalidRequestError, LLMServeError, RequestTimeoutError
+from llmserve.errors import ContextLengthError, EngineDeadError, InvalidRequestError, LLMServeError, RequestTimeoutError
 from llmserve.outputs import RequestOutput, SequenceDelta
 from llmserve.engine.prepare import Preparer
 from llmserve.request import REJECT, GenerateRequest, PreparedRequest, RequestPolicy
@@ -123,9 +123,10 @@ class EngineClient:
             if not ids:
                 raise InvalidRequestError("input must not be empty", param=param)
             if len(ids) > self.max_model_len:
-                raise InvalidRequestError(
+                raise ContextLengthError(
                     f"This model's maximum context length is {self.max_model_len} tokens. However, your request "
-                    f"has {len(ids)} input tokens. Please reduce the length of the input.", param=param)
+                    f"has {len(ids)} input tokens. Please reduce the length of the input.", tokens=len(ids),
+                    limit=self.max_model_len, param=param)
             bad = next((t for t in ids if not 0 <= t < self.info.vocab_size), None)
             if bad is not None:
                 raise InvalidRequestError(f"token id {bad} is out of vocabulary (vocab size {self.info.vocab_size})",

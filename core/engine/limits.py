@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmserve.config import LimitsConfig
-from llmserve.errors import InvalidRequestError
+from llmserve.errors import ContextLengthError, InvalidRequestError
 from llmserve.request import REJECT, RequestPolicy
 from llmserve.sampling import MAX_LOGPROBS, SamplingParams
 
@@ -52,10 +52,10 @@ class RequestLimits:
         if text is None or not span or not self.max_model_len or len(text) < span * self.max_model_len:
             return
         least = -(-len(text) // span)
-        raise InvalidRequestError(
+        raise ContextLengthError(
             f"This model's maximum context length is {self.max_model_len} tokens. However, your request has at "
             f"least {least} input tokens ({len(text)} characters, and a token of this model covers at most "
-            f"{span}). Please reduce the length of the input.", param=param)
+            f"{span}). Please reduce the length of the input.", tokens=least, limit=self.max_model_len, param=param)
 
     def check_prompt(self, text: str | None, param: str = "prompt") -> None:
         """Refuse a prompt text too long to tokenize (400), before any tokenizing."""

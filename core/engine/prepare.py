@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from llmserve.engine.defaults import SamplingDefaults
 from llmserve.engine.limits import RequestLimits
-from llmserve.errors import InvalidRequestError
+from llmserve.errors import ContextLengthError, InvalidRequestError
 from llmserve.request import REJECT, GenerateRequest, PreparedRequest, RequestPolicy
 from llmserve.sampling import SamplingParams
 
@@ -79,14 +79,16 @@ class Preparer:
         if policy.context_limit is not None:
             limit = min(policy.context_limit, m)
             if prompt_tokens >= limit:
-                raise InvalidRequestError(
+                raise ContextLengthError(
                     f"the prompt has {prompt_tokens} tokens, which does not fit the context length of {limit} "
-                    f"tokens ({policy.limit_param}, at most the server's {m})", param=policy.limit_param)
+                    f"tokens ({policy.limit_param}, at most the server's {m})", tokens=prompt_tokens, limit=limit,
+                    param=policy.limit_param)
             return limit
         if prompt_tokens >= m:
-            raise InvalidRequestError(
+            raise ContextLengthError(
                 f"This model's maximum context length is {m} tokens. However, your request has {prompt_tokens} "
-                f"input tokens. Please reduce the length of the input.", param=policy.prompt)
+                f"input tokens. Please reduce the length of the input.", tokens=prompt_tokens, limit=m,
+                param=policy.prompt)
         return m
 
     def validate(self, prompt_ids: list[int], sampling: SamplingParams, policy: RequestPolicy = REJECT) -> None:

@@ -85,9 +85,12 @@ def to_error(exc: BaseException) -> LLMServeError:
     return GenerationError("internal server error")
 
 
-def openai_error_body(error: LLMServeError) -> dict[str, Any]:
-    """``{"error": {"message", "type", "param", "code"}}``: the OpenAI envelope."""
-    return {"error": {"message": error.message, "type": error.type, "param": error.param, "code": error.status}}
+def openai_error_body(error: LLMServeError, named_codes: bool = False) -> dict[str, Any]:
+    """``{"error": {"message", "type", "param", "code"}}``: the OpenAI envelope. ``code`` is the
+    status, as vLLM sends it, or with ``named_codes`` the error's own ``code`` where it has one
+    (``context_length_exceeded``, which OpenAI's API sends and agent clients key on)."""
+    code: int | str = error.code if named_codes and error.code else error.status
+    return {"error": {"message": error.message, "type": error.type, "param": error.param, "code": code}}
 
 
 def openai_error_response(error: LLMServeError, headers: dict[str, str] | None = None) -> JSONResponse:

@@ -51,6 +51,9 @@ class Protocol(ABC):
     #: JSON schema of this dialect's error body, declared as every route's 4XX/5XX response in
     #: the OpenAPI document. ``None`` means the OpenAI envelope (the default ``error_body``).
     error_schema: ClassVar[dict[str, Any] | None] = None
+    #: The default ``error_body``'s ``code``: the status (False, vLLM's envelope) or, where the
+    #: error has one, its name (True, OpenAI's: ``context_length_exceeded``, which clients key on).
+    named_error_codes: ClassVar[bool] = False
 
     def __init__(self, context: "ServerContext", options: Any = None) -> None:
         self.context = context
@@ -68,12 +71,14 @@ class Protocol(ABC):
         """``(HTTP status, JSON body)`` of ``error`` in this dialect's format.
 
         Default: the OpenAI envelope ``{"error": {"message", "type", "param", "code"}}``
-        with the error's own status. Streams whose 200 has gone send the body in-band
+        with the error's own status; ``code`` is the status too, as vLLM sends it, or the error's
+        own name for it (``context_length_exceeded``) where the dialect sets ``named_error_codes``,
+        as OpenAI's API does. Streams whose 200 has gone send the body in-band
         (``dialect_kit.in_band_errors``).
         """
         from llmserve.server.errors import openai_error_body
 
-        return error.status, openai_error_body(error)
+        return error.status, openai_error_body(error, self.named_error_codes)
 
     def error_response(self, error: "LLMServeError", request: "Request | None") -> "Response":
         """Render ``error`` as this dialect's error reply: ``error_body`` as JSON, with

@@ -12,6 +12,7 @@ a ``max_tokens`` that a dialect caps to the room left generates a few dozen toke
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -37,7 +38,11 @@ SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}}, "requi
 def openai_error(r: httpx.Response) -> tuple[str, str | None]:
     body = r.json()
     assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
-    assert body["error"]["code"] == r.status_code and isinstance(body["error"]["type"], str), body
+    code = body["error"]["code"]
+    # The status, as vLLM sends it; a prompt over the context carries OpenAI's own name for it.
+    assert code == r.status_code or (code == "context_length_exceeded" and "context length" in
+                                     body["error"]["message"]), body
+    assert isinstance(body["error"]["type"], str), body
     return body["error"]["message"], body["error"]["param"]
 
 
@@ -297,3 +302,21 @@ def test_tokens_as_token_ids_name_every_token_and_lead_their_entries(server):
     assert len(ids) == len(lp["tokens"]) and all(token.startswith("token_id:") for token in lp["tokens"])
     assert lp["top_logprobs"][0] is None  # the first prompt token has nothing before it
     assert [next(iter(top)) for top in lp["top_logprobs"][1:]] == lp["tokens"][1:]
+
+
+@pytest.mark.parametrize("route", ["openai-chat", "openai-completions", "responses", "anthropic", "vllm-generate"])
+def test_a_prompt_over_the_context_is_worded_as_clients_parse_it(server, route):
+    """OpenAI's clients (Codex) key on ``code: context_length_exceeded``; Claude Code parses
+    Anthropic's ``prompt is too long: N tokens > M maximum`` to compact its history; vLLM's own
+    route keeps the status as its code."""
+    r = ROUTES[route]
+    reply = post(server, r, r.with_budget(r.build(LONG), 4))
+    assert reply.status_code == 400, reply.text[:400]
+    error = reply.json()["error"]
+    if route == "anthropic":
+        found = re.fullmatch(r"prompt is too long: (\d+) tokens > (\d+) maximum", error["message"])
+        assert found and int(found.group(1)) > int(found.group(2)), error
+    elif route == "vllm-generate":
+        assert error["code"] == 400, error
+    else:
+        assert error["code"] == "context_length_exceeded" and "maximum context length" in error["message"], error

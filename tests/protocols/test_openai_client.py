@@ -46,7 +46,8 @@ def test_models_list_and_retrieve(client, model):
     assert [m.id for m in listed.data] == [model] and listed.data[0].object == "model"
     card = client.models.retrieve(model)
     assert card.id == model and card.owned_by == "llmserve"
-    assert card.model_extra["max_model_len"] == 2048
+    assert card.model_extra["max_model_len"] == card.model_extra["context_length"] == 2048
+    assert listed.data[0].model_extra["context_length"] == 2048  # what agent clients read to size prompts
     # One served name: any name is answered under it (the 404 of --strict-model-name is in
     # test_model_names_clients.py)
     assert client.models.retrieve("no-such-model").id == model

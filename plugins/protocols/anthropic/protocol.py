@@ -17,6 +17,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from llmserve import (
+    ContextLengthError,
     EngineDeadError,
     LLMServeError,
     ModelLoadingError,
@@ -52,7 +53,10 @@ def error_status(error: LLMServeError) -> int:
 
 def error_body(error: LLMServeError) -> tuple[int, dict[str, Any]]:
     status = error_status(error)
-    return status, {"type": "error", "error": {"type": ERROR_TYPES[status], "message": error.message}}
+    message = error.message
+    if isinstance(error, ContextLengthError):  # Anthropic's words, which Claude Code parses to compact
+        message = f"prompt is too long: {error.tokens} tokens > {error.limit} maximum"
+    return status, {"type": "error", "error": {"type": ERROR_TYPES[status], "message": message}}
 
 
 class AnthropicProtocol(Protocol):

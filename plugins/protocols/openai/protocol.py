@@ -36,11 +36,16 @@ def prompt_count(prompt: Any) -> int:
 
 
 class OpenAIProtocol(Protocol):
+    named_error_codes = True  # context_length_exceeded, as OpenAI's API names it
+
     def _model_card(self, name: str) -> dict[str, Any]:
+        """A ``/v1/models`` entry; the context length under vLLM's name and OpenRouter's, which
+        agent clients read to size their prompts."""
         info = self.context.model
+        length = info.max_model_len if info else None
         return {"id": name, "object": "model", "created": 0, "owned_by": "llmserve",
                 "root": info.path if info else name, "parent": None,
-                "max_model_len": info.max_model_len if info else None}
+                "max_model_len": length, "context_length": length}
 
     def router(self) -> APIRouter:
         router = dialect_router(self)

@@ -23,6 +23,8 @@ from .wire import ResponsesOptions, ResponsesRequest
 class ResponsesProtocol(Protocol):
     """The OpenAI Responses API, stateless unless the ``responses:`` section turns the store on."""
 
+    named_error_codes = True  # context_length_exceeded, as OpenAI's API names it
+
     def __init__(self, context: Any, options: ResponsesOptions | None = None) -> None:
         super().__init__(context, options)
         self.opts = options or ResponsesOptions()
