@@ -220,7 +220,10 @@ def test_max_tokens_past_the_context_window_is_capped(client):
     ({"max_tokens": None}, "max_tokens"),
     ({"max_tokens": 0}, "max_tokens"),
     ({"messages": []}, "messages"),
-    ({"messages": [{"role": "system", "content": "x"}]}, "messages.0.role"),
+    ({"messages": [{"role": "system", "content": "x"}]}, "at least one user or assistant message"),
+    ({"messages": [{"role": "system", "content": [{"type": "image"}]}, {"role": "user", "content": "x"}]},
+     "messages.0.content.0"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "messages.0.role"),
     ({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "base64"}}]}]},
      "messages.0.content.0: image"),
     ({"messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]}, "document"),
@@ -371,3 +374,27 @@ def test_body_over_the_limit_is_413_request_too_large(make):
     client, _ = make(max_request_body_bytes=2048)
     r = post(client, "x" * 4096)
     assert r.status_code == 413 and r.json()["error"]["type"] == "request_too_large"
+
+
+def test_system_messages_inside_messages_fold_into_the_system_prompt():
+    """Claude Code sends ``role: "system"`` messages inside ``messages``: their text joins the
+    ``system`` field's, in order, as the one system message chat templates expect first."""
+    from llmserve.plugins.protocols.anthropic.params import chat_messages
+    from llmserve.plugins.protocols.anthropic.wire import MessagesRequest
+
+    body = MessagesRequest.model_validate({"model": "m", "max_tokens": 5, "system": "Be brief.", "messages": [
+        {"role": "system", "content": [{"type": "text", "text": "x-anthropic-billing-header: cch=1;"}]},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+        {"role": "system", "content": "Reminder: use tools."},
+        {"role": "user", "content": "go"}]})
+    assert chat_messages(body) == [
+        {"role": "system", "content": "Be brief.\n\nx-anthropic-billing-header: cch=1;\n\nReminder: use tools."},
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": "go"}]
+
+
+def test_a_system_message_inside_messages_is_served(client):
+    reply = client.post("/v1/messages", json={"model": "any", "max_tokens": 20, "messages": [
+        {"role": "system", "content": "Answer in French."}, {"role": "user", "content": "hi"}]})
+    assert reply.status_code == 200 and reply.json()["content"][0]["text"] == "hi", reply.text

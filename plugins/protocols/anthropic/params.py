@@ -74,13 +74,21 @@ def _tool_result_text(block: dict[str, Any], where: str) -> str:
 
 
 def chat_messages(body: CountTokensRequest) -> list[dict[str, Any]]:
-    """The conversation as chat-template messages (system first)."""
+    """The conversation as chat-template messages (system first). ``system`` messages inside
+    ``messages`` (their text blocks only) are folded into that one system message, after the
+    ``system`` field, in order: chat templates take a system message first, if anywhere."""
     out: list[dict[str, Any]] = []
-    system = system_text(body.system)
+    systems = [system_text(body.system)]
+    systems += [_joined_text(m.content, f"messages.{i}.content", "system messages hold text blocks only")
+                if not isinstance(m.content, str) else m.content
+                for i, m in enumerate(body.messages) if m.role == "system"]
+    system = "\n\n".join(s for s in systems if s)
     if system:
         out.append({"role": "system", "content": system})
     tool_names: dict[str, str] = {}  # tool_use id -> tool name, for the results that answer it
     for i, message in enumerate(body.messages):
+        if message.role == "system":
+            continue
         blocks = [{"type": "text", "text": message.content}] if isinstance(message.content, str) else message.content
         texts: list[str] = []
         thinking: list[str] = []
@@ -126,6 +134,8 @@ def chat_messages(body: CountTokensRequest) -> list[dict[str, Any]]:
             out.append(msg)
         elif texts or not results:
             out.append({"role": "user", "content": "\n".join(texts)})
+    if not any(m["role"] != "system" for m in out):
+        raise InvalidRequestError("messages: at least one user or assistant message is required", param="messages")
     return out
 
 

@@ -17,7 +17,9 @@ from llmserve import WireModel
 
 
 class MessageParam(WireModel):
-    role: Literal["user", "assistant"]
+    # "system" inside messages: agent clients (Claude Code) send them; params.chat_messages folds them
+    # into the system prompt.
+    role: Literal["user", "assistant", "system"]
     content: str | list[dict[str, Any]]
 
 

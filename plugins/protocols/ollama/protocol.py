@@ -37,6 +37,11 @@ MANAGEMENT_ROUTES = (("POST", "/api/pull", "pulling models"), ("POST", "/api/pus
                      ("POST", "/api/create", "creating models"), ("POST", "/api/copy", "copying models"),
                      ("DELETE", "/api/delete", "deleting models"))
 
+#: The Ollama version ``/api/version`` reports: the API this dialect follows. Clients gate
+#: features on it (``codex --oss`` refuses an "Ollama 0.1.0" as too old), so it names a release
+#: whose API the dialect serves, not llmserve's own version (which rides beside it).
+OLLAMA_API_VERSION = "0.20.0"
+
 
 class Forbidden(LLMServeError):
     status = 403
@@ -98,7 +103,7 @@ class OllamaProtocol(Protocol):
             return PlainTextResponse(RUNNING)
 
         async def version() -> Response:
-            return JSONResponse({"version": __version__})
+            return JSONResponse({"version": OLLAMA_API_VERSION, "llmserve": __version__})
 
         async def tags() -> Response:
             return JSONResponse(card.tags())
