@@ -138,3 +138,38 @@ def test_auto_tool_choice_without_tools_is_plain_text(echo_app):
     client = sdk(echo_app)
     r = client.responses.create(model="echo", input="plain", tool_choice="auto", tools=[])
     assert r.output_text == "plain" and r.tool_choice == "auto"
+
+
+NAMESPACED = [{"type": "namespace", "name": "files", "description": "The project's files", "tools": [
+    {"type": "function", "name": "read",
+     "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}]},
+    {"type": "web_search"}]  # a hosted tool: only OpenAI's servers run it
+
+
+def test_namespace_tools_are_offered_flat_and_called_back_with_their_namespace(echo_app, caplog):
+    """Codex sends its MCP tools as a ``namespace`` tool and a hosted ``web_search`` beside them:
+    the model sees ``files__read``, the call comes back as ``read`` in namespace ``files`` (whole
+    and streamed), the hosted tool is left out with a warning, and the call goes back in history."""
+    client, context = echo_app(enable_auto_tool_choice=True, tool_call_parser="hermes")
+    context.engine.tokenizer.chat_template = LAST_MESSAGE
+    said = '<tool_call>{"name": "files__read", "arguments": {"path": "a.txt"}}</tool_call>'
+    with caplog.at_level("WARNING", logger="llmserve.responses"):
+        r = client.post("/v1/responses", json={"model": "echo", "input": said, "tools": NAMESPACED})
+    assert r.status_code == 200, r.text
+    call = r.json()["output"][0]
+    assert (call["type"], call["name"], call["namespace"]) == ("function_call", "read", "files")
+    assert json.loads(call["arguments"]) == {"path": "a.txt"}
+    assert "web_search" in caplog.text
+    streamed = client.post("/v1/responses", json={"model": "echo", "input": said, "tools": NAMESPACED,
+                                                   "stream": True}).text
+    added = [json.loads(line[6:]) for line in streamed.splitlines() if line.startswith("data: ")]
+    items = [e["item"] for e in added if e["type"] == "response.output_item.added"]
+    assert items[0]["name"] == "read" and items[0]["namespace"] == "files"
+    history = [{"type": "function_call", "call_id": "c1", "name": "read", "namespace": "files",
+                "arguments": '{"path": "a.txt"}'},
+               {"type": "function_call_output", "call_id": "c1", "output": "hello"}]
+    again = client.post("/v1/responses", json={"model": "echo", "input": history, "tools": NAMESPACED})
+    assert again.status_code == 200, again.text
+    bad = client.post("/v1/responses", json={"model": "echo", "input": said,
+                                             "tools": [{"type": "namespace", "name": "files", "tools": "x"}]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tools.0", bad.text

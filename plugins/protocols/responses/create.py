@@ -28,7 +28,7 @@ from llmserve import ChatTurn, prepare_chat
 from llmserve import STREAM_HEADERS, sse
 from llmserve import to_error
 
-from .items import Conversation, chat_tool_choice, chat_tools
+from .items import Conversation, Namespaces, chat_tool_choice, chat_tools
 from .output import OutputBuilder, new_id, usage
 from .wire import ResponsesRequest
 
@@ -86,6 +86,7 @@ class Prepared:
     plan: ToolPlan
     make_chain: ChainMaker | None
     request: PreparedRequest
+    namespaces: Namespaces = field(default_factory=dict)  # namespace tools' flat names
     created: int = field(default_factory=lambda: int(time.time()))
     id: str = field(default_factory=lambda: new_id("resp"))
 
@@ -100,7 +101,7 @@ class Create:
         prepared = await self.prepare(body, request)
         if body.stream:
             return self.p.context.sse_response(self._stream(prepared), headers=STREAM_HEADERS)
-        builder, result = OutputBuilder(), {}
+        builder, result = OutputBuilder(prepared.namespaces), {}
         async for _ in self._run(prepared, builder, result):
             pass  # the events of a stream; the reply is the items they built
         return JSONResponse(self._finish(prepared, builder, result))
@@ -123,7 +124,8 @@ class Create:
         conv.add_items(items)
         if not conv.messages:
             raise InvalidRequestError("input: must hold at least one item", param="input")
-        choice, offered = chat_tool_choice(body.tool_choice, chat_tools(body.tools))
+        tools, namespaces = chat_tools(body.tools)
+        choice, offered = chat_tool_choice(body.tool_choice, tools)
         sampling = SamplingParams.build(POLICY.names, temperature=body.temperature, top_p=body.top_p,
                                         max_tokens=body.max_output_tokens)
         effort = body.reasoning.effort if body.reasoning is not None else None
@@ -133,7 +135,8 @@ class Create:
                         forced_words="tool_choice required or a named function",
                         template_kwargs={"reasoning_effort": effort} if effort else None, policy=POLICY)
         prepared = await prepare_chat(ctx, turn)
-        return Prepared(body, model, owner, history, items, prepared.plan, prepared.chains.make, prepared.request)
+        return Prepared(body, model, owner, history, items, prepared.plan, prepared.chains.make, prepared.request,
+                        namespaces)
 
     def _history(self, body: ResponsesRequest, owner: str) -> list[dict[str, Any]]:
         if body.previous_response_id is None:
@@ -215,7 +218,7 @@ class Create:
             seq += 1
             return sse(event, event=event["type"])
 
-        builder, result = OutputBuilder(), {}
+        builder, result = OutputBuilder(prep.namespaces), {}
         start = self.snapshot(prep, "in_progress", [])
         yield frame({"type": "response.created", "response": start})
         yield frame({"type": "response.in_progress", "response": dict(start)})

@@ -16,10 +16,13 @@ Every refusal is a 400 naming the item (``input.3.type``).
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from llmserve import InvalidRequestError
 from llmserve import arguments_as_object
+
+log = logging.getLogger("llmserve.responses")
 
 ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
 TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
@@ -104,6 +107,11 @@ class Conversation:
                 raise InvalidRequestError(f"{where}.{key}: must be a non-empty string" if key != "arguments"
                                           else f"{where}.arguments: must be a string (JSON)", param=f"{where}.{key}")
             fields[key] = value
+        namespace = item.get("namespace")
+        if namespace is not None and (not isinstance(namespace, str) or not namespace):
+            raise InvalidRequestError(f"{where}.namespace: must be a non-empty string", param=f"{where}.namespace")
+        if namespace:  # a call of a namespace tool: the model knows it by its flat name
+            fields["name"] = flat_name(namespace, fields["name"])
         call = {"id": fields["call_id"], "type": "function",
                 "function": {"name": fields["name"], "arguments": fields["arguments"]}}
         arguments_as_object(call)
@@ -149,20 +157,57 @@ class Conversation:
                 return
 
 
-def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-    """Responses function tools (flat: ``{type, name, parameters, ...}``) in the chat shape
-    (``{type, function: {...}}``) ``llmserve.parsing.tool_choice`` plans; other tool types are refused."""
+NAMESPACE_SEPARATOR = "__"
+Namespaces = dict[str, tuple[str, str]]  # a flat tool name -> (namespace, name)
+
+
+def flat_name(namespace: str, name: str) -> str:
+    """The name the model sees for ``name`` in ``namespace`` (``namespace__name``)."""
+    return f"{namespace}{NAMESPACE_SEPARATOR}{name}"
+
+
+def _function(tool: dict[str, Any], where: str, name: str | None = None) -> dict[str, Any]:
+    if not isinstance(tool.get("name"), str) or not tool["name"]:
+        raise InvalidRequestError(f"{where}.name: must be a non-empty string", param=f"{where}.name")
+    fn = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}
+    if name is not None:
+        fn["name"] = name
+    return {"type": "function", "function": fn}
+
+
+def chat_tools(tools: list[dict[str, Any]] | None) -> tuple[list[dict[str, Any]] | None, Namespaces]:
+    """Responses tools in the chat shape (``{type, function: {...}}``) ``llmserve.parsing.tool_choice``
+    plans, and the namespace tools' flat names (``namespace__name`` -> (namespace, name)).
+
+    ``function`` tools are taken as they are; a ``namespace`` tool (Codex sends its MCP servers'
+    tools so) offers each of its function tools as ``namespace__name``, and calls of them come back
+    with ``name`` and ``namespace``; hosted tools (``web_search``, ``file_search``, ...), which only
+    OpenAI's servers run, are left out with a logged warning, as other local servers do, rather than
+    failing the whole request."""
     if tools is None:
-        return None
-    out = []
+        return None, {}
+    out: list[dict[str, Any]] = []
+    namespaces: Namespaces = {}
     for i, tool in enumerate(tools):
-        kind = tool.get("type")
-        if kind != "function":
-            raise InvalidRequestError(f"tools[{i}]: tool type {json.dumps(kind)[:40]} is not supported by this "
-                                      "server (only \"function\" tools)", param=f"tools.{i}.type")
-        fn = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}
-        out.append({"type": "function", "function": fn})
-    return out
+        where, kind = f"tools.{i}", tool.get("type")
+        if kind == "function":
+            out.append(_function(tool, where))
+        elif kind == "namespace":
+            space, inner = tool.get("name"), tool.get("tools")
+            if not isinstance(space, str) or not space or not isinstance(inner, list):
+                raise InvalidRequestError(f"{where}: a namespace tool needs a name and a list of tools", param=where)
+            for j, member in enumerate(inner):
+                if not isinstance(member, dict) or member.get("type") != "function":
+                    raise InvalidRequestError(f"{where}.tools.{j}: a namespace holds function tools",
+                                              param=f"{where}.tools.{j}")
+                flat = flat_name(space, str(member.get("name")))
+                out.append(_function(member, f"{where}.tools.{j}", flat))
+                namespaces[flat] = (space, member["name"])
+        elif isinstance(kind, str):
+            log.warning("tools[%d]: the hosted tool type %r runs only on OpenAI's servers; left out", i, kind[:40])
+        else:
+            raise InvalidRequestError(f"{where}.type: must be a string", param=f"{where}.type")
+    return out, namespaces
 
 
 def chat_tool_choice(choice: Any, tools: list[dict[str, Any]] | None) -> tuple[Any, list[dict[str, Any]] | None]:
@@ -174,14 +219,16 @@ def chat_tool_choice(choice: Any, tools: list[dict[str, Any]] | None) -> tuple[A
         return choice, tools
     kind = choice.get("type")
     if kind == "function":
-        return {"type": "function", "function": {"name": choice.get("name")}}, tools
+        name, space = choice.get("name"), choice.get("namespace")
+        return {"type": "function", "function": {"name": flat_name(space, name) if space else name}}, tools
     if kind == "allowed_tools":
         allowed = choice.get("tools")
         mode = choice.get("mode")
         if mode not in ("auto", "required") or not isinstance(allowed, list):
             raise InvalidRequestError('tool_choice: allowed_tools needs mode "auto" or "required" and a list of '
                                       "tools", param="tool_choice")
-        names = {t.get("name") for t in allowed if isinstance(t, dict) and t.get("type") == "function"}
+        names = {flat_name(t["namespace"], t.get("name")) if t.get("namespace") else t.get("name")
+                 for t in allowed if isinstance(t, dict) and t.get("type") == "function"}
         kept = [t for t in tools or [] if t["function"].get("name") in names]
         if not kept:
             raise InvalidRequestError("tool_choice: allowed_tools names none of the function tools given",

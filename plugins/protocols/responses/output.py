@@ -31,7 +31,8 @@ class OutputBuilder:
     """Output items of one response, built from parsed deltas; ``events`` collects the stream
     events not yet sent (``take()`` hands them over)."""
 
-    def __init__(self) -> None:
+    def __init__(self, namespaces: dict[str, tuple[str, str]] | None = None) -> None:
+        self.namespaces = namespaces or {}  # a namespace tool's flat name -> (namespace, name)
         self.items: list[dict[str, Any]] = []
         self.pending: list[Event] = []
         self._open: dict[str, Any] | None = None  # the item being written
@@ -91,6 +92,8 @@ class OutputBuilder:
             self._held = ""  # whitespace between the answer and a call belongs to neither
             item = {"id": new_id("fc"), "type": "function_call", "status": "in_progress",
                     "call_id": call_id or new_id("call"), "name": name or "", "arguments": ""}
+            if name in self.namespaces:  # a namespace tool's call: its own name, and its namespace
+                item["namespace"], item["name"] = self.namespaces[name]
             self.items.append(item)
             self._calls[index] = item
             self._open, self._kind = item, "function_call"
