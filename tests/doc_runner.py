@@ -15,7 +15,7 @@ SHELL = {"sh", "bash", "console", "shell"}
 FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>[\w+-]*)[^\n]*\n(?P<body>.*?)^(?P=indent)```[ \t]*$",
                    re.M | re.S)
 NOT_RUN = re.compile(r"<!--\s*not-run:(?P<reason>.*?)-->", re.S)
-DEFINES = re.compile(r"#\s*(?P<name>[\w.-]+\.(?:ya?ml|py|json|toml))\s*(?::.*)?")
+DEFINES = re.compile(r"#\s*(?P<name>[\w.-]+\.(?:ya?ml|py|json|toml|jinja))\s*(?::.*)?")
 
 
 @dataclass
