@@ -48,6 +48,9 @@ _EXPORTS = {
     **dict.fromkeys(("SamplingParams", "MAX_LOGPROBS"), "llmserve.sampling"),
     **dict.fromkeys(("RequestOutput", "SequenceDelta", "TokenLogprob", "Usage"), "llmserve.outputs"),
     "EngineClient": "llmserve.engine.client",
+    # models by name: a MODEL value resolved to local files (path, Hugging Face cache, download)
+    **dict.fromkeys(("ModelRef", "parse_ref"), "llmserve.models.ref"),
+    **dict.fromkeys(("ModelSource", "ResolvedModel", "plan_model", "resolve_model"), "llmserve.models.resolve"),
     "EngineLoop": "llmserve.engine.loop",
     # backends
     **dict.fromkeys(("Backend", "ModelInfo", "KVCacheSpec", "StepItem", "StepResult"), "llmserve.engine.backend"),

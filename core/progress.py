@@ -27,6 +27,7 @@ PLAIN_INTERVAL_S = 5.0   # between two plain lines of one phase
 PLAIN_FIRST_S = 1.0      # a phase quicker than this prints no progress line, only (maybe) its end
 LIVE_REFRESH_S = 0.2
 DONE_AFTER_S = 1.0       # phases at least this long report their end at INFO
+BAR_WIDTH = 24           # characters of a byte phase's bar on a live line
 
 
 @dataclass
@@ -44,14 +45,22 @@ class Phase:
     def advance(self, n: int = 1) -> None:
         self.done += n
 
-    def describe(self, now: float | None = None) -> str:
+    def describe(self, now: float | None = None, bar: bool = False) -> str:
+        """``name: done/total unit (pct%), elapsed``; a phase counted in bytes (unit ``B``) in MB,
+        and with ``bar`` (a terminal's live line) a bar of its share done."""
         elapsed = (now if now is not None else time.monotonic()) - self.started
-        unit = f" {self.unit}" if self.unit else ""
         done = min(self.done, self.total) if self.total else self.done
+        in_bytes = self.unit == "B"
+        unit = " MB" if in_bytes else f" {self.unit}" if self.unit else ""
         big = (self.total or done) >= 10_000_000  # millions of weights read better as such
 
         def shown(n: int) -> str:
-            return f"{n / 1e6:.1f}M" if big else str(n)
+            return f"{n / 1e6:.1f}" if in_bytes else f"{n / 1e6:.1f}M" if big else str(n)
+
+        if bar and in_bytes and self.total:
+            filled = BAR_WIDTH * done // self.total
+            return (f"{self.name} [{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {shown(done)}/{shown(self.total)}"
+                    f"{unit} ({100 * done // self.total}%), {elapsed:.0f} s")
 
         if self.total:
             count = f"{shown(done)}/{shown(self.total)}{unit} ({100 * done // self.total}%)"
@@ -140,7 +149,7 @@ class Reporter:
                     return
                 now = time.monotonic()
                 if self.live:
-                    text = " | ".join(p.describe(now) for p in self._phases[-2:])
+                    text = " | ".join(p.describe(now, bar=True) for p in self._phases[-2:])
                     self._write("\r\x1b[2K" + text[:_columns() - 1])
                     self._shown = True
                     continue

@@ -25,10 +25,14 @@ def warm_up(config: ServerConfig, plugins: "PluginManager") -> float:
     from llmserve.config import load_options
     from llmserve.hooks.records import resolve
     from llmserve.hooks.registry import Registry
+    from llmserve.models.resolve import apply_resolved, plan_config_model
     from llmserve.server.serve import on_passing_thread, setup_logging
 
     setup_logging(config.log_level)
     started = time.monotonic()
+    source = plan_config_model(config.llm)  # a Hub id: found in the cache or fetched into it first
+    if source is not None:
+        apply_resolved(config.llm, source.resolve())
     for spec in config.plugins:
         plugins.load_spec(spec, "config")
     registry = Registry.collect(plugins)

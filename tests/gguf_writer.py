@@ -105,9 +105,11 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
 
 def write_tiny_gguf(path: str, arch: str = "llama", qtype: str = "Q8_0", *, layers: int = 2, hidden: int = 256,
                     inter: int = 512, heads: int = 4, kv_heads: int = 2, tied: bool = False, seed: int = 0,
-                    overrides: dict[str, str] | None = None) -> None:
+                    overrides: dict[str, str] | None = None, split_max_tensors: int = 0) -> None:
     """A random ``arch`` (llama or qwen2: q/k/v biases) model with every matrix stored as
-    ``qtype`` (``overrides``: other types for some tensors, by GGUF name); norms and biases F32."""
+    ``qtype`` (``overrides``: other types for some tensors, by GGUF name); norms and biases F32.
+    ``split_max_tensors``: split it as llama.cpp's gguf-split does, that many tensors a file
+    (``path`` ``x.gguf`` becomes ``x-00001-of-0000N.gguf`` ...)."""
     import gguf
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
@@ -140,7 +142,7 @@ def write_tiny_gguf(path: str, arch: str = "llama", qtype: str = "Q8_0", *, laye
                     if arch == "llama" and gg in ("attn_q", "attn_k"):
                         value = _permute(value, heads if gg == "attn_q" else kv_heads)
                     tensors[f"blk.{i}.{gg}.{kind}"] = value
-    w = gguf.GGUFWriter(path, arch)
+    w = gguf.GGUFWriter(path, arch, split_max_tensors=split_max_tensors)
     _hparams(w, f"tiny-{arch}", layers, hidden, inter, heads, kv_heads)
     _write_tokenizer(w)
     w.add_file_type(1)

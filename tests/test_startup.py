@@ -213,10 +213,11 @@ def test_a_model_path_that_does_not_exist(tmp_path):
     assert "Repo id" not in line
 
 
-def test_a_hub_id_is_not_downloaded(tmp_path):
+def test_a_hub_id_missing_from_the_cache_offline_names_the_pull_command(tmp_path):
     line = serve_fails("acme-research/tiny-chat-7b", env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path)})
-    assert "Hugging Face Hub id" in line and "never downloads" in line
-    assert "huggingface-cli download acme-research/tiny-chat-7b --local-dir DIR" in line and ".gguf" in line
+    assert line == (f"error: acme-research/tiny-chat-7b is not in the local Hugging Face cache ({tmp_path}/hub) "
+                    "and HF_HUB_OFFLINE=1 forbids downloads: fetch it first with "
+                    "`llmserve pull acme-research/tiny-chat-7b`")
 
 
 def test_an_architecture_transformers_does_not_know(tmp_path):

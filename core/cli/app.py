@@ -15,6 +15,7 @@ import typer
 
 from llmserve import __version__
 from llmserve.cli.help import PanelCommand, help_context
+from llmserve.cli.models import add_model_commands
 from llmserve.cli.options import (CONFIG_OPTION, PLUGIN_OPTION, add_backend_options, backend_option_models, fail,
                                   resolve_config, with_config_options)
 from llmserve.config import FIELDS, flat_values, load_options
@@ -60,7 +61,8 @@ def with_cli_plugins(specs: list[str] | None) -> PluginManager:
 @with_config_options
 def serve(model_arg: Optional[str] = typer.Argument(
               None, metavar="MODEL", show_default=False,
-              help="Model directory or .gguf file (default: embedded SmolLM2-135M-Instruct); or --model."),
+              help="Model directory, .gguf file or Hugging Face id org/name[:QUANT] (default: embedded "
+                   "SmolLM2-135M-Instruct); or --model."),
           config: Optional[Path] = CONFIG_OPTION, *, flags: dict[str, Any]) -> None:
     """Load a model and serve it in every enabled dialect."""
     if model_arg is not None:
@@ -164,6 +166,7 @@ def config_show(config: Optional[Path] = CONFIG_OPTION,
     cfg, sources = resolve_config(flags, config)
     values = flat_values(cfg)
     values["api_key"] = ["***"] * len(values["api_key"])  # secrets are never printed
+    values["hf_token"] = "***" if values["hf_token"] else None
     rows = {k: (values[k], sources[k]) for k in FIELDS}
     try:
         backend = cfg.llm.backend
@@ -180,6 +183,9 @@ def config_show(config: Optional[Path] = CONFIG_OPTION,
     width = max(len(k) for k in rows) + 2
     for key, (value, source) in rows.items():
         typer.echo(f"{key.replace('_', '-'):<{width}}{json.dumps(value):<40} {source}")
+
+
+add_model_commands(cli)  # pull, ls, rm: the models in the local Hugging Face cache
 
 
 @cli.command("version")
@@ -204,7 +210,7 @@ def _global_options(version: bool = typer.Option(False, "--version", "-V", is_ea
 @with_config_options
 def warmup_cmd(model_arg: Optional[str] = typer.Argument(
                    None, metavar="MODEL", show_default=False,
-                   help="Model directory or .gguf file to prepare (default: the embedded model)."),
+                   help="Model directory, .gguf file or Hugging Face id to prepare (default: the embedded model)."),
                config: Optional[Path] = CONFIG_OPTION, *, flags: dict[str, Any]) -> None:
     """Do the slow once-per-machine work now: build the native kernels, convert and cache the model.
 

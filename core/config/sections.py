@@ -24,7 +24,15 @@ class ModelConfig(Section):
     """The model and how it is loaded: which checkpoint, its names, dtype, device, context length, task."""
 
     model: str | None = Field(None, description=(
-        "Hugging Face model directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)."))
+        "A local model directory or .gguf file, or a Hugging Face repo id (org/name, or org/name:QUANT for a GGUF "
+        "repo) served from the local Hugging Face cache and downloaded into it when missing (default: the "
+        "embedded SmolLM2-135M-Instruct)."))
+    revision: str | None = Field(None, description=(
+        "Branch, tag or commit of a Hugging Face repo MODEL (default: main)."))
+    offline: bool = Field(False, description=(
+        "Never download: a Hugging Face repo MODEL must already be in the local cache (as with HF_HUB_OFFLINE=1)."))
+    hf_token: str | None = Field(None, description=(
+        "Hugging Face token for gated or private repos (default: HF_TOKEN, or the token `hf auth login` saved)."))
     served_model_name: list[str] = Field(default_factory=list, description=(
         "Names clients may use for the model (the first is reported); repeatable."))
     strict_model_name: bool = Field(False, description=(

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from llmserve.config import ServerConfig
-from llmserve.errors import NotFoundError
+from llmserve.errors import InvalidRequestError, NotFoundError
 from llmserve.server.admission import Admission
 from llmserve.server.metrics import Metrics
+
+# The longest model name a request may send (a Hub id is at most 193 characters; a served path
+# may be longer), and the characters no name holds.
+MAX_MODEL_NAME_CHARS = 1024
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 if TYPE_CHECKING:  # names only: importing them here would pull the engine and pluggy in early
     from starlette.responses import StreamingResponse
@@ -126,6 +132,10 @@ class ServerContext:
         The one place every dialect resolves model names: a served name (or empty) is accepted;
         so is any other name while the model has a single served name, as TGI and llama.cpp do,
         unless ``--strict-model-name``; with several served names an unknown one is a 404."""
+        if name and not self.is_served(name) and (len(name) > MAX_MODEL_NAME_CHARS or _CONTROL.search(name)):
+            # A name is only ever compared and echoed, never a path; an absurd one is still refused.
+            raise InvalidRequestError(f"`{param}` must be a model name of at most {MAX_MODEL_NAME_CHARS} characters "
+                                      f"without control characters (got {len(name)} characters)", param=param)
         if not name or self.is_served(name) or (len(set(self.served_model_names)) == 1
                                                  and not self.config.llm.strict_model_name):
             return self.model_name

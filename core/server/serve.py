@@ -15,6 +15,7 @@ from llmserve.hooks.records import ProtocolSpec, resolve
 from llmserve.errors import ConfigError
 from llmserve.hooks.manager import PluginManager
 from llmserve.hooks.registry import Registry
+from llmserve.models.resolve import apply_resolved, plan_config_model
 from llmserve.parsing.service import AUTO, ParsingService, requested_parsers
 from llmserve.server.context import ServerContext
 from llmserve.server.memory import heap_trimmer, trim_when_idle
@@ -169,6 +170,9 @@ def prepare_server(config: ServerConfig, plugins: PluginManager) -> tuple[Any, S
     plugins.check()
     registry = Registry.collect(plugins)
     options = plugin_options(config, registry)
+    # MODEL looked up now (a path, or a Hub id in the cache; offline, a miss fails here), fetched
+    # in load() when missing: /ready says what is being fetched meanwhile.
+    source = plan_config_model(config.llm)
     parsing = config.parsing
     detected = AUTO in requested_parsers(parsing)  # chosen from the chat template once the model is loaded
     for kind, name in (("tool_parser", parsing.tool_call_parser), ("reasoning_parser", parsing.reasoning_parser)):
@@ -235,6 +239,8 @@ def prepare_server(config: ServerConfig, plugins: PluginManager) -> tuple[Any, S
         return engine
 
     def load() -> None:
+        if source is not None:
+            apply_resolved(config.llm, source.resolve())
         engine = on_passing_thread(load_engine)
         context.metrics.resize(engine.max_model_len)
         engine.metrics = context.metrics  # before the loop starts: the engine thread records into it

@@ -1,5 +1,6 @@
 """A lean reader of a GGUF file's header: the scalar metadata and the tensor table, with every
-tensor's bytes as a view of one read-only memory map of the file.
+tensor's bytes as a view of one read-only memory map of the file (of its part, for a model split
+into several files).
 
 ``gguf.GGUFReader`` parses every metadata array into numpy views (a tokenizer's hundred thousand
 strings and merges take seconds); serving needs none of them, since transformers converts the
@@ -8,6 +9,8 @@ tokenizer once and the result is cached. Arrays are skipped here, not decoded.
 
 from __future__ import annotations
 
+import os
+import re
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -34,14 +37,56 @@ class GGUFHeaderError(ValueError):
     """The file is not a GGUF this reader understands."""
 
 
+_SPLIT = re.compile(r"(?P<stem>.+)-(?P<part>\d{5})-of-(?P<count>\d{5})\.gguf", re.IGNORECASE)
+
+
+def split_parts(path: str, count: int) -> list[str]:
+    """The files of a split GGUF model (``name-00001-of-00003.gguf`` ...) whose first part is
+    ``path`` and whose metadata says it has ``count`` parts; a missing part is an error."""
+    folder, name = os.path.split(path)
+    match = _SPLIT.fullmatch(name)
+    if match is None or int(match.group("part")) != 1:
+        raise GGUFHeaderError(f"{path} is part of a split GGUF model ({count} parts): serve its first part, the "
+                              "file named ...-00001-of-%05d.gguf" % count)
+    width = len(match.group("count"))
+    parts = [os.path.join(folder, f"{match.group('stem')}-{i:0{width}d}-of-{count:0{width}d}.gguf")
+             for i in range(1, count + 1)]
+    missing = [os.path.basename(p) for p in parts if not os.path.isfile(p)]
+    if missing:
+        raise GGUFHeaderError(f"split GGUF model {name} misses {len(missing)} of its {count} parts "
+                              f"({', '.join(missing[:3])}); put every part in {folder or '.'}")
+    return parts
+
+
 class GGUFFile:
     """``fields`` (scalars and strings only; arrays map to None), ``tensors`` by name,
-    ``data_offset`` (where tensor data starts) and ``architecture``."""
+    ``data_offset`` (where tensor data starts) and ``architecture``.
 
-    def __init__(self, path: str) -> None:
+    A split model (``split.count`` > 1, as llama.cpp's gguf-split writes it) is opened through its
+    first part: the metadata is the first part's, and ``tensors`` holds every part's tensors, each
+    a view of its own part's mapping; ``parts`` lists the files."""
+
+    def __init__(self, path: str, _part: int = 0) -> None:
+        self.path = path
+        self._parse(path)
+        count = int(self.fields.get("split.count") or 1)
+        if _part or count <= 1:
+            self.parts = [path]
+            return
+        if int(self.fields.get("split.no") or 0) != 0:
+            raise GGUFHeaderError(f"{path} is not the first part of its split GGUF model: serve the file named "
+                                  "...-00001-of-%05d.gguf" % count)
+        self.parts = split_parts(path, count)
+        for number, part in enumerate(self.parts[1:], 1):
+            other = GGUFFile(part, _part=number)
+            clash = set(other.tensors) & set(self.tensors)
+            if clash:
+                raise GGUFHeaderError(f"split GGUF part {part} repeats tensor {sorted(clash)[0]}")
+            self.tensors.update(other.tensors)
+
+    def _parse(self, path: str) -> None:
         from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-        self.path = path
         raw = np.memmap(path, dtype=np.uint8, mode="r")
         buf = memoryview(raw)  # type: ignore[arg-type]
         pos = 0

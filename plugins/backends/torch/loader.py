@@ -136,8 +136,23 @@ def _gguf_cache_key(path: str) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()[:20]
 
 
+def _refuse_split(path: str) -> None:
+    """transformers reads one GGUF file: a split model's other parts would be left out."""
+    from .gguf_file import GGUFFile
+
+    try:
+        count = int(GGUFFile(path, _part=1).fields.get("split.count") or 1)
+    except (ValueError, OSError):
+        return  # not a GGUF this reader understands: the conversion says what is wrong
+    if count > 1:
+        raise ConfigError(f"{os.path.basename(path)} is the first of {count} parts of a split GGUF model, which "
+                          "llmserve reads only on its native CPU path (llama/qwen2 files, --device cpu, float32): "
+                          "serve it there, or merge the parts into one file (llama.cpp's `llama-gguf-split --merge`)")
+
+
 def _convert_gguf(path: str, cache_root: str) -> str:
     """Return an HF directory holding the dequantized GGUF, converting it on first use."""
+    _refuse_split(path)
     from transformers import AutoModelForCausalLM
 
     target = os.path.join(cache_root, "converted", _gguf_cache_key(path))
@@ -271,9 +286,8 @@ def local_model_dir(source: str) -> str:
             return str(snapshot_download(source, local_files_only=True))
         except Exception:  # noqa: BLE001 - not in the local cache, whatever the reason
             raise ConfigError(
-                f"{source!r} looks like a Hugging Face Hub id, and llmserve never downloads models: download it "
-                f"first (`huggingface-cli download {source} --local-dir DIR`) and serve DIR, or serve a .gguf "
-                "file") from None
+                f"{source!r} looks like a Hugging Face repo id that is not in the local Hugging Face cache: fetch "
+                f"it with `llmserve pull {source}`") from None
     raise ConfigError(f"model path {source!r} does not exist: pass a Hugging Face model directory (with "
                       "config.json) or a .gguf file")
 
