@@ -33,7 +33,7 @@ _EXPORTS = {
     **dict.fromkeys(("WireModel", "dialect_router", "sse", "in_band_errors", "parse_body", "parse_model",
                      "ErrorFormat", "MalformedBodyError", "UnsupportedError", "SSE_DONE", "STREAM_HEADERS", "dumps",
                      "load_json"), "llmserve.server.dialect_kit"),
-    **dict.fromkeys(("ChatTurn", "prepare_chat", "count_chat_tokens"), "llmserve.server.chat_turn"),
+    **dict.fromkeys(("ChatTurn", "prepare_chat", "count_chat_tokens", "effort_budget"), "llmserve.server.chat_turn"),
     **dict.fromkeys(("SSE_RESPONSES", "openapi_body", "stream_responses"), "llmserve.server.openapi"),
     **dict.fromkeys(("presented_key", "public_route"), "llmserve.server.middleware"),
     "to_error": "llmserve.server.errors",
@@ -44,7 +44,8 @@ _EXPORTS = {
     **dict.fromkeys(("render_chat", "message_text", "arguments_as_object"), "llmserve.text.chat_template"),
     "IncrementalDetokenizer": "llmserve.text.detokenizer",
     # the engine's request and output types, and its client
-    **dict.fromkeys(("GenerateRequest", "PreparedRequest", "RequestPolicy", "deadline_after"), "llmserve.request"),
+    **dict.fromkeys(("GenerateRequest", "PreparedRequest", "RequestPolicy", "ReasoningBudget",
+                     "deadline_after"), "llmserve.request"),
     **dict.fromkeys(("SamplingParams", "MAX_LOGPROBS"), "llmserve.sampling"),
     **dict.fromkeys(("RequestOutput", "SequenceDelta", "TokenLogprob", "Usage"), "llmserve.outputs"),
     "EngineClient": "llmserve.engine.client",

@@ -40,9 +40,13 @@ class SequenceDelta:
 
 @dataclass(slots=True)
 class Usage:
+    """Token counts of a request. ``reasoning_tokens`` is counted by the engine for a request
+    with a thinking budget (the tokens inside its reasoning); ``None`` when none was counted."""
+
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    reasoning_tokens: int | None = None
 
     @property
     def total_tokens(self) -> int:

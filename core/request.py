@@ -22,6 +22,31 @@ class LogitsMask(Protocol):
     def allowed(self, output_token_ids: list[int]) -> list[int] | None: ...
 
 
+@dataclass(frozen=True, slots=True)
+class ReasoningBudget:
+    """A request's thinking budget as the engine enforces it (``llmserve.engine.budget``).
+
+    ``tokens``: the most reasoning tokens the sequence may generate. Past it the engine forces
+    ``message_ids`` (a short note, dropped when it would not fit in the budget; the note counts
+    as reasoning) then ``end_ids`` (the reasoning parser's ``end_marker`` as the tokenizer
+    encodes it), and the answer continues. The reasoning starts at the first generated token
+    when ``opened`` (the rendered prompt ends with ``start`` text), else where the model writes
+    ``start`` at the start of its output (``start`` None: at the first token), or, with
+    ``default_open`` (the reasoning parser reads output without the start marker as reasoning,
+    as ``deepseek_r1`` does), at the first token of an output that does not start with it; it
+    ends early where the model writes ``end`` itself. Markers are found in the detokenized text, so a
+    marker spelled in several tokens counts as well as a single-token one.
+    """
+
+    tokens: int
+    end: str
+    end_ids: tuple[int, ...]
+    message_ids: tuple[int, ...] = ()
+    start: str | None = None
+    opened: bool = False
+    default_open: bool = False
+
+
 @dataclass(slots=True)
 class GenerateRequest:
     """One generation request as the engine sees it.
@@ -41,6 +66,7 @@ class GenerateRequest:
     deadline: float | None = None
     add_special_tokens: bool = True
     mask_factory: Any = None  # Callable[[], LogitsMask] | None
+    reasoning_budget: ReasoningBudget | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +108,8 @@ class PreparedRequest:
     ``generate`` takes. Frozen: nothing changes a request between its validation and its run.
 
     ``sampling.max_tokens`` is always set (the room the prompt leaves when the client gave
-    none); ``capped`` says the ``cap`` policy cut a larger one to that room.
+    none); ``capped`` says the ``cap`` policy cut a larger one to that room. ``reasoning_budget``:
+    the thinking budget the engine enforces, if any.
     """
 
     request_id: str
@@ -93,6 +120,7 @@ class PreparedRequest:
     deadline: float | None = None
     mask_factory: Any = None  # Callable[[], LogitsMask] | None
     capped: bool = False
+    reasoning_budget: ReasoningBudget | None = None
 
 
 def deadline_after(seconds: float | None) -> float | None:

@@ -47,6 +47,7 @@ SAMPLES = {
     "chat_template_render_timeout": "6", "chat_template": "{{ x }}", "return_tokens_as_token_ids": "true",
     "enable_force_include_usage": "true", "trust_request_chat_template": "true", "tool_call_parser": "hermes",
     "enable_auto_tool_choice": "true", "tool_parser_plugin": "p.q", "reasoning_parser": "qwen3",
+    "reasoning_effort_budgets": "low=512,high=8192", "reasoning_budget_message": "Time is up.",
     "guided_decoding_backend": "outlines", "guided_compile_timeout": "3", "guided_max_bytes": "1024",
     "guided_max_depth": "8", "guided_max_items": "64", "log_level": "debug", "uvicorn_log_level": "trace",
     "disable_uvicorn_access_log": "false", "plugins": "a.b",

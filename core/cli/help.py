@@ -57,7 +57,7 @@ PANELS: dict[str, str] = {
     "return_tokens_as_token_ids": TEMPLATES, "enable_force_include_usage": TEMPLATES,
     # tools and parsers
     "tool_call_parser": TOOLS, "enable_auto_tool_choice": TOOLS, "tool_parser_plugin": TOOLS,
-    "reasoning_parser": TOOLS,
+    "reasoning_parser": TOOLS, "reasoning_effort_budgets": TOOLS, "reasoning_budget_message": TOOLS,
     # guided decoding
     "guided_decoding_backend": GUIDED, "guided_compile_timeout": GUIDED, "guided_max_bytes": GUIDED,
     "guided_max_depth": GUIDED, "guided_max_items": GUIDED,

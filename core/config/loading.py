@@ -42,7 +42,8 @@ FIELDS = [
     "timeout_request_headers", "timeout_request_body", "cors_allow_origins", "cors_allow_credentials",
     "cors_allow_methods", "cors_allow_headers", "chat_template_render_timeout", "chat_template",
     "return_tokens_as_token_ids", "enable_force_include_usage", "trust_request_chat_template", "tool_call_parser",
-    "enable_auto_tool_choice", "tool_parser_plugin", "reasoning_parser", "guided_decoding_backend",
+    "enable_auto_tool_choice", "tool_parser_plugin", "reasoning_parser", "reasoning_effort_budgets",
+    "reasoning_budget_message", "guided_decoding_backend",
     "guided_compile_timeout", "guided_max_bytes", "guided_max_depth", "guided_max_items", "log_level",
     "uvicorn_log_level", "disable_uvicorn_access_log", "plugins"
 ]

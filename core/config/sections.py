@@ -11,7 +11,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+# Reasoning effort -> thinking budget in tokens (--reasoning-effort-budgets overrides levels).
+EFFORT_BUDGETS: dict[str, int] = {"none": 0, "minimal": 256, "low": 1024, "medium": 4096, "high": 16384,
+                                  "xhigh": 32768}
 
 
 class Section(BaseModel):
@@ -222,6 +227,24 @@ class ParsingConfig(Section):
         "Plugin file or module contributing tool or reasoning parsers (loaded like --plugin); repeatable."))
     reasoning_parser: str | None = Field(None, description=(
         "Reasoning parser that moves the model's thinking into reasoning_content."))
+    reasoning_effort_budgets: dict[str, int] = Field(default_factory=lambda: dict(EFFORT_BUDGETS), description=(
+        "Thinking budget in tokens of each reasoning effort (OpenAI reasoning_effort, Responses reasoning.effort, "
+        "Anthropic output_config.effort, Ollama think levels), e.g. low=512,high=8192; the levels given replace "
+        "those of the default table (docs/tool-calling.md#thinking-budgets)."))
+    reasoning_budget_message: str = Field("", description=(
+        "Text the engine writes before the reasoning parser's end marker when a thinking budget is spent (e.g. "
+        "\"Time is up: answer now.\"); it counts against the budget and is left out when it does not fit."))
+
+    @field_validator("reasoning_effort_budgets")
+    @classmethod
+    def _known_efforts(cls, value: dict[str, int]) -> dict[str, int]:
+        unknown = sorted(set(value) - set(EFFORT_BUDGETS))
+        if unknown:
+            raise ValueError(f"unknown reasoning effort {unknown[0]!r} (known: {', '.join(EFFORT_BUDGETS)})")
+        bad = next((k for k, v in value.items() if v < 0), None)
+        if bad is not None:
+            raise ValueError(f"the budget of {bad!r} must be a number of tokens >= 0, got {value[bad]}")
+        return {**EFFORT_BUDGETS, **value}
 
 
 class GuidedConfig(Section):

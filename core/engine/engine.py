@@ -16,6 +16,7 @@ from typing import Any, Callable
 from llmserve.config import CacheConfig, ServerConfig
 from llmserve.engine.backend import Backend, KVCacheSpec, ModelInfo, StepItem
 from llmserve.engine.block_manager import BlockManager
+from llmserve.engine.budget import BudgetTracker
 from llmserve.engine.defaults import SamplingDefaults
 from llmserve.engine.embed import EmbedQueue
 from llmserve.engine.faults import FailingMask, FaultInjector, InjectedFault
@@ -148,6 +149,8 @@ class LLMEngine:
             seq = Sequence(request.request_id, prompt_ids, sp, index=j, priority=request.priority,
                            arrival=arrival, mask=masks[j])
             seq.state = SeqState.new(self.tokenizer, prompt_ids, sp, max_tokens)
+            if request.reasoning_budget is not None:
+                seq.state.budget = BudgetTracker(request.reasoning_budget)
             seqs.append(seq)
         state = RequestState(request, prompt_ids, seqs, sink, Timings(arrival=arrival),
                              buffered=sp.num_sequences > sp.n)
@@ -285,11 +288,15 @@ class LLMEngine:
         start = seq.num_computed_tokens
         state = self.requests.get(seq.request_id)
         targets = prompt_logprob_targets(state, seq, sched.num_tokens) if state is not None else None
+        mask = seq.mask
+        budget = seq.state.budget
+        if budget is not None and budget.forcing and sched.sample:
+            mask = budget  # a spent thinking budget: the next token of its end marker, whatever the logits
         return StepItem(
             seq_id=seq.seq_id, token_ids=seq.token_ids[start: start + sched.num_tokens], start_pos=start,
             block_table=seq.block_table, sample=sched.sample, sampling=sp,
             prompt_ids=seq.prompt_token_ids if sp.repetition_penalty != 1.0 else [],
-            output_ids=seq.output_token_ids, seed_offset=seq.index, mask=seq.mask,
+            output_ids=seq.output_token_ids, seed_offset=seq.index, mask=mask,
             prompt_logprob_targets=targets)
 
     def _emit(self, state: RequestState) -> None:

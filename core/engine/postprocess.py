@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from llmserve.engine.backend import StepResult
+from llmserve.engine.budget import BudgetTracker
 from llmserve.engine.scheduler import ScheduledSeq
 from llmserve.engine.sequence import Sequence
 from llmserve.outputs import FinishReason, RequestOutput, SequenceDelta, Timings, TokenLogprob, Usage
@@ -35,6 +36,7 @@ class SeqState:
     text_parts: list[str] = field(default_factory=list)        # best_of only: whole output
     all_logprobs: list[TokenLogprob] = field(default_factory=list)
     finished: bool = False
+    budget: BudgetTracker | None = None  # the request's thinking budget, when it has one
 
     @classmethod
     def new(cls, tokenizer: object, prompt_ids: list[int], sp: SamplingParams, max_tokens: int) -> "SeqState":
@@ -119,6 +121,8 @@ def append_token(seq: Sequence, result: StepResult, eos_ids: frozenset[int], max
             reason, stop_reason = "stop", tok
     if reason is None or sp.include_stop_str_in_output:
         text = st.detok.add([tok])
+        if st.budget is not None:
+            st.budget.on_token(tok, text)
         if n_out > sp.min_tokens:
             text, matched = st.stop.feed(text)
             if matched is not None and reason is None:
@@ -167,9 +171,11 @@ def build_output(state: RequestState) -> RequestOutput | None:
         out.prompt_token_ids = state.prompt_ids
         out.prompt_logprobs = state.prompt_logprobs
         state.first_sent = True
+    budgets = [s.state.budget.count for s in state.seqs if s.state.budget is not None]
     out.usage = Usage(prompt_tokens=len(state.prompt_ids),
                       completion_tokens=sum(s.num_output_tokens for s in state.seqs),
-                      cached_tokens=state.seqs[0].num_cached_tokens)
+                      cached_tokens=state.seqs[0].num_cached_tokens,
+                      reasoning_tokens=sum(budgets) if budgets else None)
     return out
 
 

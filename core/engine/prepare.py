@@ -66,7 +66,8 @@ class Preparer:
             sampling = sampling.model_copy(update={"max_tokens": room})
         return PreparedRequest(request_id=request.request_id, prompt=request.prompt, prompt_token_ids=tuple(ids),
                                sampling=sampling, priority=request.priority, deadline=request.deadline,
-                               mask_factory=request.mask_factory, capped=capped)
+                               mask_factory=request.mask_factory, capped=capped,
+                               reasoning_budget=request.reasoning_budget)
 
     def _rejects(self, policy: RequestPolicy) -> bool:
         """Whether ``policy`` refuses a ``max_tokens`` over the room (``fit``: the server decides)."""

@@ -140,6 +140,18 @@ class ReasoningParser(ABC):
 
     #: Like ``ToolParser.needs_special_tokens``.
     needs_special_tokens: bool = False
+    #: The text that closes the model's reasoning, in the model's own way (``</think>``): a
+    #: declared fact of the format, read once from the class. The engine writes it (as the
+    #: tokenizer encodes it) to end a reasoning that reached the request's thinking budget,
+    #: so a parser that declares it gets enforced budgets with no code of its own; ``None``
+    #: (the default) means budgets are not enforced under this parser. It must be text the
+    #: parser itself takes as the end of the reasoning.
+    end_marker: str | None = None
+    #: The text that opens the reasoning (``<think>``), when the format has one: a rendered
+    #: prompt that ends with it opened the reasoning already (budgets count from the first
+    #: generated token); otherwise they count from where the model writes it at the start of
+    #: its output. ``None``: the reasoning is taken as open from the first generated token.
+    start_marker: str | None = None
 
     def __init__(self, tokenizer: Any = None, chat_template_kwargs: dict[str, Any] | None = None) -> None:
         self.tokenizer = tokenizer

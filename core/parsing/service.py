@@ -41,10 +41,13 @@ def requested_parsers(config: "ParsingConfig") -> tuple[str | None, str | None]:
 @dataclass(frozen=True, slots=True)
 class Chains:
     """A request's maker of fresh parse chains (``make()``: one per choice), or ``None`` as
-    ``make`` when nothing is parsed; ``needs_special_tokens`` when a parser declared it."""
+    ``make`` when nothing is parsed; ``needs_special_tokens`` when a parser declared it;
+    ``reasoning``: the reasoning parser class the chains run, if any (its declared markers
+    end a reasoning whose thinking budget is spent)."""
 
     make: ChainMaker | None
     needs_special_tokens: bool = False
+    reasoning: type[ReasoningParser] | None = None
 
     def keep_markers(self, sampling: "SamplingParams") -> "SamplingParams":
         """``sampling`` with ``skip_special_tokens`` off when a parser needs its marker tokens
@@ -123,4 +126,4 @@ class ParsingService:
                                 tools=plan.offered if plan is not None else None,
                                 chat_template_kwargs=template_kwargs)
         special = any(c is not None and c.needs_special_tokens for c in (tool_cls, reasoning_cls))
-        return Chains(make, special)
+        return Chains(make, special, reasoning_cls)

@@ -22,7 +22,7 @@ from llmserve.errors import InvalidRequestError
 from llmserve.guided import GuidedSpec
 from llmserve.parsing.service import Chains
 from llmserve.parsing.tool_choice import ToolPlan
-from llmserve.request import GenerateRequest, PreparedRequest, RequestPolicy
+from llmserve.request import GenerateRequest, PreparedRequest, ReasoningBudget, RequestPolicy
 from llmserve.sampling import SamplingParams
 from llmserve.text.chat_template import render_chat
 
@@ -44,7 +44,9 @@ class ChatTurn:
     ``tools`` / ``tool_choice`` /
     ``parallel_tool_calls`` are in OpenAI's shapes; ``forced_words`` names a forced call in the
     dialect's words when one meets ``constraint`` (a 400). ``reasoning``: false when the request
-    turned thinking off. ``truncate`` cuts the prompt's ids (vLLM's ``truncate_prompt_tokens``).
+    turned thinking off; ``reasoning_budget`` is its thinking budget in tokens (the engine ends
+    the reasoning there, under a reasoning parser that declares its ``end_marker``; none:
+    unlimited). ``truncate`` cuts the prompt's ids (vLLM's ``truncate_prompt_tokens``).
     ``no_template``, when given, is the refusal for a model without a chat template.
 
     ``policy`` is the dialect's ``RequestPolicy``: the field prompt errors name (``messages``),
@@ -68,6 +70,7 @@ class ChatTurn:
     forced_words: str = "a forced tool call"
     template_kwargs: dict[str, Any] | None = None
     reasoning: bool = True
+    reasoning_budget: int | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template: str | None = None
@@ -106,6 +109,18 @@ async def prepare_chat(context: "ServerContext", turn: ChatTurn) -> PreparedChat
                                     reasoning=turn.reasoning, template_kwargs=turn.template_kwargs)
     request = await engine.in_worker(_request, context, turn, plan, chains, mask_factory)
     return PreparedChat(request, plan, chains)
+
+
+def effort_budget(context: "ServerContext", effort: str, param: str) -> int:
+    """The thinking budget, in tokens, of a reasoning ``effort`` (``none`` ... ``xhigh``) in the
+    server's table (``--reasoning-effort-budgets``); an effort the table lacks is a 400 naming
+    ``param`` (each dialect renders it in its own format)."""
+    table = context.config.parsing.reasoning_effort_budgets
+    if effort not in table:
+        known = ", ".join(repr(k) for k in table)
+        raise InvalidRequestError(f"Invalid value: {str(effort)[:40]!r}. Supported values are: {known}.",
+                                  param=param)
+    return table[effort]
 
 
 async def count_chat_tokens(context: "ServerContext", turn: ChatTurn, tools: list[dict[str, Any]] | None) -> int:
@@ -155,5 +170,38 @@ def _request(context: "ServerContext", turn: ChatTurn, plan: ToolPlan, chains: C
         text, ids = None, turn.truncate(ids)
     request = GenerateRequest(prompt=text, prompt_token_ids=ids, sampling=chains.keep_markers(turn.sampling),
                               request_id=turn.request_id, priority=turn.priority, add_special_tokens=False,
-                              mask_factory=mask_factory)
+                              mask_factory=mask_factory,
+                              reasoning_budget=_budget(context, turn, chains, text, ids))
     return engine.prepare(request, turn.policy)
+
+
+def _budget(context: "ServerContext", turn: ChatTurn, chains: Chains, text: str | None,
+            ids: list[int]) -> ReasoningBudget | None:
+    """The turn's thinking budget as the engine enforces it, or None: no budget asked for, no
+    reasoning parser in the chains (thinking off, constrained output), or a parser that declares
+    no ``end_marker``. Whether the prompt opened the reasoning is read from its text. In a
+    tokenizer thread."""
+    parser = chains.reasoning
+    if turn.reasoning_budget is None or parser is None or not parser.end_marker:
+        return None
+    engine = context.engine
+    assert engine is not None
+    start = parser.start_marker or None
+    if text is None:  # given as token ids: the tail is enough to see how the prompt ends
+        text = engine.decode(ids[-64:], skip_special_tokens=False)
+    if start is None:
+        opened = True
+    elif turn.continue_final_message:  # a continued message may hold an open reasoning anywhere
+        opened = text.rfind(start) > text.rfind(parser.end_marker)
+    else:
+        opened = text.rstrip().endswith(start)
+    # Whether the parser reads an output without the start marker as reasoning (deepseek_r1 does,
+    # kimi_k2 does not): asked of a fresh parser, so a third-party parser is read the same way.
+    probe = parser(None, turn.template_kwargs)
+    default_open = bool(probe.feed("Probe.").extend(probe.finish()).reasoning)
+    message = context.config.parsing.reasoning_budget_message
+    return ReasoningBudget(
+        tokens=turn.reasoning_budget, end=parser.end_marker,
+        end_ids=tuple(engine.encode(parser.end_marker, False)),
+        message_ids=tuple(engine.encode(message, False)) if message else (), start=start, opened=opened,
+        default_open=default_open)

@@ -253,6 +253,9 @@ class OpenAIGptOssReasoningParser(ReaderFed, ReasoningParser):
 
     needs_special_tokens = True
     start_tag, end_tag = CHANNEL, END  # what the linear-time test repeats
+    # Thinking budgets: the analysis message the model opens, closed by <|end|>; the model then
+    # writes its next message (the final answer, or a call) itself.
+    start_marker, end_marker = CHANNEL + "analysis" + MESSAGE, END
 
     def __init__(self, tokenizer: Any = None, chat_template_kwargs: dict[str, Any] | None = None) -> None:
         super().__init__(tokenizer, chat_template_kwargs)

@@ -29,6 +29,8 @@ class ThinkReasoningParser(ReasoningParser):
 
     start_tag = "<think>"
     end_tag = "</think>"
+    # The contract's declared markers (thinking budgets): a subclass with other tags declares them too.
+    start_marker, end_marker = start_tag, end_tag
     #: Drop end tags found in the content (a model that closes its thinking twice).
     drop_stray_end_tags = False
 
@@ -179,6 +181,7 @@ class SeedOssReasoningParser(ThinkReasoningParser):
 
     start_tag = "<seed:think>"
     end_tag = "</seed:think>"
+    start_marker, end_marker = start_tag, end_tag
     drop_stray_end_tags = True
 
     def thinking_by_default(self) -> bool:

@@ -51,6 +51,7 @@ class MistralReasoningParser(ThinkReasoningParser):
 
     needs_special_tokens = True
     start_tag, end_tag = "[THINK]", "[/THINK]"
+    start_marker, end_marker = start_tag, end_tag
 
     def thinking_by_default(self) -> bool:
         return False
@@ -68,6 +69,7 @@ class GraniteReasoningParser(ReasoningParser):
     start with the phrase is content; no response phrase means all reasoning (cut off)."""
 
     start_tag, end_tag = GRANITE_STARTS[0], GRANITE_ENDS[0]  # what the linear-time test repeats
+    start_marker, end_marker = start_tag, end_tag  # a spent thinking budget writes "Here is my response:"
 
     def __init__(self, tokenizer: Any = None, chat_template_kwargs: dict[str, Any] | None = None) -> None:
         super().__init__(tokenizer, chat_template_kwargs)

@@ -126,12 +126,12 @@ def test_thinking_and_text_blocks_streamed_and_not(thinker):
 
 def test_thinking_display_omitted_keeps_the_signature_only(thinker):
     client = thinker
-    msg = post(client, "<think>secret</think>ok", thinking={"type": "enabled", "budget_tokens": 1024,
+    msg = post(client, "<think>secret</think>ok", thinking={"type": "enabled", "budget_tokens": 100,
                                                             "display": "omitted"}).json()
     assert msg["content"][0]["type"] == "thinking" and msg["content"][0]["thinking"] == ""
     assert msg["content"][0]["signature"]
     streamed = fold(events(post(client, "<think>secret</think>ok", stream=True,
-                                thinking={"type": "enabled", "budget_tokens": 1024, "display": "omitted"}).text))
+                                thinking={"type": "enabled", "budget_tokens": 100, "display": "omitted"}).text))
     assert streamed["content"] == msg["content"]
 
 
@@ -357,7 +357,7 @@ def test_thinking_disabled_reaches_template_and_parser(thinker):
     # qwen3's parser reads the template switch: with thinking disabled, untagged output is text.
     msg = post(thinker, "plain answer", thinking={"type": "disabled"}).json()
     assert msg["content"] == [{"type": "text", "text": "plain answer"}]
-    msg = post(thinker, "plain answer", thinking={"type": "enabled", "budget_tokens": 2048}).json()
+    msg = post(thinker, "plain answer", thinking={"type": "enabled", "budget_tokens": 100}).json()
     assert [b["type"] for b in msg["content"]] == ["thinking"] and msg["content"][0]["thinking"] == "plain answer"
 
 

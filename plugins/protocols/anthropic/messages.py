@@ -63,7 +63,8 @@ class Messages:
         tools, choice, parallel = params.tool_fields(body, ctx.parsing.auto_tools)
         turn = self.turn(body, sampling=sampling, request_id=uuid.uuid4().hex, tools=tools, tool_choice=choice,
                          parallel_tool_calls=parallel, constraint=params.output_spec(body),
-                         forced_words="a forced tool_choice (any or tool)", policy=params.POLICY)
+                         forced_words="a forced tool_choice (any or tool)", policy=params.POLICY,
+                         reasoning_budget=params.thinking_budget(ctx, body))
         prepared = await prepare_chat(ctx, turn)
         req = prepared.request
         head = {"id": f"msg_{req.request_id}", "type": "message", "role": "assistant", "model": model}

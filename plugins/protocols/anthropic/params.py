@@ -17,6 +17,7 @@ from typing import Any
 from llmserve import InvalidRequestError
 from llmserve import GuidedSpec
 from llmserve import AUTO_FLAGS
+from llmserve import effort_budget
 from llmserve import RequestPolicy
 from llmserve import SamplingParams
 
@@ -209,6 +210,26 @@ def template_kwargs(body: CountTokensRequest) -> dict[str, Any]:
         return {}
     on = body.thinking.type != "disabled"
     return {"enable_thinking": on, "thinking": on}
+
+
+def thinking_budget(context: Any, body: MessagesRequest) -> int | None:
+    """The thinking budget Anthropic's fields ask for: ``thinking.budget_tokens`` (which must be
+    below ``max_tokens``, as Anthropic requires), else ``output_config.effort`` through the
+    server's effort table (``max``: no budget); none while thinking is disabled."""
+    thinking = body.thinking
+    if thinking is not None and thinking.type == "disabled":
+        return None
+    if thinking is not None and thinking.budget_tokens is not None:
+        if thinking.budget_tokens >= body.max_tokens:
+            raise InvalidRequestError(f"`max_tokens` must be greater than `thinking.budget_tokens` "
+                                      f"({body.max_tokens} <= {thinking.budget_tokens})", param="max_tokens")
+        return thinking.budget_tokens
+    effort = (body.output_config or {}).get("effort")
+    if effort is None or effort == "max":
+        return None
+    if not isinstance(effort, str):
+        raise InvalidRequestError("output_config.effort: must be a string", param="output_config.effort")
+    return effort_budget(context, effort, "output_config.effort")
 
 
 def output_spec(body: CountTokensRequest) -> GuidedSpec | None:

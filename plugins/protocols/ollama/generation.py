@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from llmserve import ChainMaker
 from llmserve import PreparedRequest
-from llmserve import ChatTurn, prepare_chat
+from llmserve import ChatTurn, effort_budget, prepare_chat
 from llmserve import STREAM_HEADERS, dumps, in_band_errors
 
 from . import params
@@ -89,7 +89,10 @@ class Generation:
         policy = params.policy(body.options, prompt)
         return ChatTurn(sampling=params.sampling(body.options), request_id=f"ollama-{request_id or uuid.uuid4().hex}",
                         constraint=guided_spec(body.format), template_kwargs=params.template_kwargs(body.think),
-                        reasoning=think is not False, policy=policy, **fields)
+                        reasoning=think is not False, policy=policy, **fields,
+                        # a think level is a reasoning effort: its thinking budget is enforced
+                        reasoning_budget=effort_budget(self.ctx, body.think, "think")
+                        if isinstance(body.think, str) else None)
 
     def _start(self, body: Any, what: str) -> str:
         """Resolve the model name and check what no request may ask of this server."""

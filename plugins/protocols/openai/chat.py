@@ -11,7 +11,7 @@ from llmserve import InvalidRequestError
 from llmserve import ChainMaker, ParseChain
 from llmserve import first_call_only
 from llmserve import ToolPlan
-from llmserve import ChatTurn, prepare_chat
+from llmserve import ChatTurn, effort_budget, prepare_chat
 from llmserve import SSE_DONE, STREAM_HEADERS, sse
 from llmserve import to_error
 from llmserve import arguments_as_object, message_text
@@ -72,6 +72,10 @@ class Chat(Endpoint):
             raise InvalidRequestError("best_of > n is not supported when streaming", param="best_of")
         turn = self.turn(body, sampling, body.request_id or request_id or uuid.uuid4().hex)
         turn.policy = policy
+        # A thinking budget: the thinking_budget extra, else reasoning_effort through the server's table.
+        turn.reasoning_budget = body.thinking_budget
+        if turn.reasoning_budget is None and body.reasoning_effort is not None:
+            turn.reasoning_budget = effort_budget(ctx, body.reasoning_effort, "reasoning_effort")
         prepared = await prepare_chat(ctx, turn)
         req, plan, make_chain = prepared.request, prepared.plan, prepared.chains.make
         rid = f"chatcmpl-{body.request_id or request_id or uuid.uuid4().hex}"
@@ -88,7 +92,9 @@ class Chat(Endpoint):
         acc: dict[int, dict] = {}
         usage = (0, 0, 0)
         prompt_lps = None
+        engine_counted: int | None = None  # reasoning tokens the engine counted (a thinking budget)
         async for _, event in self.p.context.engine.generate_many([req]):
+            engine_counted = event.usage.reasoning_tokens
             prompt_lps = event.prompt_logprobs if event.prompt_logprobs is not None else prompt_lps
             for d in event.outputs:
                 if d.index >= n:
@@ -119,6 +125,8 @@ class Chat(Endpoint):
                       "token_ids": c["ids"] if body.return_token_ids else None}
             choices.append(choice)
         # vLLM's extra keys are always there, null unless asked for.
+        if engine_counted is not None:
+            reasoning_tokens = engine_counted
         return {**head, "choices": choices, "usage": _with_reasoning(usage_dict(*usage), reasoning_tokens),
                 "prompt_logprobs": prompt_logprobs(prompt_lps, self.tt, req.sampling.prompt_logprobs or 0),
                 "prompt_token_ids": req.prompt_token_ids if body.return_token_ids else None}
@@ -139,9 +147,11 @@ class Chat(Endpoint):
                 out["usage"] = usage_dict(*usage) if continuous else None
             return sse(out)
 
+        engine_counted: int | None = None  # reasoning tokens the engine counted (a thinking budget)
         try:
             async for _, event in self.p.context.engine.generate_many([req]):
                 usage = (event.usage.prompt_tokens, event.usage.completion_tokens, event.usage.cached_tokens)
+                engine_counted = event.usage.reasoning_tokens
                 for d in event.outputs:
                     if d.index not in chains:
                         chains[d.index] = make_chain() if make_chain is not None else None
@@ -182,6 +192,7 @@ class Chat(Endpoint):
                     yield chunk(choice)
             if include_usage:
                 spent = sum(self.count_tokens(text) for text in reasoning.values())
+                spent = engine_counted if engine_counted is not None else spent
                 yield sse({**head, "choices": [], "usage": _with_reasoning(usage_dict(*usage), spent)})
         except Exception as exc:  # noqa: BLE001 - after the 200, errors travel in-band
             yield sse(self.p.error_body(to_error(exc))[1])

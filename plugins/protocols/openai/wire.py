@@ -150,6 +150,8 @@ class ChatCompletionRequest(SamplingFields):
     documents: list[dict[str, Any]] | None = None
     prompt_logprobs: int | None = Field(None, ge=-1)
     include_reasoning: bool | None = True
+    reasoning_effort: str | None = None
+    thinking_budget: int | None = Field(None, ge=0)
 
     @field_validator("prompt_token_ids")
     @classmethod

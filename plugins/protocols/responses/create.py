@@ -24,7 +24,7 @@ from llmserve import first_call_only
 from llmserve import ToolPlan
 from llmserve import PreparedRequest, RequestPolicy
 from llmserve import SamplingParams
-from llmserve import ChatTurn, prepare_chat
+from llmserve import ChatTurn, effort_budget, prepare_chat
 from llmserve import STREAM_HEADERS, sse
 from llmserve import to_error
 
@@ -129,11 +129,13 @@ class Create:
         sampling = SamplingParams.build(POLICY.names, temperature=body.temperature, top_p=body.top_p,
                                         max_tokens=body.max_output_tokens)
         effort = body.reasoning.effort if body.reasoning is not None else None
+        budget = effort_budget(ctx, effort, "reasoning.effort") if effort is not None else None
         turn = ChatTurn(sampling=sampling, request_id=request.headers.get("x-request-id") or new_id("req"),
                         messages=conv.messages, tools=offered, tool_choice=choice,
                         parallel_tool_calls=body.parallel_tool_calls, constraint=text_format_spec(body),
                         forced_words="tool_choice required or a named function",
-                        template_kwargs={"reasoning_effort": effort} if effort else None, policy=POLICY)
+                        template_kwargs={"reasoning_effort": effort} if effort else None, reasoning_budget=budget,
+                        policy=POLICY)
         prepared = await prepare_chat(ctx, turn)
         return Prepared(body, model, owner, history, items, prepared.plan, prepared.chains.make, prepared.request,
                         namespaces)
@@ -155,8 +157,10 @@ class Create:
         reason and token counts in ``result``."""
         chain = prep.make_chain() if prep.make_chain is not None else None
         finish, counts = None, (len(prep.request.prompt_token_ids or ()), 0, 0)
+        counted: int | None = None  # the engine's count of reasoning tokens (a thinking budget)
         async for _, event in self.p.context.engine.generate_many([prep.request]):
             counts = (event.usage.prompt_tokens, event.usage.completion_tokens, event.usage.cached_tokens)
+            counted = event.usage.reasoning_tokens
             for d in event.outputs:
                 if chain is None:
                     builder.add(ParseDelta(content=d.text))
@@ -170,14 +174,17 @@ class Create:
             if events:
                 yield events
         builder.finish(incomplete=finish == "length")
-        result.update(finish=finish, counts=counts)
+        result.update(finish=finish, counts=counts, reasoning_tokens=counted)
         yield builder.take()
 
     def _finish(self, prep: Prepared, builder: OutputBuilder, result: dict[str, Any]) -> dict[str, Any]:
         """The final response object (stored when asked to)."""
         prompt, completion, cached = result["counts"]
         reasoning = builder.text("reasoning")
-        reasoning_tokens = len(self.p.context.engine.encode(reasoning, add_special_tokens=False)) if reasoning else 0
+        reasoning_tokens = result.get("reasoning_tokens")
+        if reasoning_tokens is None:  # no thinking budget: the reasoning text, re-tokenized
+            engine = self.p.context.engine
+            reasoning_tokens = len(engine.encode(reasoning, add_special_tokens=False)) if reasoning else 0
         incomplete = result["finish"] == "length"
         response = self.snapshot(prep, "incomplete" if incomplete else "completed", builder.items)
         response["incomplete_details"] = {"reason": "max_output_tokens"} if incomplete else None

@@ -36,7 +36,8 @@ class TextConfig(WireModel):
 
 class ReasoningConfig(WireModel):
     effort: str | None = Field(None, description="none | minimal | low | medium | high | xhigh; given to the "
-                                                 "chat template as reasoning_effort.")
+                                                 "chat template as reasoning_effort, and the thinking budget "
+                                                 "of that effort is enforced (--reasoning-effort-budgets).")
     summary: str | None = Field(None, description="Accepted and ignored (reasoning comes back whole).")
     generate_summary: str | None = Field(None, description="Accepted and ignored.")
 
