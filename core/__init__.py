@@ -70,6 +70,8 @@ _EXPORTS = {
     **dict.fromkeys(("AUTO_FLAGS", "ToolPlan"), "llmserve.parsing.tool_choice"),
     # guided decoding
     **dict.fromkeys(("GuidedDecoder", "GuidedSpec", "json_schema_spec", "only_one"), "llmserve.guided"),
+    "Structure": "llmserve.guided.structure",
+    **dict.fromkeys(("forced_structure", "tool_parameters"), "llmserve.parsing.forced_syntax"),
     "check_deadline": "llmserve.guided.worker",
     # errors, rendered by every dialect in its own format
     **dict.fromkeys(("LLMServeError", "InvalidRequestError", "ContextLengthError", "NotFoundError", "GenerationError",

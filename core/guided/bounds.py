@@ -59,6 +59,12 @@ def check_bounds(kind: str, value: Any, param: str | None, limits: GuidedLimits)
         _check_size(len(json.dumps(value, ensure_ascii=False)), label, param, limits)
         for path, pattern in patterns:
             check_regex(pattern, f"{label}: the regex pattern at {path}", param, limits)
+    elif kind == "structure":  # its shape and size, then each JSON schema in it as above
+        from llmserve.guided.structure import check_structure
+
+        for schema in check_structure(value, param, limits):
+            for path, pattern in _check_tree(schema, label, param, limits):
+                check_regex(pattern, f"{label}: the regex pattern at {path}", param, limits)
 
 
 def _check_size(size: int, label: str, param: str | None, limits: GuidedLimits) -> None:

@@ -27,9 +27,9 @@ log = logging.getLogger("llmserve.guided")
 
 # "<noun> decoding needs a guided-decoding plugin that supports <plural>"
 _NOUN = {"json_schema": "JSON-schema-guided", "json_object": "JSON-guided", "regex": "regex-guided",
-         "choice": "choice-guided", "grammar": "grammar-guided"}
+         "choice": "choice-guided", "grammar": "grammar-guided", "structure": "structure-guided"}
 _PLURAL = {"json_schema": "JSON schemas", "json_object": "JSON objects", "regex": "regular expressions",
-           "choice": "choice lists", "grammar": "grammars"}
+           "choice": "choice lists", "grammar": "grammars", "structure": "structures"}
 
 
 class GuidedDecoding:

@@ -16,7 +16,7 @@ from typing import Any, Callable
 from llmserve.errors import InvalidRequestError
 from llmserve.request import LogitsMask
 
-KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
+KINDS = ("json_schema", "json_object", "regex", "choice", "grammar", "structure")
 
 MaskFactory = Callable[[], LogitsMask]
 
@@ -34,6 +34,9 @@ class GuidedSpec:
     - ``"choice"``: ``value`` is a non-empty list of strings; the output is exactly one of them.
     - ``"grammar"``: ``value`` is a grammar text (e.g. EBNF / GBNF / Lark; the decoder decides
       which dialects it accepts).
+    - ``"structure"``: ``value`` is a structure of pieces (literal text, JSON values under a
+      schema, free text without given strings, alternatives, repetition) built with
+      ``llmserve.guided.structure.Structure``; forced tool calls in a family's own syntax.
 
     ``param`` names the request field the constraint came from (``"guided_json"``,
     ``"response_format"``, ...); decoders put it in the ``InvalidRequestError`` they raise so
@@ -78,6 +81,8 @@ def check_value(spec: GuidedSpec) -> None:
         raise InvalidRequestError(f"{label}: the JSON schema must be a JSON object", param=param)
     if kind in ("regex", "grammar") and (not isinstance(value, str) or not value):
         raise InvalidRequestError(f"{label}: must be a non-empty string", param=param)
+    if kind == "structure" and not isinstance(value, dict):
+        raise InvalidRequestError(f"{label}: the structure must be a JSON object", param=param)
     if kind == "choice" and (not isinstance(value, (list, tuple)) or not value
                              or not all(isinstance(c, str) for c in value)):
         raise InvalidRequestError(f"{label}: must be a non-empty list of strings", param=param)

@@ -113,6 +113,24 @@ class ToolParser(ABC):
     #: ``skip_special_tokens`` off for the requests this parser reads.
     needs_special_tokens: bool = False
 
+    @classmethod
+    def forced_calls(cls, tools: list[dict[str, Any]], name: str | None = None,
+                     parallel: bool = True) -> dict[str, Any] | None:
+        """How to force calls in this family's own syntax, or None (the default): forced calls
+        are then JSON, read by ``llmserve.parsing.forced``.
+
+        ``tool_choice`` ``required`` (``name`` None: any of ``tools``, at least one call) or a
+        named function (``name``: one call of it) make the core ask the server's tool parser
+        class for a structure (``llmserve.Structure``: literal text, JSON values under a schema,
+        free text without given strings, alternatives, repetition) that guided decoding then
+        enforces; the output is read by this same parser, so it must parse every text the
+        structure allows into calls of the offered tools with arguments valid under their
+        schemas. ``parallel`` false: exactly one call. ``tools`` are checked OpenAI function
+        tools; ``llmserve.forced_structure`` builds the common shape. Raise
+        ``InvalidRequestError`` (``param="tool_choice"``) for tools the syntax cannot write.
+        """
+        return None
+
     def __init__(self, tokenizer: Any = None, tools: list[dict[str, Any]] | None = None) -> None:
         self.tokenizer = tokenizer
         self.tools = tools or []

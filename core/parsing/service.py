@@ -18,6 +18,7 @@ from llmserve.parsing.tool_choice import ToolPlan, plan_tools
 
 if TYPE_CHECKING:
     from llmserve.config import ParsingConfig
+    from llmserve.guided.spec import GuidedSpec
     from llmserve.parsing.detect import Detection
     from llmserve.sampling import SamplingParams
 
@@ -114,14 +115,25 @@ class ParsingService:
         return plan_tools(tools, tool_choice, parallel_tool_calls, auto_enabled=self.auto_tools,
                           tool_parser=self.tool_parser)
 
+    def forced_spec(self, plan: ToolPlan) -> "GuidedSpec":
+        """A forced plan's constraint: in the tool parser's own syntax when its class declares
+        one (``ToolParser.forced_calls``: kind ``structure``), else the plan's JSON schema.
+        Linear in the tools: call it off the event loop."""
+        from llmserve.parsing.forced_syntax import forced_spec
+
+        return forced_spec(self.tool_cls, plan)
+
     def chains(self, tokenizer: Any, plan: ToolPlan | None, *, constrained: bool = False, reasoning: bool = True,
-               template_kwargs: dict[str, Any] | None = None) -> Chains:
+               template_kwargs: dict[str, Any] | None = None, native: bool = False) -> Chains:
         """The chains of one request. ``plan``: its tool plan (``None``: no tools are parsed,
         as for completions); ``constrained``: guided decoding shapes the output, which then has
-        no thinking to separate; ``reasoning``: false when the request turned thinking off."""
-        forced = plan if plan is not None and plan.mode == "forced" else None
-        tool_cls = self.tool_cls if plan is not None and plan.mode == "auto" else None
-        reasoning_cls = self.reasoning_cls if reasoning and not (constrained or forced) else None
+        no thinking to separate; ``reasoning``: false when the request turned thinking off;
+        ``native``: a forced plan constrained in the tool parser's own syntax (``forced_spec``),
+        read by that parser rather than the forced-JSON one."""
+        native = native and plan is not None and plan.mode == "forced" and self.tool_cls is not None
+        forced = plan if plan is not None and plan.mode == "forced" and not native else None
+        tool_cls = self.tool_cls if plan is not None and (plan.mode == "auto" or native) else None
+        reasoning_cls = self.reasoning_cls if reasoning and not (constrained or forced or native) else None
         make = ParseChain.maker(tool_cls, reasoning_cls, forced, tokenizer=tokenizer,
                                 tools=plan.offered if plan is not None else None,
                                 chat_template_kwargs=template_kwargs)

@@ -14,6 +14,7 @@ it keeps its wire models, that translation, and the rendering of the reply from
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
@@ -103,10 +104,12 @@ async def prepare_chat(context: "ServerContext", turn: ChatTurn) -> PreparedChat
         if spec is not None:
             raise InvalidRequestError(f"{turn.forced_words} cannot be combined with {spec.param}",
                                       param="tool_choice")
-        spec = GuidedSpec("json_schema", plan.schema, param="tool_choice")
+        # In the tool parser's own syntax when it declares one, else JSON (linear in the tools).
+        spec = await asyncio.to_thread(context.parsing.forced_spec, plan)
     mask_factory = await context.guided.compile_async(spec) if spec is not None else None
     chains = context.parsing.chains(engine.tokenizer, plan, constrained=mask_factory is not None,
-                                    reasoning=turn.reasoning, template_kwargs=turn.template_kwargs)
+                                    reasoning=turn.reasoning, template_kwargs=turn.template_kwargs,
+                                    native=spec is not None and spec.kind == "structure" and plan.schema is not None)
     request = await engine.in_worker(_request, context, turn, plan, chains, mask_factory)
     return PreparedChat(request, plan, chains)
 

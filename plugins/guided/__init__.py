@@ -1,4 +1,5 @@
-"""Built-in ``lm-format-enforcer`` guided decoder: JSON schemas, JSON objects, regexes, choices.
+"""Built-in ``lm-format-enforcer`` guided decoder: JSON schemas, JSON objects, regexes, choices,
+structures.
 
 Only the record lives here; ``lmfe.py`` (and lmformatenforcer itself) is imported on the first
 guided request.
@@ -12,4 +13,5 @@ from llmserve import GuidedDecoderSpec
 def register_guided_decoders() -> list[GuidedDecoderSpec]:
     return [GuidedDecoderSpec(name="lm-format-enforcer",
                               target="llmserve.plugins.guided.lmfe:LMFormatEnforcerDecoder",
-                              description="json_schema, json_object, regex and choice via lm-format-enforcer")]
+                              description="json_schema, json_object, regex, choice and structure via "
+                                          "lm-format-enforcer")]

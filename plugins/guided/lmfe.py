@@ -55,6 +55,7 @@ from llmserve import GuidedDecoder, GuidedSpec
 
 from .automata import ChoiceParser, choice_trie, regex_context, regex_index
 from .schema import compile_regex, prepare_schema_context
+from .structure import StructEnforcer, StructParser, Tables, compile_structure, special_atoms
 
 log = logging.getLogger("llmserve.guided.lmfe")
 
@@ -310,8 +311,9 @@ class _Mask:
     __slots__ = ("_enforcer", "_prompt", "_key", "_allowed", "_eos", "_failed", "_spacing")
 
     def __init__(self, data: TokenEnforcerTokenizerData, parser: Any, eos: list[int],
-                 token_cache: dict | None = None, spacing: "_Spacing | None" = None) -> None:
-        self._enforcer = TokenEnforcer(data, parser)
+                 token_cache: dict | None = None, spacing: "_Spacing | None" = None,
+                 enforcer: type[TokenEnforcer] = TokenEnforcer) -> None:
+        self._enforcer = enforcer(data, parser)
         self._spacing = spacing
         if token_cache is not None:  # allowed tokens per parser state, shared by the factory's masks
             self._enforcer.allowed_token_cache = token_cache
@@ -376,17 +378,19 @@ class _Spacing:
 
 
 class _Factory:
-    __slots__ = ("data", "make_parser", "eos", "spec", "token_cache", "spacing")
+    __slots__ = ("data", "make_parser", "eos", "spec", "token_cache", "spacing", "enforcer")
 
     def __init__(self, data: Any, make_parser: Callable[[], Any], eos: list[int], spec: GuidedSpec,
-                 spacing: _Spacing | None = None, token_cache: dict | None = None) -> None:
+                 spacing: _Spacing | None = None, token_cache: dict | None = None,
+                 enforcer: type[TokenEnforcer] = TokenEnforcer) -> None:
         self.data, self.make_parser, self.eos, self.spec = data, make_parser, eos, spec
         # A complete index (regexes) is kept whole; otherwise a bounded cache filled as states are met.
         self.token_cache = _StateCache() if token_cache is None else token_cache
         self.spacing = spacing
+        self.enforcer = enforcer
 
     def __call__(self) -> _Mask:
-        return _Mask(self.data, self.make_parser(), self.eos, self.token_cache, self.spacing)
+        return _Mask(self.data, self.make_parser(), self.eos, self.token_cache, self.spacing, self.enforcer)
 
     def __repr__(self) -> str:
         return f"<lm-format-enforcer {self.spec.kind} mask factory>"
@@ -394,10 +398,11 @@ class _Factory:
 
 # -- the decoder ---------------------------------------------------------------------------------
 class LMFormatEnforcerDecoder(GuidedDecoder):
-    """JSON schemas, JSON objects, regular expressions and choice lists via lm-format-enforcer."""
+    """JSON schemas, JSON objects, regular expressions, choice lists and structures (forced tool
+    calls in a family's own syntax, ``structure.py``) via lm-format-enforcer."""
 
     name = "lm-format-enforcer"
-    kinds = frozenset({"json_schema", "json_object", "regex", "choice"})
+    kinds = frozenset({"json_schema", "json_object", "regex", "choice", "structure"})
 
     def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: list[int]) -> None:
         super().__init__(tokenizer, vocab_size, eos_token_ids)
@@ -406,6 +411,7 @@ class LMFormatEnforcerDecoder(GuidedDecoder):
         self.compact_data = _json_tokenizer_data(self.data, compact=True)
         self.spaced_data = _json_tokenizer_data(self.data, compact=False)
         self.spacing = _Spacing(self.data)
+        self.tables = Tables(self.compact_data, special_atoms(tokenizer, self.data, self.eos_token_ids))
         self.build_seconds = time.perf_counter() - started
         log.info("lm-format-enforcer: tokenizer tables for %d tokens built in %.2fs",
                  len(self.data.regular_tokens), self.build_seconds)
@@ -419,6 +425,10 @@ class LMFormatEnforcerDecoder(GuidedDecoder):
             if not spec.compact:
                 return _Factory(self.spaced_data, lambda: JsonSchemaParser(context), self.eos_token_ids, spec)
             return _Factory(self.compact_data, lambda: _CompactJson(context), self.eos_token_ids, spec, self.spacing)
+        if spec.kind == "structure":
+            program = compile_structure(spec.value, self.tables, spec.param, _CompactJson)
+            return _Factory(self.compact_data, lambda: StructParser(program), self.eos_token_ids, spec,
+                            enforcer=StructEnforcer)
         if spec.kind == "choice":
             trie = choice_trie(list(spec.value))
             return _Factory(self.data, lambda: ChoiceParser(trie), self.eos_token_ids, spec)

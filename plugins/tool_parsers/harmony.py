@@ -40,6 +40,8 @@ from llmserve import ReasoningParser
 from llmserve import JsonScanner
 from llmserve import StreamingToolParser
 from llmserve import held_suffix
+from llmserve import InvalidRequestError
+from llmserve import Structure, forced_structure
 
 START, CHANNEL, MESSAGE, CONSTRAIN = "<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"
 END, CALL, RETURN = "<|end|>", "<|call|>", "<|return|>"
@@ -199,6 +201,23 @@ class OpenAIToolParser(ReaderFed, StreamingToolParser):
         if not self._finished:
             self._reader.feed("", True)
         return super().finish()  # releases the held whitespace once
+
+    @classmethod
+    def forced_calls(cls, tools: list[dict[str, Any]], name: str | None = None,
+                     parallel: bool = True) -> dict[str, Any] | None:
+        """A forced call as gpt-oss writes one (the prompt ends with ``<|start|>assistant``)::
+
+            <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>
+
+        One call whatever ``parallel`` says: ``<|call|>`` ends gpt-oss's turn."""
+        def call(function: str, parameters: dict[str, Any]) -> dict[str, Any]:
+            if function_name("functions." + function) != function:
+                raise InvalidRequestError(f"tool_choice: the function name {function[:60]!r} cannot be written as a "
+                                          "harmony recipient", param="tool_choice")
+            head = f"{CHANNEL}commentary to=functions.{function} {CONSTRAIN}json{MESSAGE}"
+            return Structure.sequence(Structure.text(head), Structure.json(parameters, without=BODY_STOPS),
+                                      Structure.text(CALL))
+        return forced_structure(tools, name, False, call)
 
     def _step(self, final: bool) -> bool:
         return False  # the reader drives this parser

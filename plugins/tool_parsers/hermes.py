@@ -13,10 +13,15 @@ first block).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from llmserve import RegionToolParser
 from llmserve import CallList
+from llmserve import Structure, forced_structure
+
+#: What a forced call's JSON may not hold: the block's markers (the region would end there).
+_MARKERS = ("<tool_call>", "</tool_call>")
 
 
 class _WholeOnly:
@@ -42,3 +47,18 @@ class HermesToolParser(RegionToolParser):
 
     def _new_body(self, marker: str) -> Any:
         return _WholeOnly(CallList(self, single_ok=True, checked=True))
+
+    @classmethod
+    def forced_calls(cls, tools: list[dict[str, Any]], name: str | None = None,
+                     parallel: bool = True) -> dict[str, Any] | None:
+        """Forced calls as the Hermes/Qwen templates write them, one block per call::
+
+            <tool_call>
+            {"name": "get_weather", "arguments": {"city":"Paris"}}
+            </tool_call>
+        """
+        def call(function: str, parameters: dict[str, Any]) -> dict[str, Any]:
+            head = '<tool_call>\n{"name": ' + json.dumps(function, ensure_ascii=False) + ', "arguments": '
+            return Structure.sequence(Structure.text(head), Structure.json(parameters, without=_MARKERS),
+                                      Structure.text("}\n</tool_call>"))
+        return forced_structure(tools, name, parallel, call)

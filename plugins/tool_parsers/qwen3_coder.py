@@ -17,7 +17,14 @@ after complete functions at the end of the output is accepted.
 
 from __future__ import annotations
 
+from typing import Any
+
+from llmserve import Structure, forced_structure
+from llmserve.plugins.tool_parsers.forced_xml import xml_call
 from llmserve.plugins.tool_parsers.xml_params import Call, XmlToolParser, read_functions
+
+_TAGS = ("<function=", "</function>", "<parameter=", "</parameter>")
+_WORDS = ("</parameter>", "<tool_call>", "</tool_call>")  # what a forced value may not hold
 
 
 class Qwen3CoderToolParser(XmlToolParser):
@@ -26,3 +33,13 @@ class Qwen3CoderToolParser(XmlToolParser):
 
     def read_region(self, text: str) -> list[Call] | None:
         return read_functions(text)
+
+    @classmethod
+    def forced_calls(cls, tools: list[dict[str, Any]], name: str | None = None,
+                     parallel: bool = True) -> dict[str, Any] | None:
+        """Forced calls as the Qwen3-Coder template writes them (``forced_xml``), one block each."""
+        def call(function: str, parameters: dict[str, Any]) -> dict[str, Any]:
+            return Structure.sequence(Structure.text("<tool_call>\n"),
+                                      xml_call(function, parameters, tags=_TAGS, words=_WORDS),
+                                      Structure.text("</tool_call>"))
+        return forced_structure(tools, name, parallel, call)

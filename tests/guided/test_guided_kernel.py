@@ -62,13 +62,14 @@ def test_installed_and_missing_kind_message(tmp_path):
         def register_guided_decoders():
             return [GuidedDecoderSpec(name="broken", target="no_such_module_xyz:Decoder")]
     """)
-    assert guided.installed() == [("lm-format-enforcer", frozenset({"json_schema", "json_object", "regex", "choice"})),
-                                  ("broken", None), ("toy-literal", frozenset({"grammar"}))]
+    kinds = frozenset({"json_schema", "json_object", "regex", "choice", "structure"})
+    assert guided.installed() == [("lm-format-enforcer", kinds), ("broken", None),
+                                  ("toy-literal", frozenset({"grammar"}))]
     guided.registry.kinds["guided_decoder"].pop("toy-literal")
     with pytest.raises(InvalidRequestError) as info:
         guided.compile(GuidedSpec("grammar", "x", param="guided_grammar"))
-    assert info.value.message.endswith("installed: lm-format-enforcer (json_schema, json_object, regex, choice), "
-                                       "broken (failed to load)")
+    assert info.value.message.endswith("installed: lm-format-enforcer (json_schema, json_object, regex, choice, "
+                                       "structure), broken (failed to load)")
 
 
 def test_none_installed():

@@ -246,7 +246,7 @@ def test_grammar_needs_a_grammar_plugin(guided):
         guided.compile(GuidedSpec("grammar", "root ::= 'a'", param="guided_grammar"))
     assert info.value.param == "guided_grammar"
     assert info.value.message == ("grammar-guided decoding needs a guided-decoding plugin that supports grammars; "
-                                  "installed: lm-format-enforcer (json_schema, json_object, regex, choice)")
+                                  "installed: lm-format-enforcer (json_schema, json_object, regex, choice, structure)")
 
 
 STRING = re.compile(r'"(?:[^"\\]|\\.)*"')

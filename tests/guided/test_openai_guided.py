@@ -57,7 +57,7 @@ def error_of(response, status=400):
      "response_format", "only one of"),
     ("/v1/completions", {"guided_grammar": "root ::= 'a'"}, "guided_grammar",
      "grammar-guided decoding needs a guided-decoding plugin that supports grammars; "
-     "installed: lm-format-enforcer (json_schema, json_object, regex, choice)"),
+     "installed: lm-format-enforcer (json_schema, json_object, regex, choice, structure)"),
     ("/v1/chat/completions", {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
      "response_format", "json_schema.schema is required"),
     ("/v1/completions", {"response_format": {"type": "json_schema"}}, "response_format",
