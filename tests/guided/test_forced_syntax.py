@@ -75,7 +75,7 @@ def walk(factory, tok, eos: list[int], seed: int, max_steps: int = 4000) -> list
         allowed = mask.allowed(out)
         if any(e in allowed for e in eos) and (rng.random() < 0.5 or all(a in eos for a in allowed)):
             return out
-        pool = [a for a in allowed if a not in eos]
+        pool = sorted(a for a in allowed if a not in eos)  # a fixed order: the seeded walk repeats exactly
         tricky = [a for a in pool if a in marked]
         out.append(rng.choice(tricky if tricky and rng.random() < 0.5 else pool))
     raise AssertionError(f"no end after {max_steps} tokens: {tok.decode(out, skip_special_tokens=False)[-300:]!r}")
