@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import re
+from abc import ABC, abstractmethod
 from typing import Any, Callable
 
 from llmserve.parsing.json_scan import JsonScanner
@@ -67,7 +68,7 @@ def checked_arguments(raw: str) -> str | None:
     return value if isinstance(inner, dict) else None
 
 
-class _CallBody:
+class _CallBody(ABC):
     """What ``CheckedCall`` and ``CallObject`` share: the scanner reporting the object's keys
     and values, the body protocol's flags, the name rule and ``end``: the object complete at
     the end is ``_complete``, an unfinished one is ``_unfinished(cut)``."""
@@ -106,14 +107,17 @@ class _CallBody:
         """A non-empty string that ``accept`` (when given) takes."""
         return isinstance(name, str) and bool(name) and (self.accept is None or self.accept(name))
 
+    @abstractmethod
     def _events(self) -> None:
-        raise NotImplementedError
+        """What the scanner's progress releases (each kind of call body its own)."""
 
+    @abstractmethod
     def _complete(self) -> None:
-        raise NotImplementedError
+        """The object closed: the call is whole."""
 
+    @abstractmethod
     def _unfinished(self, cut: bool) -> None:
-        raise NotImplementedError
+        """The text ended inside the object (``cut``: cut off by the output's end)."""
 
 
 class CheckedCall(_CallBody):

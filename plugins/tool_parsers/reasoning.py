@@ -10,6 +10,7 @@ not depend on chunking. Reasoning and content are released verbatim, tags remove
 from __future__ import annotations
 
 import re
+from abc import abstractmethod
 from typing import Any
 
 from llmserve import ParseDelta, ReasoningParser
@@ -18,7 +19,37 @@ from llmserve import held_suffix
 START, REASON, CONTENT = range(3)
 
 
-class ThinkReasoningParser(ReasoningParser):
+class BufferedReasoningParser(ReasoningParser):
+    """A reasoning parser that keeps the text not yet released in one buffer and a state, and
+    reads both in ``_run(final)``: ``feed`` grows the buffer in place (not copied per delta, see
+    ``StreamingToolParser.feed``), ``finish`` runs once more with ``final``."""
+
+    def __init__(self, tokenizer: Any = None, chat_template_kwargs: dict[str, Any] | None = None) -> None:
+        super().__init__(tokenizer, chat_template_kwargs)
+        self._buf = ""
+        self._state = START
+        self._finished = False
+
+    def feed(self, text: str, token_ids: list[int] | tuple[int, ...] = ()) -> ParseDelta:
+        if self._finished:
+            raise RuntimeError("feed() after finish()")
+        buf, self._buf = self._buf, ""
+        buf += text
+        self._buf = buf
+        return self._run(False)
+
+    def finish(self) -> ParseDelta:
+        if self._finished:
+            return ParseDelta()
+        self._finished = True
+        return self._run(True)
+
+    @abstractmethod
+    def _run(self, final: bool) -> ParseDelta:
+        """What the buffer releases now (``final``: the output has ended)."""
+
+
+class ThinkReasoningParser(BufferedReasoningParser):
     """Output = ``[<think>] reasoning </think> content``.
 
     Leading whitespace and a ``<think>`` at the very start are dropped. Without a start tag
@@ -36,9 +67,6 @@ class ThinkReasoningParser(ReasoningParser):
 
     def __init__(self, tokenizer: Any = None, chat_template_kwargs: dict[str, Any] | None = None) -> None:
         super().__init__(tokenizer, chat_template_kwargs)
-        self._buf = ""
-        self._state = START
-        self._finished = False
 
     def thinking_by_default(self) -> bool:
         """Whether output without a leading start tag begins in reasoning."""
@@ -52,20 +80,6 @@ class ThinkReasoningParser(ReasoningParser):
         (``len(buf)`` when nothing needs to wait).
         """
         return -1, len(buf)
-
-    def feed(self, text: str, token_ids: list[int] | tuple[int, ...] = ()) -> ParseDelta:
-        if self._finished:
-            raise RuntimeError("feed() after finish()")
-        buf, self._buf = self._buf, ""  # grown in place, not copied per delta (see StreamingToolParser.feed)
-        buf += text
-        self._buf = buf
-        return self._run(False)
-
-    def finish(self) -> ParseDelta:
-        if self._finished:
-            return ParseDelta()
-        self._finished = True
-        return self._run(True)
 
     def _run(self, final: bool) -> ParseDelta:
         out = ParseDelta()

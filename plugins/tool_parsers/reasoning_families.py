@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from llmserve import ParseDelta
-from llmserve import ReasoningParser
 from llmserve import held_suffix
-from llmserve.plugins.tool_parsers.reasoning import ThinkReasoningParser
+from llmserve.plugins.tool_parsers.reasoning import (CONTENT, REASON, START, BufferedReasoningParser,
+                                                     ThinkReasoningParser)
 
 _KIMI_SECTION = "<|tool_calls_section_begin|>"
 
@@ -59,10 +59,9 @@ class MistralReasoningParser(ThinkReasoningParser):
 
 GRANITE_STARTS = ("Here is my thought process:", "Here's my thought process:")
 GRANITE_ENDS = ("Here is my response:", "Here's my response:")
-START, REASON, CONTENT = range(3)
 
 
-class GraniteReasoningParser(ReasoningParser):
+class GraniteReasoningParser(BufferedReasoningParser):
     """granite (Granite 3.2 with ``thinking``): ``Here is my thought process:`` starts the
     reasoning (as the output's first words, after whitespace), ``Here is my response:`` ends
     it; both phrases are dropped, ``Here's`` is accepted for ``Here is``. Output that does not
@@ -73,23 +72,6 @@ class GraniteReasoningParser(ReasoningParser):
 
     def __init__(self, tokenizer: Any = None, chat_template_kwargs: dict[str, Any] | None = None) -> None:
         super().__init__(tokenizer, chat_template_kwargs)
-        self._buf = ""
-        self._state = START
-        self._finished = False
-
-    def feed(self, text: str, token_ids: list[int] | tuple[int, ...] = ()) -> ParseDelta:
-        if self._finished:
-            raise RuntimeError("feed() after finish()")
-        buf, self._buf = self._buf, ""  # grown in place, not copied per delta
-        buf += text
-        self._buf = buf
-        return self._run(False)
-
-    def finish(self) -> ParseDelta:
-        if self._finished:
-            return ParseDelta()
-        self._finished = True
-        return self._run(True)
 
     def _run(self, final: bool) -> ParseDelta:
         out = ParseDelta()
