@@ -150,9 +150,10 @@ def test_progress_is_a_bar_on_a_terminal(echo_server):
 
 
 def test_failed_requests_are_counted_and_named(echo_server):
-    # max_tokens beyond the echo model's context: every request is refused with a 400.
+    # Prompts of 4000 words, past the echo model's 512-token context: every request is refused with a
+    # 400 (a max_tokens past the context is capped to fit, so it no longer fails a request).
     out = run_cli("bench", "serve", "--url", echo_server.url, "--num-prompts", "2", "--max-concurrency", "1",
-                  "--random-output-len", "100000000", "--api-key", "sesame")
+                  "--random-input-len", "4000", "--random-output-len", "4", "--api-key", "sesame")
     assert out.returncode == 1
     assert re.search(r"^Failed requests: +2$", out.stdout, re.M)
     assert "error: HTTP 400" in out.stdout

@@ -13,7 +13,8 @@ pytestmark = pytest.mark.slow
 
 KEY = "sk-anthropic-test"
 QUESTION = [{"role": "user", "content": "Why is the sky blue?"}]
-THINKING = {"type": "enabled", "budget_tokens": 1024}
+# Adaptive thinking: no budget, so a short max_tokens is allowed (a budget must be below max_tokens).
+THINKING = {"type": "adaptive"}
 
 
 @pytest.fixture(scope="module")
@@ -68,3 +69,6 @@ def test_thinking_blocks_streamed_and_not(url):
     again = client.messages.create(model="m", max_tokens=4, thinking=THINKING,
                                    messages=QUESTION + [msg.to_param(), {"role": "user", "content": "Go on."}])
     assert again.usage.output_tokens == 4
+    # A budget must be below max_tokens, as Anthropic's API requires; the SDK raises its own error.
+    with pytest.raises(anthropic.BadRequestError, match=r"must be greater than `thinking.budget_tokens` \(16 <= 1024\)"):
+        client.messages.create(**{**args, "thinking": {"type": "enabled", "budget_tokens": 1024}})
