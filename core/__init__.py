@@ -40,6 +40,7 @@ _EXPORTS = {
     "answers_media": "llmserve.server.negotiation",
     "while_loading": "llmserve.server.startup",
     "CONTENT_TYPE": "llmserve.server.metrics",
+    "merge_scrapes": "llmserve.server.metrics",
     **dict.fromkeys(("build_server", "setup_logging"), "llmserve.server.serve"),
     **dict.fromkeys(("render_chat", "message_text", "arguments_as_object"), "llmserve.text.chat_template"),
     "IncrementalDetokenizer": "llmserve.text.detokenizer",

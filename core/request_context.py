@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from llmserve.outputs import RequestOutput
@@ -51,6 +51,10 @@ class RequestContext:
     ttft: float | None = None           # seconds from engine arrival to the first token
     engine_id: str | None = None        # the first engine request id seen
     warnings: list[str] = field(default_factory=list)  # sent as X-Llmserve-Warning (ASCII, no user text)
+    # The model the request was routed to (a ``llmserve.server.pool.ModelSlot``, leased until the
+    # request closes) and how long it may then stay loaded idle (Ollama's keep_alive, seconds).
+    model: Any = None
+    keep_alive: float | None = None
 
     def add_waiting_tokens(self, count: int) -> None:
         if self.closed or count <= 0:

@@ -53,7 +53,7 @@ def _option(name: str, model: type[BaseModel], field: str, flag: str, aliases: S
         default = typer.Option(None, f"{flag}/--no-{flag[2:]}", *aliases, help=help_text, show_default=False,
                                rich_help_panel=panel)
         annotation: Any = Optional[bool]
-    elif kind in ("list", "dict"):
+    elif kind in ("list", "dict") or (model is ServerConfig and field == "model"):  # --model repeats
         default = typer.Option(None, flag, *aliases, help=help_text, show_default=False,
                                rich_help_panel=panel)
         annotation = Optional[list[str]]
@@ -79,6 +79,11 @@ def with_config_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     def wrapper(**kwargs: Any) -> Any:
         flags: dict[str, Any] = {f: kwargs.pop(f) for f in FIELDS if f in kwargs and f not in own_names}
+        if isinstance(flags.get("model"), list):  # --model given several times: the first is MODEL
+            first, *more = flags["model"]
+            flags["model"] = first
+            if more:
+                flags["models"] = [*more, *(flags.get("models") or [])]
         for param, (section, field) in _BACKEND_PARAMS.items():
             if param in kwargs:
                 flags.setdefault(section, {})[field] = kwargs.pop(param)

@@ -267,10 +267,48 @@ class GuidedConfig(Section):
         "alternatives of a regex group); more get 400."))
 
 
+class RouterConfig(Section):
+    """More models beside MODEL, loaded when a request names them, and when they are unloaded."""
+
+    models: list[str | dict[str, Any]] = Field(default_factory=list, description=(
+        "Another model to serve beside MODEL (a path or Hugging Face id, optionally NAME=SOURCE), loaded when a "
+        "request names it; repeatable. In YAML an entry may be a mapping with the model's own settings: model, "
+        "served_model_name, revision, dtype, max_model_len, num_kv_blocks, kv_cache_dtype."))
+    models_dir: str | None = Field(None, description=(
+        "Serve every .gguf file and model directory in this folder as well, named by its file name, loaded on "
+        "demand."))
+    serve_cached_models: bool = Field(False, description=(
+        "Serve every model in the local Hugging Face cache as well (see `llmserve ls`), loaded on demand."))
+    max_loaded_models: int | None = Field(None, ge=1, description=(
+        "Most models loaded on demand at once, beside MODEL (which stays loaded); loading one more unloads the "
+        "least recently used idle one. Default: no limit but memory."))
+    idle_unload_seconds: float | None = Field(None, ge=0, description=(
+        "Unload a model loaded on demand once it has been idle this long (an Ollama request's keep_alive "
+        "overrides it). Default: keep it loaded."))
+
+    @field_validator("models")
+    @classmethod
+    def _check_entries(cls, value: list[Any]) -> list[Any]:
+        for entry in value:
+            if isinstance(entry, dict):
+                unknown = sorted(set(entry) - MODEL_ENTRY_KEYS)
+                if unknown:
+                    raise ValueError(f"unknown key {unknown[0]!r} in a models entry (known: "
+                                     f"{', '.join(sorted(MODEL_ENTRY_KEYS))})")
+                if not isinstance(entry.get("model"), str) or not entry["model"]:
+                    raise ValueError("a models entry needs `model`: a path or Hugging Face id")
+        return value
+
+
+# The settings one entry of `models:` may give for its own model (the rest are the server's).
+MODEL_ENTRY_KEYS = frozenset({"model", "served_model_name", "revision", "dtype", "max_model_len", "num_kv_blocks",
+                              "kv_cache_dtype"})
+
 # Section attribute of ServerConfig -> its model, in the order the sections are composed.
 SECTIONS: dict[str, type[Section]] = {
     "llm": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig, "parallel": ParallelConfig,
     "limits": LimitsConfig, "http": ServerHTTPConfig, "parsing": ParsingConfig, "guided": GuidedConfig,
+    "router": RouterConfig,
 }
 # Setting -> the section attribute that holds it (the settings outside sections are ServerConfig's own).
 SECTION_OF: dict[str, str] = {field: name for name, model in SECTIONS.items() for field in model.model_fields}
@@ -297,6 +335,7 @@ class ServerConfig(BaseModel):
     http: ServerHTTPConfig = Field(default_factory=ServerHTTPConfig)
     parsing: ParsingConfig = Field(default_factory=ParsingConfig)
     guided: GuidedConfig = Field(default_factory=GuidedConfig)
+    router: RouterConfig = Field(default_factory=RouterConfig)
     # The process's own settings: every process logs, and plugins load before any section is read.
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
     plugins: list[str] = Field(default_factory=list, description=(

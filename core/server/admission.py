@@ -29,6 +29,7 @@ from llmserve.request_context import RequestContext, current_context
 if TYPE_CHECKING:
     from llmserve.engine.client import EngineClient
     from llmserve.server.metrics import Metrics
+    from llmserve.server.pool import ModelPool
 
 
 class AdmissionHost(Protocol):
@@ -39,6 +40,7 @@ class AdmissionHost(Protocol):
     draining: bool
     engine: "EngineClient | None"
     metrics: "Metrics"
+    pool: "ModelPool"
 
 log = logging.getLogger("llmserve.server")
 
@@ -93,6 +95,14 @@ class Admission:
             ctx.sequences += n
             self.in_flight += n
 
+    def rollback(self, ctx: RequestContext, sequences: int) -> None:
+        """Give back what ``ctx`` reserved beyond ``sequences`` (a route run again after its
+        model loaded reserves again)."""
+        extra = ctx.sequences - sequences
+        if extra > 0 and ctx.owner is self and not ctx.closed:
+            ctx.sequences -= extra
+            self.in_flight -= extra
+
     def _reject(self, why: str, reason: str) -> None:
         self.rejected += 1
         self.context.metrics.rejected(reason)  # llmserve:admission_rejections_total{reason=...}
@@ -116,6 +126,8 @@ class Admission:
         self.waiting_tokens -= ctx.waiting_tokens
         ctx.closed = True
         self.requests.discard(ctx)
+        if ctx.model is not None:  # its model may be unloaded once idle
+            self.context.pool.release(ctx.model, ctx.keep_alive)
         if not self.active:
             self._idle.set()
 

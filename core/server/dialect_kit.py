@@ -31,6 +31,7 @@ from starlette.types import Scope
 from llmserve.errors import InvalidRequestError, LLMServeError
 from llmserve.server.errors import field_error, to_error
 from llmserve.server.negotiation import wanted
+from llmserve.server.pool import run_routed
 
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
@@ -154,7 +155,10 @@ class DialectRoute(APIRoute):
             try:
                 if json_body:
                     await _parse_json_body(request)
-                return await handler(request)
+                context = getattr(request.app.state, "context", None)
+                if context is None or not context.pool.several:
+                    return await handler(request)
+                return await run_routed(context, lambda: handler(request))
             except Exception as exc:  # every error leaves in the dialect's format
                 if protocol is None:
                     raise

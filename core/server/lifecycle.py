@@ -69,13 +69,17 @@ class LLMServer(uvicorn.Server):
         self._aio = asyncio.get_running_loop()
         if self.context.engine is not None:
             self._attach_engine()
+        # A model loaded on demand dies the way the default one does: the server exits to be restarted.
+        self.context.pool.on_loaded = lambda slot: self._watch(slot.engine)
         await super().startup(sockets=sockets)
         if self.load is not None and self.started:
             self.loader = threading.Thread(target=self._load, name="llmserve-load", daemon=True)
             self.loader.start()
 
     def _attach_engine(self) -> None:
-        engine = self.context.engine
+        self._watch(self.context.pool.default.engine)
+
+    def _watch(self, engine: Any) -> None:
         assert engine is not None
         engine.on_death(lambda exc: self._call(self._engine_died))
         if self.watchdog:
@@ -153,11 +157,13 @@ class LLMServer(uvicorn.Server):
         self.should_exit = True
 
     def _abort_in_flight(self) -> None:
-        engine = self.context.engine
-        if engine is not None and self.context.admission.active:
+        engines = [slot.engine for slot in self.context.pool.loaded()]
+        if engines and self.context.admission.active:
             log.warning("shutdown timeout: aborting %d in-flight requests", self.context.admission.active)
-            engine.abort_all(ShuttingDownError("the server is shutting down; the request was aborted"),
-                             refuse_new=True)
+            for engine in engines:
+                if engine is not None:
+                    engine.abort_all(ShuttingDownError("the server is shutting down; the request was aborted"),
+                                     refuse_new=True)
 
     def _abort_now(self) -> None:
         self.context.draining = True

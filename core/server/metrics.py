@@ -246,3 +246,24 @@ class Metrics(EngineObserver):
         counter("llmserve:admission_rejections_total", "Requests refused by admission control, by reason (older "
                 "name of vllm:admission_rejections_total).", self.rejections, "reason")
         return "\n".join(out) + "\n"
+
+
+def merge_scrapes(scrapes: list[str]) -> str:
+    """One exposition from several ``Metrics.render`` outputs (one per model, each with its own
+    ``model_name`` label): every family once, with the samples of every model under it."""
+    if len(scrapes) == 1:
+        return scrapes[0]
+    families: dict[str, list[str]] = {}
+    for text in scrapes:
+        name = ""
+        for line in text.splitlines():
+            if line.startswith("# HELP "):
+                name = line.split(" ", 3)[2]
+                if name in families:
+                    continue
+                families[name] = [line]
+            elif line.startswith("# TYPE ") and line.split(" ", 3)[2] == name and len(families[name]) > 1:
+                continue  # the family's TYPE line came with its first model
+            elif name:
+                families[name].append(line)
+    return "\n".join(line for lines in families.values() for line in lines) + "\n"

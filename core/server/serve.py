@@ -15,15 +15,14 @@ from llmserve.hooks.records import ProtocolSpec, resolve
 from llmserve.errors import ConfigError
 from llmserve.hooks.manager import PluginManager
 from llmserve.hooks.registry import Registry
-from llmserve.models.resolve import apply_resolved, plan_config_model
-from llmserve.parsing.service import AUTO, ParsingService, requested_parsers
+from llmserve.models.resolve import plan_config_model
+from llmserve.parsing.service import AUTO, requested_parsers
 from llmserve.server.context import ServerContext
-from llmserve.server.memory import heap_trimmer, trim_when_idle
+from llmserve.server.memory import trim_when_idle
+from llmserve.server.models import SlotLoader, add_models
 from llmserve.server.startup import base_url, bind_socket, ready_summary
 from llmserve.text.chat_template import server_template
 
-# ``max_num_seqs`` on CUDA when the user sets none (docs/engine.md#the-cuda-path).
-CUDA_MAX_NUM_SEQS = 256
 log = logging.getLogger("llmserve.server")
 T = TypeVar("T")
 
@@ -172,7 +171,7 @@ def prepare_server(config: ServerConfig, plugins: PluginManager) -> tuple[Any, S
     options = plugin_options(config, registry)
     # MODEL looked up now (a path, or a Hub id in the cache; offline, a miss fails here), fetched
     # in load() when missing: /ready says what is being fetched meanwhile.
-    source = plan_config_model(config.llm)
+    plan_config_model(config.llm)
     parsing = config.parsing
     detected = AUTO in requested_parsers(parsing)  # chosen from the chat template once the model is loaded
     for kind, name in (("tool_parser", parsing.tool_call_parser), ("reasoning_parser", parsing.reasoning_parser)):
@@ -180,13 +179,13 @@ def prepare_server(config: ServerConfig, plugins: PluginManager) -> tuple[Any, S
             registry.get(kind, name)  # fail fast on a typo
     if config.guided.guided_decoding_backend != GuidedConfig.model_fields["guided_decoding_backend"].default:
         registry.get("guided_decoder", config.guided.guided_decoding_backend)  # an explicit choice must exist
-    backend_record = registry.get("backend", config.llm.backend).record
-    backend_cls = registry.load("backend", config.llm.backend)
     context = ServerContext(config=config, registry=registry, plugins=plugins)
+    add_models(context)
     if not detected:
         log.debug("parsers: %s", context.parsing)  # loaded once, here: a parser that does not import fails now
     protocols = {name: registry.load("protocol", name)(context, options.get(name))
                  for name in enabled_protocols(config, registry)}
+    pool = context.pool
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
@@ -195,57 +194,31 @@ def prepare_server(config: ServerConfig, plugins: PluginManager) -> tuple[Any, S
             path = context.model.path if context.model is not None else "-"
             log.info("serving %s (%s) with protocols: %s", context.model_name, path, ", ".join(protocols))
         trimmer = asyncio.create_task(trim_when_idle(context, config.limits.heap_trim_interval))
+        reaper = asyncio.create_task(pool.reap()) if pool.several else None
         try:
             yield
         finally:
             trimmer.cancel()
+            if reaper is not None:
+                reaper.cancel()
             context.ready = False
             try:
                 plugins.hook.shutdown(context=context)
             finally:
-                if context.engine is not None:
-                    context.engine.shutdown()
+                pool.shutdown()
 
     app = build_app(context, protocols, lifespan=lifespan)  # raises on route conflicts
-    # A backend that declares options gets them as a second argument; one that does not keeps
-    # the plain ``cls(config)`` contract.
-    backend = (backend_cls(config, options[backend_record.name]) if backend_record.options
-               else backend_cls(config))
     log.info("loading model with backend '%s'", config.llm.backend)
-    from llmserve.engine.client import EngineClient
-    from llmserve.engine.engine import LLMEngine
-
     chat_template = config.parsing.chat_template
-    template = server_template(chat_template) if chat_template else None  # before the load
-
-    def load_engine() -> LLMEngine:
-        model = backend.load()
-        if model.device == "cuda" and "max_num_seqs" not in config.scheduler.model_fields_set:
-            # A GPU step costs about the same for 64 rows as for 256 (the weights are read once
-            # either way), and the CUDA graphs are captured up to this size: a larger default batch.
-            config.scheduler.max_num_seqs = CUDA_MAX_NUM_SEQS
-        if template is not None:  # --chat-template replaces the model's own, for every dialect
-            model.chat_template = template
-            model.tokenizer.chat_template = template
-        if detected:  # --tool-call-parser / --reasoning-parser auto: the parsers the template points at
-            context.use_parsing(ParsingService.for_model(config.parsing, registry, model))
-        with progress.phase("allocating the KV pool"):
-            engine = LLMEngine(backend, model, config)
-        context.model = model
-        # Loading parses and frees a lot (tokenizer and GGUF metadata conversion, checkpoint
-        # headers): hand those freed heap pages back now rather than after the first requests.
-        if (trim := heap_trimmer()) is not None:
-            trim()
-        return engine
+    loader = SlotLoader(registry, options, server_template(chat_template) if chat_template else None, detected)
+    loader.prepare(pool.default)  # the default model's backend now: its mistakes fail fast
+    pool.loader = loader.load
+    pool.configure(config.router.max_loaded_models, config.router.idle_unload_seconds)
 
     def load() -> None:
-        if source is not None:
-            apply_resolved(config.llm, source.resolve())
-        engine = on_passing_thread(load_engine)
-        context.metrics.resize(engine.max_model_len)
-        engine.metrics = context.metrics  # before the loop starts: the engine thread records into it
-        client = EngineClient(engine)
-        context.engine = client  # from here on every route serves (the loading gate opens)
+        loader.load(pool.default)  # from here on every route serves (the loading gate opens)
+        client = context.engine
+        assert client is not None
         for plugin_name, hook in plugins.impls("startup"):
             try:
                 hook(context=context)

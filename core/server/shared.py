@@ -10,6 +10,7 @@ top-level keys name, found by a scan that does not build the value.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Sequence
 
@@ -19,6 +20,7 @@ from starlette.responses import Response
 from llmserve.errors import InvalidRequestError
 from llmserve.server.dialect_kit import ErrorFormat, load_json, render_error, scan_top_level
 from llmserve.server.openapi import stream_responses
+from llmserve.server.pool import run_routed
 
 
 @dataclass
@@ -60,7 +62,10 @@ def mount_shared(router: APIRouter, method: str, path: str,
         for protocol, route in entries:
             if route.accepts(body):
                 try:
-                    return await route.handler(request, body)
+                    context = request.app.state.context
+                    if not context.pool.several:
+                        return await route.handler(request, body)
+                    return await run_routed(context, functools.partial(route.handler, request, body))
                 except Exception as exc:  # noqa: BLE001 - rendered in the chosen dialect's format
                     return render_error(protocol, exc, request)
         shapes = "; or ".join(r.describe for _, r in entries if r.describe)

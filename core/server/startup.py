@@ -116,6 +116,9 @@ def ready_summary(context: "ServerContext", protocols: dict[str, Any], port: int
         kv, size = config.cache.kv_cache_dtype, config.cache.block_size  # kv auto: the model's compute dtype
         lines.append(f"  KV pool  {blocks} blocks x {size} tokens = {blocks * size} tokens "
                      f"in {info.dtype if kv == 'auto' else kv}")
+    others = [slot.name for slot in context.pool.slots if not slot.pinned]
+    if others:
+        lines.append(f"  models   {', '.join(others)} (loaded on their first request)")
     root = base_url(context, port)
     registry = context.registry
     for name in protocols:

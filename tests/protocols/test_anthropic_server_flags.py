@@ -70,5 +70,6 @@ def test_thinking_blocks_streamed_and_not(url):
                                    messages=QUESTION + [msg.to_param(), {"role": "user", "content": "Go on."}])
     assert again.usage.output_tokens == 4
     # A budget must be below max_tokens, as Anthropic's API requires; the SDK raises its own error.
-    with pytest.raises(anthropic.BadRequestError, match=r"must be greater than `thinking.budget_tokens` \(16 <= 1024\)"):
+    refused = r"must be greater than `thinking.budget_tokens` \(16 <= 1024\)"
+    with pytest.raises(anthropic.BadRequestError, match=refused):
         client.messages.create(**{**args, "thinking": {"type": "enabled", "budget_tokens": 1024}})

@@ -13,7 +13,7 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-from .params import invalid, resolve_model
+from .params import invalid, keep_alive_seconds, resolve_model
 from .wire import EmbeddingsRequest, EmbedRequest
 
 NS = 1_000_000_000
@@ -47,6 +47,7 @@ class Embeddings:
     async def embed(self, body: EmbedRequest) -> JSONResponse:
         started = time.time()
         resolve_model(self.p.context, body.model)
+        self.p.context.keep_model_alive(keep_alive_seconds(body.keep_alive))
         model = body.model or self.p.context.model_name
         texts = [body.input] if isinstance(body.input, str) else list(body.input or [])
         if not texts:

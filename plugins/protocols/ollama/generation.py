@@ -73,8 +73,8 @@ class Generation:
 
     # -- building ------------------------------------------------------------------------------
     def _loaded(self, kind: str, model: str, keep_alive: Any) -> Response:
-        """Ollama's answer to a request with nothing to generate: the model is loaded (or would be
-        unloaded with keep_alive 0; this server keeps it loaded)."""
+        """Ollama's answer to a request with nothing to generate: the model is loaded (or, with
+        keep_alive 0, unloaded as this request ends; the server's default model stays loaded)."""
         reason = "unload" if keep_alive in (0, "0", 0.0) else "load"
         body: dict[str, Any] = {"model": model, "created_at": created_at(), "done": True, "done_reason": reason}
         if kind == "chat":
@@ -97,6 +97,7 @@ class Generation:
     def _start(self, body: Any, what: str) -> str:
         """Resolve the model name and check what no request may ask of this server."""
         resolve_model(self.ctx, body.model)
+        self.ctx.keep_model_alive(params.keep_alive_seconds(body.keep_alive))
         model = body.model or self.ctx.model_name
         if self.ctx.model.task == "embed":
             raise invalid(f'"{model}" does not support {what}: it is an embedding model (use /api/embed)', "model")

@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import struct
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -98,53 +99,68 @@ def _iso(ts: float) -> str:
 
 
 class ModelCard:
-    """The served model as Ollama describes models; facts are read on first use."""
+    """One served model as Ollama describes models (``slot``: the server's ``ModelSlot``; None:
+    the current request's model); facts are read on first use."""
 
-    def __init__(self, context: Any) -> None:
+    def __init__(self, context: Any, slot: Any = None) -> None:
         self.context = context
-        self._facts: ModelFacts | None = None
+        self._slot = slot
+        self._facts: dict[int, ModelFacts] = {}
+
+    @property
+    def info(self) -> Any:
+        return self._slot.model if self._slot is not None else self.context.model
+
+    @property
+    def slot(self) -> Any:
+        return self._slot if self._slot is not None else self.context.slot
 
     @property
     def facts(self) -> ModelFacts:
-        if self._facts is None:
-            self._facts = read_facts(self.context.model)
-        return self._facts
+        info = self.info
+        if id(info) not in self._facts:
+            self._facts = {id(info): read_facts(info)}  # the loaded model's: a reload reads them again
+        return self._facts[id(info)]
 
     def _size(self) -> int:
-        served = getattr(self.context.model, "weight_bytes", None)
-        return int(served) if served else self.facts.parameters * _BYTES.get(self.context.model.dtype, 4)
+        served = getattr(self.info, "weight_bytes", None)
+        return int(served) if served else self.facts.parameters * _BYTES.get(self.info.dtype, 4)
 
     def details(self) -> dict[str, Any]:
-        info, facts = self.context.model, self.facts
+        info, facts = self.info, self.facts
         return {"parent_model": "", "format": "gguf" if info.path.lower().endswith(".gguf") else "safetensors",
                 "family": facts.family, "families": [facts.family] if facts.family else None,
                 "parameter_size": human_count(facts.parameters),
                 "quantization_level": _LEVEL.get(info.dtype, info.dtype.upper())}
 
     def digest(self, name: str) -> str:
-        info = self.context.model
-        return hashlib.sha256(f"{name}|{info.path}|{self.facts.modified}".encode()).hexdigest()
+        return hashlib.sha256(f"{name}|{self.info.path}|{self.facts.modified}".encode()).hexdigest()
 
     def entries(self) -> list[tuple[str, str]]:
         """(listed name, served name) of every served name."""
-        return [(listed_name(n), n) for n in dict.fromkeys(self.context.served_model_names)]
+        return [(listed_name(n), n) for n in dict.fromkeys(self.slot.served_names)]
 
-    def tags(self) -> dict[str, Any]:
-        return {"models": [{"name": listed, "model": listed, "modified_at": _iso(self.facts.modified),
-                            "size": self._size(), "digest": self.digest(served), "details": self.details()}
-                           for listed, served in self.entries()]}
+    def tags(self) -> list[dict[str, Any]]:
+        if self.info is None:  # not loaded: what its files say
+            return [unloaded_tag(self.slot, listed, served) for listed, served in self.entries()]
+        return [{"name": listed, "model": listed, "modified_at": _iso(self.facts.modified),
+                 "size": self._size(), "digest": self.digest(served), "details": self.details()}
+                for listed, served in self.entries()]
 
-    def ps(self) -> dict[str, Any]:
+    def ps(self) -> list[dict[str, Any]]:
         size = self._size()
-        on_gpu = self.context.model.device.startswith("cuda")
-        return {"models": [{"name": listed, "model": listed, "size": size, "digest": self.digest(served),
-                            "details": self.details(), "expires_at": NEVER, "size_vram": size if on_gpu else 0,
-                            "context_length": self.context.engine.max_model_len}
-                           for listed, served in self.entries()]}
+        slot = self.slot
+        on_gpu = self.info.device.startswith("cuda")
+        expires = NEVER if slot.pinned or slot.expires_at is None else _iso(time.time() + slot.expires_at
+                                                                          - time.monotonic())
+        return [{"name": listed, "model": listed, "size": size, "digest": self.digest(served),
+                 "details": self.details(), "expires_at": expires, "size_vram": size if on_gpu else 0,
+                 "context_length": slot.engine.max_model_len}
+                for listed, served in self.entries()]
 
     def capabilities(self) -> list[str]:
         parsing = self.context.parsing
-        if self.context.model.task == "embed":
+        if self.info.task == "embed":
             return ["embedding"]
         caps = ["completion"]
         if parsing.auto_tools:
@@ -155,10 +171,10 @@ class ModelCard:
 
     def model_info(self) -> dict[str, Any]:
         c, arch = self.facts.config, self.facts.family or "llm"
-        out: dict[str, Any] = {"general.architecture": arch, "general.basename": self.context.model.name}
+        out: dict[str, Any] = {"general.architecture": arch, "general.basename": self.info.name}
         if self.facts.parameters:
             out["general.parameter_count"] = self.facts.parameters
-        out[f"{arch}.context_length"] = self.context.engine.max_model_len
+        out[f"{arch}.context_length"] = self.slot.engine.max_model_len
         for key, name in (("hidden_size", "embedding_length"), ("num_hidden_layers", "block_count"),
                           ("num_attention_heads", "attention.head_count"),
                           ("num_key_value_heads", "attention.head_count_kv"),
@@ -169,9 +185,28 @@ class ModelCard:
         return out
 
     def show(self) -> dict[str, Any]:
-        info = self.context.model
+        info = self.info
         template = info.chat_template or getattr(info.tokenizer, "chat_template", None) or ""
         return {"license": "", "modelfile": f"# Modelfile generated by llmserve\nFROM {info.name}\n",
-                "parameters": f"num_ctx {self.context.engine.max_model_len}", "template": template,
+                "parameters": f"num_ctx {self.slot.engine.max_model_len}", "template": template,
                 "details": self.details(), "model_info": self.model_info(), "capabilities": self.capabilities(),
                 "modified_at": _iso(self.facts.modified)}
+
+
+def unloaded_tag(slot: Any, listed: str, served: str) -> dict[str, Any]:
+    """An ``/api/tags`` entry of a model not loaded now: its format, size and time from its files."""
+    source = slot.source
+    files = [source] if os.path.isfile(source) else (
+        [os.path.join(source, n) for n in os.listdir(source)] if os.path.isdir(source) else [])
+    size, modified = 0, 0.0
+    for path in files:
+        try:
+            stat = os.stat(path)
+        except OSError:
+            continue
+        size, modified = size + stat.st_size, max(modified, stat.st_mtime)
+    fmt = "gguf" if source.lower().endswith(".gguf") else "safetensors"
+    return {"name": listed, "model": listed, "modified_at": _iso(modified), "size": size,
+            "digest": hashlib.sha256(f"{served}|{source}|{modified}".encode()).hexdigest(),
+            "details": {"parent_model": "", "format": fmt, "family": "", "families": None, "parameter_size": "",
+                        "quantization_level": ""}}

@@ -7,6 +7,7 @@ which are accepted and ignored, which are refused.
 
 from __future__ import annotations
 
+import re
 import time
 from datetime import datetime, timezone
 from typing import Any
@@ -45,6 +46,30 @@ def resolve_model(context: Any, name: str | None, required: bool = True) -> str:
         return context.check_model(name)
     bare = name[: -len(LATEST)] if name.endswith(LATEST) else name
     return context.check_model(bare, message=f'model "{name}" not found, try pulling it first')
+
+
+_DURATION = re.compile(r"(-?\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
+_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def keep_alive_seconds(value: Any) -> float | None:
+    """``keep_alive`` in seconds: a number of seconds or a Go duration ("5m", "1h30m", "-1m");
+    negative means "keep loaded", 0 "unload when done"; None when not given."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    text = str(value).strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    parts = _DURATION.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise invalid(f'keep_alive: "{text}" is not a duration (e.g. "5m", "1h", 300, 0 or -1)', "keep_alive")
+    negative = text.startswith("-")
+    total = sum(abs(float(n)) * _UNIT_SECONDS[u] for n, u in parts)
+    return -total if negative else total
 
 
 def _stops(value: list[str] | str | None) -> list[str]:

@@ -62,9 +62,15 @@ class OllamaProtocol(Protocol):
 
     def __init__(self, context: Any, options: Any = None) -> None:
         super().__init__(context, options)
-        self.card = ModelCard(context)
+        self.card = ModelCard(context)  # the current request's model
+        self._cards: dict[int, ModelCard] = {}
         self.generation = Generation(self)
         self.embeddings = Embeddings(self)
+
+    def cards(self) -> list[ModelCard]:
+        """A card for every model the server serves (the default one first)."""
+        slots = self.context.pool.slots
+        return [self._cards.setdefault(id(slot), ModelCard(self.context, slot)) for slot in slots]
 
     def error_body(self, error: LLMServeError) -> tuple[int, dict[str, Any]]:
         return error_body(error)
@@ -106,7 +112,7 @@ class OllamaProtocol(Protocol):
             return JSONResponse({"version": OLLAMA_API_VERSION, "llmserve": __version__})
 
         async def tags() -> Response:
-            return JSONResponse(card.tags())
+            return JSONResponse({"models": [e for c in self.cards() for e in c.tags()]})
 
         for path, endpoint, summary, kind in (
                 ("/", running, "Ollama: liveness probe of Ollama clients", PlainTextResponse),
@@ -119,7 +125,7 @@ class OllamaProtocol(Protocol):
 
         @router.get("/api/ps", summary="Ollama: loaded models")
         async def ps() -> Response:
-            return JSONResponse(card.ps())
+            return JSONResponse({"models": [e for c in self.cards() if c.slot.engine is not None for e in c.ps()]})
 
         @router.post("/api/show", summary="Ollama: model details, template and capabilities")
         async def show(body: ModelRequest) -> Response:

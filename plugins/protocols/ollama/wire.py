@@ -17,7 +17,8 @@ from llmserve import WireModel
 Format = Union[str, dict[str, Any], None]
 #: ``think``: true / false, or a level ("low", "medium", "high").
 Think = Union[bool, str, None]
-#: ``keep_alive``: a duration ("5m") or seconds; accepted and ignored (the model stays loaded).
+#: ``keep_alive``: a duration ("5m") or seconds: how long the model stays loaded once idle (0: unload it
+#: when the request ends; negative: keep it). The server's default model always stays loaded.
 KeepAlive = Union[str, float, None]
 
 

@@ -38,14 +38,21 @@ def prompt_count(prompt: Any) -> int:
 class OpenAIProtocol(Protocol):
     named_error_codes = True  # context_length_exceeded, as OpenAI's API names it
 
-    def _model_card(self, name: str) -> dict[str, Any]:
+    def _model_card(self, name: str, slot: Any = None) -> dict[str, Any]:
         """A ``/v1/models`` entry; the context length under vLLM's name and OpenRouter's, which
-        agent clients read to size their prompts."""
-        info = self.context.model
-        length = info.max_model_len if info else None
-        return {"id": name, "object": "model", "created": 0, "owned_by": "llmserve",
-                "root": info.path if info else name, "parent": None,
+        agent clients read to size their prompts. With several models each says whether it is
+        loaded (``loaded``, and llama.cpp's router ``status``); one not loaded yet gives the
+        context length it was configured with, if any."""
+        slot = slot or self.context.slot
+        info = slot.model
+        length = info.max_model_len if info else slot.config.llm.max_model_len
+        card = {"id": name, "object": "model", "created": 0, "owned_by": "llmserve",
+                "root": info.path if info else (slot.source or name), "parent": None,
                 "max_model_len": length, "context_length": length}
+        if self.context.pool.several:
+            card["loaded"] = slot.engine is not None
+            card["status"] = {"value": slot.state if slot.engine is None else "loaded"}
+        return card
 
     def router(self) -> APIRouter:
         router = dialect_router(self)
@@ -69,11 +76,17 @@ class OpenAIProtocol(Protocol):
 
         @router.get("/v1/models")
         async def list_models() -> JSONResponse:
-            return JSONResponse({"object": "list",
-                                 "data": [self._model_card(n) for n in self.context.served_model_names]})
+            if not self.context.pool.several:
+                return JSONResponse({"object": "list",
+                                     "data": [self._model_card(n) for n in self.context.served_model_names]})
+            cards = [self._model_card(n, slot) for slot in self.context.pool.slots for n in slot.served_names]
+            return JSONResponse({"object": "list", "data": cards})
 
         @router.get("/v1/models/{model_id:path}")
         async def get_model(model_id: str) -> JSONResponse:
+            slot = self.context.pool.find(model_id) if self.context.pool.several else None
+            if slot is not None:  # described as it is, without loading it
+                return JSONResponse(self._model_card(slot.name, slot))
             return JSONResponse(self._model_card(self.context.check_model(model_id)))
 
         @router.get("/version")

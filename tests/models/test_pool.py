@@ -1,0 +1,247 @@
+"""The model pool without a server: slots from ``--models`` entries and a models folder, loads on
+demand shared by concurrent requests, a failed load answered to each waiter and retried later,
+leases, keep_alive, idle expiry and least-recently-used eviction at ``--max-loaded-models``."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from llmserve.config import ServerConfig
+from llmserve.errors import ConfigError, OverloadedError
+from llmserve.server.models import folder_entries
+from llmserve.server.pool import ModelLoadError, ModelPool, ModelSlot, entry_slot
+
+
+class FakeEngine:
+    def __init__(self, name: str) -> None:
+        self.name, self.stopped = name, False
+
+    def shutdown(self) -> None:
+        self.stopped = True
+
+
+def make_pool(*names: str, fail: set[str] | None = None, max_loaded: int | None = None,
+              idle: float | None = None) -> tuple[ModelPool, list[str]]:
+    """A pool of ``names`` (the first the default) whose loader records each load and fails for
+    the names in ``fail`` (while they are in it)."""
+    config = ServerConfig()
+    slots = [entry_slot(config, f"{n}=/models/{n}") for n in names]
+    pool = ModelPool(slots[0], slots[1:])
+    loads: list[str] = []
+    gate = threading.Event()
+    gate.set()
+
+    def loader(slot: ModelSlot) -> None:
+        gate.wait(10)
+        loads.append(slot.name)
+        if fail and slot.name in fail:
+            raise ConfigError(f"model path '/models/{slot.name}' does not exist\nsecond line")
+        slot.engine = FakeEngine(slot.name)
+
+    pool.loader = loader
+    pool.configure(max_loaded, idle)
+    pool.gate = gate
+    return pool, loads
+
+
+def test_entries_name_their_models():
+    config = ServerConfig(max_model_len=512)
+    slot = entry_slot(config, "org/Model-1B-GGUF:Q8_0")
+    assert slot.names == ["org/Model-1B-GGUF:Q8_0"] and slot.source == "org/Model-1B-GGUF:Q8_0"
+    slot = entry_slot(config, "small=/data/models/tiny.gguf")
+    assert slot.names == ["small"] and slot.source == "/data/models/tiny.gguf"
+    assert slot.answers_to("small") and slot.answers_to("/data/models/tiny.gguf") and not slot.answers_to("tiny")
+    slot = entry_slot(config, "./models/qwen3-dir/")
+    assert slot.names == ["qwen3-dir"]
+    # A YAML mapping carries the model's own settings; the rest are the server's.
+    slot = entry_slot(config, {"model": "/m/x", "served_model_name": ["x", "x-alias"], "dtype": "bfloat16",
+                               "num_kv_blocks": 64})
+    assert slot.names == ["x", "x-alias"] and slot.config.llm.dtype == "bfloat16"
+    assert slot.config.cache.num_kv_blocks == 64 and slot.config.llm.max_model_len == 512
+    assert config.llm.dtype == "auto" and config.cache.num_kv_blocks is None  # the server's own untouched
+
+
+def test_config_refuses_unknown_entry_keys_and_cli_model_repeats(tmp_path):
+    with pytest.raises(ValueError, match="unknown key 'weights' in a models entry"):
+        ServerConfig(models=[{"model": "/m", "weights": "x"}])
+    with pytest.raises(ValueError, match="needs `model`"):
+        ServerConfig(models=[{"dtype": "float32"}])
+    from conftest import run_cli
+
+    out = run_cli("config", "show", "--json", "--model", "/a", "--model", "b=/b", "--model", "org/c")
+    assert out.returncode == 0, out.stderr
+    import json
+
+    shown = json.loads(out.stdout)
+    assert shown["model"]["value"] == "/a" and shown["models"]["value"] == ["b=/b", "org/c"]
+
+
+def test_a_models_folder_lists_ggufs_splits_and_directories(tmp_path):
+    for name in ("a.Q4_K_M.gguf", "big-00001-of-00002.gguf", "big-00002-of-00002.gguf", "mmproj-a.gguf",
+                 "notes.txt"):
+        (tmp_path / name).write_bytes(b"x")
+    (tmp_path / "hfdir").mkdir()
+    (tmp_path / "hfdir" / "config.json").write_text("{}")
+    (tmp_path / "empty").mkdir()
+    assert folder_entries(str(tmp_path)) == [f"a.Q4_K_M={tmp_path}/a.Q4_K_M.gguf",
+                                             f"big={tmp_path}/big-00001-of-00002.gguf", f"hfdir={tmp_path}/hfdir"]
+    with pytest.raises(ConfigError, match="--models-dir .*cannot list it"):
+        folder_entries(str(tmp_path / "missing"))
+
+
+def test_concurrent_requests_share_one_load():
+    pool, loads = make_pool("base", "other")
+
+    async def main() -> None:
+        pool.gate.clear()  # the load blocks until both requests wait on it
+        other = pool.find("other")
+        waiters = [asyncio.create_task(pool.ensure(other)) for _ in range(3)]
+        await asyncio.sleep(0.05)
+        assert other.state == "loading" and not any(w.done() for w in waiters)
+        pool.gate.set()
+        await asyncio.gather(*waiters)
+        assert other.state == "loaded" and other.engine.name == "other"
+
+    asyncio.run(main())
+    assert loads == ["other"]
+
+
+def test_a_failed_load_reaches_every_waiter_and_is_retried_on_the_next_request():
+    failing = {"broken"}
+    pool, loads = make_pool("base", "broken", fail=failing)
+
+    async def main() -> None:
+        broken = pool.find("broken")
+        results = await asyncio.gather(*(pool.ensure(broken) for _ in range(2)), return_exceptions=True)
+        for result in results:
+            assert isinstance(result, ModelLoadError) and result.status == 500
+            assert str(result) == ("the model `broken` could not be loaded: model path '/models/broken' does not "
+                                   "exist")
+        assert broken.state == "failed" and broken.engine is None and loads == ["broken"]
+        failing.clear()  # fixed on disk: the next request loads it
+        await pool.ensure(broken)
+        assert broken.state == "loaded" and loads == ["broken", "broken"]
+
+    asyncio.run(main())
+
+
+def test_least_recently_used_idle_model_makes_room_and_busy_ones_are_kept():
+    pool, loads = make_pool("base", "a", "b", "c", max_loaded=2)
+
+    async def main() -> None:
+        a, b, c = (pool.find(n) for n in "abc")
+        await pool.ensure(pool.default)  # the default model: loaded, and not counted
+        await pool.ensure(a)
+        await pool.ensure(b)
+        pool.lease(a)
+        pool.release(a)  # a used after b: b is the least recently used
+        await pool.ensure(c)
+        assert [s.name for s in pool.loaded()] == ["base", "a", "c"]
+        assert b.engine is None and b.state == "unloaded"
+        pool.lease(a)
+        pool.lease(c)  # both busy: no room for b
+        with pytest.raises(OverloadedError, match="2 models are loaded .* all of them are serving requests"):
+            await pool.ensure(b)
+        pool.release(c)
+        await pool.ensure(b)
+        assert [s.name for s in pool.loaded()] == ["base", "a", "b"]
+
+    asyncio.run(main())
+    assert loads == ["base", "a", "b", "c", "b"]
+
+
+def test_keep_alive_and_idle_expiry():
+    pool, _ = make_pool("base", "a", idle=30.0)
+
+    async def main() -> None:
+        base, a = pool.find("base"), pool.find("a")
+        await pool.ensure(a)
+        engine = a.engine
+        pool.lease(a)
+        pool.release(a)  # the server's idle time
+        assert a.expires_at is not None and 29 < a.expires_at - a.last_used <= 30
+        pool.lease(a)
+        assert a.expires_at is None  # in use: never expires
+        pool.release(a, keep_alive=-1)  # Ollama's keep_alive -1: stay loaded
+        assert a.expires_at is None
+        pool.lease(a)
+        pool.release(a, keep_alive=0)  # keep_alive 0: unloaded as the request ends
+        await asyncio.sleep(0.05)
+        assert a.engine is None and engine.stopped
+        # The default model stays loaded whatever a request asks.
+        pool.default.engine = FakeEngine("base")
+        pool.lease(base)
+        pool.release(base, keep_alive=0)
+        await asyncio.sleep(0.05)
+        assert base.engine is not None and not await pool.unload(base)
+
+    asyncio.run(main())
+
+
+def test_the_reaper_unloads_expired_idle_models(monkeypatch):
+    import llmserve.server.pool as pool_module
+
+    monkeypatch.setattr(pool_module, "REAP_INTERVAL_S", 0.01)
+    pool, _ = make_pool("base", "a", "b")
+
+    async def main() -> None:
+        a, b = pool.find("a"), pool.find("b")
+        await pool.ensure(a)
+        await pool.ensure(b)
+        for slot in (a, b):
+            pool.lease(slot)
+        pool.release(a, keep_alive=0.02)
+        reaper = asyncio.create_task(pool.reap())
+        for _ in range(500):
+            if a.engine is None:
+                break
+            await asyncio.sleep(0.01)
+        reaper.cancel()
+        assert a.engine is None and b.engine is not None and b.leases == 1
+
+    asyncio.run(main())
+
+
+def test_memory_short_of_a_models_measured_size_unloads_idle_models_first(monkeypatch):
+    import llmserve.server.pool as pool_module
+
+    free = {"bytes": 10 * 2**30}
+    monkeypatch.setattr(pool_module, "available_memory", lambda device: free["bytes"])
+    pool, loads = make_pool("base", "a", "b")
+
+    async def main() -> None:
+        a, b = pool.find("a"), pool.find("b")
+        await pool.ensure(a)
+        b.size_bytes = 4 * 2**30  # what b took when it last loaded
+        free["bytes"] = 2 * 2**30  # less than that is free now: the idle a goes first
+        original = pool.unload
+
+        async def unload(slot, force=False):
+            free["bytes"] += 3 * 2**30  # a's memory comes back
+            return await original(slot, force)
+
+        pool.unload = unload
+        await pool.ensure(b)
+        assert a.engine is None and b.engine is not None
+        # Nothing idle to unload: the load is tried anyway (it says itself whether it fits).
+        pool.lease(b)
+        a.size_bytes, free["bytes"] = 8 * 2**30, 1
+        await pool.ensure(a)
+        assert a.engine is not None and b.engine is not None
+
+    asyncio.run(main())
+    assert loads == ["a", "b", "a"]
+
+
+def test_files_size_reads_local_weights_only(tmp_path):
+    from llmserve.server.pool import files_size
+
+    (tmp_path / "model.safetensors").write_bytes(b"x" * 100)
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "m.gguf").write_bytes(b"x" * 7)
+    assert files_size(str(tmp_path)) == 107
+    assert files_size(str(tmp_path / "m.gguf")) == 7
+    assert files_size("org/not-fetched") == 0
