@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence as Seq
+from collections.abc import Iterable, Iterator, Sequence as Seq
 from dataclasses import dataclass
 
 from llmserve.engine.sequence import Sequence
@@ -126,28 +126,39 @@ class BlockManager:
         touch ``seq.num_computed_tokens`` or the hit counters (see ``record_prefix_query``).
         """
         assert not seq.block_table, f"match_prefix on {seq} which already has blocks"
-        if not self.enable_prefix_caching:
-            return 0
-        bs = self.block_size
-        # (num_tokens - 1) // bs full blocks at most: when the tokens end exactly on a block
-        # boundary this drops the last full block, so the cache never covers every token.
-        parent = ROOT_HASH
-        for i in range((seq.num_tokens - 1) // bs):
-            tokens = seq.block_tokens(i, bs)
-            h = hash_block(parent, tokens)
-            block_id = self._hash_to_block.get(h)
-            # Token check: a hash match alone could be a collision, which would silently
-            # reuse someone else's KV.
-            if block_id is None or self.blocks[block_id].token_ids != tuple(tokens):
-                break
+        for block_id, h in self._cached_blocks(seq.token_ids):
             block = self.blocks[block_id]
             if block.ref_count == 0:
                 del self._free[block_id]
             block.ref_count += 1
             seq.block_table.append(block_id)
             seq.block_hashes.append(h)
+        return len(seq.block_table) * self.block_size
+
+    def peek_prefix(self, token_ids: Seq[int]) -> int:
+        """How many leading tokens of ``token_ids`` a request admitted now would find cached
+        (what ``match_prefix`` would take), taking nothing. It only reads, so the server may ask
+        from its own thread; a block evicted meanwhile makes the answer an estimate."""
+        return sum(1 for _ in self._cached_blocks(token_ids)) * self.block_size
+
+    def _cached_blocks(self, token_ids: Seq[int]) -> Iterator[tuple[int, int]]:
+        """(block id, hash) of each cached block holding the leading full blocks of ``token_ids``."""
+        if not self.enable_prefix_caching:
+            return
+        bs = self.block_size
+        # (len - 1) // bs full blocks at most: when the tokens end exactly on a block boundary
+        # this drops the last full block, so the cache never covers every token.
+        parent = ROOT_HASH
+        for i in range((len(token_ids) - 1) // bs):
+            tokens = tuple(token_ids[i * bs : (i + 1) * bs])
+            h = hash_block(parent, tokens)
+            block_id = self._hash_to_block.get(h)
+            # Token check: a hash match alone could be a collision, which would silently
+            # reuse someone else's KV.
+            if block_id is None or self.blocks[block_id].token_ids != tokens:
+                return
+            yield block_id, h
             parent = h
-        return len(seq.block_table) * bs
 
     def record_prefix_query(self, num_queried_tokens: int, num_hit_tokens: int) -> None:
         """Count one admission for the hit-rate metric (the scheduler calls it on success)."""

@@ -301,6 +301,11 @@ class EngineClient:
         except EngineDeadError:
             pass
 
+    def cached_prefix(self, token_ids: list[int]) -> int:
+        """How many leading prompt tokens the prefix cache holds now (an estimate: the blocks may be
+        evicted before the request is admitted; its final usage says what was reused)."""
+        return self.engine.block_manager.peek_prefix(token_ids)
+
     async def check_idle(self) -> bool:
         """Run the engine's idle invariant check on the engine thread (for tests)."""
         aio = asyncio.get_running_loop()

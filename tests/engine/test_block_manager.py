@@ -136,6 +136,22 @@ def test_forced_hash_collision_is_caught_by_token_check(monkeypatch):
     bm.check_invariants(seqs=[a, same])
 
 
+def test_peek_prefix_counts_what_match_prefix_takes_and_takes_nothing():
+    bm = BlockManager(num_blocks=4, block_size=4)
+    a = make_seq(list(range(9)))
+    compute_all(bm, a)
+    bm.free(a)
+    for tokens, expected in ((list(range(9)) + [50], 8), (list(range(8)), 4), (list(range(5)) + [99, 1, 2, 3], 4),
+                             ([7] + list(range(9)), 0), (list(range(4)), 0)):
+        assert bm.peek_prefix(tokens) == expected, tokens
+        assert bm.num_free_blocks == 4  # nothing taken, nothing revived
+        seq = make_seq(tokens)
+        assert bm.match_prefix(seq) == expected
+        bm.free(seq)
+    assert BlockManager(num_blocks=4, block_size=4, enable_prefix_caching=False).peek_prefix(list(range(9))) == 0
+    bm.check_invariants(expect_idle=True)
+
+
 def test_never_cache_all_tokens():
     bm = BlockManager(num_blocks=16, block_size=4)
     a = make_seq(list(range(8)))  # exactly two full blocks

@@ -65,6 +65,15 @@ def test_create_streamed_matches_not_streamed(client):
     assert text == whole.content[0].text
 
 
+def test_message_start_reports_the_cached_prefix(client):
+    create(client)  # its prompt's full blocks are now in the prefix cache
+    events = list(create(client, stream=True))
+    start, delta = events[0].message.usage, next(e for e in events if e.type == "message_delta").usage
+    assert start.cache_read_input_tokens > 0 and start.cache_read_input_tokens % 16 == 0
+    assert start.cache_read_input_tokens == delta.cache_read_input_tokens
+    assert start.input_tokens + start.cache_read_input_tokens == delta.input_tokens + delta.cache_read_input_tokens
+
+
 def test_stream_helper(client):
     whole = create(client)
     with client.messages.stream(model="m", max_tokens=24, messages=QUESTION, extra_body=GREEDY) as stream:

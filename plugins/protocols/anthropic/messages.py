@@ -92,8 +92,11 @@ class Messages:
 
     async def _stream(self, req: PreparedRequest, head: dict[str, Any], reply: "Reply") -> AsyncIterator[str]:
         prompt_tokens = len(req.prompt_token_ids or [])
+        # The prompt tokens the prefix cache holds now (Claude Code reads them here); the final
+        # usage in message_delta says what was reused.
+        cached = self.p.context.engine.cached_prefix(list(req.prompt_token_ids or []))
         start = {**head, "content": [], "stop_reason": None, "stop_sequence": None,
-                 "usage": _usage(Usage(prompt_tokens=prompt_tokens))}
+                 "usage": _usage(Usage(prompt_tokens=prompt_tokens, cached_tokens=cached))}
         yield event("message_start", message=start)
         yield PING_EVENT  # as Anthropic does: clients see the stream is alive before the first token
         usage = Usage(prompt_tokens=prompt_tokens)
