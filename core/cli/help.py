@@ -31,7 +31,7 @@ PANELS: dict[str, str] = {
     "generation_config": MODEL, "seed": MODEL, "backend": MODEL, "dtype": MODEL, "device": MODEL,
     "max_model_len": MODEL, "trust_remote_code": MODEL, "allow_unverified_architecture": MODEL, "task": MODEL,
     "cache_dir": MODEL, "models": MODEL, "models_dir": MODEL, "serve_cached_models": MODEL,
-    "max_loaded_models": MODEL, "idle_unload_seconds": MODEL,
+    "max_loaded_models": MODEL, "idle_unload_seconds": MODEL, "allow_pull": MODEL,
     # engine
     "block_size": ENGINE, "num_kv_blocks": ENGINE, "kv_cache_memory_fraction": ENGINE, "kv_cache_dtype": ENGINE,
     "max_num_seqs": ENGINE,

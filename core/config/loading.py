@@ -31,7 +31,7 @@ FIELDS = [
     "model", "revision", "offline", "hf_token", "served_model_name", "strict_model_name", "tokenizer",
     "generation_config", "seed", "backend", "dtype", "device", "max_model_len", "trust_remote_code",
     "allow_unverified_architecture", "task", "cache_dir", "models", "models_dir", "serve_cached_models",
-    "max_loaded_models", "idle_unload_seconds",
+    "max_loaded_models", "idle_unload_seconds", "allow_pull",
     "block_size", "num_kv_blocks", "kv_cache_memory_fraction", "kv_cache_dtype", "max_num_seqs",
     "max_num_batched_tokens", "enable_prefix_caching", "enable_chunked_prefill", "enforce_eager",
     "tensor_parallel_size", "max_concurrent_requests", "max_waiting_requests", "max_waiting_tokens",

@@ -282,6 +282,10 @@ class RouterConfig(Section):
     max_loaded_models: int | None = Field(None, ge=1, description=(
         "Most models loaded on demand at once, beside MODEL (which stays loaded); loading one more unloads the "
         "least recently used idle one. Default: no limit but memory."))
+    allow_pull: bool = Field(False, description=(
+        "Let Ollama's /api/pull fetch a Hugging Face model (org/name[:QUANT], or hf.co/org/name[:QUANT]) into "
+        "the local cache and serve it, loaded on its first request. Needs --api-key: a pull fills the disk. "
+        "Default: /api/pull is refused."))
     idle_unload_seconds: float | None = Field(None, ge=0, description=(
         "Unload a model loaded on demand once it has been idle this long (an Ollama request's keep_alive "
         "overrides it). Default: keep it loaded."))

@@ -180,6 +180,16 @@ class ServerContext:
             return self.model_name
         raise NotFoundError(message or f"The model `{name}` does not exist.", param=param)
 
+    def pull_model(self, text: str) -> ModelSlot:
+        """Fetch the Hugging Face model ``text`` into the cache and serve it from now on, loaded on
+        its first request (blocking: run it on a thread). Only with ``--allow-pull``."""
+        from llmserve.errors import LLMServeError
+        from llmserve.server.models import pull_slot
+
+        if not self.config.router.allow_pull:
+            raise LLMServeError("pulling models over HTTP is disabled on this server (--allow-pull)", status=403)
+        return pull_slot(self, text)
+
     def keep_model_alive(self, seconds: float | None) -> None:
         """How long the current request's model may stay loaded once idle (Ollama's ``keep_alive``:
         0 unloads it when the request ends, a negative value keeps it; None: the server's rule).

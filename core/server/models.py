@@ -56,11 +56,42 @@ def cached_entries() -> list[str]:
     return [f"{name}={path}" for name, path in seen.items()]
 
 
+def pull_slot(context: "ServerContext", text: str) -> ModelSlot:
+    """Fetch the Hugging Face model ``text`` (``org/name[:QUANT]``, ``hf.co/`` allowed; never a
+    path) into the cache and serve it, loaded on its first request (``--allow-pull``); blocking.
+    A model already served is returned as it is."""
+    from llmserve.errors import InvalidRequestError, NotFoundError
+    from llmserve.models.ref import parse_ref
+    from llmserve.models.resolve import plan_model
+
+    ref = parse_ref(text)
+    if ref is None:
+        raise InvalidRequestError(f"`{text[:200]}` is not a Hugging Face repo id (org/name or org/name:QUANT)",
+                                  param="model")
+    name = ref.name
+    found = context.pool.find(name) or context.pool.find(text)
+    if found is not None:
+        return found
+    llm = context.config.llm
+    try:
+        plan_model(name, offline=llm.offline, token=llm.hf_token).resolve()
+    except ConfigError as exc:
+        raise NotFoundError(f"cannot pull {name}: {exc}", param="model") from None
+    slot = entry_slot(context.config, name)
+    if context.pool.find(name) is None:  # another pull of it may have finished meanwhile
+        context.pool.slots.append(slot)
+        log.info("pulled %s: served as %s, loaded on its first request", name, slot.name)
+    return context.pool.find(name) or slot
+
+
 def add_models(context: "ServerContext") -> None:
     """Give ``context.pool`` a slot for every model the configuration names beside MODEL; without
     MODEL, the first of them becomes the default model (the one loaded at start)."""
     config = context.config
     router = config.router
+    if router.allow_pull and not config.http.api_key:
+        raise ConfigError("--allow-pull needs --api-key: a pull downloads into this machine's cache, which only "
+                          "a client holding a key may ask for")
     entries: list[str | dict[str, Any]] = list(router.models)
     if router.models_dir:
         entries += folder_entries(router.models_dir)

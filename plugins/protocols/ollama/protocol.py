@@ -5,18 +5,24 @@
 model-management routes (pull, push, create, copy, delete, blobs) are the source of most
 Ollama advisories (arbitrary file writes through crafted digests, heap reads through crafted
 GGUF files); this server never writes models over HTTP, so they answer 403 in Ollama's format
-without reading their bodies or touching the disk.
+without reading their bodies or touching the disk. The one exception is ``/api/pull`` on a
+server started with ``--allow-pull`` (and API keys): it fetches a Hugging Face repo id, never a
+path or a registry manifest, through the same code as ``llmserve pull``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+from typing import Any, AsyncIterator
 
 from fastapi import APIRouter, Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from llmserve import __version__
 from llmserve import LLMServeError
+from llmserve import InvalidRequestError
+from llmserve import STREAM_HEADERS, dumps, in_band_errors
+from llmserve import progress
 from llmserve import dialect_router
 from llmserve import stream_responses
 from llmserve import Protocol
@@ -24,12 +30,13 @@ from llmserve import Protocol
 from .embed import Embeddings
 from .generation import NDJSON, Generation
 from .models import ModelCard
-from .params import resolve_model
+from .params import listed_name, resolve_model
 from .wire import ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest, ManagementRequest, ModelRequest
 
 RUNNING = "Ollama is running"
-MANAGEMENT = ("this server does not manage models over HTTP ({what} is disabled): it serves the model it was "
-              "started with; restart it with --model to change models")
+MANAGEMENT = ("this server does not manage models over HTTP ({what} is disabled): it serves the models it was "
+              "started with (--model, --models-dir, --serve-cached-models); /api/pull works on a server started "
+              "with --allow-pull")
 NDJSON_RESPONSES = stream_responses(NDJSON)
 _HEAD_OK = {200: {"description": "The resource exists (no body)"}}
 # Model management: (method, path, what is refused). Never touches the disk.
@@ -41,6 +48,29 @@ MANAGEMENT_ROUTES = (("POST", "/api/pull", "pulling models"), ("POST", "/api/pus
 #: features on it (``codex --oss`` refuses an "Ollama 0.1.0" as too old), so it names a release
 #: whose API the dialect serves, not llmserve's own version (which rides beside it).
 OLLAMA_API_VERSION = "0.20.0"
+
+
+PULL_STATUS_INTERVAL_S = 1.0
+
+
+def _line(obj: Any) -> str:
+    return dumps(obj) + "\n"
+
+
+async def _pull_lines(task: Any) -> AsyncIterator[str]:
+    """Ollama's pull progress, NDJSON: a status line per second (what the download is doing, as
+    ``/ready`` says it), then ``success``."""
+    yield _line({"status": "pulling manifest"})
+    try:
+        while not task.done():
+            await asyncio.wait([task], timeout=PULL_STATUS_INTERVAL_S)
+            phase = progress.reporter().current()
+            if not task.done() and phase is not None:
+                yield _line({"status": phase.describe()})
+        slot = task.result()
+    finally:
+        task.cancel()  # the client left: the download thread finishes on its own, nobody waits
+    yield _line({"status": "success", "model": listed_name(slot.name)})
 
 
 class Forbidden(LLMServeError):
@@ -132,6 +162,21 @@ class OllamaProtocol(Protocol):
             resolve_model(self.context, body.model or body.name)
             return JSONResponse(card.show())
 
+    def _pull_route(self, refused: Any) -> Any:
+        async def pull(body: ManagementRequest | None = None) -> Response:
+            if not self.context.config.router.allow_pull:
+                return await refused(body)
+            text = (body.model or body.name or "") if body is not None else ""
+            if not text:
+                raise InvalidRequestError("model is required", param="model")
+            task = asyncio.ensure_future(asyncio.to_thread(self.context.pull_model, text))
+            if body is not None and body.stream is False:
+                slot = await task
+                return JSONResponse({"status": "success", "model": listed_name(slot.name)})
+            return StreamingResponse(in_band_errors(self, _pull_lines(task), _line), media_type=NDJSON,
+                                     headers=STREAM_HEADERS)
+        return pull
+
     def _management_routes(self, router: APIRouter) -> None:
         def refuse(what: str) -> Forbidden:
             return Forbidden(MANAGEMENT.format(what=what))
@@ -144,6 +189,11 @@ class OllamaProtocol(Protocol):
 
         for method, path, what in MANAGEMENT_ROUTES:
             name = path.rsplit("/", 1)[1]
+            if path == "/api/pull":
+                router.add_api_route(path, self._pull_route(refusing(what)), methods=[method], name=name,
+                                     summary="Ollama: pull a Hugging Face model (--allow-pull; refused otherwise)",
+                                     operation_id=f"ollama_{name}", responses=NDJSON_RESPONSES)
+                continue
             router.add_api_route(path, refusing(what), methods=[method], summary=f"Ollama: refused ({what})",
                                  operation_id=f"ollama_{name}", name=name)
 

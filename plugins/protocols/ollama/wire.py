@@ -144,9 +144,11 @@ class ModelRequest(WireModel):
 
 
 class ManagementRequest(WireModel):
-    """Bodies of the model-management routes, read only to be refused."""
+    """Bodies of the model-management routes: read only to be refused, but for ``/api/pull`` on a
+    server started with ``--allow-pull`` (``model``/``name``, ``stream``)."""
 
     model: str | None = None
     name: str | None = None
     source: str | None = None
     destination: str | None = None
+    stream: bool | None = None
