@@ -41,6 +41,7 @@ _EXPORTS = {
     "while_loading": "llmserve.server.startup",
     "CONTENT_TYPE": "llmserve.server.metrics",
     "merge_scrapes": "llmserve.server.metrics",
+    **dict.fromkeys(("TokenText", "chat_logprobs", "clamp_logprob"), "llmserve.text.logprob_shapes"),
     **dict.fromkeys(("build_server", "setup_logging"), "llmserve.server.serve"),
     **dict.fromkeys(("render_chat", "message_text", "arguments_as_object"), "llmserve.text.chat_template"),
     "IncrementalDetokenizer": "llmserve.text.detokenizer",

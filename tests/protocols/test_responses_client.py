@@ -201,6 +201,28 @@ def test_stream_forced_call_arguments(client):
     jsonschema.validate(json.loads(call.arguments), WEATHER)
 
 
+def test_logprobs_of_the_answer_streamed_and_not(client):
+    args = dict(model="m", input="Name a color.", temperature=0, max_output_tokens=8,
+                include=["message.output_text.logprobs"], top_logprobs=2)
+    whole = client.responses.create(**args)
+    part = whole.output[0].content[0]
+    assert len(part.logprobs) == whole.usage.output_tokens
+    assert "".join(lp.token for lp in part.logprobs) == part.text
+    for lp in part.logprobs:
+        assert lp.logprob <= 0 and len(lp.top_logprobs) == 2 and lp.bytes == list(lp.token.encode())
+        assert lp.top_logprobs[0].logprob >= lp.top_logprobs[1].logprob
+        assert lp.top_logprobs[0].logprob >= lp.logprob - 1e-4  # greedy: the token taken is the best one
+    with client.responses.stream(**args) as stream:
+        events = list(stream)
+    streamed = [lp for e in events if e.type == "response.output_text.delta" for lp in e.logprobs]
+    done = next(e for e in events if e.type == "response.output_text.done")
+    assert [lp.model_dump() for lp in streamed] == [lp.model_dump() for lp in done.logprobs]
+    assert [lp.token for lp in done.logprobs] == [lp.token for lp in part.logprobs]
+    # Without include (and top_logprobs), none come back.
+    plain = client.responses.create(**{k: v for k, v in args.items() if k not in ("include", "top_logprobs")})
+    assert plain.output[0].content[0].logprobs == []
+
+
 def test_cut_by_max_output_tokens_is_incomplete(client):
     r = client.responses.create(model="m", input="Count from one to one hundred.", temperature=0,
                                 max_output_tokens=4)
@@ -234,6 +256,7 @@ BAD = [
     ({"input": "hi", "guided_json": {"type": "object"}}, "guided_json"),
     ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
     ({"input": "hi", "temperature": -1}, "temperature"),
+    ({"input": "hi", "top_logprobs": 21}, "top_logprobs"),
     ({"input": "hi", "background": True}, "background"),
     ({"input": "hi", "conversation": "conv_1"}, "conversation"),
     ({}, "input"),

@@ -15,10 +15,11 @@ from llmserve import ChatTurn, effort_budget, prepare_chat
 from llmserve import SSE_DONE, STREAM_HEADERS, sse
 from llmserve import to_error
 from llmserve import arguments_as_object, message_text
+from llmserve import chat_logprobs
 
 from .deltas import REASONING_KEYS, openai_delta
 from .params import chat_policy, chat_sampling, guided_spec, now, truncate, truncation
-from .replies import SYSTEM_FINGERPRINT, Endpoint, chat_logprobs, prompt_logprobs, usage_dict
+from .replies import SYSTEM_FINGERPRINT, Endpoint, prompt_logprobs, usage_dict
 from .wire import ChatCompletionRequest
 
 

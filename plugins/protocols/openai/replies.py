@@ -3,20 +3,15 @@ logprobs clamped: JSON has no -Infinity), usage and the system fingerprint."""
 
 from __future__ import annotations
 
-import math
-from functools import lru_cache
 from typing import Any
 
 from llmserve import __version__
 from llmserve import TokenLogprob
+from llmserve import TokenText, clamp_logprob
 
 # Every reply's ``system_fingerprint``: a string, as OpenAI and TGI send (text_generation's
 # Client.chat refuses a reply without one).
 SYSTEM_FINGERPRINT = f"llmserve-{__version__}"
-
-
-def clamp(x: float) -> float:
-    return -9999.0 if not math.isfinite(x) else x
 
 
 class Endpoint:
@@ -39,17 +34,6 @@ class Endpoint:
         if as_ids is None:
             as_ids = self.p.context.config.parsing.return_tokens_as_token_ids
         return TOKEN_IDS if as_ids else self.tt
-
-
-class TokenText:
-    """Token id -> its text, cached (logprob entries need it per token)."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
-        self.text = lru_cache(maxsize=65536)(self._text)
-
-    def _text(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
 
 class TokenIds:
@@ -77,20 +61,11 @@ def prompt_logprobs(entries: list[TokenLogprob | None] | None, tt: TokenText, wa
             continue
         best = [t for t, _ in e.top]
         rank = e.rank if e.rank is not None else (best.index(e.token_id) + 1 if e.token_id in best else None)
-        item = {str(e.token_id): {"logprob": clamp(e.logprob), "rank": rank, "decoded_token": tt.text(e.token_id)}}
+        item = {str(e.token_id): {"logprob": clamp_logprob(e.logprob), "rank": rank,
+                                  "decoded_token": tt.text(e.token_id)}}
         for r, (t, lp) in enumerate(e.top[:want], 1):
-            item.setdefault(str(t), {"logprob": clamp(lp), "rank": r, "decoded_token": tt.text(t)})
+            item.setdefault(str(t), {"logprob": clamp_logprob(lp), "rank": r, "decoded_token": tt.text(t)})
         out.append(item)
-    return out
-
-
-def chat_logprobs(entries: list[TokenLogprob], tt: "TokenText | TokenIds") -> list[dict]:
-    out = []
-    for e in entries:
-        tok = tt.text(e.token_id)
-        out.append({"token": tok, "logprob": clamp(e.logprob), "bytes": list(tok.encode("utf-8")),
-                    "top_logprobs": [{"token": tt.text(t), "logprob": clamp(lp),
-                                      "bytes": list(tt.text(t).encode("utf-8"))} for t, lp in e.top]})
     return out
 
 
@@ -109,12 +84,12 @@ def completion_logprobs(items: list[tuple[int, TokenLogprob | None]], tt: "Token
             lps.append(None)
             tops.append(None)
             continue
-        lps.append(clamp(e.logprob))
+        lps.append(clamp_logprob(e.logprob))
         # The token itself first, then its best alternatives: vLLM's order, which clients rely on
         # (the first key of each entry is read as the token, as vLLM's own tests do).
-        top = {text: clamp(e.logprob)}
+        top = {text: clamp_logprob(e.logprob)}
         for t, lp in e.top[:want_top]:
-            top.setdefault(tt.text(t), clamp(lp))
+            top.setdefault(tt.text(t), clamp_logprob(lp))
         tops.append(top)
     return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
 

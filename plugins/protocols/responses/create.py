@@ -27,6 +27,7 @@ from llmserve import SamplingParams
 from llmserve import ChatTurn, effort_budget, prepare_chat
 from llmserve import STREAM_HEADERS, sse
 from llmserve import to_error
+from llmserve import TokenText, chat_logprobs
 
 from .items import Conversation, Namespaces, chat_tool_choice, chat_tools
 from .output import OutputBuilder, new_id, usage
@@ -38,7 +39,9 @@ FOREIGN_CONSTRAINTS = ("response_format", "structured_outputs", "guided_json", "
                        "guided_grammar")
 # Errors name the prompt ``input`` and the output cap as this API spells it; an output longer
 # than the room is cut to it, as with chat completions (refused under --strict-max-tokens).
-POLICY = RequestPolicy(prompt="input", names={"max_tokens": "max_output_tokens"}, length="fit")
+POLICY = RequestPolicy(prompt="input", names={"max_tokens": "max_output_tokens", "logprobs": "top_logprobs"},
+                       length="fit")
+LOGPROBS = "message.output_text.logprobs"  # the ``include`` value that asks for the answer's logprobs
 
 
 def refuse_unsupported(body: ResponsesRequest) -> None:
@@ -87,6 +90,7 @@ class Prepared:
     make_chain: ChainMaker | None
     request: PreparedRequest
     namespaces: Namespaces = field(default_factory=dict)  # namespace tools' flat names
+    labels: TokenText | None = None  # set when the answer's logprobs were asked for
     created: int = field(default_factory=lambda: int(time.time()))
     id: str = field(default_factory=lambda: new_id("resp"))
 
@@ -126,8 +130,10 @@ class Create:
             raise InvalidRequestError("input: must hold at least one item", param="input")
         tools, namespaces = chat_tools(body.tools)
         choice, offered = chat_tool_choice(body.tool_choice, tools)
+        want_logprobs = LOGPROBS in (body.include or []) or body.top_logprobs is not None
         sampling = SamplingParams.build(POLICY.names, temperature=body.temperature, top_p=body.top_p,
-                                        max_tokens=body.max_output_tokens)
+                                        max_tokens=body.max_output_tokens,
+                                        logprobs=(body.top_logprobs or 0) if want_logprobs else None)
         effort = body.reasoning.effort if body.reasoning is not None else None
         budget = effort_budget(ctx, effort, "reasoning.effort") if effort is not None else None
         turn = ChatTurn(sampling=sampling, request_id=request.headers.get("x-request-id") or new_id("req"),
@@ -138,7 +144,7 @@ class Create:
                         policy=POLICY)
         prepared = await prepare_chat(ctx, turn)
         return Prepared(body, model, owner, history, items, prepared.plan, prepared.chains.make, prepared.request,
-                        namespaces)
+                        namespaces, TokenText(ctx.engine.tokenizer) if want_logprobs else None)
 
     def _history(self, body: ResponsesRequest, owner: str) -> list[dict[str, Any]]:
         if body.previous_response_id is None:
@@ -162,13 +168,14 @@ class Create:
             counts = (event.usage.prompt_tokens, event.usage.completion_tokens, event.usage.cached_tokens)
             counted = event.usage.reasoning_tokens
             for d in event.outputs:
+                logprobs = chat_logprobs(d.logprobs, prep.labels) if prep.labels is not None and d.logprobs else None
                 if chain is None:
-                    builder.add(ParseDelta(content=d.text))
+                    builder.add(ParseDelta(content=d.text), logprobs)
                 else:
                     parsed = chain.feed(d.text, d.token_ids)
                     if d.finish_reason:
                         parsed.extend(chain.finish())
-                    builder.add(parsed if prep.plan.parallel else first_call_only(parsed))
+                    builder.add(parsed if prep.plan.parallel else first_call_only(parsed), logprobs)
                 finish = d.finish_reason or finish
             events = builder.take()
             if events:

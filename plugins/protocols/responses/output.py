@@ -38,6 +38,7 @@ class OutputBuilder:
         self._open: dict[str, Any] | None = None  # the item being written
         self._kind: str | None = None             # "message", "reasoning" or "function_call"
         self._held = ""                           # whitespace waiting for a non-blank character
+        self._held_logprobs: list[dict[str, Any]] = []  # the logprobs of that whitespace
         self._calls: dict[int, dict[str, Any]] = {}  # parser call index -> its item
 
     def take(self) -> list[Event]:
@@ -45,19 +46,23 @@ class OutputBuilder:
         return out
 
     # -- feeding ---------------------------------------------------------------------------
-    def add(self, delta: ParseDelta) -> None:
+    def add(self, delta: ParseDelta, logprobs: list[dict[str, Any]] | None = None) -> None:
+        """Feed one parsed delta; ``logprobs`` (chat-style entries of the delta's tokens, when the
+        request asked for them) go with its answer text."""
         if delta.reasoning:
             self._text("reasoning", delta.reasoning)
         if delta.content:
-            self._text("message", delta.content)
+            self._text("message", delta.content, logprobs or [])
         for piece in delta.tool_calls:
             self._call_piece(piece.index, piece.id, piece.name, piece.arguments)
 
-    def _text(self, kind: str, text: str) -> None:
+    def _text(self, kind: str, text: str, logprobs: list[dict[str, Any]] | None = None) -> None:
         if self._kind != kind or self._open is None:
             if not (self._held + text).strip():
                 self._held += text
+                self._held_logprobs += logprobs or []
                 return
+            logprobs, self._held_logprobs = self._held_logprobs + (logprobs or []), []
             text, self._held = self._held + text, ""
             self._start(kind)
         item = self._open
@@ -65,7 +70,9 @@ class OutputBuilder:
         part = item["content"][0]
         part["text"] += text
         event = "response.output_text.delta" if kind == "message" else "response.reasoning_text.delta"
-        extra = {"logprobs": []} if kind == "message" else {}
+        extra = {"logprobs": list(logprobs or [])} if kind == "message" else {}
+        if kind == "message" and logprobs:
+            part["logprobs"].extend(logprobs)
         self._emit(event, item_id=item["id"], output_index=len(self.items) - 1, content_index=0, delta=text, **extra)
 
     def _start(self, kind: str) -> None:
@@ -83,13 +90,13 @@ class OutputBuilder:
         self._emit("response.output_item.added", output_index=index, item=_copy(item))
         item["content"].append(part)
         self._emit("response.content_part.added", item_id=item["id"], output_index=index, content_index=0,
-                   part=dict(part))
+                   part=_part(part))
 
     def _call_piece(self, index: int, call_id: str | None, name: str | None, arguments: str) -> None:
         item = self._calls.get(index)
         if item is None:
             self.close()
-            self._held = ""  # whitespace between the answer and a call belongs to neither
+            self._held, self._held_logprobs = "", []  # whitespace between the answer and a call belongs to neither
             item = {"id": new_id("fc"), "type": "function_call", "status": "in_progress",
                     "call_id": call_id or new_id("call"), "name": name or "", "arguments": ""}
             if name in self.namespaces:  # a namespace tool's call: its own name, and its namespace
@@ -120,12 +127,12 @@ class OutputBuilder:
             part = item["content"][0]
             if item["type"] == "message":
                 self._emit("response.output_text.done", item_id=item["id"], output_index=index, content_index=0,
-                           text=part["text"], logprobs=[])
+                           text=part["text"], logprobs=list(part["logprobs"]))
             else:
                 self._emit("response.reasoning_text.done", item_id=item["id"], output_index=index, content_index=0,
                            text=part["text"])
             self._emit("response.content_part.done", item_id=item["id"], output_index=index, content_index=0,
-                       part=dict(part))
+                       part=_part(part))
         self._emit("response.output_item.done", output_index=index, item=_copy(item))
 
     def finish(self, incomplete: bool) -> None:
@@ -140,8 +147,13 @@ class OutputBuilder:
         self.pending.append({"type": event, **fields})
 
 
+def _part(part: dict[str, Any]) -> dict[str, Any]:
+    """A content part as it is now (its lists copied: the part itself keeps growing)."""
+    return {k: (list(v) if isinstance(v, list) else v) for k, v in part.items()}
+
+
 def _copy(item: dict[str, Any]) -> dict[str, Any]:
-    return {k: ([dict(p) for p in v] if isinstance(v, list) else v) for k, v in item.items()}
+    return {k: ([_part(p) for p in v] if isinstance(v, list) else v) for k, v in item.items()}
 
 
 def usage(prompt: int, completion: int, cached: int, reasoning: int) -> dict[str, Any]:

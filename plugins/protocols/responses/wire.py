@@ -66,9 +66,11 @@ class ResponsesRequest(WireModel):
     previous_response_id: str | None = Field(None, description="Continue after a stored response.")
     metadata: dict[str, str] | None = None
     user: str | None = None
-    include: list[str] | None = Field(None, description="Accepted and ignored.")
+    include: list[str] | None = Field(None, description=(
+        "`message.output_text.logprobs` returns the answer's token logprobs; other values are accepted and ignored."))
     truncation: str | None = Field(None, description="auto | disabled; accepted, nothing is truncated.")
-    top_logprobs: int | None = Field(None, description="Accepted and ignored.")
+    top_logprobs: int | None = Field(None, ge=0, le=20, description=(
+        "Most likely alternatives per token in the logprobs (0-20); giving it returns logprobs as well."))
     service_tier: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
