@@ -125,3 +125,55 @@ def test_every_route_needs_a_key(server):
         assert r.json()["error"]["type"] == "authentication_error"
     with pytest.raises(openai.AuthenticationError):
         sdk(server, "wrong").responses.create(model="m", input="hi")
+
+
+# -- background responses -----------------------------------------------------------------------
+STORY = dict(model="m", input="Write a long story about a dragon who learns to bake bread.", temperature=0)
+
+
+def test_a_background_response_is_queued_polled_and_streamed_again(client):
+    args = dict(model="m", input="Name three fruits.", temperature=0, max_output_tokens=16)
+    queued = client.responses.create(**args, background=True)
+    assert queued.status == "queued" and queued.background is True and queued.output == []
+    final = queued
+    for _ in range(1200):
+        final = client.responses.retrieve(queued.id)
+        if final.status not in ("queued", "in_progress"):
+            break
+        __import__("time").sleep(0.1)
+    assert final.status == "completed" and final.background is True
+    assert final.output_text == client.responses.create(**args, store=False).output_text  # greedy: the same
+    again = list(client.responses.retrieve(queued.id, stream=True, starting_after=2))
+    assert [e.sequence_number for e in again] == list(range(3, 3 + len(again)))
+    assert again[-1].type == "response.completed" and again[-1].response.output_text == final.output_text
+    whole = list(client.responses.retrieve(queued.id, stream=True))
+    assert whole[0].type == "response.created" and whole[0].response.status == "queued"
+    assert "".join(e.delta for e in whole if e.type == "response.output_text.delta") == final.output_text
+    # Another key neither sees it nor streams it.
+    with pytest.raises(openai.NotFoundError):
+        sdk_for(client, KEYS[1]).responses.retrieve(queued.id)
+
+
+def test_a_background_response_streams_and_is_cancelled(client):
+    stream = client.responses.create(**STORY, max_output_tokens=600, background=True, stream=True)
+    response_id = None
+    for event in stream:
+        if event.type == "response.created":
+            response_id = event.response.id
+        if event.type == "response.output_text.delta":
+            break  # it is generating now
+    stream.close()  # leaving the stream does not stop a background response
+    assert response_id is not None and client.responses.retrieve(response_id).status == "in_progress"
+    cancelled = client.responses.cancel(response_id)
+    assert cancelled.id == response_id and cancelled.status == "cancelled"
+    assert client.responses.retrieve(response_id).status == "cancelled"
+    events = list(client.responses.retrieve(response_id, stream=True))
+    assert events[-1].type == "response.cancelled"
+    # A response that did not run in the background cannot be cancelled.
+    plain = client.responses.create(model="m", input="Hi.", max_output_tokens=2)
+    with pytest.raises(openai.BadRequestError, match="Cannot cancel a synchronous response"):
+        client.responses.cancel(plain.id)
+
+
+def sdk_for(client, key):
+    return openai.OpenAI(base_url=str(client.base_url), api_key=key, max_retries=0, timeout=300)

@@ -25,10 +25,11 @@ from llmserve import ToolPlan
 from llmserve import PreparedRequest, RequestPolicy
 from llmserve import SamplingParams
 from llmserve import ChatTurn, effort_budget, prepare_chat
-from llmserve import STREAM_HEADERS, sse
+from llmserve import STREAM_HEADERS
 from llmserve import to_error
 from llmserve import TokenText, chat_logprobs
 
+from .background import frames
 from .items import Conversation, Namespaces, chat_tool_choice, chat_tools
 from .output import OutputBuilder, new_id, usage
 from .wire import ResponsesRequest
@@ -49,8 +50,6 @@ def refuse_unsupported(body: ResponsesRequest) -> None:
         if getattr(body, name) is not None:
             raise InvalidRequestError(f"{name} is not a Responses API parameter; constrain the output with "
                                       "text.format", param=name)
-    if body.background:
-        raise InvalidRequestError("background responses are not supported by this server", param="background")
     if body.conversation is not None:
         raise InvalidRequestError("conversation is not supported by this server; send the item history in "
                                   "input, or use previous_response_id", param="conversation")
@@ -103,6 +102,12 @@ class Create:
 
     async def __call__(self, body: ResponsesRequest, request: Request) -> Response:
         prepared = await self.prepare(body, request)
+        if body.background:  # answered now, run on: polled, streamed again or cancelled by id
+            queued = self.p.background.start(prepared)
+            if body.stream:
+                events = self.p.background.runs[prepared.id].follow(-1)
+                return self.p.context.sse_response(frames(events), headers=STREAM_HEADERS)
+            return JSONResponse(queued)
         if body.stream:
             return self.p.context.sse_response(self._stream(prepared), headers=STREAM_HEADERS)
         builder, result = OutputBuilder(prepared.namespaces), {}
@@ -220,32 +225,37 @@ class Create:
             "temperature": 1.0 if body.temperature is None else body.temperature,
             "text": {"format": fmt}, "tool_choice": body.tool_choice or ("auto" if tools else "none"),
             "tools": tools, "top_p": 1.0 if body.top_p is None else body.top_p, "truncation": "disabled",
-            "usage": None, "user": body.user, "metadata": body.metadata or {}, "background": False,
+            "usage": None, "user": body.user, "metadata": body.metadata or {}, "background": bool(body.background),
         }
 
-    async def _stream(self, prep: Prepared) -> AsyncIterator[str]:
+    async def events(self, prep: Prepared) -> AsyncIterator[dict[str, Any]]:
+        """The response's stream events, numbered (``sequence_number``), the final response stored
+        by the last one; an error after the start is an ``error`` event."""
         seq = 0
 
-        def frame(event: dict[str, Any]) -> str:
+        def numbered(event: dict[str, Any]) -> dict[str, Any]:
             nonlocal seq
             event["sequence_number"] = seq
             seq += 1
-            return sse(event, event=event["type"])
+            return event
 
         builder, result = OutputBuilder(prep.namespaces), {}
-        start = self.snapshot(prep, "in_progress", [])
-        yield frame({"type": "response.created", "response": start})
-        yield frame({"type": "response.in_progress", "response": dict(start)})
+        start = self.snapshot(prep, "queued" if prep.body.background else "in_progress", [])
+        yield numbered({"type": "response.created", "response": start})
+        yield numbered({"type": "response.in_progress", "response": {**start, "status": "in_progress"}})
         run = self._run(prep, builder, result)
         try:
             async for events in run:
                 for event in events:
-                    yield frame(event)
+                    yield numbered(event)
             response = self._finish(prep, builder, result)
             kind = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
-            yield frame({"type": kind, "response": response})
+            yield numbered({"type": kind, "response": response})
         except Exception as exc:  # noqa: BLE001 - after the 200, errors travel in-band
             error = to_error(exc)
-            yield frame({"type": "error", "code": error.type, "message": error.message, "param": error.param})
+            yield numbered({"type": "error", "code": error.type, "message": error.message, "param": error.param})
         finally:
             await run.aclose()  # now, not at garbage collection: closing aborts the engine request
+
+    def _stream(self, prep: Prepared) -> AsyncIterator[str]:
+        return frames(self.events(prep))

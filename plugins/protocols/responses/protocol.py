@@ -9,12 +9,13 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
-from llmserve import InvalidRequestError, LLMServeError, NotFoundError
+from llmserve import LLMServeError, NotFoundError
 from llmserve import dialect_router
 from llmserve import presented_key
-from llmserve import SSE_RESPONSES
+from llmserve import SSE_RESPONSES, STREAM_HEADERS
 from llmserve import Protocol
 
+from .background import Background, frames
 from .create import Create
 from .store import ResponseStore
 from .wire import ResponsesOptions, ResponsesRequest
@@ -30,6 +31,8 @@ class ResponsesProtocol(Protocol):
         self.opts = options or ResponsesOptions()
         self.store = ResponseStore(self.opts.store_max_responses, self.opts.store_max_bytes) if self.opts.store \
             else None
+        self.create = Create(self)
+        self.background = Background(self, self.create)
 
     def owner(self, request: Request) -> str:
         """Whose responses a request may read: its API key's, when the server has keys."""
@@ -44,7 +47,7 @@ class ResponsesProtocol(Protocol):
 
     def router(self) -> APIRouter:
         router = dialect_router(self, tags=["OpenAI Responses"])
-        create = Create(self)
+        create = self.create
 
         @router.post("/v1/responses", responses=SSE_RESPONSES,
                      summary="Create a response: a JSON response object, or SSE events when `stream` is true")
@@ -52,13 +55,21 @@ class ResponsesProtocol(Protocol):
             self.context.admission.check(1)  # before any templating or tokenizing
             return await create(body, request)
 
-        @router.get("/v1/responses/{response_id}", summary="A stored response (needs the response store)")
-        async def get_response(response_id: str, request: Request, stream: bool = False) -> Response:
-            if stream:
-                raise InvalidRequestError("stream: replaying a stored response as events is not supported",
-                                          param="stream")
-            _, entry = self._stored(request, response_id)
+        @router.get("/v1/responses/{response_id}", responses=SSE_RESPONSES,
+                    summary="A stored response (needs the response store); a background one's events with stream")
+        async def get_response(response_id: str, request: Request, stream: bool = False,
+                               starting_after: int | None = None) -> Response:
+            owner, entry = self._stored(request, response_id)
+            if stream:  # a background response's events after starting_after, then the rest as they come
+                run = self.background.run_of(owner, response_id)
+                events = run.follow(-1 if starting_after is None else starting_after)
+                return self.context.sse_response(frames(events), headers=STREAM_HEADERS)
             return JSONResponse(entry.response)
+
+        @router.post("/v1/responses/{response_id}/cancel", summary="Cancel a background response")
+        async def cancel_response(response_id: str, request: Request) -> Response:
+            owner, entry = self._stored(request, response_id)
+            return JSONResponse(await self.background.cancel(owner, response_id, entry.response))
 
         @router.delete("/v1/responses/{response_id}", summary="Delete a stored response")
         async def delete_response(response_id: str, request: Request) -> Response:

@@ -77,7 +77,9 @@ class ResponsesRequest(WireModel):
     max_tool_calls: int | None = Field(None, description="Accepted and ignored.")
     stream_options: dict[str, Any] | None = Field(None, description="Accepted and ignored.")
     # Refused: features this server does not have, answered with a 400 naming them.
-    background: bool | None = Field(None, description="Refused when true: no background responses.")
+    background: bool | None = Field(None, description=(
+        "Answer at once with a queued response and generate on (needs the response store): poll it with GET, "
+        "stream its events again with GET ?stream=true&starting_after=N, stop it with POST .../cancel."))
     conversation: Any = Field(None, description="Refused: no Conversations API (use previous_response_id).")
     prompt: Any = Field(None, description="Refused: no stored prompt templates.")
     # Other dialects' constraint spellings: refused rather than ignored, so a constraint never
