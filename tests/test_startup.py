@@ -64,7 +64,14 @@ def slow_start():
                 break
             except httpx.HTTPError:
                 time.sleep(0.05)
-        seen["ready"] = httpx.get(server.url + "/ready", timeout=5)
+        # The load thread starts with the server: /ready says "loading" at once and names the
+        # load's phase as soon as it has begun (polled, never assumed to have begun already).
+        while time.time() < deadline:
+            seen["ready"] = reply = httpx.get(server.url + "/ready", timeout=5)
+            if reply.status_code != 503 or "progress" in reply.json():
+                break
+            assert reply.json() == {"status": "not ready", "reason": "loading"}, reply.text
+            time.sleep(0.02)
         seen["openai"] = httpx.get(server.url + "/v1/models", timeout=5)
         seen["tgi"] = httpx.post(server.url + "/generate", json={"inputs": "hi"}, timeout=5)
         seen["anthropic"] = httpx.post(server.url + "/v1/messages", timeout=5, json={
