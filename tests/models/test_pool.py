@@ -47,6 +47,15 @@ def make_pool(*names: str, fail: set[str] | None = None, max_loaded: int | None 
     return pool, loads
 
 
+async def until(check, seconds: float = 30.0) -> bool:
+    """Wait for ``check()`` (an unload finishes on a worker thread), within ``seconds``."""
+    for _ in range(int(seconds / 0.01)):
+        if check():
+            return True
+        await asyncio.sleep(0.01)
+    return check()
+
+
 def test_entries_name_their_models():
     config = ServerConfig(max_model_len=512)
     slot = entry_slot(config, "org/Model-1B-GGUF:Q8_0")
@@ -169,8 +178,7 @@ def test_keep_alive_and_idle_expiry():
         assert a.expires_at is None
         pool.lease(a)
         pool.release(a, keep_alive=0)  # keep_alive 0: unloaded as the request ends
-        await asyncio.sleep(0.05)
-        assert a.engine is None and engine.stopped
+        assert await until(lambda: engine.stopped) and a.engine is None
         # The default model stays loaded whatever a request asks.
         pool.default.engine = FakeEngine("base")
         pool.lease(base)
@@ -195,10 +203,7 @@ def test_the_reaper_unloads_expired_idle_models(monkeypatch):
             pool.lease(slot)
         pool.release(a, keep_alive=0.02)
         reaper = asyncio.create_task(pool.reap())
-        for _ in range(500):
-            if a.engine is None:
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: a.engine is None)
         reaper.cancel()
         assert a.engine is None and b.engine is not None and b.leases == 1
 
