@@ -98,23 +98,35 @@ class LLMEngine:
             self.scheduler = Scheduler(self.block_manager, 1, budget)
             return
         chunked = scheduler.enable_chunked_prefill
+        num_blocks = self._init_kv_cache(cache, fit=config.llm.max_model_len is None)
+        if self.max_model_len != info.max_model_len:  # the default context did not fit: shrunk to the pool
+            info.max_model_len = self.max_model_len
+            self.limits = RequestLimits.from_config(config.limits, self.max_model_len, max_token_span(self.tokenizer))
         if not chunked and budget < self.max_model_len:
             raise ConfigError(f"--max-num-batched-tokens ({budget}) must be at least the context length "
                               f"({self.max_model_len}) when chunked prefill is off")
-        num_blocks = self._init_kv_cache(cache)
         self.block_manager = BlockManager(num_blocks, self.block_size, cache.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=scheduler.max_num_seqs,
                                    max_num_batched_tokens=budget, enable_chunked_prefill=chunked)
 
-    def _init_kv_cache(self, cache: CacheConfig) -> int:
+    def _init_kv_cache(self, cache: CacheConfig, fit: bool) -> int:
         """Have the backend allocate the KV pool; refuse a pool that cannot hold one request of
         ``max_model_len`` tokens. The check lives here, not in each backend, so every backend
-        gets it the same way."""
+        gets it the same way. With ``fit`` (no --max-model-len given: the length is the model's
+        trained context) a pool too small for it shrinks the context to what the pool holds,
+        as llama.cpp's and Ollama's defaults do, rather than refusing to start."""
         min_blocks = math.ceil(self.max_model_len / self.block_size)
         spec = KVCacheSpec(block_size=self.block_size, num_blocks=cache.num_kv_blocks,
                            memory_fraction=cache.kv_cache_memory_fraction, min_blocks=min_blocks)
         num_blocks = self.backend.init_kv_cache(spec)
-        if num_blocks < min_blocks:
+        if fit and 0 < num_blocks < min_blocks:
+            held = num_blocks * self.block_size
+            log.warning("context %d tokens, not the model's trained %d: the KV cache holds %d blocks x %d tokens "
+                        "= %d tokens and one request must fit in it (raise --kv-cache-memory-fraction or "
+                        "--num-kv-blocks for more, or set --max-model-len)", held, self.max_model_len,
+                        num_blocks, self.block_size, held)
+            self.max_model_len = held
+        elif num_blocks < min_blocks:
             raise ConfigError(
                 f"the KV cache holds {num_blocks * self.block_size} tokens but one request may need "
                 f"{self.max_model_len}; use a smaller --max-model-len or a bigger KV pool "

@@ -177,3 +177,17 @@ def test_pool_must_hold_one_max_length_request():
         make_client(num_kv_blocks=8, max_model_len=64)
     with pytest.raises(ConfigError, match="chunked prefill is off"):
         make_client(max_model_len=128, max_num_batched_tokens=64, enable_chunked_prefill_off=True)
+
+
+def test_a_default_context_the_pool_cannot_hold_shrinks_to_it(caplog):
+    """No --max-model-len: the model's trained 512 tokens do not fit 8 blocks of 4, so the server
+    serves 32 (logged with the arithmetic) and refuses longer prompts by that length."""
+    with caplog.at_level("WARNING", logger="llmserve.engine"):
+        client = make_client(num_kv_blocks=8, max_model_len=None)
+    assert client.max_model_len == 32 and client.engine.info.max_model_len == 32
+    assert "context 32 tokens, not the model's trained 512" in caplog.text and "8 blocks x 4 tokens" in caplog.text
+    with pytest.raises(InvalidRequestError, match="maximum context length is 32 tokens"):
+        client.prepare(GenerateRequest(prompt="x" * 40, sampling=SamplingParams(max_tokens=1)))
+    texts, reasons, _ = run(collect(client, "y" * 20))
+    assert len(texts[0]) == 12 and reasons[0][0] == "length"  # the room the prompt leaves
+    client.shutdown()

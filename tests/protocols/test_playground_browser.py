@@ -208,6 +208,10 @@ def test_real_model_forced_tool_call_and_json_schema_mode(smollm_server, browser
     tokens = browser.find_element(By.ID, "max-tokens")
     tokens.clear()
     tokens.send_keys("80")
+    # Greedy: the page's default temperature samples, and a sampled string field may run past 80 tokens.
+    temperature = browser.find_element(By.ID, "temperature")
+    temperature.clear()
+    temperature.send_keys("0")
     browser.find_element(By.CSS_SELECTOR, "#tools-box summary").click()
     browser.find_element(By.ID, "tools-example").click()
     Select(browser.find_element(By.ID, "tool-choice")).select_by_value("fn:get_weather")

@@ -45,7 +45,8 @@ class Messages:
     def turn(self, body: CountTokensRequest, **fields: Any) -> ChatTurn:
         """The request in the core's terms (``prepare_chat`` plans, renders and tokenizes it)."""
         prefill = params.is_prefill(body)
-        return ChatTurn(messages=params.chat_messages(body), add_generation_prompt=not prefill,
+        messages = params.chat_messages(body, drop_billing=self.p.opts.billing_header == "drop")
+        return ChatTurn(messages=messages, add_generation_prompt=not prefill,
                         continue_final_message=prefill, template_kwargs=params.template_kwargs(body), **fields)
 
     async def count_tokens(self, body: CountTokensRequest) -> Response:

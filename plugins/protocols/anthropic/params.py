@@ -21,7 +21,7 @@ from llmserve import effort_budget
 from llmserve import RequestPolicy
 from llmserve import SamplingParams
 
-from .wire import CountTokensRequest, MessagesRequest
+from .wire import BILLING_PREFIX, CountTokensRequest, MessagesRequest
 
 UNSUPPORTED_BLOCKS = {"image": "image", "document": "document (PDF or text source)",
                       "search_result": "search result", "container_upload": "container upload"}
@@ -46,21 +46,30 @@ def _block_type(block: Any, where: str) -> str:
     return kind
 
 
-def system_text(system: Any) -> str | None:
-    """``system`` as one string (text blocks joined by newlines), or None."""
-    if system is None or isinstance(system, str):
-        return system or None
-    return _joined_text(system, "system", "system blocks must be text blocks")
+def system_text(system: Any, drop_billing: bool = False) -> str | None:
+    """``system`` as one string (text blocks joined by newlines), or None. With ``drop_billing``,
+    Claude Code's billing line (``x-anthropic-billing-header: ...; cch=<nonce>;``) is left out."""
+    if isinstance(system, str):
+        system = [{"type": "text", "text": system}]
+    if not system:
+        return None
+    return _joined_text(system, "system", "system blocks must be text blocks", drop_billing) or None
 
 
-def _joined_text(blocks: list[Any], where: str, refusal: str) -> str:
+def _joined_text(blocks: list[Any], where: str, refusal: str, drop_billing: bool = False) -> str:
     """The texts of a list of text blocks, joined by newlines; any other block is a 400."""
     parts = []
     for j, block in enumerate(blocks):
         at = f"{where}.{j}"
         if _block_type(block, at) != "text":
             raise InvalidRequestError(f"{at}: {refusal}", param=at)
-        parts.append(_text(block.get("text"), f"{at}.text"))
+        text = _text(block.get("text"), f"{at}.text")
+        if drop_billing and text.startswith(BILLING_PREFIX):
+            # The block is one line; a client that ran other text on after it keeps that text.
+            text = text.partition("\n")[2]
+            if not text:
+                continue
+        parts.append(text)
     return "\n".join(parts)
 
 
@@ -74,14 +83,15 @@ def _tool_result_text(block: dict[str, Any], where: str) -> str:
     return _joined_text(content, f"{where}.content", "tool results may hold text blocks only")
 
 
-def chat_messages(body: CountTokensRequest) -> list[dict[str, Any]]:
+def chat_messages(body: CountTokensRequest, drop_billing: bool = False) -> list[dict[str, Any]]:
     """The conversation as chat-template messages (system first). ``system`` messages inside
     ``messages`` (their text blocks only) are folded into that one system message, after the
-    ``system`` field, in order: chat templates take a system message first, if anywhere."""
+    ``system`` field, in order: chat templates take a system message first, if anywhere.
+    ``drop_billing``: the ``anthropic:`` option ``billing_header: drop`` (see ``system_text``)."""
     out: list[dict[str, Any]] = []
-    systems = [system_text(body.system)]
-    systems += [_joined_text(m.content, f"messages.{i}.content", "system messages hold text blocks only")
-                if not isinstance(m.content, str) else m.content
+    systems = [system_text(body.system, drop_billing)]
+    systems += [system_text(m.content, drop_billing) if isinstance(m.content, str) else
+                _joined_text(m.content, f"messages.{i}.content", "system messages hold text blocks only", drop_billing)
                 for i, m in enumerate(body.messages) if m.role == "system"]
     system = "\n\n".join(s for s in systems if s)
     if system:

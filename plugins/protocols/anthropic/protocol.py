@@ -30,7 +30,7 @@ from llmserve import SSE_RESPONSES
 from llmserve import Protocol
 
 from .messages import Messages
-from .wire import CountTokensRequest, MessagesRequest
+from .wire import AnthropicOptions, CountTokensRequest, MessagesRequest
 
 # Anthropic's error type for each HTTP status it uses.
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -67,6 +67,10 @@ class AnthropicProtocol(Protocol):
                                    "error": {"type": "object", "required": ["type", "message"],
                                              "properties": {"type": {"type": "string"},
                                                             "message": {"type": "string"}}}}}
+
+    def __init__(self, context: Any, options: AnthropicOptions | None = None) -> None:
+        super().__init__(context, options)
+        self.opts = options or AnthropicOptions()
 
     def router(self) -> APIRouter:
         router = dialect_router(self, tags=["Anthropic"])

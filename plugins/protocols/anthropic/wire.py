@@ -11,9 +11,25 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from llmserve import WireModel
+
+#: How Claude Code's per-request billing block starts (the first system block, with a nonce that
+#: changes on every request: kept, it makes every turn's prompt differ from its first tokens).
+BILLING_PREFIX = "x-anthropic-billing-header:"
+
+
+class AnthropicOptions(BaseModel):
+    """Options from the ``anthropic:`` section of the YAML config."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    billing_header: Literal["drop", "keep"] = Field(
+        "drop", description="A system text block that starts with `x-anthropic-billing-header:` (Claude Code "
+                            "sends one per request, its `cch=` nonce new each time): `drop` leaves it out of "
+                            "the prompt, so consecutive turns share their prefix in the cache; `keep` "
+                            "renders it like any system text.")
 
 
 class MessageParam(WireModel):
