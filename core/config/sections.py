@@ -220,9 +220,11 @@ class ParsingConfig(Section):
     trust_request_chat_template: bool = Field(False, description="Allow requests to send their own chat_template.")
     tool_call_parser: str | None = Field(None, description=(
         "Tool-call parser that turns model output into tool_calls (see `llmserve plugins`)."))
-    enable_auto_tool_choice: bool = Field(False, description=(
-        "Let the model decide when to call tools (tool_choice auto, the default when a request has tools); needs "
-        "--tool-call-parser."))
+    enable_auto_tool_choice: bool | None = Field(None, description=(
+        "Let the model decide when to call tools (tool_choice auto, the default when a request has tools). Not "
+        "given: on when a tool-call parser is named or the model's chat template shows a tool-call format one "
+        "reads (detected at start, as llama.cpp and Ollama do); given: also detects the reasoning parser; "
+        "--no-enable-auto-tool-choice: off (vLLM's default)."))
     tool_parser_plugin: list[str] = Field(default_factory=list, description=(
         "Plugin file or module contributing tool or reasoning parsers (loaded like --plugin); repeatable."))
     reasoning_parser: str | None = Field(None, description=(

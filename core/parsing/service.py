@@ -31,11 +31,14 @@ AUTO = "auto"
 
 def requested_parsers(config: "ParsingConfig") -> tuple[str | None, str | None]:
     """The tool-call and reasoning parser names the configuration asks for: as given, and
-    ``auto`` where ``--enable-auto-tool-choice`` is on and none is named (the reasoning parser
-    only when the tool parser is not named either)."""
+    ``auto`` for the tool parser where none is named and ``--enable-auto-tool-choice`` is not
+    turned off (not given: tool calling follows the model's template, as llama.cpp and Ollama
+    do); the reasoning parser is ``auto`` only when the flag is given and neither is named."""
     tool, reasoning = config.tool_call_parser, config.reasoning_parser
     if config.enable_auto_tool_choice and not tool:
         return AUTO, reasoning or AUTO
+    if config.enable_auto_tool_choice is None and not tool:
+        return AUTO, reasoning
     return tool, reasoning
 
 
@@ -67,7 +70,7 @@ class ParsingService:
     reasoning_parser: str | None = None
     tool_cls: type[ToolParser] | None = None
     reasoning_cls: type[ReasoningParser] | None = None
-    auto_tools: bool = False  # auto tool choice is on: the flag and a tool parser
+    auto_tools: bool = False  # auto tool choice is on: a tool parser, and the flag not turned off
     detection: "Detection | None" = None  # what ``auto`` found in the chat template, and why
 
     @classmethod
@@ -86,7 +89,7 @@ class ParsingService:
         return cls(tool, reasoning,
                    registry.load("tool_parser", tool) if tool else None,
                    registry.load("reasoning_parser", reasoning) if reasoning else None,
-                   auto_tools=bool(config.enable_auto_tool_choice and tool), detection=detection)
+                   auto_tools=bool(tool) and config.enable_auto_tool_choice is not False, detection=detection)
 
     @classmethod
     def for_model(cls, config: "ParsingConfig", registry: Any, model: Any) -> "ParsingService":
@@ -110,10 +113,19 @@ class ParsingService:
             log.info("reasoning parser %s, detected: %s", found.reasoning.name, found.reasoning.evidence)
         return service
 
+    @property
+    def why_no_auto(self) -> str:
+        """Why ``auto`` tool choice is off, for its 400 (empty when it is on or simply not asked
+        for): the detection's finding when the model's template showed no tool-call format."""
+        if self.auto_tools or self.detection is None or self.detection.tool.name:
+            return ""
+        evidence = self.detection.tool.evidence
+        return f" (the model's chat template shows no tool-call format a parser here reads: {evidence})"
+
     def plan(self, tools: Any, tool_choice: Any = None, parallel_tool_calls: bool | None = None) -> ToolPlan:
         """``tools`` / ``tool_choice`` (OpenAI's shapes) planned under the server's flags."""
         return plan_tools(tools, tool_choice, parallel_tool_calls, auto_enabled=self.auto_tools,
-                          tool_parser=self.tool_parser)
+                          tool_parser=self.tool_parser, why=self.why_no_auto)
 
     def forced_spec(self, plan: ToolPlan) -> "GuidedSpec":
         """A forced plan's constraint: in the tool parser's own syntax when its class declares

@@ -141,11 +141,12 @@ def _uses_root_ref(node: Any) -> bool:
 
 
 def plan_tools(tools: Any, tool_choice: Any, parallel_tool_calls: bool | None, *,
-               auto_enabled: bool, tool_parser: str | None) -> ToolPlan:
+               auto_enabled: bool, tool_parser: str | None, why: str = "") -> ToolPlan:
     """Validate ``tools``/``tool_choice`` (400s name the field) and decide the plan.
 
     ``auto_enabled`` and ``tool_parser`` are the server's ``--enable-auto-tool-choice`` and
-    ``--tool-call-parser``.
+    ``--tool-call-parser``; ``why`` (``ParsingService.why_no_auto``) goes into the 400 of an
+    ``auto`` choice the server cannot serve.
     """
     parallel = parallel_tool_calls is not False
     if tools is not None:
@@ -158,7 +159,7 @@ def plan_tools(tools: Any, tool_choice: Any, parallel_tool_calls: bool | None, *
         raise InvalidRequestError("tool_choice is only allowed when tools are given", param="tool_choice")
     if tool_choice == "auto":
         if not (auto_enabled and tool_parser):
-            raise InvalidRequestError(f'"auto" tool choice requires {AUTO_FLAGS} to be set on the server; '
+            raise InvalidRequestError(f'"auto" tool choice requires {AUTO_FLAGS} to be set on the server{why}; '
                                       'send tool_choice "none", "required" or a named function instead',
                                       param="tool_choice")
         return ToolPlan("auto", offered=tools, parallel=parallel)

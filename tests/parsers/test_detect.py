@@ -195,8 +195,38 @@ def test_named_parsers_override_detection(echo_app):
     _, context = echo_app(enable_auto_tool_choice=True, tool_call_parser="hermes",
                           chat_template=str(TEMPLATES / "qwen3.5.jinja"))
     assert (context.parsing.tool_parser, context.parsing.reasoning_parser) == ("hermes", None)
-    _, context = echo_app(reasoning_parser="auto", chat_template=str(TEMPLATES / "qwen3.5.jinja"))
+    _, context = echo_app(reasoning_parser="auto", chat_template=str(TEMPLATES / "qwen3.5.jinja"),
+                          enable_auto_tool_choice=False)
     assert (context.parsing.tool_parser, context.parsing.reasoning_parser) == (None, "qwen3")
+
+
+TOOLS_BODY = {"model": "echo", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}],
+              "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}
+
+
+def test_tool_calling_is_on_by_default_where_the_template_shows_a_format(echo_app):
+    """No tool flags: a template with a known tool-call format gets its parser and tool_choice
+    auto (the reasoning parser stays as named); --no-enable-auto-tool-choice turns that off; a
+    template without one answers auto with a 400 that says so."""
+    qwen = str(TEMPLATES / "qwen3.5.jinja")
+    client, context = echo_app(chat_template=qwen, max_model_len=4096)
+    assert (context.parsing.tool_parser, context.parsing.reasoning_parser) == ("qwen3_coder", None)
+    assert context.parsing.auto_tools
+    assert client.post("/v1/chat/completions", json=TOOLS_BODY).status_code == 200
+    client, context = echo_app(chat_template=qwen, max_model_len=4096, enable_auto_tool_choice=False)
+    assert context.parsing.tool_parser is None and not context.parsing.auto_tools
+    assert client.post("/v1/chat/completions", json=TOOLS_BODY).status_code == 400
+    _, context = echo_app(tool_call_parser="hermes")  # a parser named: auto tool choice with it
+    assert context.parsing.auto_tools and context.parsing.detection is None
+    client, _ = echo_app(chat_template=CHATML)
+    reply = client.post("/v1/chat/completions", json=TOOLS_BODY)
+    error = reply.json()["error"]
+    assert reply.status_code == 400 and error["param"] == "tool_choice"
+    assert "the model's chat template shows no tool-call format a parser here reads" in error["message"]
+    assert "--tool-call-parser" in error["message"]
+    anthropic = client.post("/v1/messages", json={"model": "m", "max_tokens": 8, "messages": TOOLS_BODY["messages"],
+                                                  "tools": [{"name": "f", "input_schema": {"type": "object"}}]})
+    assert anthropic.status_code == 400 and "shows no tool-call format" in anthropic.json()["error"]["message"]
 
 
 def test_no_recognisable_format_leaves_tool_calls_off_with_one_line(echo_app, caplog):
@@ -205,9 +235,7 @@ def test_no_recognisable_format_leaves_tool_calls_off_with_one_line(echo_app, ca
     assert context.parsing.tool_parser is None and not context.parsing.auto_tools
     lines = [r.getMessage() for r in caplog.records if r.name == "llmserve.parsing"]
     assert len(lines) == 1 and lines[0].startswith("tool calls are off: no tool-call format was recognised")
-    body = {"model": "echo", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}],
-            "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}
-    reply = client.post("/v1/chat/completions", json=body)
+    reply = client.post("/v1/chat/completions", json=TOOLS_BODY)
     assert reply.status_code == 400 and reply.json()["error"]["param"] == "tool_choice"
 
 

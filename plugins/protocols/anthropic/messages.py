@@ -61,7 +61,7 @@ class Messages:
         ctx = self.p.context
         model = ctx.check_model(body.model)
         sampling = params.sampling(body)
-        tools, choice, parallel = params.tool_fields(body, ctx.parsing.auto_tools)
+        tools, choice, parallel = params.tool_fields(body, ctx.parsing.auto_tools, ctx.parsing.why_no_auto)
         turn = self.turn(body, sampling=sampling, request_id=uuid.uuid4().hex, tools=tools, tool_choice=choice,
                          parallel_tool_calls=parallel, constraint=params.output_spec(body),
                          forced_words="a forced tool_choice (any or tool)", policy=params.POLICY,

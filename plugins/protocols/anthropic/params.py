@@ -180,11 +180,13 @@ def function_tools(body: CountTokensRequest) -> list[dict[str, Any]] | None:
     return out
 
 
-def tool_fields(body: CountTokensRequest, auto_enabled: bool) -> tuple[list[dict[str, Any]] | None, Any, bool]:
+def tool_fields(body: CountTokensRequest, auto_enabled: bool,
+                why: str = "") -> tuple[list[dict[str, Any]] | None, Any, bool]:
     """``tools`` / ``tool_choice`` in OpenAI's shapes ``(tools, tool_choice, parallel)``, for the
     core to plan exactly as the OpenAI dialect's: ``any`` is ``required`` and ``tool`` a named
     function (both forced by guided decoding), ``auto`` needs the server's tool parser
-    (``auto_enabled``: ``--enable-auto-tool-choice`` with a ``--tool-call-parser``)."""
+    (``auto_enabled``: ``--enable-auto-tool-choice`` with a ``--tool-call-parser``; ``why`` it is
+    off, for the 400)."""
     tools = function_tools(body)
     choice = body.tool_choice
     kind = choice.type if choice is not None else ("auto" if tools else "none")
@@ -193,7 +195,7 @@ def tool_fields(body: CountTokensRequest, auto_enabled: bool) -> tuple[list[dict
         raise InvalidRequestError("tool_choice: tools must be given unless tool_choice is none", param="tool_choice")
     if kind == "auto" and not auto_enabled:
         raise InvalidRequestError(f'tool_choice "auto" (the default when tools are given) requires {AUTO_FLAGS} '
-                                  f'on the server; send tool_choice {{"type": "any"}}, {{"type": "tool", '
+                                  f'on the server{why}; send tool_choice {{"type": "any"}}, {{"type": "tool", '
                                   f'"name": ...}} or {{"type": "none"}} instead', param="tool_choice")
     if kind == "tool":
         if not choice or not choice.name:

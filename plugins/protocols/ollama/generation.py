@@ -112,7 +112,7 @@ class Generation:
         think = think_mode(body.think, parsing.reasoning_parser, model)
         if body.tools and not parsing.auto_tools:
             raise invalid(f'"{model}" does not support tools: start the server with --enable-auto-tool-choice and '
-                          f'--tool-call-parser', "tools")
+                          f'--tool-call-parser{parsing.why_no_auto}', "tools")
         messages, continue_last = template_messages(body.messages)
         turn = self._turn(body, request_id, think, "messages", messages=messages, tools=body.tools or None,
                           add_generation_prompt=not continue_last, continue_final_message=continue_last,
