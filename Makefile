@@ -16,6 +16,10 @@ LMEVAL := .venv-lmeval/.installed
 # Ray Serve (the `ray` extra, which tests/scale_out drives through `llmserve ray-serve`) is a large
 # install with pins of its own: a venv of its own with llmserve, torch and the embedded model.
 RAY := .venv-ray/.installed
+# The agent CLIs people point at local servers (tests/protocols/test_agent_clients.py drives them): npm
+# packages with their native binaries, pinned, installed into a folder of their own.
+AGENTS := .agents/.installed
+AGENT_CLIS := @anthropic-ai/claude-code@2.1.332 @openai/codex@0.171.0
 
 # The browser the playground's tests drive (Debian's packages), installed only when missing.
 CHROMIUM := /usr/bin/chromium
@@ -59,6 +63,12 @@ $(RAY): $(RAY_BASE) pyproject.toml setup.py | $(STAMP)
 	.venv-ray/bin/pip install --quiet -e ".[ray]"
 	touch $(RAY)
 
+# npm runs no install scripts here: the tests call each CLI's native binary (from its platform
+# package) directly, which is what those scripts would link into place.
+$(AGENTS):
+	npm install --no-audit --no-fund --ignore-scripts --prefix .agents $(AGENT_CLIS)
+	touch $(AGENTS)
+
 $(CHROMIUM):
 	$(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver
 
@@ -69,11 +79,11 @@ serve: install
 
 # The four venvs are independent: build them side by side (mostly download time), then test.
 test: $(CHROMIUM)
-	$(MAKE) --no-print-directory -j4 $(STAMP) $(AIPERF) $(LMEVAL) $(RAY)
+	$(MAKE) --no-print-directory -j4 $(STAMP) $(AIPERF) $(LMEVAL) $(RAY) $(AGENTS)
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/pytest -q $(PYTEST_ARGS)
 
 bench: install
 	$(BIN)/python bench/serve_bench.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) .venv-aiperf .venv-lmeval .venv-ray build *.egg-info
+	rm -rf $(VENV) .venv-aiperf .venv-lmeval .venv-ray .agents build *.egg-info
