@@ -1,5 +1,6 @@
-"""Forced calls in the XML-style syntax (``<function=NAME><parameter=K>V</parameter></function>``),
-as a structure for guided decoding (``ToolParser.forced_calls``).
+"""Forced calls in the XML-style syntaxes (``<function=NAME><parameter=K>V</parameter></function>``
+and its relatives: MiniMax's ``<invoke name=...>``, GLM's ``<arg_key>``/``<arg_value>`` pairs), as
+a structure for guided decoding (``ToolParser.forced_calls``).
 
 Each parameter is written in the order of the schema's ``properties``: the required ones always,
 the others or not. A value is typed as ``xml_params.typed_value`` reads it back:
@@ -50,30 +51,32 @@ def _value(schema: Any, root: dict[str, Any], words: tuple[str, ...]) -> dict[st
     return Structure.json(sub, without=words)
 
 
-def xml_call(function: str, parameters: dict[str, Any], *, tags: tuple[str, str, str, str],
+def xml_call(function: str, parameters: dict[str, Any], *, head: str, param: tuple[str, str], tail: str,
              words: tuple[str, ...]) -> dict[str, Any]:
-    """One call: ``tags`` are ``(function opener, function closer, parameter opener, parameter
-    closer)`` as the template writes them (``("<function=", "</function>", "<parameter=",
-    "</parameter>")``); ``words`` are the markers a value may not hold."""
-    open_fn, close_fn, open_param, close_param = tags
+    """One call as the family's template writes it: ``head`` opens the call and ``tail`` closes
+    it, ``param`` is the text before and after each value; ``{}`` in ``head`` and in ``param[0]``
+    stands for the function's and the parameter's name (Qwen3-Coder: ``"<function={}>\\n"``,
+    ``("<parameter={}>\\n", "\\n</parameter>\\n")``, ``"</function>\\n"``). ``words`` are the markers
+    a value may not hold."""
     if plain_name(function) != function:
         raise _unwritable("function", function)
     props = parameters.get("properties")
     props = props if isinstance(props, dict) else {}
     required = parameters.get("required")
     required = set(required) if isinstance(required, list) else set()
-    pieces = [Structure.text(f"{open_fn}{function}>\n")]
+    pieces = [Structure.text(head.replace("{}", function))]
     for key, schema in props.items():
         if plain_name(key) != key:
             if key in required:
                 raise _unwritable("parameter", key)
             continue
-        one = Structure.sequence(Structure.text(f"{open_param}{key}>\n"), _value(schema, parameters, words),
-                                 Structure.text(f"\n{close_param}\n"))
+        one = Structure.sequence(Structure.text(param[0].replace("{}", key)), _value(schema, parameters, words),
+                                 Structure.text(param[1]))
         pieces.append(one if key in required else Structure.one_of(one, Structure.text("")))
     missing = sorted(required - set(props))
     if missing:
         raise InvalidRequestError(f"tool_choice: {function}: required parameters {missing[:5]} are not in "
                                   "properties", param="tool_choice")
-    pieces.append(Structure.text(f"{close_fn}\n"))
+    if tail:
+        pieces.append(Structure.text(tail))
     return Structure.sequence(*pieces)

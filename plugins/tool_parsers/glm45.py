@@ -17,7 +17,15 @@ verbatim; a missing ``</tool_call>`` after a complete call at the end of the out
 
 from __future__ import annotations
 
+from typing import Any
+
+from llmserve import Structure, forced_structure
+from llmserve.plugins.tool_parsers.forced_xml import xml_call
 from llmserve.plugins.tool_parsers.xml_params import Call, XmlToolParser, between, plain_name, skip_space
+
+# GLM-4.5/4.6's layout (the reader takes 4.7's too): the name, then one key/value pair per line.
+_CALL = {"head": "{}\n", "param": ("<arg_key>{}</arg_key>\n<arg_value>", "</arg_value>\n"), "tail": ""}
+_WORDS = ("</arg_value>", "<arg_key>", "<tool_call>", "</tool_call>")  # what a forced value may not hold
 
 
 def read_glm_call(text: str) -> list[Call] | None:
@@ -46,3 +54,13 @@ class Glm45ToolParser(XmlToolParser):
 
     def read_region(self, text: str) -> list[Call] | None:
         return read_glm_call(text)
+
+    @classmethod
+    def forced_calls(cls, tools: list[dict[str, Any]], name: str | None = None,
+                     parallel: bool = True) -> dict[str, Any] | None:
+        """Forced calls as the GLM-4.5/4.6 template writes them (``forced_xml``), one block each."""
+        def call(function: str, parameters: dict[str, Any]) -> dict[str, Any]:
+            return Structure.sequence(Structure.text("<tool_call>"),
+                                      xml_call(function, parameters, **_CALL, words=_WORDS),
+                                      Structure.text("</tool_call>"))
+        return forced_structure(tools, name, parallel, call)

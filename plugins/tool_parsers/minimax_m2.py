@@ -15,7 +15,16 @@ after complete invokes at the end of the output is accepted.
 
 from __future__ import annotations
 
+from typing import Any
+
+from llmserve import Structure, forced_structure
+from llmserve.plugins.tool_parsers.forced_xml import xml_call
 from llmserve.plugins.tool_parsers.xml_params import Call, XmlToolParser, plain_name, read_tagged_calls
+
+# The template's layout: names quoted, no newline around a value, one after each closing tag.
+_CALL = {"head": '<invoke name="{}">\n', "param": ('<parameter name="{}">', "</parameter>\n"), "tail": "</invoke>\n"}
+# What a forced value may not hold.
+_WORDS = ("</parameter>", "</invoke>", "<minimax:tool_call>", "</minimax:tool_call>")
 
 
 def _unquote(name: str) -> str | None:
@@ -36,3 +45,14 @@ class MiniMaxM2ToolParser(XmlToolParser):
 
     def read_region(self, text: str) -> list[Call] | None:
         return read_invokes(text)
+
+    @classmethod
+    def forced_calls(cls, tools: list[dict[str, Any]], name: str | None = None,
+                     parallel: bool = True) -> dict[str, Any] | None:
+        """Forced calls as the MiniMax-M2 template writes them (``forced_xml``): one block per
+        call, each holding its ``<invoke>``."""
+        def call(function: str, parameters: dict[str, Any]) -> dict[str, Any]:
+            return Structure.sequence(Structure.text("<minimax:tool_call>\n"),
+                                      xml_call(function, parameters, **_CALL, words=_WORDS),
+                                      Structure.text("</minimax:tool_call>"))
+        return forced_structure(tools, name, parallel, call)

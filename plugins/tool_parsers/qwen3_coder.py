@@ -23,7 +23,7 @@ from llmserve import Structure, forced_structure
 from llmserve.plugins.tool_parsers.forced_xml import xml_call
 from llmserve.plugins.tool_parsers.xml_params import Call, XmlToolParser, read_functions
 
-_TAGS = ("<function=", "</function>", "<parameter=", "</parameter>")
+_CALL = {"head": "<function={}>\n", "param": ("<parameter={}>\n", "\n</parameter>\n"), "tail": "</function>\n"}
 _WORDS = ("</parameter>", "<tool_call>", "</tool_call>")  # what a forced value may not hold
 
 
@@ -40,6 +40,6 @@ class Qwen3CoderToolParser(XmlToolParser):
         """Forced calls as the Qwen3-Coder template writes them (``forced_xml``), one block each."""
         def call(function: str, parameters: dict[str, Any]) -> dict[str, Any]:
             return Structure.sequence(Structure.text("<tool_call>\n"),
-                                      xml_call(function, parameters, tags=_TAGS, words=_WORDS),
+                                      xml_call(function, parameters, **_CALL, words=_WORDS),
                                       Structure.text("</tool_call>"))
         return forced_structure(tools, name, parallel, call)

@@ -12,7 +12,15 @@ tool schema; the same rules for broken and cut-off blocks (content, verbatim).
 
 from __future__ import annotations
 
+from typing import Any
+
+from llmserve import Structure, forced_structure
+from llmserve.plugins.tool_parsers.forced_xml import xml_call
 from llmserve.plugins.tool_parsers.xml_params import Call, XmlToolParser, read_functions
+
+# The template's layout: no newline around a value, one after each closing tag.
+_CALL = {"head": "<function={}>\n", "param": ("<parameter={}>", "</parameter>\n"), "tail": "</function>\n"}
+_WORDS = ("</parameter>", "<seed:tool_call>", "</seed:tool_call>")  # what a forced value may not hold
 
 
 class SeedOssToolParser(XmlToolParser):
@@ -21,3 +29,13 @@ class SeedOssToolParser(XmlToolParser):
 
     def read_region(self, text: str) -> list[Call] | None:
         return read_functions(text)
+
+    @classmethod
+    def forced_calls(cls, tools: list[dict[str, Any]], name: str | None = None,
+                     parallel: bool = True) -> dict[str, Any] | None:
+        """Forced calls as the Seed-OSS template writes them (``forced_xml``), one block each."""
+        def call(function: str, parameters: dict[str, Any]) -> dict[str, Any]:
+            return Structure.sequence(Structure.text("<seed:tool_call>\n"),
+                                      xml_call(function, parameters, **_CALL, words=_WORDS),
+                                      Structure.text("</seed:tool_call>"))
+        return forced_structure(tools, name, parallel, call)

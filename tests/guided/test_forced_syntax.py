@@ -25,9 +25,12 @@ from llmserve.hooks.manager import PluginManager
 from llmserve.hooks.registry import Registry
 from llmserve.parsing.service import ParsingService
 from llmserve.parsing.tool_choice import plan_tools
+from llmserve.plugins.tool_parsers.glm45 import Glm45ToolParser
 from llmserve.plugins.tool_parsers.harmony import OpenAIToolParser
 from llmserve.plugins.tool_parsers.hermes import HermesToolParser
+from llmserve.plugins.tool_parsers.minimax_m2 import MiniMaxM2ToolParser
 from llmserve.plugins.tool_parsers.qwen3_coder import Qwen3CoderToolParser
+from llmserve.plugins.tool_parsers.seed_oss import SeedOssToolParser
 
 from forced_model import HARMONY, build_tokenizer
 
@@ -54,7 +57,8 @@ TOOLS = [
     {"type": "function", "function": {"name": "ping"}},
 ]
 SCHEMAS = {t["function"]["name"]: t["function"].get("parameters") or {"type": "object"} for t in TOOLS}
-FAMILIES = {"qwen3_coder": Qwen3CoderToolParser, "hermes": HermesToolParser, "openai": OpenAIToolParser}
+FAMILIES = {"qwen3_coder": Qwen3CoderToolParser, "hermes": HermesToolParser, "openai": OpenAIToolParser,
+            "seed_oss": SeedOssToolParser, "minimax_m2": MiniMaxM2ToolParser, "glm45": Glm45ToolParser}
 
 
 @pytest.fixture(scope="module", params=["qwen3-coder", "gpt-oss"])
@@ -205,7 +209,9 @@ class _Registry:
 
 
 @pytest.mark.parametrize("parser, kind", [("qwen3_coder", "structure"), ("openai", "structure"),
-                                          ("hermes", "structure"), ("mistral", "json_schema")])
+                                          ("hermes", "structure"), ("seed_oss", "structure"),
+                                          ("minimax_m2", "structure"), ("glm45", "structure"), ("glm47", "structure"),
+                                          ("mistral", "json_schema")])
 def test_the_service_asks_the_parser_and_reads_with_it(parser, kind):
     from llmserve.config import ParsingConfig
 
