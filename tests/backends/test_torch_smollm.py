@@ -55,6 +55,7 @@ def test_greedy_batch_equals_generate(backend) -> None:
     prompts = [tok(p).input_ids for p in PROMPTS]
     # The reference: a second load, untouched by the fused forward and the packed kernels (which
     # take the weights out of the served model's transformers layers).
+    from engine.test_greedy_equality import batched_greedy
     from llmserve.plugins.backends.torch.options import TorchOptions
     from llmserve.plugins.backends.torch.runner import TorchBackend
 
@@ -63,12 +64,8 @@ def test_greedy_batch_equals_generate(backend) -> None:
     ref.load()
     model = ref.loaded.model
     model.set_attn_implementation("sdpa")  # plain HF path for the reference
-    expected = []
-    with torch.inference_mode():
-        for ids in prompts:
-            out = model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False,
-                                 eos_token_id=info.eos_token_ids, pad_token_id=info.eos_token_ids[0])
-            expected.append(out[0, len(ids):].tolist())
+    expected = batched_greedy(model, prompts, info.eos_token_ids[0], list(info.eos_token_ids),
+                              max_new_tokens=NEW_TOKENS)
     ref.close()
 
     greedy = SamplingParams(temperature=0)
