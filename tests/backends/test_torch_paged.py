@@ -225,8 +225,10 @@ def test_kv_cache_too_small_raises(tiny_dir: str) -> None:
 
     b = TorchBackend(ServerConfig(model=tiny_dir, dtype="float32", device="cpu"))
     info = b.load()
-    with pytest.raises(ConfigError, match="max-model-len"):  # the engine refuses a pool under one request
-        LLMEngine(b, info, ServerConfig(block_size=16, num_kv_blocks=3))
+    with pytest.raises(ConfigError, match="max-model-len"):  # a given length the pool cannot hold: refused
+        LLMEngine(b, info, ServerConfig(block_size=16, num_kv_blocks=3, max_model_len=256))
+    # None given: the trained 256 tokens shrink to the 48 the pool holds.
+    assert LLMEngine(b, info, ServerConfig(block_size=16, num_kv_blocks=3)).max_model_len == 48 == info.max_model_len
     assert b.init_kv_cache(KVCacheSpec(block_size=16, memory_fraction=0.001, min_blocks=1)) >= 1
     with pytest.raises(ConfigError, match="cannot allocate"):
         b.init_kv_cache(KVCacheSpec(block_size=16, num_blocks=10**13))
