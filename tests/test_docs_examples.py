@@ -26,7 +26,6 @@ A block that cannot run here says so in the doc source, right above it:
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -296,11 +295,11 @@ _BOOLEANS: set[str] = set()
 def booleans() -> set[str]:
     """Flags that take no value: every boolean setting's --NAME and --no-NAME."""
     if not _BOOLEANS:
-        shown = json.loads(subprocess.run([str(BIN / "llmserve"), "config", "show", "--json"], capture_output=True,
-                                          text=True, timeout=60, check=True, cwd=ROOT).stdout)
-        for name, entry in shown.items():
-            if isinstance(entry["value"], bool):
-                flag = name.replace(".", "-").replace("_", "-")
+        from llmserve.config import FIELDS, _kind
+
+        for name in FIELDS:  # by type, so a boolean whose default is null (not given) counts too
+            if _kind(name) == "bool":
+                flag = name.replace("_", "-")
                 _BOOLEANS.update({f"--{flag}", f"--no-{flag}"})
     return _BOOLEANS
 
