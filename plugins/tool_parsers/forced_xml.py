@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from llmserve import InvalidRequestError
-from llmserve import Structure
+from llmserve import Structure, forced_structure
 from llmserve.plugins.tool_parsers.xml_params import declared_types, plain_name, resolve
 
 _DEF_KEYS = ("$defs", "definitions")
@@ -80,3 +80,13 @@ def xml_call(function: str, parameters: dict[str, Any], *, head: str, param: tup
     if tail:
         pieces.append(Structure.text(tail))
     return Structure.sequence(*pieces)
+
+
+def xml_block_calls(tools: list[dict[str, Any]], name: str | None, parallel: bool, *, opener: str, closer: str,
+                    layout: dict[str, Any], words: tuple[str, ...]) -> dict[str, Any] | None:
+    """``ToolParser.forced_calls`` of an XML-style family: one ``opener``...``closer`` block per
+    call, each call as ``xml_call`` writes it with the family's ``layout`` (head, param, tail)."""
+    def call(function: str, parameters: dict[str, Any]) -> dict[str, Any]:
+        return Structure.sequence(Structure.text(opener), xml_call(function, parameters, **layout, words=words),
+                                  Structure.text(closer))
+    return forced_structure(tools, name, parallel, call)

@@ -19,8 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmserve import Structure, forced_structure
-from llmserve.plugins.tool_parsers.forced_xml import xml_call
+from llmserve.plugins.tool_parsers.forced_xml import xml_block_calls
 from llmserve.plugins.tool_parsers.xml_params import Call, XmlToolParser, between, plain_name, skip_space
 
 # GLM-4.5/4.6's layout (the reader takes 4.7's too): the name, then one key/value pair per line.
@@ -59,8 +58,6 @@ class Glm45ToolParser(XmlToolParser):
     def forced_calls(cls, tools: list[dict[str, Any]], name: str | None = None,
                      parallel: bool = True) -> dict[str, Any] | None:
         """Forced calls as the GLM-4.5/4.6 template writes them (``forced_xml``), one block each."""
-        def call(function: str, parameters: dict[str, Any]) -> dict[str, Any]:
-            return Structure.sequence(Structure.text("<tool_call>"),
-                                      xml_call(function, parameters, **_CALL, words=_WORDS),
-                                      Structure.text("</tool_call>"))
-        return forced_structure(tools, name, parallel, call)
+        return xml_block_calls(tools, name, parallel,
+                               opener="<tool_call>", closer="</tool_call>",
+                               layout=_CALL, words=_WORDS)

@@ -17,8 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmserve import Structure, forced_structure
-from llmserve.plugins.tool_parsers.forced_xml import xml_call
+from llmserve.plugins.tool_parsers.forced_xml import xml_block_calls
 from llmserve.plugins.tool_parsers.xml_params import Call, XmlToolParser, plain_name, read_tagged_calls
 
 # The template's layout: names quoted, no newline around a value, one after each closing tag.
@@ -51,8 +50,6 @@ class MiniMaxM2ToolParser(XmlToolParser):
                      parallel: bool = True) -> dict[str, Any] | None:
         """Forced calls as the MiniMax-M2 template writes them (``forced_xml``): one block per
         call, each holding its ``<invoke>``."""
-        def call(function: str, parameters: dict[str, Any]) -> dict[str, Any]:
-            return Structure.sequence(Structure.text("<minimax:tool_call>\n"),
-                                      xml_call(function, parameters, **_CALL, words=_WORDS),
-                                      Structure.text("</minimax:tool_call>"))
-        return forced_structure(tools, name, parallel, call)
+        return xml_block_calls(tools, name, parallel,
+                               opener="<minimax:tool_call>\n", closer="</minimax:tool_call>",
+                               layout=_CALL, words=_WORDS)

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmserve import Structure, forced_structure
-from llmserve.plugins.tool_parsers.forced_xml import xml_call
+from llmserve.plugins.tool_parsers.forced_xml import xml_block_calls
 from llmserve.plugins.tool_parsers.xml_params import Call, XmlToolParser, read_functions
 
 # The template's layout: no newline around a value, one after each closing tag.
@@ -34,8 +33,6 @@ class SeedOssToolParser(XmlToolParser):
     def forced_calls(cls, tools: list[dict[str, Any]], name: str | None = None,
                      parallel: bool = True) -> dict[str, Any] | None:
         """Forced calls as the Seed-OSS template writes them (``forced_xml``), one block each."""
-        def call(function: str, parameters: dict[str, Any]) -> dict[str, Any]:
-            return Structure.sequence(Structure.text("<seed:tool_call>\n"),
-                                      xml_call(function, parameters, **_CALL, words=_WORDS),
-                                      Structure.text("</seed:tool_call>"))
-        return forced_structure(tools, name, parallel, call)
+        return xml_block_calls(tools, name, parallel,
+                               opener="<seed:tool_call>\n", closer="</seed:tool_call>",
+                               layout=_CALL, words=_WORDS)
