@@ -17,11 +17,12 @@ written: such a required parameter, or such a function, is a 400; an optional on
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from llmserve import InvalidRequestError
 from llmserve import Structure, forced_structure
-from llmserve.plugins.tool_parsers.xml_params import declared_types, plain_name, resolve
+from llmserve.plugins.tool_parsers.xml_params import XmlToolParser, declared_types, plain_name, resolve
 
 _DEF_KEYS = ("$defs", "definitions")
 
@@ -51,42 +52,53 @@ def _value(schema: Any, root: dict[str, Any], words: tuple[str, ...]) -> dict[st
     return Structure.json(sub, without=words)
 
 
-def xml_call(function: str, parameters: dict[str, Any], *, head: str, param: tuple[str, str], tail: str,
-             words: tuple[str, ...]) -> dict[str, Any]:
-    """One call as the family's template writes it: ``head`` opens the call and ``tail`` closes
-    it, ``param`` is the text before and after each value; ``{}`` in ``head`` and in ``param[0]``
-    stands for the function's and the parameter's name (Qwen3-Coder: ``"<function={}>\\n"``,
-    ``("<parameter={}>\\n", "\\n</parameter>\\n")``, ``"</function>\\n"``). ``words`` are the markers
-    a value may not hold."""
-    if plain_name(function) != function:
-        raise _unwritable("function", function)
-    props = parameters.get("properties")
-    props = props if isinstance(props, dict) else {}
-    required = parameters.get("required")
-    required = set(required) if isinstance(required, list) else set()
-    pieces = [Structure.text(head.replace("{}", function))]
-    for key, schema in props.items():
-        if plain_name(key) != key:
-            if key in required:
-                raise _unwritable("parameter", key)
-            continue
-        one = Structure.sequence(Structure.text(param[0].replace("{}", key)), _value(schema, parameters, words),
-                                 Structure.text(param[1]))
-        pieces.append(one if key in required else Structure.one_of(one, Structure.text("")))
-    missing = sorted(required - set(props))
-    if missing:
-        raise InvalidRequestError(f"tool_choice: {function}: required parameters {missing[:5]} are not in "
-                                  "properties", param="tool_choice")
-    if tail:
-        pieces.append(Structure.text(tail))
-    return Structure.sequence(*pieces)
+@dataclass(frozen=True)
+class XmlLayout:
+    """How a family's template writes a call: ``head`` opens it and ``tail`` closes it, ``param``
+    is the text before and after each value, and ``{}`` in ``head`` and in ``param[0]`` stands for
+    the function's and the parameter's name (Qwen3-Coder: ``"<function={}>\\n"``,
+    ``("<parameter={}>\\n", "\\n</parameter>\\n")``, ``"</function>\\n"``); each call sits in its
+    own ``opener``...``closer`` block; ``words`` are the markers a value may not hold."""
+
+    opener: str
+    closer: str
+    head: str
+    param: tuple[str, str]
+    tail: str
+    words: tuple[str, ...]
+
+    def call(self, function: str, parameters: dict[str, Any]) -> dict[str, Any]:
+        """One call to ``function`` with the tool's ``parameters`` schema, block included."""
+        if plain_name(function) != function:
+            raise _unwritable("function", function)
+        props = parameters.get("properties")
+        props = props if isinstance(props, dict) else {}
+        required = parameters.get("required")
+        required = set(required) if isinstance(required, list) else set()
+        pieces = [Structure.text(self.opener + self.head.replace("{}", function))]
+        for key, schema in props.items():
+            if plain_name(key) != key:
+                if key in required:
+                    raise _unwritable("parameter", key)
+                continue
+            one = Structure.sequence(Structure.text(self.param[0].replace("{}", key)),
+                                     _value(schema, parameters, self.words), Structure.text(self.param[1]))
+            pieces.append(one if key in required else Structure.one_of(one, Structure.text("")))
+        missing = sorted(required - set(props))
+        if missing:
+            raise InvalidRequestError(f"tool_choice: {function}: required parameters {missing[:5]} are not in "
+                                      "properties", param="tool_choice")
+        pieces.append(Structure.text(self.tail + self.closer))
+        return Structure.sequence(*pieces)
 
 
-def xml_block_calls(tools: list[dict[str, Any]], name: str | None, parallel: bool, *, opener: str, closer: str,
-                    layout: dict[str, Any], words: tuple[str, ...]) -> dict[str, Any] | None:
-    """``ToolParser.forced_calls`` of an XML-style family: one ``opener``...``closer`` block per
-    call, each call as ``xml_call`` writes it with the family's ``layout`` (head, param, tail)."""
-    def call(function: str, parameters: dict[str, Any]) -> dict[str, Any]:
-        return Structure.sequence(Structure.text(opener), xml_call(function, parameters, **layout, words=words),
-                                  Structure.text(closer))
-    return forced_structure(tools, name, parallel, call)
+class XmlFamilyParser(XmlToolParser):
+    """An XML-style family: ``read_region`` reads its calls back and ``layout`` says how its
+    template writes them, which forced calls follow (one block per call)."""
+
+    layout: ClassVar[XmlLayout]
+
+    @classmethod
+    def forced_calls(cls, tools: list[dict[str, Any]], name: str | None = None,
+                     parallel: bool = True) -> dict[str, Any] | None:
+        return forced_structure(tools, name, parallel, cls.layout.call)

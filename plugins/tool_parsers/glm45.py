@@ -17,14 +17,13 @@ verbatim; a missing ``</tool_call>`` after a complete call at the end of the out
 
 from __future__ import annotations
 
-from typing import Any
-
-from llmserve.plugins.tool_parsers.forced_xml import xml_block_calls
-from llmserve.plugins.tool_parsers.xml_params import Call, XmlToolParser, between, plain_name, skip_space
+from llmserve.plugins.tool_parsers.forced_xml import XmlFamilyParser, XmlLayout
+from llmserve.plugins.tool_parsers.xml_params import Call, between, plain_name, skip_space
 
 # GLM-4.5/4.6's layout (the reader takes 4.7's too): the name, then one key/value pair per line.
-_CALL = {"head": "{}\n", "param": ("<arg_key>{}</arg_key>\n<arg_value>", "</arg_value>\n"), "tail": ""}
-_WORDS = ("</arg_value>", "<arg_key>", "<tool_call>", "</tool_call>")  # what a forced value may not hold
+_LAYOUT = XmlLayout(opener="<tool_call>", closer="</tool_call>", head="{}\n",
+                    param=("<arg_key>{}</arg_key>\n<arg_value>", "</arg_value>\n"), tail="",
+                    words=("</arg_value>", "<arg_key>", "<tool_call>", "</tool_call>"))
 
 
 def read_glm_call(text: str) -> list[Call] | None:
@@ -47,17 +46,8 @@ def read_glm_call(text: str) -> list[Call] | None:
         i = value[1]
 
 
-class Glm45ToolParser(XmlToolParser):
+class Glm45ToolParser(XmlFamilyParser):
     start_markers = ("<tool_call>",)
     end_marker = "</tool_call>"
-
-    def read_region(self, text: str) -> list[Call] | None:
-        return read_glm_call(text)
-
-    @classmethod
-    def forced_calls(cls, tools: list[dict[str, Any]], name: str | None = None,
-                     parallel: bool = True) -> dict[str, Any] | None:
-        """Forced calls as the GLM-4.5/4.6 template writes them (``forced_xml``), one block each."""
-        return xml_block_calls(tools, name, parallel,
-                               opener="<tool_call>", closer="</tool_call>",
-                               layout=_CALL, words=_WORDS)
+    layout = _LAYOUT
+    read_region = staticmethod(read_glm_call)

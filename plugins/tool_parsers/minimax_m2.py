@@ -15,15 +15,14 @@ after complete invokes at the end of the output is accepted.
 
 from __future__ import annotations
 
-from typing import Any
+from llmserve.plugins.tool_parsers.forced_xml import XmlFamilyParser, XmlLayout
+from llmserve.plugins.tool_parsers.xml_params import Call, plain_name, read_tagged_calls
 
-from llmserve.plugins.tool_parsers.forced_xml import xml_block_calls
-from llmserve.plugins.tool_parsers.xml_params import Call, XmlToolParser, plain_name, read_tagged_calls
-
-# The template's layout: names quoted, no newline around a value, one after each closing tag.
-_CALL = {"head": '<invoke name="{}">\n', "param": ('<parameter name="{}">', "</parameter>\n"), "tail": "</invoke>\n"}
-# What a forced value may not hold.
-_WORDS = ("</parameter>", "</invoke>", "<minimax:tool_call>", "</minimax:tool_call>")
+# The template's layout: names quoted, no newline around a value, one after each closing tag;
+# one block per call, each holding its <invoke>.
+_LAYOUT = XmlLayout(opener="<minimax:tool_call>\n", closer="</minimax:tool_call>", head='<invoke name="{}">\n',
+                    param=('<parameter name="{}">', "</parameter>\n"), tail="</invoke>\n",
+                    words=("</parameter>", "</invoke>", "<minimax:tool_call>", "</minimax:tool_call>"))
 
 
 def _unquote(name: str) -> str | None:
@@ -38,18 +37,8 @@ def read_invokes(text: str) -> list[Call] | None:
     return read_tagged_calls(text, ("<invoke name=", "</invoke>", "<parameter name="), _unquote)
 
 
-class MiniMaxM2ToolParser(XmlToolParser):
+class MiniMaxM2ToolParser(XmlFamilyParser):
     start_markers = ("<minimax:tool_call>",)
     end_marker = "</minimax:tool_call>"
-
-    def read_region(self, text: str) -> list[Call] | None:
-        return read_invokes(text)
-
-    @classmethod
-    def forced_calls(cls, tools: list[dict[str, Any]], name: str | None = None,
-                     parallel: bool = True) -> dict[str, Any] | None:
-        """Forced calls as the MiniMax-M2 template writes them (``forced_xml``): one block per
-        call, each holding its ``<invoke>``."""
-        return xml_block_calls(tools, name, parallel,
-                               opener="<minimax:tool_call>\n", closer="</minimax:tool_call>",
-                               layout=_CALL, words=_WORDS)
+    layout = _LAYOUT
+    read_region = staticmethod(read_invokes)

@@ -17,26 +17,17 @@ after complete functions at the end of the output is accepted.
 
 from __future__ import annotations
 
-from typing import Any
+from llmserve.plugins.tool_parsers.forced_xml import XmlFamilyParser, XmlLayout
+from llmserve.plugins.tool_parsers.xml_params import read_functions
 
-from llmserve.plugins.tool_parsers.forced_xml import xml_block_calls
-from llmserve.plugins.tool_parsers.xml_params import Call, XmlToolParser, read_functions
+# The template's layout: a newline on each side of a value, one after each closing tag.
+_LAYOUT = XmlLayout(opener="<tool_call>\n", closer="</tool_call>", head="<function={}>\n",
+                    param=("<parameter={}>\n", "\n</parameter>\n"), tail="</function>\n",
+                    words=("</parameter>", "<tool_call>", "</tool_call>"))
 
-_CALL = {"head": "<function={}>\n", "param": ("<parameter={}>\n", "\n</parameter>\n"), "tail": "</function>\n"}
-_WORDS = ("</parameter>", "<tool_call>", "</tool_call>")  # what a forced value may not hold
 
-
-class Qwen3CoderToolParser(XmlToolParser):
+class Qwen3CoderToolParser(XmlFamilyParser):
     start_markers = ("<tool_call>",)
     end_marker = "</tool_call>"
-
-    def read_region(self, text: str) -> list[Call] | None:
-        return read_functions(text)
-
-    @classmethod
-    def forced_calls(cls, tools: list[dict[str, Any]], name: str | None = None,
-                     parallel: bool = True) -> dict[str, Any] | None:
-        """Forced calls as the Qwen3-Coder template writes them (``forced_xml``), one block each."""
-        return xml_block_calls(tools, name, parallel,
-                               opener="<tool_call>\n", closer="</tool_call>",
-                               layout=_CALL, words=_WORDS)
+    layout = _LAYOUT
+    read_region = staticmethod(read_functions)
