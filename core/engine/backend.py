@@ -16,6 +16,9 @@ from llmserve.config import ServerConfig
 from llmserve.request import LogitsMask
 from llmserve.sampling import SamplingParams
 
+#: What a model takes as input unless its backend says more (``ModelInfo.input_modalities``).
+TEXT_ONLY: tuple[str, ...] = ("text",)
+
 
 @dataclass(slots=True)
 class ModelInfo:
@@ -34,6 +37,9 @@ class ModelInfo:
     quantization: str | None = None  # how the weights are stored when not plainly in ``dtype``
     num_parameters: int | None = None  # weights in the model, when the backend knows without a directory to read
     weight_bytes: int | None = None    # bytes its weights take as served (e.g. a GGUF's quantized tensors)
+    # What requests may send it, as served (``/v1/models`` reports it): text only until images are
+    # served; a backend that serves a vision model's images says ("text", "image").
+    input_modalities: tuple[str, ...] = TEXT_ONLY
 
     def __post_init__(self) -> None:
         # A model is refused at load when its own chat template is a template-injection

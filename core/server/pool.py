@@ -93,6 +93,13 @@ class ModelSlot:
     def name(self) -> str:
         return self.served_names[0]
 
+    @property
+    def input_modalities(self) -> list[str]:
+        """What requests may send the model: its loaded model's own, else what every model takes."""
+        from llmserve.engine.backend import TEXT_ONLY
+
+        return list(self.model.input_modalities if self.model is not None else TEXT_ONLY)
+
     def answers_to(self, name: str) -> bool:
         """Whether a request naming ``name`` means this model (a served name, its source or path)."""
         if name in self.served_names or (self.source and name == self.source):

@@ -90,6 +90,8 @@ def test_listing_and_loading_on_the_first_request(server):
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
     assert [m.id for m in client.models.list().data] == ["smol", "thinker", "big", "broken"]
     assert loaded(server.url) == {"smol": True, "thinker": False, "big": False, "broken": False}
+    text_only = {"input_modalities": ["text"], "output_modalities": ["text"]}  # images are not served yet
+    assert [m.model_extra["architecture"] for m in client.models.list().data] == [text_only] * 4
     reply = client.chat.completions.create(model="thinker", messages=[{"role": "user", "content": "w1 w2"}],
                                            max_tokens=4, temperature=0)
     assert reply.model == "thinker" and len(reply.choices[0].message.content.split()) == 4
@@ -100,6 +102,7 @@ def test_listing_and_loading_on_the_first_request(server):
     assert smol.model == "smol" and smol.usage.completion_tokens == 3
     card = client.models.retrieve("big").model_dump()
     assert card["loaded"] is False and card["status"] == {"value": "unloaded"}
+    assert client.models.retrieve("thinker").model_extra["architecture"] == text_only  # loaded now: its own
     assert loaded(server.url)["big"] is False  # described without loading it
 
 

@@ -250,3 +250,16 @@ def test_files_size_reads_local_weights_only(tmp_path):
     assert files_size(str(tmp_path)) == 107
     assert files_size(str(tmp_path / "m.gguf")) == 7
     assert files_size("org/not-fetched") == 0
+
+
+def test_input_modalities_are_the_loaded_models_own_and_text_before_it_loads():
+    from llmserve.engine.backend import ModelInfo
+
+    slot = entry_slot(ServerConfig(), "v=/models/v")
+    assert slot.input_modalities == ["text"]  # not loaded: what every model takes
+    slot.model = ModelInfo(name="v", path="/models/v", max_model_len=8, vocab_size=8, eos_token_ids=[0],
+                           tokenizer=None)
+    assert slot.input_modalities == ["text"]  # a backend that says nothing: text
+    slot.model = ModelInfo(name="v", path="/models/v", max_model_len=8, vocab_size=8, eos_token_ids=[0],
+                           tokenizer=None, input_modalities=("text", "image"))
+    assert slot.input_modalities == ["text", "image"]  # a vision model's images served: it says so

@@ -48,6 +48,7 @@ def test_models_list_and_retrieve(client, model):
     assert card.id == model and card.owned_by == "llmserve"
     assert card.model_extra["max_model_len"] == card.model_extra["context_length"] == 2048
     assert listed.data[0].model_extra["context_length"] == 2048  # what agent clients read to size prompts
+    assert card.model_extra["architecture"] == {"input_modalities": ["text"], "output_modalities": ["text"]}
     # One served name: any name is answered under it (the 404 of --strict-model-name is in
     # test_model_names_clients.py)
     assert client.models.retrieve("no-such-model").id == model

@@ -42,13 +42,17 @@ class OpenAIProtocol(Protocol):
         """A ``/v1/models`` entry; the context length under vLLM's name and OpenRouter's, which
         agent clients read to size their prompts. With several models each says whether it is
         loaded (``loaded``, and llama.cpp's router ``status``); one not loaded yet gives the
-        context length it was configured with, if any."""
+        context length it was configured with, if any. What it takes and gives is OpenRouter's
+        ``architecture`` (``input_modalities``: the slot's, text until images are served)."""
         slot = slot or self.context.slot
         info = slot.model
         length = info.max_model_len if info else slot.config.llm.max_model_len
+        task = info.task if info else slot.config.llm.task
         card = {"id": name, "object": "model", "created": 0, "owned_by": "llmserve",
                 "root": info.path if info else (slot.source or name), "parent": None,
-                "max_model_len": length, "context_length": length}
+                "max_model_len": length, "context_length": length,
+                "architecture": {"input_modalities": slot.input_modalities,
+                                 "output_modalities": ["embeddings" if task == "embed" else "text"]}}
         if self.context.pool.several:
             card["loaded"] = slot.engine is not None
             card["status"] = {"value": slot.state if slot.engine is None else "loaded"}
