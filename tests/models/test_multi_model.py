@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from conftest import ServerProcess
+from protocols.wire_checks import json_error
 
 openai = pytest.importorskip("openai")
 anthropic = pytest.importorskip("anthropic")
@@ -176,9 +177,29 @@ def test_a_model_that_fails_to_load_answers_in_each_dialect(server):
     with pytest.raises(ollama.ResponseError, match=message) as failed:
         ollama.Client(host=server.url).generate(model="broken", prompt="w1", options={"num_predict": 2})
     assert failed.value.status_code == 500
+    # The other dialects whose requests name a model, each in its own envelope: Responses (OpenAI's
+    # with its named code), vLLM's native /generate as MindIE serves it too (OpenAI's, the status as
+    # code), KServe v2 generate and infer, as Triton and MindIE serve them ({"error": str}). TGI's
+    # own routes and MindIE's /infer name no model: they serve the default one.
+    url = server.url
+    answers = {
+        "responses": httpx.post(url + "/v1/responses", json={"model": "broken", "input": "w1",
+                                                             "max_output_tokens": 16}, timeout=60),
+        "vllm": httpx.post(url + "/generate", json={"model": "broken", "prompt": "w1", "max_tokens": 2}, timeout=60),
+    }
+    for dialect, code in (("responses", "model_load_failed"), ("vllm", 500)):
+        reply = answers[dialect]
+        assert reply.status_code == 500 and set(reply.json()) == {"error"}, (dialect, reply.text)
+        error = reply.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}, (dialect, error)
+        assert message in error["message"] and error["code"] == code, (dialect, error)
+    text_input = {"name": "text_input", "shape": [1], "datatype": "BYTES", "data": ["w1"]}
+    for route, body in (("generate", {"text_input": "w1", "parameters": {"max_tokens": 2}}),
+                        ("infer", {"inputs": [text_input]})):
+        json_error(httpx.post(f"{url}/v2/models/broken/{route}", json=body, timeout=60), 500, {"error"}, [message])
     # Each request tried the load again (a failure is not remembered), and the others still serve.
     # The log line is read from the process's output by a thread: it may land just after the answer.
-    assert wait_for(lambda: server.log.count("model broken failed to load") == 3), server.log
+    assert wait_for(lambda: server.log.count("model broken failed to load") == 7), server.log
     assert loaded(server.url)["broken"] is False
     assert httpx.get(server.url + "/ready", timeout=30).status_code == 200
 
