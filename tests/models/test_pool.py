@@ -10,9 +10,9 @@ import threading
 import pytest
 
 from llmserve.config import ServerConfig
-from llmserve.errors import ConfigError, OverloadedError
+from llmserve.errors import ConfigError, OverloadedError, RequestTimeoutError
 from llmserve.server.models import folder_entries
-from llmserve.server.pool import ModelLoadError, ModelPool, ModelSlot, entry_slot
+from llmserve.server.pool import ModelLoadError, ModelNotLoaded, ModelPool, ModelSlot, entry_slot, run_routed
 
 
 class FakeEngine:
@@ -263,3 +263,51 @@ def test_input_modalities_are_the_loaded_models_own_and_text_before_it_loads():
     slot.model = ModelInfo(name="v", path="/models/v", max_model_len=8, vocab_size=8, eos_token_ids=[0],
                            tokenizer=None, input_modalities=("text", "image"))
     assert slot.input_modalities == ["text", "image"]  # a vision model's images served: it says so
+
+
+def test_a_request_whose_deadline_passes_while_its_model_loads_times_out_and_the_load_goes_on():
+    import time
+    from types import SimpleNamespace
+
+    from llmserve.request_context import RequestContext, reset_context, set_context
+
+    pool, _ = make_pool("base", "slow")
+    release, loads = threading.Event(), []
+
+    def loader(slot: ModelSlot) -> None:
+        release.wait(60)  # held until the first request has given up
+        loads.append(slot.name)
+        slot.engine = FakeEngine(slot.name)
+
+    pool.loader = loader
+    rolled_back: list[int] = []
+    context = SimpleNamespace(pool=pool, admission=SimpleNamespace(rollback=lambda ctx, n: rolled_back.append(n)))
+    slow = pool.find("slow")
+
+    async def route() -> str:  # a dialect's handler: its model must be loaded first
+        if slow.engine is None:
+            raise ModelNotLoaded(slow)
+        return "served"
+
+    async def main() -> None:
+        token = set_context(RequestContext("r1", started=time.monotonic(), deadline=time.monotonic() + 0.05,
+                                           sequences=1))
+        try:
+            with pytest.raises(RequestTimeoutError, match="^the request timed out while the model `slow` was "
+                                                          "loading$") as err:
+                await run_routed(context, route)
+        finally:
+            reset_context(token)
+        assert err.value.status == 408 and rolled_back == [1]
+        # The load it started is still running, for the requests that come next.
+        pending = slow.loading
+        assert slow.state == "loading" and pending is not None and not pending.done() and loads == []
+        release.set()
+        await pending  # that same load completes
+        assert slow.state == "loaded" and loads == ["slow"]
+        assert await run_routed(context, route) == "served" and loads == ["slow"]  # and serves the next request
+
+    try:
+        asyncio.run(main())
+    finally:
+        release.set()
