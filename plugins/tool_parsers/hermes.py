@@ -13,12 +13,11 @@ first block).
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from llmserve import RegionToolParser
 from llmserve import CallList
-from llmserve import Structure, forced_structure
+from llmserve.plugins.tool_parsers.forced_json import ForcedJson, object_layout
 
 #: What a forced call's JSON may not hold: the block's markers (the region would end there).
 _MARKERS = ("<tool_call>", "</tool_call>")
@@ -41,24 +40,12 @@ class _WholeOnly:
         self.body.end(False)
 
 
-class HermesToolParser(RegionToolParser):
+class HermesToolParser(ForcedJson, RegionToolParser):
     start_markers = ("<tool_call>",)
     end_marker = "</tool_call>"
+    #: Forced calls as the Hermes/Qwen templates write them, one block per call:
+    #: ``<tool_call>\n{"name": "get_weather", "arguments": {"city":"Paris"}}\n</tool_call>``.
+    layout = object_layout("<tool_call>\n", "\n</tool_call>", separator="\n", words=_MARKERS)
 
     def _new_body(self, marker: str) -> Any:
         return _WholeOnly(CallList(self, single_ok=True, checked=True))
-
-    @classmethod
-    def forced_calls(cls, tools: list[dict[str, Any]], name: str | None = None,
-                     parallel: bool = True) -> dict[str, Any] | None:
-        """Forced calls as the Hermes/Qwen templates write them, one block per call::
-
-            <tool_call>
-            {"name": "get_weather", "arguments": {"city":"Paris"}}
-            </tool_call>
-        """
-        def call(function: str, parameters: dict[str, Any]) -> dict[str, Any]:
-            head = '<tool_call>\n{"name": ' + json.dumps(function, ensure_ascii=False) + ', "arguments": '
-            return Structure.sequence(Structure.text(head), Structure.json(parameters, without=_MARKERS),
-                                      Structure.text("}\n</tool_call>"))
-        return forced_structure(tools, name, parallel, call)
