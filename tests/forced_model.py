@@ -1,9 +1,10 @@
 """A generated tiny model (and its tokenizer alone) for forced tool calls in a family's own syntax.
 
 The vocabulary spells any printable ASCII text one character per token, and also holds the tags
-of the XML and hermes formats as whole regular tokens (``<tool_call>``, ``<parameter=``, ...) and
-the harmony and ChatML markers as special tokens (``<|channel|>``, ``<|call|>``, ``<|im_end|>``),
-as the real families' vocabularies do. The weights are random (a 2-layer Llama): what it writes
+of the XML and JSON formats as whole regular tokens (``<tool_call>``, ``<parameter=``, ...) and
+the harmony, ChatML and other special-token markers as special tokens (``<|channel|>``,
+``<|call|>``, ``<|im_end|>``, ``[TOOL_CALLS]``, ``<|tool_call_begin|>``, ...), as the real
+families' vocabularies do. The weights are random (a 2-layer Llama): what it writes
 is noise, so only the constraint makes it a call.
 
 ``family`` picks the chat template (the family's real template from ``tests/parsers/templates``
@@ -18,9 +19,15 @@ import os
 
 TEMPLATES = os.path.join(os.path.dirname(__file__), "parsers", "templates")
 REGULAR = ["<tool_call>", "</tool_call>", "<function=", "</function>", "<parameter=", "</parameter>",
-           '{"', '": ', '", "', "true", "false", "null"]
+           '{"', '": ', '", "', "true", "false", "null", "<tool_calls>", "</tool_calls>", "functools"]
 HARMONY = ["<|start|>", "<|end|>", "<|channel|>", "<|message|>", "<|constrain|>", "<|call|>", "<|return|>"]
 CHATML = ["<|im_start|>", "<|im_end|>", "<|endoftext|>"]
+#: The markers that are special tokens in their families' vocabularies (Kimi-K2, DeepSeek,
+#: Mistral, InternLM, Granite).
+MARKERS = ["<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
+           "<|tool_call_argument_begin|>", "<|tool_call_end|>", "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>",
+           "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>", "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]",
+           "<|action_start|>", "<|plugin|>", "<|action_end|>", "<|tool_call|>"]
 
 _MINIMAL = {
     "qwen3-coder": ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -52,7 +59,7 @@ def build_tokenizer(family: str = "qwen3-coder"):
     tok.decoder = decoders.Fuse()
     eos = "<|return|>" if family == "gpt-oss" else "<|im_end|>"
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token=eos)
-    fast.add_special_tokens({"additional_special_tokens": HARMONY + CHATML})
+    fast.add_special_tokens({"additional_special_tokens": HARMONY + CHATML + MARKERS})
     fast.chat_template = template(family)
     return fast
 

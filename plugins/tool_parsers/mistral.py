@@ -13,7 +13,8 @@
 Calls follow the checked rules of ``json_calls``: released whole once complete and valid;
 broken JSON after a marker makes that region content (vLLM returns v11 arguments
 unvalidated). Ids are 9 letters and digits (Mistral chat templates reject longer ones).
-``[TOOL_CALLS]`` is a special token, so the request keeps special tokens.
+``[TOOL_CALLS]`` is a special token, so the request keeps special tokens. Forced calls may take
+the v11+ form or the list (see ``_NAMED``).
 """
 
 from __future__ import annotations
@@ -24,10 +25,21 @@ from typing import Any, Callable
 from llmserve import RegionToolParser
 from llmserve import CallList
 from llmserve import JsonScanner
+from llmserve import Structure
+from llmserve.plugins.tool_parsers.forced_json import JsonLayout, object_layout
 
 _NAME = re.compile(r"[A-Za-z0-9_.\-]+")
 _WS = re.compile(r"\s*")
 MARKER, ARGS, CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
+#: Forced calls in either form, the model picks the one it was trained on: v11+'s
+#: ``[TOOL_CALLS]name[ARGS]{...}`` per call (without ``[CALL_ID]``, which the parser does not
+#: need), or the list of older models, ``[TOOL_CALLS] [{"name": ..., "arguments": ..., "id": ...}]``
+#: (the space as v0.3's template writes it, none as Nemo's; the id optional, any 9 characters).
+_NAMED = JsonLayout(MARKER + "{}" + ARGS, bare=_NAME.fullmatch)
+_ID = Structure.one_of(Structure.text(""), Structure.sequence(
+    Structure.text(', "id": '), Structure.json({"type": "string", "minLength": 9, "maxLength": 9})))
+_LISTED = JsonLayout(object_layout().head, (_ID, "}"), separator=", ", suffix="]",
+                     prefix=(MARKER, Structure.one_of(Structure.text(" ["), Structure.text("["))))
 
 
 class NamedCall:
@@ -222,6 +234,11 @@ class MistralBody:
 class MistralToolParser(RegionToolParser):
     start_markers = (MARKER,)
     id_length, id_prefix = 9, ""
+
+    @classmethod
+    def forced_calls(cls, tools: list[dict[str, Any]], name: str | None = None,
+                     parallel: bool = True) -> dict[str, Any] | None:
+        return Structure.one_of(*(form.forced(tools, name, parallel) for form in (_NAMED, _LISTED)))
 
     def _new_body(self, marker: str) -> Any:
         return MistralBody(self, self._known)

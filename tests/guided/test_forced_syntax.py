@@ -25,10 +25,18 @@ from llmserve.hooks.manager import PluginManager
 from llmserve.hooks.registry import Registry
 from llmserve.parsing.service import ParsingService
 from llmserve.parsing.tool_choice import plan_tools
+from llmserve.plugins.tool_parsers.deepseek import DeepSeekV3ToolParser, DeepSeekV31ToolParser
 from llmserve.plugins.tool_parsers.glm45 import Glm45ToolParser
+from llmserve.plugins.tool_parsers.granite import GraniteToolParser
 from llmserve.plugins.tool_parsers.harmony import OpenAIToolParser
 from llmserve.plugins.tool_parsers.hermes import HermesToolParser
+from llmserve.plugins.tool_parsers.internlm import InternLMToolParser
+from llmserve.plugins.tool_parsers.jamba import JambaToolParser
+from llmserve.plugins.tool_parsers.kimi_k2 import KimiK2ToolParser
+from llmserve.plugins.tool_parsers.llama3_json import Llama3JsonToolParser
 from llmserve.plugins.tool_parsers.minimax_m2 import MiniMaxM2ToolParser
+from llmserve.plugins.tool_parsers.mistral import MistralToolParser
+from llmserve.plugins.tool_parsers.phi4_mini import Phi4MiniJsonToolParser
 from llmserve.plugins.tool_parsers.qwen3_coder import Qwen3CoderToolParser
 from llmserve.plugins.tool_parsers.seed_oss import SeedOssToolParser
 
@@ -58,7 +66,10 @@ TOOLS = [
 ]
 SCHEMAS = {t["function"]["name"]: t["function"].get("parameters") or {"type": "object"} for t in TOOLS}
 FAMILIES = {"qwen3_coder": Qwen3CoderToolParser, "hermes": HermesToolParser, "openai": OpenAIToolParser,
-            "seed_oss": SeedOssToolParser, "minimax_m2": MiniMaxM2ToolParser, "glm45": Glm45ToolParser}
+            "seed_oss": SeedOssToolParser, "minimax_m2": MiniMaxM2ToolParser, "glm45": Glm45ToolParser,
+            "kimi_k2": KimiK2ToolParser, "deepseek_v3": DeepSeekV3ToolParser, "deepseek_v31": DeepSeekV31ToolParser,
+            "mistral": MistralToolParser, "llama3_json": Llama3JsonToolParser, "granite": GraniteToolParser,
+            "jamba": JambaToolParser, "internlm": InternLMToolParser, "phi4_mini_json": Phi4MiniJsonToolParser}
 
 
 @pytest.fixture(scope="module", params=["qwen3-coder", "gpt-oss"])
@@ -115,8 +126,11 @@ def test_every_walk_parses_into_valid_calls(setup, family, choice):
             assert called == name or (name is None and called in SCHEMAS), text
             jsonschema.validate(arguments, SCHEMAS[called])
             seen.add(called)
-        if family == "openai":  # harmony's markers are its special tokens, never spelled out
-            assert not any(m in tok.decode(ids, skip_special_tokens=True) for m in HARMONY), text
+        # Markers that are special tokens are written as those tokens, never spelled out.
+        words = HARMONY if family == "openai" else getattr(getattr(cls, "layout", None), "words", ())
+        special = set(words) & set(tok.all_special_tokens)
+        assert not any(m in tok.decode(ids, skip_special_tokens=True) for m in special), text
+        if family == "openai":
             assert tok.convert_tokens_to_ids("<|channel|>") == ids[0]
     assert len(seen) >= (1 if name else 2)
 
@@ -176,6 +190,38 @@ def test_xml_names_that_collide_with_markers(setup):
     assert set(json.loads("".join(c.arguments for c in delta.tool_calls))) == {"ok"}
 
 
+@pytest.mark.parametrize("cls", [KimiK2ToolParser, DeepSeekV3ToolParser, DeepSeekV31ToolParser, MistralToolParser])
+@pytest.mark.parametrize("bad", ["a b", "a<b", "a{b}"])
+def test_bare_names_the_reader_would_not_take_back_are_a_400(cls, bad):
+    with pytest.raises(InvalidRequestError, match="cannot be written") as err:
+        cls.forced_calls([tool({}, name=bad)])
+    assert err.value.param == "tool_choice"
+
+
+@pytest.mark.parametrize("cls", [HermesToolParser, Llama3JsonToolParser, JambaToolParser, InternLMToolParser])
+def test_json_names_are_escaped_and_read_back(setup, cls):
+    tok, eos, guided = setup
+    odd = [tool({"a": {"type": "integer"}}, ["a"], name='say "hi"\\ x')]
+    factory = guided.compile(GuidedSpec("structure", cls.forced_calls(odd, None, True), param="tool_choice"))
+    for seed in range(3):
+        text = tok.decode(walk(factory, tok, eos, seed), skip_special_tokens=False)
+        parser = cls(None, odd)
+        delta = parser.feed(text)
+        delta.extend(parser.finish())
+        assert {c.name for c in delta.tool_calls if c.name} == {'say "hi"\\ x'}, text
+    with pytest.raises(InvalidRequestError, match="cannot be written"):  # the name would end the block
+        JambaToolParser.forced_calls([tool({}, name="</tool_calls>")])
+
+
+def test_a_kimi_header_written_twice_gets_a_fresh_id():
+    call = "<|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{}<|tool_call_end|>"
+    parser = KimiK2ToolParser(None, [tool({})])
+    delta = parser.feed("<|tool_calls_section_begin|>" + call * 2 + "<|tool_calls_section_end|>")
+    delta.extend(parser.finish())
+    ids = [c.id for c in delta.tool_calls if c.name]
+    assert ids[0] == "functions.f:0" and len(ids) == 2 and ids[1] != ids[0]
+
+
 @pytest.mark.parametrize("value, message", [
     ({"nope": 1}, "exactly one of"),
     ({"text": 1}, "text must be a string"),
@@ -208,10 +254,8 @@ class _Registry:
         return self.cls
 
 
-@pytest.mark.parametrize("parser, kind", [("qwen3_coder", "structure"), ("openai", "structure"),
-                                          ("hermes", "structure"), ("seed_oss", "structure"),
-                                          ("minimax_m2", "structure"), ("glm45", "structure"), ("glm47", "structure"),
-                                          ("mistral", "json_schema")])
+@pytest.mark.parametrize("parser, kind", [*((p, "structure") for p in [*FAMILIES, "glm47"]),
+                                          ("pythonic", "json_schema"), ("lfm2", "json_schema")])
 def test_the_service_asks_the_parser_and_reads_with_it(parser, kind):
     from llmserve.config import ParsingConfig
 
@@ -223,7 +267,8 @@ def test_the_service_asks_the_parser_and_reads_with_it(parser, kind):
     chains = service.chains(None, plan, constrained=True, native=spec.kind == "structure")
     chain = chains.make()
     if kind == "structure":
-        assert type(chain.tool_parser) is service.tool_cls and chains.needs_special_tokens
+        assert type(chain.tool_parser) is service.tool_cls  # the family's parser, keeping its marker tokens
+        assert chains.needs_special_tokens == service.tool_cls.needs_special_tokens  # phi4_mini's are plain text
     else:  # no hook: today's JSON, read by the forced-JSON parser
         assert type(chain.tool_parser).__name__ == "RequiredCallsParser"
 
