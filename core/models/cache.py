@@ -123,8 +123,8 @@ def gguf_architecture(path: str) -> str | None:
         return None
     if head[:4] != b"GGUF":
         return None
-    pos, count = 24, struct.unpack_from("<Q", head, 16)[0]
-    try:
+    try:  # a file cut short (or only its magic) has no architecture to read, and is no error here
+        pos, count = 24, struct.unpack_from("<Q", head, 16)[0]
         for _ in range(min(count, 64)):
             (n,) = struct.unpack_from("<Q", head, pos)
             key = head[pos + 8:pos + 8 + n].decode("utf-8", "replace")

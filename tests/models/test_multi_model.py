@@ -3,7 +3,8 @@ and generated models loaded on their first request (``--model`` given several ti
 ``--max-loaded-models 1``): listing with ``loaded``, load on demand while another model streams,
 least-recently-used eviction, Ollama's ``keep_alive`` and ``/api/ps``, unloading that gives the
 memory back, the admin load/unload routes, per-model metrics, a model that fails to load answered
-in each dialect's format, and names that are not served."""
+in each dialect's format, and names that are not served; then a second server: the models of the
+Hugging Face cache (``--serve-cached-models``) unloaded after ``--idle-unload-seconds``."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import json
 import shutil
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -44,14 +46,20 @@ def build_big(path: str, tokenizer_from: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def built(tmp_path_factory) -> dict[str, str]:
+    """The generated models' folders: the thinking model and the big one over its vocabulary."""
     from thinking_model import build_thinking_model
-
-    from llmserve.plugins.backends.torch.loader import embedded_model_path
 
     root = tmp_path_factory.mktemp("multi")
     thinker = build_thinking_model(str(root / "thinker"))
-    big = build_big(str(root / "big"), thinker)
+    return {"root": str(root), "thinker": thinker, "big": build_big(str(root / "big"), thinker)}
+
+
+@pytest.fixture(scope="module")
+def server(built):
+    from llmserve.plugins.backends.torch.loader import embedded_model_path
+
+    root, thinker, big = Path(built["root"]), built["thinker"], built["big"]
     broken = root / "broken"
     shutil.copytree(thinker, broken)
     (broken / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not a header")
@@ -224,3 +232,35 @@ def test_metrics_carry_each_loaded_models_name(server):
     counts = {line.split('"')[1]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
               if line.startswith("vllm:generation_tokens_total{")}
     assert set(counts) >= {"smol", "thinker"} and counts["thinker"] >= 3
+
+
+def test_cached_models_are_served_and_an_idle_one_unloads_and_gives_the_memory_back(built, tmp_path):
+    # A Hugging Face cache holding the big model as org/big (its snapshot as huggingface_hub lays it out).
+    snapshot = tmp_path / "hf" / "hub" / "models--org--big" / "snapshots" / ("0" * 40)
+    shutil.copytree(built["big"], snapshot)
+    own = ServerProcess("--model", built["thinker"], "--served-model-name", "thinker", "--serve-cached-models",
+                        "--idle-unload-seconds", "1", "--num-kv-blocks", "256", "--max-model-len", "512",
+                        "--dtype", "float32", "--log-level", "info",
+                        env={"HF_HUB_CACHE": str(tmp_path / "hf" / "hub"), "HF_HUB_OFFLINE": "1"})
+    try:
+        own.wait_ready(timeout=300)
+        assert loaded(own.url) == {"thinker": True, "org/big": False}
+        card = httpx.get(own.url + "/v1/models/org/big", timeout=30).json()
+        assert card["root"] == str(snapshot) and card["loaded"] is False
+        before = rss(own)
+        body = {"model": "org/big", "prompt": "w3 w4", "max_tokens": 24, "stream": True, "ignore_eos": True}
+        with httpx.stream("POST", own.url + "/v1/completions", json=body, timeout=300) as reply:
+            lines = reply.iter_lines()
+            assert next(line for line in lines if line.startswith("data: ")).startswith('data: {"id"')
+            loaded_rss = rss(own)  # measured mid-stream: the request holds the model, it cannot unload yet
+            assert [line for line in lines if line][-1] == "data: [DONE]"
+        grown = loaded_rss - before
+        assert grown > 40 * 2**20, grown  # the 56 MB of weights (and more) came in
+        # Idle for --idle-unload-seconds: unloaded without a request asking, and its weights leave the process.
+        assert wait_for(lambda: loaded(own.url)["org/big"] is False), own.log
+        assert wait_for(lambda: "model org/big unloaded" in own.log), own.log  # logged once its engine stopped
+        after = rss(own)
+        assert after < loaded_rss - 0.6 * grown, (before, loaded_rss, after)
+        assert loaded(own.url) == {"thinker": True, "org/big": False}  # the default model stays
+    finally:
+        own.stop()

@@ -11,7 +11,7 @@ import pytest
 
 from llmserve.config import ServerConfig
 from llmserve.errors import ConfigError, OverloadedError, RequestTimeoutError
-from llmserve.server.models import folder_entries
+from llmserve.server.models import cached_entries, folder_entries
 from llmserve.server.pool import ModelLoadError, ModelNotLoaded, ModelPool, ModelSlot, entry_slot, run_routed
 
 
@@ -99,6 +99,26 @@ def test_a_models_folder_lists_ggufs_splits_and_directories(tmp_path):
                                              f"big={tmp_path}/big-00001-of-00002.gguf", f"hfdir={tmp_path}/hfdir"]
     with pytest.raises(ConfigError, match="--models-dir .*cannot list it"):
         folder_entries(str(tmp_path / "missing"))
+
+
+def test_the_cached_models_are_the_entries_ls_lists_each_from_its_newest_snapshot(tmp_path, monkeypatch):
+    import os
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    assert cached_entries() == []
+    repo = tmp_path / "models--org--tiny" / "snapshots"
+    for commit, stamp in (("a" * 40, 1_000), ("b" * 40, 2_000)):  # b is the newer snapshot
+        (repo / commit).mkdir(parents=True)
+        for name in ("config.json", "model.safetensors"):
+            (repo / commit / name).write_bytes(b"{}")
+        os.utime(repo / commit, (stamp, stamp))
+    quants = tmp_path / "models--org--tiny-GGUF" / "snapshots" / ("c" * 40)
+    quants.mkdir(parents=True)
+    for name in ("tiny-Q8_0.gguf", "tiny-Q4_K_M.gguf", "mmproj-tiny-f16.gguf"):
+        (quants / name).write_bytes(b"GGUF")  # only the magic, as a file cut short: listed all the same
+    (tmp_path / "models--org--tiny" / "snapshots" / "not-a-commit").mkdir()
+    assert sorted(cached_entries()) == [f"org/tiny-GGUF:Q4_K_M={quants}/tiny-Q4_K_M.gguf",
+                                        f"org/tiny-GGUF:Q8_0={quants}/tiny-Q8_0.gguf", f"org/tiny={repo / ('b' * 40)}"]
 
 
 def test_concurrent_requests_share_one_load():
