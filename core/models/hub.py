@@ -79,7 +79,11 @@ def describe_error(exc: BaseException, hub: Hub, ref: ModelRef, revision: str | 
 
     status = getattr(getattr(exc, "response", None), "status_code", None)
     page = hub.page(ref.repo)
-    if isinstance(exc, errors.GatedRepoError) or status in (401, 403):
+    if status == 403:  # a token was sent, and its account has not been granted the gated repo
+        return ConfigError(f"{ref.repo} is gated and the token sent has not been granted access (HTTP 403): request "
+                           f"access at {page} with the account the token belongs to, or pass another token with "
+                           "--hf-token or HF_TOKEN")
+    if isinstance(exc, errors.GatedRepoError) or status == 401:
         return ConfigError(f"{ref.repo} is gated or private and this request has no access (HTTP {status}): request "
                            f"access at {page} and pass a token with --hf-token or HF_TOKEN")
     if isinstance(exc, errors.RevisionNotFoundError):

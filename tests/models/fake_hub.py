@@ -4,11 +4,13 @@ speaking the routes huggingface_hub 2.x uses, reached through ``HF_ENDPOINT``.
 - ``GET /api/models/{org}/{name}[/revision/{rev}]``: the model info (``sha``, ``siblings`` with
   sizes, ``gated``), 404 ``RepoNotFound`` / ``RevisionNotFound`` as the Hub answers them;
 - ``HEAD|GET /{org}/{name}/resolve/{rev}/{path}``: a file, with ``X-Repo-Commit``, ``ETag``,
-  ``Content-Length`` and ``Accept-Ranges``; ``Range: bytes=N-`` answers 206; a gated repo without
-  the right token answers 401 ``GatedRepo``.
+  ``Content-Length`` and ``Accept-Ranges``; ``Range: bytes=N-`` answers 206; a gated repo answers
+  401 ``GatedRepo`` without a token and 403 ``GatedRepo`` to a token not granted access; a file in
+  ``missing`` is listed by the repo but answers 404 ``EntryNotFound``.
 
 ``cut_once`` names files whose first GET stops halfway (the connection closed mid-body), to
-test resuming; ``requests`` records (method, path, Range header) of every request.
+test resuming; ``requests`` records (method, path, Range header) of every request, ``tokens``
+the ``Authorization`` header each sent (None: none).
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ class FakeHub:
     repos: dict[str, Repo] = field(default_factory=dict)
     requests: list[tuple[str, str, str | None]] = field(default_factory=list)
     cut_once: set[str] = field(default_factory=set)
+    missing: set[str] = field(default_factory=set)
+    tokens: list[str | None] = field(default_factory=list)
     chunk_delay: float = 0.0  # seconds between 4 kB chunks of a file body (slow downloads)
     url: str = ""
 
@@ -77,6 +81,7 @@ class FakeHub:
     def handle(self, h: BaseHTTPRequestHandler, method: str) -> None:
         path = unquote(urlsplit(h.path).path)
         self.requests.append((method, path, h.headers.get("Range")))
+        self.tokens.append(h.headers.get("Authorization"))
         api = re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/revision/(.+))?", path)
         if api and method == "GET":
             return self.info(h, api.group(1), api.group(2))
@@ -123,10 +128,11 @@ class FakeHub:
         repo = self._repo(h, name, revision)
         if repo is None:
             return
-        if repo.gated and h.headers.get("Authorization") != f"Bearer {GOOD_TOKEN}":
-            return self.error(h, 401, "GatedRepo", f"Access to model {name} is restricted.")
+        token = h.headers.get("Authorization")
+        if repo.gated and token != f"Bearer {GOOD_TOKEN}":
+            return self.error(h, 403 if token else 401, "GatedRepo", f"Access to model {name} is restricted.")
         data = repo.files.get(fname)
-        if data is None:
+        if data is None or fname in self.missing:
             return self.error(h, 404, "EntryNotFound", f"{fname} does not exist")
         start = 0
         ranged = re.fullmatch(r"bytes=(\d+)-", h.headers.get("Range") or "")

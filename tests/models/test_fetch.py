@@ -88,6 +88,31 @@ def test_a_gated_repo_names_the_page_to_request_access(hub_env, fake_hub, tmp_pa
     assert resolve_model("org/gated", token=GOOD_TOKEN).selection.kind == "safetensors"
 
 
+def test_a_token_not_granted_access_names_the_page_and_hf_token_reaches_the_hub(hub_env, fake_hub, monkeypatch):
+    from fake_hub import GOOD_TOKEN
+
+    fake_hub.add("org/gated", safetensors_repo(), gated=True)
+    with pytest.raises(ConfigError) as err:
+        resolve_model("org/gated", token="hf_not_granted")
+    assert str(err.value) == (f"org/gated is gated and the token sent has not been granted access (HTTP 403): "
+                              f"request access at {fake_hub.url}/org/gated with the account the token belongs to, "
+                              f"or pass another token with --hf-token or HF_TOKEN")
+    # No --hf-token: huggingface_hub sends HF_TOKEN, on every request (the listing and each file).
+    monkeypatch.setenv("HF_TOKEN", GOOD_TOKEN)
+    fake_hub.tokens.clear()
+    assert resolve_model("org/gated").selection.kind == "safetensors"
+    assert fake_hub.gets() and fake_hub.tokens == [f"Bearer {GOOD_TOKEN}"] * len(fake_hub.tokens)
+
+
+def test_a_file_the_repo_lists_but_the_hub_does_not_serve_is_one_line(hub_env, fake_hub):
+    fake_hub.add("org/tiny", safetensors_repo())
+    fake_hub.missing.add("model.safetensors")
+    with pytest.raises(ConfigError) as err:
+        resolve_model("org/tiny")
+    assert str(err.value) == ("org/tiny lists model.safetensors but the Hub does not serve it (HTTP 404); "
+                              "retry later")
+
+
 def test_a_pickle_only_repo_is_refused_before_any_file_is_fetched(hub_env, fake_hub, tmp_path):
     fake_hub.add("org/pickled", {"config.json": b"{}", "pytorch_model.bin": b"x", "model.pt": b"y"})
     with pytest.raises(ConfigError, match=r"^org/pickled has only pickled weights \(.*\), which llmserve never "
