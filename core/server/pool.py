@@ -260,6 +260,10 @@ class ModelPool:
                 slot.size_bytes = max(0, _resident_bytes() - before) or slot.size_bytes
                 slot.state, slot.last_used = "loaded", time.monotonic()
                 slot.expires_at, slot.keep_alive = None, None
+                if not slot.pinned and self.idle_unload is not None:
+                    # The idle clock starts now: a model loaded ahead (/models/load) that no request
+                    # ever uses still unloads. The request that started a load leases it at once.
+                    slot.expires_at = slot.last_used + self.idle_unload
                 if self.on_loaded is not None:
                     self.on_loaded(slot)
                 log.info("model %s loaded in %.1f s", slot.name, time.monotonic() - started)

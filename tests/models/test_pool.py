@@ -230,6 +230,26 @@ def test_the_reaper_unloads_expired_idle_models(monkeypatch):
     asyncio.run(main())
 
 
+def test_a_model_loaded_ahead_and_never_used_unloads_once_idle(monkeypatch):
+    import llmserve.server.pool as pool_module
+
+    monkeypatch.setattr(pool_module, "REAP_INTERVAL_S", 0.01)
+    pool, _ = make_pool("base", "a", "b", idle=0.05)
+
+    async def main() -> None:
+        a, b = pool.find("a"), pool.find("b")
+        await pool.ensure(a)  # what /models/load does: no request ever leases it
+        await pool.ensure(b)
+        pool.lease(b)  # b is in use, and stays loaded however long that takes
+        assert a.expires_at is not None and b.expires_at is None
+        reaper = asyncio.create_task(pool.reap())
+        assert await until(lambda: a.engine is None)
+        reaper.cancel()
+        assert b.engine is not None
+
+    asyncio.run(main())
+
+
 def test_memory_short_of_a_models_measured_size_unloads_idle_models_first(monkeypatch):
     import llmserve.server.pool as pool_module
 
