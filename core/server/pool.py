@@ -175,6 +175,22 @@ def _resident_bytes() -> int:
         return 0
 
 
+def _cuda_reserved_bytes() -> int:
+    """What torch's CUDA allocator holds in this process (0 before any CUDA work)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return 0
+    return int(torch.cuda.memory_reserved())
+
+
+def _held_bytes() -> int:
+    """What a model's load adds to: this process's RSS (a CPU model's weights and KV cache), plus
+    the GPU memory its allocator reserved (a CUDA model's, which the RSS never shows)."""
+    return _resident_bytes() + _cuda_reserved_bytes()
+
+
 class ModelPool:
     """The server's models (``context.pool``): find one by name, load it on demand, lease it to
     requests and unload it when idle or to make room.
@@ -254,10 +270,10 @@ class ModelPool:
                 await self._make_room(slot)
                 slot.state, slot.error = "loading", None
                 log.info("loading model %s (%s) on demand", slot.name, slot.source)
-                started, before = time.monotonic(), _resident_bytes()
+                started, before = time.monotonic(), _held_bytes()
                 assert self.loader is not None, "the pool has no loader"
                 await asyncio.to_thread(self.loader, slot)
-                slot.size_bytes = max(0, _resident_bytes() - before) or slot.size_bytes
+                slot.size_bytes = max(0, _held_bytes() - before) or slot.size_bytes
                 slot.state, slot.last_used = "loaded", time.monotonic()
                 slot.expires_at, slot.keep_alive = None, None
                 if not slot.pinned and self.idle_unload is not None:

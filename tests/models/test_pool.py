@@ -250,6 +250,28 @@ def test_a_model_loaded_ahead_and_never_used_unloads_once_idle(monkeypatch):
     asyncio.run(main())
 
 
+def test_a_models_size_counts_the_gpu_memory_its_load_reserved(monkeypatch):
+    import llmserve.server.pool as pool_module
+
+    gpu = {"bytes": 0}
+    monkeypatch.setattr(pool_module, "_cuda_reserved_bytes", lambda: gpu["bytes"])
+    pool, _ = make_pool("base", "a")
+
+    def loader(slot: ModelSlot) -> None:
+        gpu["bytes"] += 3 * 2**30  # its weights and KV cache, on the GPU
+        slot.engine = FakeEngine(slot.name)
+
+    pool.loader = loader
+
+    async def main() -> None:
+        a = pool.find("a")
+        await pool.ensure(a)
+        # The RSS barely moved; the size is what the GPU took (RSS noise of a few MiB aside).
+        assert 3 * 2**30 <= a.size_bytes < 3 * 2**30 + 256 * 2**20
+
+    asyncio.run(main())
+
+
 def test_memory_short_of_a_models_measured_size_unloads_idle_models_first(monkeypatch):
     import llmserve.server.pool as pool_module
 
