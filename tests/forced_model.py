@@ -18,8 +18,9 @@ from __future__ import annotations
 import os
 
 TEMPLATES = os.path.join(os.path.dirname(__file__), "parsers", "templates")
-REGULAR = ["<tool_call>", "</tool_call>", "<function=", "</function>", "<parameter=", "</parameter>",
-           '{"', '": ', '", "', "true", "false", "null", "<tool_calls>", "</tool_calls>", "functools"]
+BASE = ["<tool_call>", "</tool_call>", "<function=", "</function>", "<parameter=", "</parameter>",
+        '{"', '": ', '", "', "true", "false", "null"]
+REGULAR = [*BASE, "<tool_calls>", "</tool_calls>", "functools"]
 HARMONY = ["<|start|>", "<|end|>", "<|channel|>", "<|message|>", "<|constrain|>", "<|call|>", "<|return|>"]
 CHATML = ["<|im_start|>", "<|im_end|>", "<|endoftext|>"]
 #: The markers that are special tokens in their families' vocabularies (Kimi-K2, DeepSeek,
@@ -48,18 +49,19 @@ def template(family: str) -> str:
     return _MINIMAL[family]
 
 
-def build_tokenizer(family: str = "qwen3-coder"):
-    """The tokenizer alone (a ``PreTrainedTokenizerFast``)."""
+def build_tokenizer(family: str = "qwen3-coder", every_family: bool = True):
+    """The tokenizer alone (a ``PreTrainedTokenizerFast``); ``every_family`` false keeps only the
+    qwen3-coder, hermes, harmony and ChatML tags."""
     from tokenizers import Tokenizer, decoders, models
     from transformers import PreTrainedTokenizerFast
 
     chars = [chr(c) for c in range(32, 127)] + ["\n", "\t"]
-    vocab = {t: i for i, t in enumerate(["<unk>", *chars, *REGULAR])}
+    vocab = {t: i for i, t in enumerate(["<unk>", *chars, *(REGULAR if every_family else BASE)])}
     tok = Tokenizer(models.BPE(vocab, [], unk_token="<unk>"))
     tok.decoder = decoders.Fuse()
     eos = "<|return|>" if family == "gpt-oss" else "<|im_end|>"
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token=eos)
-    fast.add_special_tokens({"additional_special_tokens": HARMONY + CHATML + MARKERS})
+    fast.add_special_tokens({"additional_special_tokens": HARMONY + CHATML + (MARKERS if every_family else [])})
     fast.chat_template = template(family)
     return fast
 
@@ -69,7 +71,10 @@ def build_forced_model(path: str, family: str) -> str:
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-    fast = build_tokenizer(family)
+    # The served models keep the vocabulary their end-to-end runs were checked with: the random
+    # weights, and so what greedy decoding writes inside the constraint, follow its size (a larger
+    # one made the parallel qwen3-coder run write calls until max_tokens).
+    fast = build_tokenizer(family, every_family=False)
     eos = [fast.convert_tokens_to_ids(t) for t in (("<|return|>", "<|call|>") if family == "gpt-oss"
                                                     else ("<|im_end|>",))]
     cfg = LlamaConfig(vocab_size=len(fast), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
