@@ -167,10 +167,11 @@ def test_ollama_keep_alive_ps_and_unloading_gives_the_memory_back(server):
     # keep_alive 0: unloaded as the request ends, and its weights leave the process.
     client.generate(model="big", prompt="w5", options={"num_predict": 2}, keep_alive=0)
     assert wait_for(lambda: "big:latest" not in ps(server.url))
-    after = rss(server)
     grown = loaded_rss - before
     assert grown > 40 * 2**20, grown  # the 56 MB of weights (and more) came in
-    assert after < loaded_rss - 0.6 * grown, (before, loaded_rss, after)
+    # /api/ps drops the model as its unload begins; the engine's shutdown, collection and heap trim
+    # follow on a worker thread, so the memory is waited for (bounded), not read at once.
+    assert wait_for(lambda: rss(server) < loaded_rss - 0.6 * grown), (before, loaded_rss, rss(server))
 
 
 def test_a_model_that_fails_to_load_answers_in_each_dialect(server):
