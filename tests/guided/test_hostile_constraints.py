@@ -38,6 +38,16 @@ def server():
         yield server
 
 
+@pytest.fixture(autouse=True)
+def server_log_when_failed(request, server):
+    """A failed test shows the server's last log lines (its guided-decoding warnings say whether
+    a compilation overran its budget or had to be left behind)."""
+    failed = request.session.testsfailed
+    yield
+    if request.session.testsfailed > failed:
+        print("server log, last 80 lines:\n" + "".join(server.log.splitlines(True)[-80:]))
+
+
 @pytest.fixture(scope="module")
 def http(server):
     with httpx.Client(base_url=server.url, timeout=120) as client:
