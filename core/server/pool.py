@@ -177,12 +177,11 @@ def _resident_bytes() -> int:
 
 def _cuda_reserved_bytes() -> int:
     """What torch's CUDA allocator holds in this process (0 before any CUDA work)."""
-    import sys
-
-    torch = sys.modules.get("torch")
-    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+    if not _cuda_ready():
         return 0
-    return int(torch.cuda.memory_reserved())
+    import torch
+
+    return int(torch.cuda.memory_reserved()) if torch.cuda.is_initialized() else 0
 
 
 def _held_bytes() -> int:
