@@ -17,13 +17,13 @@ from __future__ import annotations
 import ctypes
 import logging
 import queue
-import sys
 import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future
 from typing import Any, Callable, Hashable
 
+from llmserve.engine.gil import quick_handoff
 from llmserve.errors import InvalidRequestError, OverloadedError
 
 log = logging.getLogger("llmserve.guided")
@@ -33,7 +33,6 @@ log = logging.getLogger("llmserve.guided")
 # thread running under a trace function, as a chat template render does, then loops forever.)
 _SET_ASYNC_EXC = ctypes.pythonapi.PyThreadState_SetAsyncExc
 _RESEND = 0.05  # seconds between two stops sent to a job that has not ended
-_SWITCH = 0.00005  # the interpreter's thread switch interval while a compilation runs
 
 
 class CompileAborted(BaseException):
@@ -71,10 +70,6 @@ class _Job:
         self.sent = False  # whether a stop was sent to that thread
 
 
-_switch_lock = threading.Lock()
-_switch_users = [0, 0.0]  # compilations running (in every worker), the interval before the first
-
-
 def _drain() -> None:
     """Raise here, and swallow, a stop that may still be pending on this thread, so that it
     cannot surface later (in the next job, or between taking a job and running it). A pending
@@ -91,23 +86,6 @@ def _drain() -> None:
 
 def _checkpoint() -> None:
     """A Python call: entering it checks for pending exceptions, if the call itself did not."""
-
-
-def _fast_switch(on: bool) -> None:
-    """While any compilation runs, threads that want the interpreter lock (the engine thread between
-    its native calls, the event loop) get it after 50 µs instead of 5 ms (measured: a torch loop ran
-    9x slower beside a compiling thread at 5 ms, about as fast as alone at 20 µs). Counted, as
-    several models' workers (and a thread left behind) may overlap."""
-    with _switch_lock:
-        if on:
-            if _switch_users[0] == 0:
-                _switch_users[1] = sys.getswitchinterval()
-                sys.setswitchinterval(min(_switch_users[1], _SWITCH))
-            _switch_users[0] += 1
-        else:
-            _switch_users[0] -= 1
-            if _switch_users[0] == 0:
-                sys.setswitchinterval(_switch_users[1])
 
 
 class CompileWorker:
@@ -186,33 +164,32 @@ class CompileWorker:
     def _run(self, job: _Job) -> None:
         outcome: Any = None
         error: BaseException | None = None
-        _fast_switch(True)
-        try:
+        with quick_handoff():  # the engine thread gets the lock back quickly meanwhile
             try:
-                job.state, job.thread = "preparing", threading.current_thread()
-                _local.job = job
-                with self._watch_cond:
-                    self._current = job
-                    self._watch_cond.notify()
-                outcome = job.fn()
+                try:
+                    job.state, job.thread = "preparing", threading.current_thread()
+                    _local.job = job
+                    with self._watch_cond:
+                        self._current = job
+                        self._watch_cond.notify()
+                    outcome = job.fn()
+                finally:
+                    with self._inject:  # no stop is sent once this job is done
+                        job.state = "done"
+                    if job.sent:
+                        _drain()
+            except CompileAborted:
+                error = self._timed_out_error(job)
+                log.warning("guided decoding: %s", error.args[0] if job.waiters > 0
+                            else "a compilation was cancelled (its clients left)")
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting request, whatever it is
+                error = exc
             finally:
-                with self._inject:  # no stop is sent once this job is done
-                    job.state = "done"
-                if job.sent:
-                    _drain()
-        except CompileAborted:
-            error = self._timed_out_error(job)
-            log.warning("guided decoding: %s", error.args[0] if job.waiters > 0
-                        else "a compilation was cancelled (its clients left)")
-        except BaseException as exc:  # noqa: BLE001 - handed to the waiting request, whatever it is
-            error = exc
-        finally:
-            _fast_switch(False)
-            _local.deadline = _local.job = None
-            with self._watch_cond:
-                if self._current is job:
-                    self._current = None
-            self._settle(job, error, outcome)
+                _local.deadline = _local.job = None
+                with self._watch_cond:
+                    if self._current is job:
+                        self._current = None
+                self._settle(job, error, outcome)
 
     def _timed_out_error(self, job: _Job) -> CompileTimeout:
         """The error for a job stopped past its budget; remembered for its key unless every

@@ -11,6 +11,7 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
+from llmserve.engine.gil import quick_handoff
 from llmserve.errors import InvalidRequestError
 from llmserve.request_context import current_context
 from llmserve.text.sandbox import MAX_RENDER_CHARS, CappedSandbox, TemplateTooCostly
@@ -105,11 +106,12 @@ def _render_capped(template: Any, context: dict[str, Any], timeout: float | None
     if timeout is not None:
         sys.settrace(_Deadline(timeout))
     try:
-        for chunk in template.generate(**context):
-            size += len(chunk)
-            if size > MAX_RENDER_CHARS:
-                raise TemplateTooCostly(f"the chat template produced more than {MAX_RENDER_CHARS} characters")
-            parts.append(chunk)
+        with quick_handoff():  # a long render must not slow the engine thread down
+            for chunk in template.generate(**context):
+                size += len(chunk)
+                if size > MAX_RENDER_CHARS:
+                    raise TemplateTooCostly(f"the chat template produced more than {MAX_RENDER_CHARS} characters")
+                parts.append(chunk)
     finally:
         if timeout is not None:
             sys.settrace(previous)
