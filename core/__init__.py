@@ -75,6 +75,7 @@ _EXPORTS = {
     "Structure": "llmserve.guided.structure",
     **dict.fromkeys(("forced_structure", "tool_parameters"), "llmserve.parsing.forced_syntax"),
     "check_deadline": "llmserve.guided.worker",
+    "refuse_injected_templates": "llmserve.text.sandbox",
     # errors, rendered by every dialect in its own format
     **dict.fromkeys(("LLMServeError", "InvalidRequestError", "ContextLengthError", "NotFoundError", "GenerationError",
                      "ConfigError",

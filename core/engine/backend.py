@@ -44,17 +44,9 @@ class ModelInfo:
     def __post_init__(self) -> None:
         # A model is refused at load when its own chat template is a template-injection
         # payload (the sandbox would stop it per request; serving it at all is the mistake).
-        from llmserve.errors import ConfigError
-        from llmserve.text.sandbox import vet_template
+        from llmserve.text.sandbox import refuse_injected_templates
 
-        templates = [self.chat_template, getattr(self.tokenizer, "chat_template", None)]
-        for template in templates:
-            for source in (template.values() if isinstance(template, dict) else [template]):
-                why = vet_template(source) if isinstance(source, str) else None
-                if why is not None:
-                    raise ConfigError(f"the chat template of model '{self.name}' was refused: {why} (a jinja "
-                                      f"template-injection payload); fix its chat template (tokenizer_config.json "
-                                      f"or chat_template.jinja)")
+        refuse_injected_templates(self.name, [self.chat_template, getattr(self.tokenizer, "chat_template", None)])
 
 
 @dataclass(slots=True)

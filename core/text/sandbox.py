@@ -247,3 +247,18 @@ def vet_template(source: str) -> str | None:
         if found is not None:
             return f"it uses {found} (line {node.lineno}), which no chat template needs"
     return None
+
+
+def refuse_injected_templates(model: str, templates: Iterable[Any]) -> None:
+    """Refuse to serve ``model`` (a ``ConfigError``) when one of its chat templates (strings, or
+    dicts of named ones, as tokenizers keep them) fails ``vet_template``. Backends call it as
+    soon as the tokenizer is read, before any weight is; ``ModelInfo`` calls it again."""
+    from llmserve.errors import ConfigError
+
+    for template in templates:
+        for source in (template.values() if isinstance(template, dict) else [template]):
+            why = vet_template(source) if isinstance(source, str) else None
+            if why is not None:
+                raise ConfigError(f"the chat template of model '{model}' was refused: {why} (a jinja "
+                                  f"template-injection payload); fix its chat template (tokenizer_config.json "
+                                  f"or chat_template.jinja)")

@@ -33,8 +33,8 @@ from llmserve import ModelConfig, ServerConfig
 from llmserve import ConfigError
 
 from .gguf_file import GGUFFile
-from .loader import (LoadedModel, publish_dir, _eos_ids, _resolve_source, load_error, read_gguf, resolve_device,
-                     resolve_dtype)
+from .loader import (LoadedModel, publish_dir, _eos_ids, _resolve_source, load_error, load_tokenizer, read_gguf,
+                     resolve_device, resolve_dtype)
 
 log = logging.getLogger("llmserve.backend.torch")
 
@@ -207,7 +207,7 @@ def _parameter(module: Any, name: str, value: torch.Tensor) -> None:
 def load_native(model_cfg: ModelConfig, path: str, bf16_matmul: bool = False) -> tuple[LoadedModel, GGUFParts]:
     """The model of the GGUF file at ``path`` with its weights left in the file's quantization;
     ``bf16_matmul``: the linears take the bf16 AMX path for batches (``gguf_ops.gguf_linear``)."""
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig
 
     t0 = time.monotonic()
     source = model_cfg.model
@@ -215,12 +215,7 @@ def load_native(model_cfg: ModelConfig, path: str, bf16_matmul: bool = False) ->
     gguf_file = _File(path)
     meta = metadata_dir(path, gguf_file.data_offset, model_cfg.cache_dir)
     model_config = AutoConfig.from_pretrained(meta)
-    tokenizer_dir = model_cfg.tokenizer  # --tokenizer: another tokenizer than the model's
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir or meta)
-    except (OSError, ValueError) as exc:
-        which = f"tokenizer {tokenizer_dir!r}" if tokenizer_dir else f"the tokenizer of model {source!r}"
-        raise ConfigError(f"cannot load {which}: {exc}") from None
+    tokenizer = load_tokenizer(model_cfg, meta, name)
     model = _skeleton(model_config)
     parts = _map_weights(model, model_config, gguf_file, gguf_file.architecture == "llama", bf16_matmul)
     parts.parameters = sum(math.prod(t.shape) for t in gguf_file.tensors.values())

@@ -20,7 +20,7 @@ import torch
 
 from llmserve import progress
 from llmserve import ModelConfig
-from llmserve import ConfigError
+from llmserve import ConfigError, refuse_injected_templates
 
 from .architectures import check_config, check_config_file, check_modules
 from .attention import ATTN_IMPL, register_attention
@@ -315,7 +315,7 @@ def _resolve_source(model: str | None) -> tuple[str | None, str]:
 
 def load_model(model_cfg: ModelConfig) -> LoadedModel:
     """Load what the model section names onto its device with the paged attention wired in."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     register_attention()
     device = resolve_device(model_cfg.device)
@@ -339,6 +339,7 @@ def load_model(model_cfg: ModelConfig) -> LoadedModel:
         log.warning("serving %s, a %r model, unverified (--allow-unverified-architecture): its answers may differ "
                     "from transformers'", name, unverified)
 
+    tokenizer = load_tokenizer(model_cfg, hf_dir, name)
     t0 = time.monotonic()
     # On CUDA let accelerate place weights straight on the GPU instead of staging them in RAM.
     placement = {"device_map": str(device)} if device.type == "cuda" else {}
@@ -347,12 +348,6 @@ def load_model(model_cfg: ModelConfig) -> LoadedModel:
             model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=dtype, trust_remote_code=trust, **placement)
     except (OSError, ValueError, KeyError) as exc:
         raise load_error(source, exc) from None
-    tokenizer_dir = model_cfg.tokenizer  # --tokenizer: another tokenizer than the model's
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir or hf_dir, trust_remote_code=trust)
-    except (OSError, ValueError) as exc:
-        which = f"tokenizer {tokenizer_dir!r}" if tokenizer_dir else f"the tokenizer of model {source!r}"
-        raise ConfigError(f"cannot load {which}: {exc}") from None
     check_modules(model, shown, unverified or str(getattr(hf_config, "model_type", "?")))
     text_cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     if getattr(text_cfg, "attn_logit_softcapping", None) or any(hasattr(m, "sinks") for m in model.modules()):
@@ -384,6 +379,22 @@ def load_model(model_cfg: ModelConfig) -> LoadedModel:
         device=device,
         unverified=unverified,
     )
+
+
+def load_tokenizer(model_cfg: ModelConfig, model_dir: str, name: str) -> Any:
+    """The tokenizer of the model in ``model_dir`` (or ``--tokenizer``'s), read before any weight
+    is, so that a chat template that is an injection payload refuses the model at once."""
+    from transformers import AutoTokenizer
+
+    tokenizer_dir = model_cfg.tokenizer  # --tokenizer: another tokenizer than the model's
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir or model_dir,
+                                                  trust_remote_code=model_cfg.trust_remote_code)
+    except (OSError, ValueError) as exc:
+        which = f"tokenizer {tokenizer_dir!r}" if tokenizer_dir else f"the tokenizer of model {model_cfg.model!r}"
+        raise ConfigError(f"cannot load {which}: {exc}") from None
+    refuse_injected_templates(name, [getattr(tokenizer, "chat_template", None)])
+    return tokenizer
 
 
 def hf_directory(source: str | None, cache_dir: str | None = None) -> str:
