@@ -103,6 +103,60 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def reference_model(path: str) -> Any:
+    """transformers' model (llama or qwen2) on the weights the ``gguf`` package dequantizes from
+    the GGUF at ``path``: the weights transformers' own GGUF loading gives (it dequantizes with the
+    same package and undoes the same Q/K row order), without its parsing of the 49k-token
+    vocabulary, which takes it tens of seconds a load on a small machine."""
+    import gguf
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    reader = gguf.GGUFReader(path)
+    arch = reader.fields["general.architecture"].contents()
+
+    def field(key: str, default: Any = None) -> Any:
+        f = reader.fields.get(f"{arch}.{key}")
+        return f.contents() if f is not None else default
+
+    values = {t.name: np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+              for t in reader.tensors}
+    heads = field("attention.head_count")
+    kv_heads = field("attention.head_count_kv", heads)
+    cfg_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[arch]
+    config = cfg_cls(vocab_size=values["token_embd.weight"].shape[0], hidden_size=field("embedding_length"),
+                     intermediate_size=field("feed_forward_length"), num_hidden_layers=field("block_count"),
+                     num_attention_heads=heads, num_key_value_heads=kv_heads,
+                     rms_norm_eps=field("attention.layer_norm_rms_epsilon"),
+                     rope_theta=field("rope.freq_base", 10000.0),
+                     max_position_embeddings=field("context_length", 2048),
+                     tie_word_embeddings="output.weight" not in values)
+    names = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+             "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+             "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+    state = {"model.embed_tokens.weight": values.pop("token_embd.weight"),
+             "model.norm.weight": values.pop("output_norm.weight")}
+    if "output.weight" in values:
+        state["lm_head.weight"] = values.pop("output.weight")
+    for name, value in values.items():
+        _, layer, part, kind = name.split(".")
+        if arch == "llama" and part in ("attn_q", "attn_k"):
+            value = _unpermute(value, heads if part == "attn_q" else kv_heads)
+        state[f"model.layers.{layer}.{names[part]}.{kind}"] = value
+    model = model_cls(config)
+    tensors = {k: torch.from_numpy(np.array(v, dtype=np.float32)) for k, v in state.items()}  # writable copies
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    if config.tie_word_embeddings:
+        model.tie_weights()
+    return model.float().eval()
+
+
+def _unpermute(w: np.ndarray, heads: int) -> np.ndarray:
+    """``_permute`` undone: each head's rows back in the two rotary halves."""
+    return w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
 def write_tiny_gguf(path: str, arch: str = "llama", qtype: str = "Q8_0", *, layers: int = 2, hidden: int = 256,
                     inter: int = 512, heads: int = 4, kv_heads: int = 2, tied: bool = False, seed: int = 0,
                     overrides: dict[str, str] | None = None, split_max_tensors: int = 0) -> None:

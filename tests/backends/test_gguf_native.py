@@ -76,12 +76,9 @@ def batched_logits(backend: TorchBackend, seqs: list[list[int]], prefill: int) -
 
 
 def reference_logits(path: str, *seqs: list[int]) -> torch.Tensor:
-    """transformers' forward on the weights it dequantizes from the same file: [positions, vocab]
+    """transformers' forward on the weights dequantized from the same file: [positions, vocab]
     for one sequence, [sequences, positions, vocab] for several of one length (one load)."""
-    from transformers import AutoModelForCausalLM
-
-    folder, name = os.path.split(path)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
+    model = gguf_writer.reference_model(path)
     with torch.no_grad():
         logits = model(torch.tensor(list(seqs))).logits.float()
     return logits[0] if len(seqs) == 1 else logits
@@ -221,9 +218,8 @@ def test_an_unserved_tensor_type_is_one_line_config_error(tmp_path) -> None:
                          ids=["Q8_0", "Q4_0", "Q8_0-bf16-matmul"])
 def test_requantized_smollm2_greedy_equals_transformers_generate(qtype: str, bf16: bool, tmp_path) -> None:
     """The real SmolLM2 as Q8_0 and Q4_0: greedy continuations through the engine equal
-    transformers' generate on the weights it dequantizes from the same file (with
+    transformers' generate on the weights dequantized from the same file (with
     ``gguf_bf16_matmul`` too, whose batched steps round the weights to bf16)."""
-    from transformers import AutoModelForCausalLM
 
     from engine.test_greedy_equality import MAX_NEW, PROMPTS, batched_greedy, run_engine
     from llmserve.plugins.backends.torch.native import gguf_ops
@@ -242,8 +238,7 @@ def test_requantized_smollm2_greedy_equals_transformers_generate(qtype: str, bf1
     assert info.quantization == f"quantized as in the file: {qtype.lower()} 211 matrices"
     assert ("gguf_matmul=bf16-amx" in backend.plan()) == bf16
     ours, _ = run_engine((backend, info), PROMPTS)
-    folder, name = os.path.split(path)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
+    model = gguf_writer.reference_model(path)
     rows = batched_greedy(model, [info.tokenizer(p).input_ids for p in PROMPTS], info.tokenizer.eos_token_id,
                           max_new_tokens=MAX_NEW, min_new_tokens=MAX_NEW)
     same = sum(row == ours[p] for row, p in zip(rows, PROMPTS))
