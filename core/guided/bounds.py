@@ -32,7 +32,7 @@ class GuidedLimits:
     max_bytes: int = 65536         # the constraint's size; also a regex's size once written out
     max_depth: int = 64            # nesting of objects and arrays in a JSON schema; of groups in a regex
     max_items: int = 1024          # choices, enum values, properties, anyOf branches, regex alternatives
-    max_pending: int = 16          # distinct constraints waiting for the compile worker (more: 503)
+    max_pending: int = 64          # distinct constraints waiting for the compile worker (more: 503)
 
     @classmethod
     def from_config(cls, guided: GuidedConfig) -> "GuidedLimits":

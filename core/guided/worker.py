@@ -96,7 +96,7 @@ class CompileWorker:
     more is a 503. A waiter that leaves calls ``release``; the last one leaving cancels the job.
     """
 
-    def __init__(self, timeout: float, max_pending: int = 16, grace: float = 2.0) -> None:
+    def __init__(self, timeout: float, max_pending: int = 64, grace: float = 2.0) -> None:
         self.timeout = timeout
         self.max_pending = max_pending
         self.grace = grace  # how long a stopped compilation may take to end before it is left behind

@@ -146,3 +146,23 @@ def test_traced_code_still_runs_after_stops():
     thread.start()
     thread.join(HANG_GUARD)
     assert rendered == ["[user] hi" * 50]
+
+
+def test_past_max_pending_distinct_constraints_are_503s_and_the_same_one_joins():
+    from llmserve.errors import OverloadedError
+
+    worker = CompileWorker(timeout=HANG_GUARD, max_pending=2)
+    gate = threading.Event()
+
+    def held():
+        gate.wait()  # before its budget starts: not stoppable, holds the worker
+        worker.begin_budget()
+        return "held"
+    first = worker.submit("a", held, "x", None)
+    second = worker.submit("b", quick(worker, "b"), "x", None)
+    with pytest.raises(OverloadedError, match="too many output constraints"):
+        worker.submit("c", quick(worker, "c"), "x", None)
+    assert worker.submit("b", quick(worker, "b"), "x", None) is second  # the same constraint joins
+    gate.set()
+    assert first.future.result(HANG_GUARD) == "held" and second.future.result(HANG_GUARD) == "b"
+    assert worker.submit("c", quick(worker, "c"), "x", None).future.result(HANG_GUARD) == "c"  # room again
