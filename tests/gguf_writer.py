@@ -103,6 +103,12 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+# A layer's modules: transformers' name -> llama.cpp's.
+_LAYER_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+                "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+                "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+
+
 def reference_model(path: str) -> Any:
     """transformers' model (llama or qwen2) on the weights the ``gguf`` package dequantizes from
     the GGUF at ``path``: the weights transformers' own GGUF loading gives (it dequantizes with the
@@ -131,9 +137,7 @@ def reference_model(path: str) -> Any:
                      rope_theta=field("rope.freq_base", 10000.0),
                      max_position_embeddings=field("context_length", 2048),
                      tie_word_embeddings="output.weight" not in values)
-    names = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-             "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-             "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+    names = {gg: hf for hf, gg in _LAYER_NAMES.items()}
     state = {"model.embed_tokens.weight": values.pop("token_embd.weight"),
              "model.norm.weight": values.pop("output_norm.weight")}
     if "output.weight" in values:
@@ -176,9 +180,7 @@ def write_tiny_gguf(path: str, arch: str = "llama", qtype: str = "Q8_0", *, laye
                               initializer_range=0.05, rms_norm_eps=1e-5))
     sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     rng = np.random.default_rng(seed)
-    names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-             "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-             "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+    names = _LAYER_NAMES
     tensors: dict[str, np.ndarray] = {"token_embd.weight": sd["model.embed_tokens.weight"],
                                       "output_norm.weight": sd["model.norm.weight"]}
     if not tied:
