@@ -81,6 +81,7 @@ def test_graphed_steps_equal_eager_steps_over_changing_batches(tiny_dir: str) ->
     assert graphed._graphs.replayed >= 30 and graphed.steps == 50
     plan = graphed.plan()
     assert "cuda_graphs=5" in plan and "decode_attention=reference" in plan and "elementwise=triton" in plan
+    assert "prefill_attention=reference" in plan
 
 
 def test_a_step_that_does_not_fit_runs_eagerly(tiny_dir: str) -> None:

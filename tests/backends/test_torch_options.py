@@ -45,22 +45,23 @@ def plan_lines(tiny_dir: str, options: TorchOptions | None, caplog: pytest.LogCa
 PLANS = [
     (TorchOptions(threads=1),
      "device=cpu dtype=float32 kv_dtype=float32 "
-     "threads=1 forward=fused decode_attention=native linears=packed elementwise=native "
+     "threads=1 forward=fused decode_attention=native prefill_attention=native linears=packed elementwise=native "
      "native_step=on panels=f32:9,q4:0,q8:0"),
     (TorchOptions(threads=1, native_step=False, compact_weights=False),
      "device=cpu dtype=float32 kv_dtype=float32 "
-     "threads=1 forward=fused decode_attention=native linears=packed elementwise=native "
+     "threads=1 forward=fused decode_attention=native prefill_attention=native linears=packed elementwise=native "
      "native_step=off panels=f32:9,q4:0,q8:0"),
     (TorchOptions(threads=2, cpu_kernels=False),
      "device=cpu dtype=float32 kv_dtype=float32 "
-     "threads=2 forward=fused decode_attention=matmul linears=torch elementwise=torch "
+     "threads=2 forward=fused decode_attention=matmul prefill_attention=sdpa linears=torch elementwise=torch "
      "native_step=off panels=f32:0,q4:0,q8:0"),
     (TorchOptions(threads=1, fused_forward=False, cpu_kernels=False, cpu_matmul_decode=False),
      "device=cpu dtype=float32 kv_dtype=float32 "
-     "threads=1 forward=transformers decode_attention=sdpa linears=torch elementwise=torch "
+     "threads=1 forward=transformers decode_attention=sdpa prefill_attention=sdpa linears=torch elementwise=torch "
      "native_step=off panels=f32:0,q4:0,q8:0"),
     (TorchOptions(threads=1, fused_forward=False),  # lm_head is still packed
-     "device=cpu dtype=float32 kv_dtype=float32 threads=1 forward=transformers decode_attention=native linears=packed "
+     "device=cpu dtype=float32 kv_dtype=float32 threads=1 forward=transformers decode_attention=native "
+     "prefill_attention=native linears=packed "
      "elementwise=native native_step=off panels=f32:1,q4:0,q8:0"),
 ]
 
@@ -81,7 +82,7 @@ def test_the_environment_sets_a_backend_built_without_options(tiny_dir: str, cap
     monkeypatch.setattr(build, "_loaded", {})
     assert plan_lines(tiny_dir, None, caplog) == [
         "execution plan: device=cpu dtype=float32 kv_dtype=float32 "
-        "threads=1 forward=fused decode_attention=matmul linears=torch "
+        "threads=1 forward=fused decode_attention=matmul prefill_attention=sdpa linears=torch "
         "elementwise=torch native_step=off panels=f32:0,q4:0,q8:0"]
     assert build._loaded == {} and not (tmp_path / "kernels").exists()
 

@@ -89,6 +89,7 @@ def make_backend(path: str, num_blocks: int = 64, fused: bool = True, declines: 
     backend.init_kv_cache(KVCacheSpec(block_size=BS, num_blocks=num_blocks))
     if kernel:
         assert backend.cache.decode_kernel is not None, "the CPU decode kernel did not build (is gcc installed?)"
+        assert backend.cache.prefill_kernel is not None, "the CPU prefill kernel did not build"
         assert isinstance(backend._packed_head, PackedLinear), "the CPU linear kernel did not build"
         if backend._fused is not None:
             assert all(isinstance(lay.qkv, PackedLinear) and isinstance(lay.down, PackedLinear)
@@ -99,7 +100,7 @@ def make_backend(path: str, num_blocks: int = 64, fused: bool = True, declines: 
         assert backend._packed_head is None
         assert backend._fused is None or isinstance(backend._fused.ops, TorchOps)
         assert backend.sampler.greedy_kernel is None
-        backend.cache.decode_kernel = None
+        backend.cache.decode_kernel = backend.cache.prefill_kernel = None
     # Simulate allocator garbage: never-written slots must not leak into attention (NaN * 0 = NaN).
     backend.cache.pool[:, :, :, :num_blocks].fill_(float("nan"))
     return backend

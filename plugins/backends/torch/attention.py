@@ -35,8 +35,9 @@ class PagedKVCache:
 
     ``dtype`` is the cache's own dtype (``--kv-cache-dtype``), which may differ from the model's:
     keys and values are cast to it when written and back to the queries' dtype when read.
-    ``native``: decode attention and the KV write in the native CPU kernels where they apply
-    (an fp32 cache on the CPU; the caller passes False unless the model computes in fp32 too);
+    ``native``: decode attention, prefill attention and the KV write in the native CPU kernels
+    where they apply (on the CPU: decode and the write for an fp32 cache, prefill for an fp32 or
+    bf16 one; the caller passes False unless the model computes in fp32);
     ``matmul_decode``: the torch decode path on the CPU as plain matmuls (measured faster than
     SDPA there) instead of ``scaled_dot_product_attention``.
     ``kernel_ops``: the KV write and decode attention through the ``llmserve::store_kv`` and
@@ -59,8 +60,9 @@ class PagedKVCache:
         self.layers = [(kv.view(2 * kv_heads, num_blocks + 1, block_size, head_dim),
                         kv.view(2 * kv_heads, -1, head_dim)) for kv in self.pool]
         self._work = torch.empty(0, dtype=dtype, device=device)
-        # Decode attention read straight from the blocks (CPU fp32); None keeps the torch path.
-        self.decode_kernel = self.write_kv = None
+        # Decode attention read straight from the blocks (CPU fp32), prefill attention likewise
+        # (CPU, fp32 queries, an fp32 or bf16 pool); None keeps the torch path.
+        self.decode_kernel = self.write_kv = self.prefill_kernel = None
         self.matmul_decode = matmul_decode
         self.kernel_ops = kernel_ops
         self.processors = (torch.cuda.get_device_properties(device).multi_processor_count
@@ -69,17 +71,29 @@ class PagedKVCache:
             from .cuda.ops import decode_segments  # importing it registers the operators
 
             self.decode_segments = lambda rows: decode_segments(rows, kv_heads, self.processors)
-        elif native and device.type == "cpu" and dtype == torch.float32:
-            from .native.ops import decode_kernel, kv_writer
+        elif native and device.type == "cpu":
+            from .native.ops import PREFILL_POOL_DTYPES, decode_kernel, kv_writer, prefill_kernel
 
-            self.decode_kernel = decode_kernel()
-            # The KV write in the same library: one call per layer instead of cat + transpose +
-            # index_copy_ (about 6 ms of a batch-32 step over 30 layers).
-            self.write_kv = kv_writer()
+            if dtype == torch.float32:
+                self.decode_kernel = decode_kernel()
+                # The KV write in the same library: one call per layer instead of cat + transpose +
+                # index_copy_ (about 6 ms of a batch-32 step over 30 layers).
+                self.write_kv = kv_writer()
+            if dtype in PREFILL_POOL_DTYPES:
+                self.prefill_kernel = prefill_kernel()
 
     @staticmethod
     def bytes_per_block(num_layers: int, block_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
         return num_layers * 2 * kv_heads * block_size * head_dim * dtype.itemsize
+
+    def plan_prefill(self, chunks: list[tuple[int, int, int, list[int]]]) -> Any:
+        """The step's prompt chunks (first row, length, first position, block table) for the
+        native prefill kernel (``native.ops.PrefillPlan``), or None when it does not run here."""
+        if self.prefill_kernel is None or not chunks:
+            return None
+        from .native.ops import PrefillPlan
+
+        return PrefillPlan(chunks, self.block_size, self.null_block)
 
     def zero_blocks(self, blocks: torch.Tensor) -> None:
         """Clear blocks a sequence starts writing (all layers, one op).
@@ -143,7 +157,8 @@ class StepMetadata:
     """Everything the attention needs for one step, built once and shared by all layers.
 
     Packed rows ``0 .. num_decode - 1`` are single-token (decode) items, followed by prefill
-    segments. ``decode_blocks`` is the flattened ``[num_decode, max_blocks]`` block table
+    segments (or, read by the native prefill kernel, the chunks of ``prefill_plan``).
+    ``decode_blocks`` is the flattened ``[num_decode, max_blocks]`` block table
     (padded with the null block) and ``decode_ctx`` each decode item's context length. With the
     kernel operators, ``decode_table`` holds the same as ``[num_decode, width]`` int32 rows and
     ``segments`` how many parts the decode kernel splits each context into.
@@ -161,6 +176,8 @@ class StepMetadata:
     # Prompt chunks continuing a cached prefix, for the kernel operators (not in ``prefills``):
     # block table [S, width], first rows, lengths, start positions (int32), the longest length.
     cached_prefill: tuple[Any, ...] | None = None
+    # Every prompt chunk, for the native CPU prefill kernel (``native.ops.PrefillPlan``; not in ``prefills``).
+    prefill_plan: Any = None
     _decode_masks: dict[tuple[int | None, Any], torch.Tensor] = field(default_factory=dict)
 
     def decode_mask(self, window: int | None, block_size: int, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -242,7 +259,7 @@ def paged_attention(cache: PagedKVCache, meta: StepMetadata, layer: int, q: torc
         out = q.new_empty(T, H, D)
         cache.decode_kernel(q[:nd] if q.stride(2) == 1 else q[:nd].contiguous(), blocks_view, meta.decode_blocks,
                             meta.decode_ctx, out[:nd], D ** -0.5 if scaling is None else scaling, window)
-        if not meta.prefills:
+        if not meta.prefills and meta.prefill_plan is None:
             return out
     elif nd:
         keys, vals = cache.gather(blocks_view, meta.decode_blocks, q.dtype)
@@ -257,7 +274,7 @@ def paged_attention(cache: PagedKVCache, meta: StepMetadata, layer: int, q: torc
         else:
             o = F.scaled_dot_product_attention(qd, keys, vals, attn_mask=meta.decode_mask(window, bs), scale=scaling)
         dec_out = o.transpose(0, 1).reshape(nd, H, D)
-        if not meta.prefills:
+        if not meta.prefills and meta.prefill_plan is None:
             return dec_out
         out = q.new_empty(T, H, D)
         out[:nd] = dec_out
@@ -269,8 +286,13 @@ def paged_attention(cache: PagedKVCache, meta: StepMetadata, layer: int, q: torc
 def _prefill(cache: PagedKVCache, meta: StepMetadata, blocks_view: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
              v: torch.Tensor, out: torch.Tensor, scaling: float | None, window: int | None,
              group: int) -> torch.Tensor:
-    """Each prefill segment's rows of ``out``: attention over its own chunk or, when it continues
-    a cached prefix, over its gathered blocks."""
+    """The prompt chunks' rows of ``out``: those of ``meta.prefill_plan`` by the native kernel,
+    which reads the cache in place (their keys and values are already written); each of
+    ``meta.prefills`` over its own chunk or, when it continues a cached prefix, over its
+    gathered blocks."""
+    if meta.prefill_plan is not None:
+        cache.prefill_kernel(q if q.stride(2) == 1 else q.contiguous(), blocks_view, meta.prefill_plan, out,
+                             q.shape[-1] ** -0.5 if scaling is None else scaling, window)
     for seg in meta.prefills:
         rows = slice(seg.row, seg.row + seg.n)
         qs = q[rows].transpose(0, 1)[None]                                 # [1, H, n, D]

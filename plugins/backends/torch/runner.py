@@ -261,7 +261,7 @@ class TorchBackend(Backend):
 
     def plan(self) -> str:
         """What runs each part of a step, as ``key=value`` pairs (logged once the KV cache exists,
-        when every choice is known): forward, decode attention, linears, small per-layer
+        when every choice is known): forward, decode and prefill attention, linears, small per-layer
         operations, the one-call native step and the packed panels per format."""
         lm, cache, fused = self._require_loaded(), self.cache, self._fused
         linears = [self._packed_head, *(getattr(lay, p) for lay in (fused.layers if fused else ())
@@ -273,11 +273,17 @@ class TorchBackend(Backend):
             attention = "triton" if lm.device.type == "cuda" else "reference"
         else:
             attention = "matmul" if lm.device.type == "cpu" and self.options.cpu_matmul_decode else "sdpa"
+        if cache is not None and cache.prefill_kernel is not None:
+            prefill = "native"
+        elif cache is not None and cache.kernel_ops:
+            prefill = "triton" if lm.device.type == "cuda" else "reference"
+        else:
+            prefill = "sdpa"
         step = fused is not None and cache is not None and fused.native_step(cache) is not None
         kv = f" kv_dtype={str(cache.pool.dtype).removeprefix('torch.')}" if cache is not None else ""
         return (f"device={lm.device.type} dtype={str(lm.dtype).removeprefix('torch.')}{kv} "
                 f"threads={torch.get_num_threads()} forward={'fused' if fused else 'transformers'} "
-                f"decode_attention={attention} "
+                f"decode_attention={attention} prefill_attention={prefill} "
                 f"linears={'gguf' if self._gguf else 'packed' if any(formats) else 'torch'} "
                 f"elementwise={'native' if self._ops is not None else 'triton' if self._kernel and fused else 'torch'} "
                 f"native_step={'on' if step else 'off'} "
@@ -336,6 +342,7 @@ class TorchBackend(Backend):
             dec_ctx.append(p + 1)
         segments: list[PrefillSegment] = []
         cached: list[tuple[int, int, int, list[int]]] = []  # chunks continuing a prefix (kernel operators)
+        native_chunks: list[tuple[int, int, int, list[int]]] = []  # every chunk (native CPU prefill kernel)
         for i in prefill:
             it = batch[i]
             n, s, table = len(it.token_ids), it.start_pos, it.block_table
@@ -345,6 +352,9 @@ class TorchBackend(Backend):
             slots += [table[p // bs] * bs + p % bs for p in range(s, s + n)]
             fresh += table[-(-s // bs): (s + n - 1) // bs + 1]  # blocks whose slot 0 is written now
             blocks = None
+            if cache.prefill_kernel is not None:  # the native kernel reads every chunk's context in place
+                native_chunks.append((first_row[i], n, s, table[: (s + n - 1) // bs + 1]))
+                continue
             if s > 0 and cache.kernel_ops:  # the prefill operator reads the cached prefix in place
                 cached.append((first_row[i], n, s, table[: (s + n - 1) // bs + 1]))
                 continue
@@ -357,7 +367,8 @@ class TorchBackend(Backend):
         def t(values: list[int]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.long).to(device, non_blocking=True)
 
-        meta = StepMetadata(slot_mapping=t(slots), num_decode=len(decode), prefills=segments)
+        meta = StepMetadata(slot_mapping=t(slots), num_decode=len(decode), prefills=segments,
+                            prefill_plan=cache.plan_prefill(native_chunks))
         if cached:
             width = max(len(c[3]) for c in cached)
             meta.cached_prefill = tuple(torch.tensor(v, dtype=torch.int32).to(device, non_blocking=True) for v in (

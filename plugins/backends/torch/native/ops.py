@@ -57,6 +57,70 @@ def decode_kernel() -> DecodeKernel | None:
     return paged_decode
 
 
+PREFILL_POOL_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+
+
+def prefill_kernel() -> Callable[..., None] | None:
+    """The paged prefill-attention function (``csrc/paged_prefill.c``), or None when it cannot be
+    had here."""
+    lib = library("paged_prefill", "prefill-attention")
+    if lib is None:
+        return None
+    cfn = bind(lib, "paged_prefill", INT, PTR, I64, I64, PTR, INT, PTR, I64, PTR, PTR, PTR, I64, PTR,
+               *[I64] * 6, F32, I64, INT)
+
+    def paged_prefill(q: torch.Tensor, blocks_view: torch.Tensor, plan: "PrefillPlan", out: torch.Tensor,
+                      scale: float, window: int | None) -> None:
+        """Prompt-chunk rows of ``out [T, H, D]`` (contiguous heads and rows) from ``q [T, H, D]``
+        (any row and head strides, e.g. a view of a fused QKV output; fp32) attending through
+        ``plan``'s block tables to ``blocks_view [2*kvh, nblocks, bs, D]`` (fp32 or bf16)."""
+        T, H, D = q.shape
+        q_row, q_head = _row_head_strides(q, "q")
+        out_row, out_head = _row_head_strides(out, "out")
+        if out_head != D or out.shape != q.shape:
+            raise ValueError("out: expected [T, H, D] with contiguous heads")
+        two_kvh, nblocks, bs, pool_d = blocks_view.shape
+        if (pool_d != D or H % max(two_kvh // 2, 1) or not blocks_view.is_contiguous()
+                or blocks_view.dtype not in PREFILL_POOL_DTYPES or blocks_view.device.type != "cpu"):
+            raise ValueError("paged_prefill: the pool's dtype, head size or KV heads do not fit the queries")
+        if plan.rows_end > T or plan.max_block >= nblocks or plan.block_size != bs:
+            raise ValueError("paged_prefill: the plan does not fit this step")
+        rc = cfn(q.data_ptr(), q_row, q_head, blocks_view.data_ptr(), PREFILL_POOL_DTYPES[blocks_view.dtype],
+                 plan.tables.data_ptr(), plan.width, plan.rows.data_ptr(), plan.lens.data_ptr(),
+                 plan.starts.data_ptr(), plan.count, out.data_ptr(), out_row, H, two_kvh // 2, D, nblocks, bs,
+                 scale, window or 0, torch.get_num_threads())
+        if rc != 0:
+            raise MemoryError("the prefill-attention kernel could not allocate its scratch memory")
+
+    return paged_prefill
+
+
+class PrefillPlan:
+    """The prompt chunks of one step as the prefill kernel reads them: per chunk its first packed
+    row, its length, its first position and its block table (padded to one width), as int64
+    tensors built once per step and read by every layer."""
+
+    __slots__ = ("tables", "width", "rows", "lens", "starts", "count", "rows_end", "max_block", "block_size")
+
+    def __init__(self, chunks: list[tuple[int, int, int, list[int]]], block_size: int, pad_block: int) -> None:
+        """``chunks``: (first row, length, first position, block table covering every position up
+        to the chunk's last) per chunk; ``pad_block``: a valid block id to pad the tables with."""
+        for row, n, start, table in chunks:
+            if n < 1 or start < 0 or row < 0 or len(table) < -(-(start + n) // block_size):
+                raise ValueError("a prefill chunk needs a length, a non-negative row and start and a block "
+                                 "table covering its positions")
+        self.count, self.block_size = len(chunks), block_size
+        if any(b < 0 for c in chunks for b in c[3]):
+            raise ValueError("a prefill chunk's block table holds a negative block id")
+        self.width = max((len(c[3]) for c in chunks), default=1)
+        flat = [b for c in chunks for b in (*c[3], *[pad_block] * (self.width - len(c[3])))]
+        self.tables = torch.tensor(flat or [pad_block], dtype=torch.int64)
+        self.rows, self.lens, self.starts = (torch.tensor([c[i] for c in chunks], dtype=torch.int64)
+                                             for i in range(3))
+        self.rows_end = max((c[0] + c[1] for c in chunks), default=0)
+        self.max_block = max(flat, default=pad_block)
+
+
 def kv_writer() -> Callable[..., None] | None:
     """The native KV write (the step's keys and values into their pool slots), or None."""
     lib = library("paged_decode", "decode-attention")
