@@ -1,8 +1,9 @@
 """Random-weight benchmark models of real size, as a Hugging Face directory and as GGUF files.
 
 The default model has Llama-3.2-1B's shape (hidden 2048, 16 layers, intermediate 8192, 32
-heads, 8 KV heads, head_dim 64, rope_theta 500000, tied embeddings) with SmolLM2's 49152-token
-vocabulary, tokenizer and chat template (taken from the embedded model); ``--small`` makes a
+heads, 8 KV heads, head_dim 64, rope_theta 500000, a 131072-token context, tied embeddings)
+with SmolLM2's 49152-token vocabulary, tokenizer and chat template (taken from the embedded
+model); ``--small`` makes a
 ~300 MB model of the same family for quick runs. Weights are seeded random (normal,
 std 0.02 as Llama's initializer_range) saved in bf16 with ``save_pretrained``; the GGUF files
 come from llama.cpp's own tools: ``convert_hf_to_gguf.py`` writes BF16 and Q8_0, and
@@ -54,7 +55,7 @@ def write_hf_model(out: Path, shape: dict, seed: int) -> None:
 
     tok_dir = Path(hf_directory(None))
     ref = json.loads((tok_dir / "config.json").read_text())
-    config = LlamaConfig(**shape, head_dim=64, vocab_size=ref["vocab_size"], max_position_embeddings=8192,
+    config = LlamaConfig(**shape, head_dim=64, vocab_size=ref["vocab_size"], max_position_embeddings=131072,
                          rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=True,
                          initializer_range=0.02, bos_token_id=ref.get("bos_token_id"),
                          eos_token_id=ref.get("eos_token_id"), pad_token_id=ref.get("pad_token_id"))

@@ -80,9 +80,12 @@ class CacheConfig(Section):
         "KV pool size in blocks (overrides --kv-cache-memory-fraction)."))
     kv_cache_memory_fraction: float = Field(0.25, gt=0.0, le=0.95, description=(
         "Fraction of free memory given to the KV pool."))
-    kv_cache_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description=(
+    kv_cache_dtype: Literal["auto", "float32", "bfloat16", "float16", "int8", "q8_0", "fp8", "fp8_e4m3",
+                            "fp8_e5m2"] = Field("auto", description=(
         "Dtype of the KV cache: auto is the model's compute dtype; bfloat16 or float16 halve the memory per "
-        "token of a float32 model's cache (keys and values are cast back to the compute dtype when read)."))
+        "token of a float32 model's cache (keys and values are cast back to the compute dtype when read); "
+        "int8 (also q8_0, fp8, fp8_e4m3, fp8_e5m2: one 8-bit cache) keeps 8-bit codes with a scale per "
+        "row, read by the native CPU kernels (a float32 model on the CPU)."))
     enable_prefix_caching: bool = Field(True, description="Reuse KV blocks of shared prompt prefixes.")
 
 

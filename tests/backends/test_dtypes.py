@@ -236,15 +236,15 @@ def test_a_half_cache_holds_twice_the_blocks(fp32_dir: str, monkeypatch: pytest.
 
 
 def test_a_bad_kv_cache_dtype_is_refused(tmp_path) -> None:
-    result = run_cli("serve", "--kv-cache-dtype", "fp8", timeout=60)
+    result = run_cli("serve", "--kv-cache-dtype", "fp4", timeout=60)
     assert result.returncode != 0
-    assert ("kv-cache-dtype: must be one of 'auto', 'float32', 'bfloat16' or 'float16', got 'fp8'"
-            in result.stderr), result.stderr
+    assert ("kv-cache-dtype: must be one of 'auto', 'float32', 'bfloat16', 'float16', 'int8', 'q8_0', 'fp8', "
+            "'fp8_e4m3' or 'fp8_e5m2', got 'fp4'" in result.stderr), result.stderr
     assert "Traceback" not in result.stderr
     config = tmp_path / "llmserve.yaml"
-    config.write_text("kv-cache-dtype: int8\n")
+    config.write_text("kv-cache-dtype: int4\n")
     result = run_cli("config", "show", "--config", str(config), timeout=60)
-    assert result.returncode != 0 and "got 'int8' (from yaml:" in result.stderr
+    assert result.returncode != 0 and "got 'int4' (from yaml:" in result.stderr
     config.write_text("kv-cache-dtype: bfloat16\n")
     result = run_cli("config", "show", "--config", str(config), timeout=60)
     assert result.returncode == 0 and '"bfloat16"' in result.stdout

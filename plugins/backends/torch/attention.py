@@ -12,17 +12,28 @@ import torch.nn.functional as F
 
 ATTN_IMPL = "llmserve_paged"
 KV_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# The 8-bit cache (int8 codes, an fp32 scale per 32, ``native/csrc/paged_decode_q8.c``), under
+# the names users know an 8-bit cache by from llama.cpp (q8_0) and vLLM (fp8).
+INT8_NAMES = ("int8", "q8_0", "fp8", "fp8_e4m3", "fp8_e5m2")
 
 
 def kv_cache_dtype(name: str | None, compute: torch.dtype) -> torch.dtype:
     """The dtype ``--kv-cache-dtype name`` keeps keys and values in; ``auto`` is the model's
-    compute dtype."""
+    compute dtype, every 8-bit name ``torch.int8``."""
     name = (name or "auto").lower()
     if name == "auto":
         return compute
+    if name in INT8_NAMES:
+        return torch.int8
     if name not in KV_DTYPES:
-        raise ValueError(f"unsupported KV-cache dtype {name!r}; use auto, float32, bfloat16 or float16")
+        raise ValueError(f"unsupported KV-cache dtype {name!r}; use auto, float32, bfloat16, float16 or int8")
     return KV_DTYPES[name]
+
+
+def row_width(head_dim: int, dtype: torch.dtype) -> int:
+    """Elements of one cached row (a position of a KV head): an int8 row carries one fp32 scale
+    per 32 codes after its ``head_dim`` codes."""
+    return head_dim + 4 * -(-head_dim // 32) if dtype == torch.int8 else head_dim
 
 
 class PagedKVCache:
@@ -34,7 +45,10 @@ class PagedKVCache:
     zeroed when a sequence starts filling them (see ``zero_blocks``).
 
     ``dtype`` is the cache's own dtype (``--kv-cache-dtype``), which may differ from the model's:
-    keys and values are cast to it when written and back to the queries' dtype when read.
+    keys and values are cast to it when written and back to the queries' dtype when read. An
+    int8 cache keeps each row as ``head_dim`` codes and an fp32 scale per 32 of them
+    (``row_width``: the pool's last dimension is wider than ``head_dim``), written and read only by the native kernels,
+    so it needs them (a CPU model computing in fp32); elsewhere it is refused with ValueError.
     ``native``: decode attention, prefill attention and the KV write in the native CPU kernels
     where they apply (on the CPU: decode and the write for an fp32 cache, prefill for an fp32 or
     bf16 one; the caller passes False unless the model computes in fp32);
@@ -50,15 +64,19 @@ class PagedKVCache:
                  matmul_decode: bool = True, kernel_ops: bool = False) -> None:
         self.num_blocks, self.block_size = num_blocks, block_size
         self.kv_heads, self.head_dim = kv_heads, head_dim
+        if dtype == torch.int8 and not (native and device.type == "cpu" and not kernel_ops):
+            raise ValueError("the int8 KV cache is read by the native CPU kernels only: it needs a CPU model "
+                             "computing in float32 with the kernels on (elsewhere use --kv-cache-dtype bfloat16)")
+        width = row_width(head_dim, dtype)
         # torch.empty: on CPU the pages are only committed when a block is first written.
-        self.pool = torch.empty(num_layers, 2, kv_heads, num_blocks + 1, block_size, head_dim,
+        self.pool = torch.empty(num_layers, 2, kv_heads, num_blocks + 1, block_size, width,
                                 dtype=dtype, device=device)
         self.pool[:, :, :, num_blocks].zero_()
         self.null_block = num_blocks
         # Per-layer views built once. Keys and values of a layer are adjacent, so one op writes
         # or gathers both: "blocks" [2*kvh, N+1, bs, D] and "slots" [2*kvh, (N+1)*bs, D].
-        self.layers = [(kv.view(2 * kv_heads, num_blocks + 1, block_size, head_dim),
-                        kv.view(2 * kv_heads, -1, head_dim)) for kv in self.pool]
+        self.layers = [(kv.view(2 * kv_heads, num_blocks + 1, block_size, width),
+                        kv.view(2 * kv_heads, -1, width)) for kv in self.pool]
         self._work = torch.empty(0, dtype=dtype, device=device)
         # Decode attention read straight from the blocks (CPU fp32), prefill attention likewise
         # (CPU, fp32 queries, an fp32 or bf16 pool); None keeps the torch path.
@@ -74,17 +92,20 @@ class PagedKVCache:
         elif native and device.type == "cpu":
             from .native.ops import PREFILL_POOL_DTYPES, decode_kernel, kv_writer, prefill_kernel
 
-            if dtype == torch.float32:
-                self.decode_kernel = decode_kernel()
+            if dtype in (torch.float32, torch.int8):
+                self.decode_kernel = decode_kernel(int8=dtype == torch.int8)
                 # The KV write in the same library: one call per layer instead of cat + transpose +
                 # index_copy_ (about 6 ms of a batch-32 step over 30 layers).
-                self.write_kv = kv_writer()
+                self.write_kv = kv_writer(int8=dtype == torch.int8)
             if dtype in PREFILL_POOL_DTYPES:
                 self.prefill_kernel = prefill_kernel()
+            if dtype == torch.int8 and None in (self.decode_kernel, self.write_kv, self.prefill_kernel):
+                raise ValueError("the int8 KV cache needs the native CPU kernels, which could not be built here "
+                                 "(is a C compiler installed?)")
 
     @staticmethod
     def bytes_per_block(num_layers: int, block_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-        return num_layers * 2 * kv_heads * block_size * head_dim * dtype.itemsize
+        return num_layers * 2 * kv_heads * block_size * row_width(head_dim, dtype) * dtype.itemsize
 
     def plan_prefill(self, chunks: list[tuple[int, int, int, list[int]]]) -> Any:
         """The step's prompt chunks (first row, length, first position, block table) for the
@@ -248,8 +269,9 @@ def paged_attention(cache: PagedKVCache, meta: StepMetadata, layer: int, q: torc
             torch.ops.llmserve.paged_prefill(q, blocks_view, *meta.cached_prefill[:4], out, scale, window or 0,
                                              meta.cached_prefill[4])
         return _prefill(cache, meta, blocks_view, q, k, v, out, scaling, window, group)
-    if cache.write_kv is not None and k.stride(2) == 1 and v.stride(2) == 1:
-        cache.write_kv(slots_view, meta.slot_mapping, k, v)
+    if cache.write_kv is not None:
+        cache.write_kv(slots_view, meta.slot_mapping, k if k.stride(2) == 1 else k.contiguous(),
+                       v if v.stride(2) == 1 else v.contiguous())
     else:
         slots_view.index_copy_(1, meta.slot_mapping, torch.cat((k, v), 1).transpose(0, 1).to(slots_view.dtype))
 

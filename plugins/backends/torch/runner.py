@@ -208,6 +208,8 @@ class TorchBackend(Backend):
                                       self._head_dim, kv_dtype, lm.device, native=self._native,
                                       matmul_decode=self.options.cpu_matmul_decode,
                                       kernel_ops=self._kernel)
+        except ValueError as exc:  # a cache dtype this model's path cannot read (int8 off the native kernels)
+            raise ConfigError(f"--kv-cache-dtype {self.config.cache.kv_cache_dtype}: {exc}") from None
         except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
             raise ConfigError(
                 f"cannot allocate a KV cache of {num_blocks} blocks ({num_blocks * per_block / 2**30:.1f} GiB): "

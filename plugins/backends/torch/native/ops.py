@@ -28,12 +28,24 @@ def _row_head_strides(t: torch.Tensor, name: str) -> tuple[int, int]:
     return t.stride(0), t.stride(1)
 
 
-def decode_kernel() -> DecodeKernel | None:
-    """The paged decode-attention function, or None when it cannot be had here."""
-    lib = library("paged_decode", "decode-attention")
+def _pool_fits(pool: torch.Tensor, D: int) -> bool:
+    """A contiguous CPU pool of fp32 (or bf16) rows of D, or of int8 rows of D codes and their
+    scales (``attention.row_width``)."""
+    width = D + 4 * -(-D // 32) if pool.dtype == torch.int8 else D
+    return (pool.shape[-1] == width and pool.is_contiguous() and pool.device.type == "cpu"
+            and pool.dtype in PREFILL_POOL_DTYPES)
+
+
+def decode_kernel(int8: bool = False) -> DecodeKernel | None:
+    """The paged decode-attention function (over an fp32 pool, or with ``int8`` over int8 rows:
+    ``csrc/paged_decode_q8.c``), or None when it cannot be had here."""
+    name = "paged_decode_q8" if int8 else "paged_decode"
+    lib = library(name, "decode-attention")
     if lib is None:
         return None
-    cfn = bind(lib, "paged_decode_f32", INT, PTR, I64, I64, *[PTR] * 4, I64, *[I64] * 7, F32, I64, INT)
+    cfn = bind(lib, "paged_decode_q8" if int8 else "paged_decode_f32", INT, PTR, I64, I64, *[PTR] * 4, I64,
+               *[I64] * 7, F32, I64, INT)
+    pool_dtype = torch.int8 if int8 else torch.float32
 
     def paged_decode(q: torch.Tensor, blocks_view: torch.Tensor, tables: torch.Tensor, ctx: torch.Tensor,
                      out: torch.Tensor, scale: float, window: int | None) -> None:
@@ -45,9 +57,9 @@ def decode_kernel() -> DecodeKernel | None:
         out_row, out_head = _row_head_strides(out, "out")
         if out_head != D or out.shape != q.shape:
             raise ValueError("out: expected [nd, H, D] with contiguous heads")
-        two_kvh, nblocks, bs, pool_d = blocks_view.shape
-        if pool_d != D or H % max(two_kvh // 2, 1) or not blocks_view.is_contiguous():
-            raise ValueError("paged_decode: the pool's head size or KV heads do not match the queries")
+        two_kvh, nblocks, bs, _ = blocks_view.shape
+        if blocks_view.dtype != pool_dtype or not _pool_fits(blocks_view, D) or H % max(two_kvh // 2, 1):
+            raise ValueError("paged_decode: the pool's dtype, head size or KV heads do not match the queries")
         rc = cfn(q.data_ptr(), q_row, q_head, blocks_view.data_ptr(), tables.data_ptr(), ctx.data_ptr(),
                  out.data_ptr(), out_row, nd, H, two_kvh // 2, D, nblocks, bs, tables.numel() // max(nd, 1),
                  scale, window or 0, torch.get_num_threads())
@@ -57,7 +69,7 @@ def decode_kernel() -> DecodeKernel | None:
     return paged_decode
 
 
-PREFILL_POOL_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+PREFILL_POOL_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
 
 
 def prefill_kernel() -> Callable[..., None] | None:
@@ -73,15 +85,15 @@ def prefill_kernel() -> Callable[..., None] | None:
                       scale: float, window: int | None) -> None:
         """Prompt-chunk rows of ``out [T, H, D]`` (contiguous heads and rows) from ``q [T, H, D]``
         (any row and head strides, e.g. a view of a fused QKV output; fp32) attending through
-        ``plan``'s block tables to ``blocks_view [2*kvh, nblocks, bs, D]`` (fp32 or bf16)."""
+        ``plan``'s block tables to ``blocks_view [2*kvh, nblocks, bs, D]`` (fp32 or bf16; int8
+        rows are wider: codes and scales)."""
         T, H, D = q.shape
         q_row, q_head = _row_head_strides(q, "q")
         out_row, out_head = _row_head_strides(out, "out")
         if out_head != D or out.shape != q.shape:
             raise ValueError("out: expected [T, H, D] with contiguous heads")
-        two_kvh, nblocks, bs, pool_d = blocks_view.shape
-        if (pool_d != D or H % max(two_kvh // 2, 1) or not blocks_view.is_contiguous()
-                or blocks_view.dtype not in PREFILL_POOL_DTYPES or blocks_view.device.type != "cpu"):
+        two_kvh, nblocks, bs, _ = blocks_view.shape
+        if not _pool_fits(blocks_view, D) or H % max(two_kvh // 2, 1):
             raise ValueError("paged_prefill: the pool's dtype, head size or KV heads do not fit the queries")
         if plan.rows_end > T or plan.max_block >= nblocks or plan.block_size != bs:
             raise ValueError("paged_prefill: the plan does not fit this step")
@@ -121,22 +133,26 @@ class PrefillPlan:
         self.max_block = max(flat, default=pad_block)
 
 
-def kv_writer() -> Callable[..., None] | None:
-    """The native KV write (the step's keys and values into their pool slots), or None."""
-    lib = library("paged_decode", "decode-attention")
+def kv_writer(int8: bool = False) -> Callable[..., None] | None:
+    """The native KV write (the step's keys and values into their pool slots; with ``int8``
+    quantized into int8 rows), or None."""
+    name = "paged_decode_q8" if int8 else "paged_decode"
+    lib = library(name, "decode-attention")
     if lib is None:
         return None
-    cfn = bind(lib, "write_kv_f32", INT, PTR, I64, I64, PTR, I64, I64, PTR, *[I64] * 4, PTR)
+    cfn = bind(lib, "write_kv_q8" if int8 else "write_kv_f32", INT, PTR, I64, I64, PTR, I64, I64, PTR,
+               *[I64] * 4, PTR)
+    pool_dtype = torch.int8 if int8 else torch.float32
 
     def write_kv(slots_view: torch.Tensor, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """``slots_view [2*kvh, nslots, D]`` (contiguous) gets ``k``/``v [T, kvh, D]`` at
         ``slot_mapping [T]`` (int64); k and v may be strided views with contiguous heads."""
-        two_kvh, nslots, D = slots_view.shape
-        T, kvh, head_dim = k.shape
+        two_kvh, nslots, _ = slots_view.shape
+        T, kvh, D = k.shape
         k_row, k_head = _row_head_strides(k, "k")
         v_row, v_head = _row_head_strides(v, "v")
-        if (v.shape != k.shape or two_kvh != 2 * kvh or head_dim != D or not slots_view.is_contiguous()
-                or slot_mapping.numel() != T):
+        if (v.shape != k.shape or two_kvh != 2 * kvh or slots_view.dtype != pool_dtype
+                or not _pool_fits(slots_view, D) or slot_mapping.numel() != T):
             raise ValueError("write_kv: mismatched shapes")
         if slot_mapping.dtype != torch.int64 or not slot_mapping.is_contiguous():
             raise ValueError("write_kv: slot_mapping must be contiguous int64")

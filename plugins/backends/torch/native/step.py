@@ -108,12 +108,14 @@ class NativeDecodeStep:
             return None
         step_lib = library("decoder_step", "decoder-step")
         ew_lib = library("elementwise", "elementwise")
-        attn_lib = library("paged_decode", "decode-attention")
+        int8 = cache.pool.dtype == torch.int8  # the int8 cache's own write and attention
+        attn_lib = library("paged_decode_q8" if int8 else "paged_decode", "decode-attention")
         if None in (step_lib, ew_lib, attn_lib):
             return None
+        suffix = "q8" if int8 else "f32"
         kernels = _Kernels(_fn(ew_lib, "add_rms_norm_f32"),
-                           _fn(ew_lib, "silu_mul_f32"), _fn(ew_lib, "rope_f32"), _fn(attn_lib, "write_kv_f32"),
-                           _fn(attn_lib, "paged_decode_f32"))
+                           _fn(ew_lib, "silu_mul_f32"), _fn(ew_lib, "rope_f32"), _fn(attn_lib, f"write_kv_{suffix}"),
+                           _fn(attn_lib, f"paged_decode_{suffix}"))
         return cls(fused, cache, step_lib, kernels)
 
     def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: Any) -> torch.Tensor:

@@ -22,8 +22,8 @@ typedef void (*rope_fn)(float *x, const float *cos, const float *sin, int64_t T,
                         int64_t ld, int nthreads);
 typedef int (*write_kv_fn)(const float *k, int64_t k_row, int64_t k_head, const float *v, int64_t v_row,
                            int64_t v_head, const int64_t *slots, int64_t T, int64_t kvh, int64_t D, int64_t nslots,
-                           float *pool);
-typedef int (*decode_fn)(const float *q, int64_t q_row, int64_t q_head, const float *kv, const int64_t *tables,
+                           void *pool);
+typedef int (*decode_fn)(const float *q, int64_t q_row, int64_t q_head, const void *kv, const int64_t *tables,
                          const int64_t *ctx, float *out, int64_t out_row, int64_t nd, int64_t H, int64_t kvh,
                          int64_t D, int64_t nblocks, int64_t bs, int64_t max_blocks, float scale, int64_t window,
                          int nthreads);
@@ -38,11 +38,11 @@ typedef struct {
 
 /* One layer: packed weights (see packed_linear.c) with the kernel that reads each one's format
  * (packed_linear_f32 or packed_linear_q4), biases or NULL, norm weights, and the layer's KV
- * pool ``[2 * kvh, nblocks, bs, D]``. */
+ * pool ``[2 * kvh, nblocks, bs, D]`` (fp32, or int8 rows read by the _q8 attention kernels). */
 typedef struct {
     const float *qkv, *qkv_bias, *o, *o_bias, *gu, *gu_bias, *down, *down_bias;
     const float *ln1, *ln2;
-    float *pool;
+    void *pool;
     linear_fn qkv_fn, o_fn, gu_fn, down_fn;
     float eps1, eps2, scale;
     int64_t window; /* 0: none */

@@ -13,7 +13,8 @@
  * per thread whatever the context length.
  *
  * Layout, as paged_decode.c: ``kv`` is ``[2 * kvh, nblocks, bs, D]`` (keys of head h at row h,
- * values at row kvh + h), fp32 or bf16 (``kv_dtype`` 0 or 1). Segment s owns the packed rows
+ * values at row kvh + h), fp32, bf16 or int8 (``kv_dtype`` 0, 1 or 2; an int8 row is D codes and
+ * an fp32 scale per 32 of them, as paged_decode_q8.c writes them). Segment s owns the packed rows
  * ``rows[s] .. rows[s] + lens[s] - 1`` of ``q`` and ``out``, at positions ``starts[s] ..``; its
  * block table (``tables + s * width``) covers positions 0 .. starts[s] + lens[s] - 1, every one
  * of them written (the chunk's own keys and values are stored before this runs). Query head j
@@ -33,6 +34,8 @@
 #define MR 6  /* query rows per register-blocked pass */
 #define ROWS 192 /* query rows (positions x heads of a group) per work item */
 
+enum { KV_F32 = 0, KV_BF16 = 1, KV_Q8 = 2 };
+
 typedef struct {
     const float *q;
     int64_t q_row, q_head;
@@ -41,7 +44,7 @@ typedef struct {
     const int64_t *tables, *rows, *lens, *starts;
     int64_t width;
     float *out;
-    int64_t out_row, kvh, G, D, nblocks, bs, window, bq, mp;
+    int64_t out_row, kvh, G, D, nblocks, bs, window, bq, mp, row_bytes;
     float scale;
 } Plan;
 
@@ -61,9 +64,18 @@ static inline float bf16_to_f32(uint16_t x) {
     return c.f;
 }
 
-/* Element offset of position pos of KV plane ``plane`` (0 .. 2 * kvh - 1). */
-static inline int64_t kv_offset(const Plan *p, const int64_t *table, int64_t plane, int64_t pos) {
-    return ((plane * p->nblocks + table[pos / p->bs]) * p->bs + pos % p->bs) * p->D;
+/* The cached row of position pos of KV plane ``plane`` (0 .. 2 * kvh - 1). */
+static inline const char *kv_row(const Plan *p, const int64_t *table, int64_t plane, int64_t pos) {
+    return (const char *)p->kv + ((plane * p->nblocks + table[pos / p->bs]) * p->bs + pos % p->bs) * p->row_bytes;
+}
+
+/* Element d of a cached row as fp32 (an int8 row's codes times the scale stored after them). */
+static inline float row_value(const Plan *p, const char *row, int64_t d) {
+    if (p->kv_dtype == KV_F32) return ((const float *)row)[d];
+    if (p->kv_dtype == KV_BF16) return bf16_to_f32(((const uint16_t *)row)[d]);
+    float scale; /* one per group of 32 codes, after the codes */
+    memcpy(&scale, row + p->D + 4 * (d / 32), sizeof scale);
+    return (float)((const int8_t *)row)[d] * scale;
 }
 
 /* Keys k0 .. k0 + nk - 1 of head h transposed into kt[d * KT + j] (columns past nk zeroed) and
@@ -72,29 +84,28 @@ static inline int64_t kv_offset(const Plan *p, const int64_t *table, int64_t pla
 static void pack_tile(const Plan *p, const int64_t *table, int64_t h, int64_t k0, int64_t nk, Scratch *w) {
     const int64_t D = p->D;
     for (int64_t j = 0; j < nk; j++) {
-        const int64_t ko = kv_offset(p, table, h, k0 + j), vo = kv_offset(p, table, p->kvh + h, k0 + j);
+        const char *k = kv_row(p, table, h, k0 + j), *v = kv_row(p, table, p->kvh + h, k0 + j);
         float *vt = w->vt + j * D;
-        if (p->kv_dtype == 0) {
-            const float *k = (const float *)p->kv + ko;
-            for (int64_t d = 0; d < D; d++) w->kt[d * KT + j] = k[d];
-            memcpy(vt, (const float *)p->kv + vo, sizeof(float) * (size_t)D);
-        } else {
-            const uint16_t *k = (const uint16_t *)p->kv + ko, *v = (const uint16_t *)p->kv + vo;
-            for (int64_t d = 0; d < D; d++) {
-                w->kt[d * KT + j] = bf16_to_f32(k[d]);
-                vt[d] = bf16_to_f32(v[d]);
-            }
+        for (int64_t d = 0; d < D; d++) {
+            w->kt[d * KT + j] = row_value(p, k, d);
+            vt[d] = row_value(p, v, d);
         }
     }
     for (int64_t d = 0; d < D && nk < KT; d++) memset(w->kt + d * KT + nk, 0, sizeof(float) * (size_t)(KT - nk));
 }
 
 #ifdef HAVE_AVX2
-/* Eight consecutive pool elements from element offset off, as fp32. */
-static inline __m256 load8(const Plan *p, int64_t off) {
-    if (p->kv_dtype == 0) return _mm256_loadu_ps((const float *)p->kv + off);
-    const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p->kv + off));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+/* Elements d .. d + 7 of a cached row as fp32. */
+static inline __m256 load8(const Plan *p, const char *row, int64_t d) {
+    if (p->kv_dtype == KV_F32) return _mm256_loadu_ps((const float *)row + d);
+    if (p->kv_dtype == KV_BF16) {
+        const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)row + d));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+    float scale; /* d .. d + 7 lie in one group of 32 */
+    memcpy(&scale, row + p->D + 4 * (d / 32), sizeof scale);
+    const __m256i codes = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(row + d)));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(codes), _mm256_set1_ps(scale));
 }
 
 static inline void transpose8(__m256 *r) {
@@ -118,16 +129,16 @@ static void pack_tile_avx2(const Plan *p, const int64_t *table, int64_t h, int64
     const int64_t D = p->D;
     for (int64_t j0 = 0; j0 < nk; j0 += 8) {
         const int64_t cnt = nk - j0 < 8 ? nk - j0 : 8;
-        int64_t ko[8];
+        const char *krow[8];
         for (int64_t i = 0; i < cnt; i++) {
-            ko[i] = kv_offset(p, table, h, k0 + j0 + i);
-            const int64_t vo = kv_offset(p, table, p->kvh + h, k0 + j0 + i);
+            krow[i] = kv_row(p, table, h, k0 + j0 + i);
+            const char *vrow = kv_row(p, table, p->kvh + h, k0 + j0 + i);
             float *vt = w->vt + (j0 + i) * D;
-            for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(vt + d, load8(p, vo + d));
+            for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(vt + d, load8(p, vrow, d));
         }
         for (int64_t d0 = 0; d0 < D; d0 += 8) {
             __m256 r[8];
-            for (int64_t i = 0; i < 8; i++) r[i] = i < cnt ? load8(p, ko[i] + d0) : _mm256_setzero_ps();
+            for (int64_t i = 0; i < 8; i++) r[i] = i < cnt ? load8(p, krow[i], d0) : _mm256_setzero_ps();
             transpose8(r);
             for (int64_t i = 0; i < 8; i++) _mm256_storeu_ps(w->kt + (d0 + i) * KT + j0, r[i]);
         }
@@ -373,6 +384,7 @@ int paged_prefill(const float *q, int64_t q_row, int64_t q_head, const void *kv,
     Plan p = {.q = q, .q_row = q_row, .q_head = q_head, .kv = kv, .kv_dtype = kv_dtype, .tables = tables,
               .rows = rows, .lens = lens, .starts = starts, .width = width, .out = out, .out_row = out_row,
               .kvh = kvh, .G = G, .D = D, .nblocks = nblocks, .bs = bs, .window = window, .bq = bq, .mp = mp,
+              .row_bytes = kv_dtype == KV_F32 ? 4 * D : kv_dtype == KV_BF16 ? 2 * D : D + 4 * ((D + 31) / 32),
               .scale = scale};
     int64_t ntiles = 0;
     for (int64_t s = 0; s < nseg; s++) ntiles += (lens[s] + bq - 1) / bq;
