@@ -7,13 +7,16 @@ tok/s = N / TTFT) and the median gap between the following tokens is one decode 
 context. Servers, one after the other on the same file: llmserve (``llmserve serve FILE
 --max-model-len ...``), then llama-server with flash attention on and with it off (``-fa on`` /
 ``-fa off``), each with one slot as long as the longest prompt. The resident memory of each
-server after its longest prompt is reported beside. Beside each row: the arithmetic limit, the
-prompt's floating-point work (projections: 2 x parameters per token; attention: 4 x heads x
-head size per query-key pair) over the machine's measured fp32 FMA rate.
+server after its longest prompt is reported beside, and the arithmetic limit: the prompt's
+floating-point work (projections: 2 x parameters per token; attention: 4 x heads x head size per
+query-key pair) over the machine's measured fp32 matmul rate (quantized products can beat it).
+Then an agent replay (``--agent-turns``): a long first prompt, each later turn the whole previous
+prompt plus a few hundred new tokens; its TTFTs show whether a server prefills only the new ones.
 
     python bench/make_models.py && python bench/prefill_bench.py --markdown docs/benchmarks.md
     python bench/prefill_bench.py --prompt-tokens 1024 4096 --quants Q4_K_M
-    python bench/prefill_bench.py --llmserve-args "--kv-cache-dtype int8" --peer-args "-ctk q8_0 -ctv q8_0"
+    python bench/prefill_bench.py --llmserve-args "--kv-cache-dtype int8" --peer-args "-ctk q8_0 -ctv q8_0" \
+        --peer-flash-attention on    # llama.cpp quantizes its V cache only with flash attention
 """
 
 from __future__ import annotations
@@ -86,7 +89,8 @@ def prompt_flops(source: Path, n: int) -> float:
 
 
 def servers_for(src: Path, args: argparse.Namespace, server_exe: Path | None) -> list[MeasuredServer]:
-    ctx = max(args.prompt_tokens) + args.decode_tokens + 16
+    replay = args.agent_prefix + args.agent_step * (args.agent_turns - 1) if args.agent_turns else 0
+    ctx = max(*args.prompt_tokens, replay) + args.decode_tokens + 16
     servers = []
     if not args.skip_llmserve:
         port = free_port()
@@ -103,10 +107,24 @@ def servers_for(src: Path, args: argparse.Namespace, server_exe: Path | None) ->
     return servers
 
 
-def run_server(srv: MeasuredServer, lengths: list[int], args: argparse.Namespace, env: dict) -> list[dict]:
+def agent_replay(srv: MeasuredServer, args: argparse.Namespace, rng: random.Random) -> list[float]:
+    """An agent session's shape: turn 1 a long fixed prefix (system prompt and tools), each later
+    turn the whole previous prompt plus ``--agent-step`` new tokens (the model's reply and the
+    next message). Returns each turn's TTFT: turns 2+ should prefill only their new tokens."""
+    prompt = prompt_ids(args.agent_prefix, rng)
+    ttfts = []
+    for turn in range(args.agent_turns):
+        if turn:
+            prompt = prompt + prompt_ids(args.agent_step, rng)
+        ttfts.append(asyncio.run(one_request(srv.url, srv.model_name, prompt, 1))["ttft"])
+    print(f"  {srv.name} agent replay TTFT per turn: " + ", ".join(f"{t:.2f} s" for t in ttfts), flush=True)
+    return ttfts
+
+
+def run_server(srv: MeasuredServer, lengths: list[int], args: argparse.Namespace, env: dict) -> dict:
     srv.start(args.log_dir, env)
     rng = random.Random(args.seed)
-    rows = []
+    rows, replay = [], []
     try:
         for n in lengths:
             row = asyncio.run(one_request(srv.url, srv.model_name, prompt_ids(n, rng), args.decode_tokens))
@@ -114,9 +132,23 @@ def run_server(srv: MeasuredServer, lengths: list[int], args: argparse.Namespace
             print(f"  {srv.name} {n} tokens: TTFT {row['ttft']:.2f} s ({row['prefill_tok_s']:.1f} tok/s), "
                   f"decode step {row['itl_p50'] * 1000:.1f} ms, RSS {row['rss'] / 2**20:.0f} MiB", flush=True)
             rows.append(row)
+        if args.agent_turns:
+            replay = agent_replay(srv, args, rng)
     finally:
         srv.stop()
-    return rows
+    return {"rows": rows, "replay": replay}
+
+
+def replay_table(servers: list[MeasuredServer], replays: list[list[float]], args: argparse.Namespace) -> str:
+    turns = len(replays[0])
+    lines = [f"Agent replay: a {args.agent_prefix}-token prefix, then {args.agent_step} new tokens a turn; "
+             "TTFT in seconds per turn (later turns over turn 1 in brackets)", "",
+             "| server | " + " | ".join(f"turn {t + 1}" for t in range(turns)) + " |",
+             "|---|" + "---|" * turns]
+    for srv, ttfts in zip(servers, replays):
+        lines.append(f"| {srv.name} | {ttfts[0]:.2f} | "
+                     + " | ".join(f"{t:.2f} ({t / ttfts[0]:.0%})" for t in ttfts[1:]) + " |")
+    return "\n".join(lines)
 
 
 def table(label: str, servers: list[MeasuredServer], results: list[list[dict]], src: Path, rate: float) -> str:
@@ -145,6 +177,9 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, nargs="+", default=[1024, 4096, 16384, 32768])
     ap.add_argument("--decode-tokens", type=int, default=16, help="output tokens after each prompt")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--agent-turns", type=int, default=3, help="turns of the agent replay (0: none)")
+    ap.add_argument("--agent-prefix", type=int, default=4096, help="tokens of the replay's first turn")
+    ap.add_argument("--agent-step", type=int, default=256, help="new tokens each later turn adds")
     ap.add_argument("--skip-llmserve", action="store_true")
     ap.add_argument("--skip-peer", action="store_true")
     ap.add_argument("--peer-flash-attention", nargs="+", default=["on", "off"], choices=["on", "off"])
@@ -168,11 +203,14 @@ def main() -> None:
     for src in models:
         print(f"== {src.name}", flush=True)
         servers = servers_for(src, args, server_exe)
-        results = [run_server(srv, lengths, args, env) for srv in servers]
+        runs = [run_server(srv, lengths, args, env) for srv in servers]
+        results = [run["rows"] for run in runs]
         tables.append(table(src.name, servers, results, src, rate))
-        print(tables[-1], flush=True)
-        raw.append({"model": src.name, "servers": [{"name": s.name, "cmd": s.cmd, "ready_s": s.ready_s, "rows": r}
-                                                   for s, r in zip(servers, results)]})
+        if args.agent_turns:
+            tables.append(replay_table(servers, [run["replay"] for run in runs], args))
+        print("\n\n".join(tables[-2:] if args.agent_turns else tables[-1:]), flush=True)
+        raw.append({"model": src.name, "servers": [{"name": s.name, "cmd": s.cmd, "ready_s": s.ready_s, **run}
+                                                   for s, run in zip(servers, runs)]})
     header = (f"\n### {time.strftime('%Y-%m-%d')} — long prompts: llmserve vs llama-server, {platform.machine()}, "
               f"{os.cpu_count()} cores, fp32 matmul {rate / 1e9:.0f} GFLOP/s\n\n"
               f"Command: `python bench/prefill_bench.py {' '.join(sys.argv[1:])}`\n\n")

@@ -28,6 +28,21 @@ def _row_head_strides(t: torch.Tensor, name: str) -> tuple[int, int]:
     return t.stride(0), t.stride(1)
 
 
+def _attention_shapes(q: torch.Tensor, out: torch.Tensor, pool: torch.Tensor, what: str) -> tuple[int, ...]:
+    """The strides and sizes an attention kernel takes, checked: ``q``/``out [rows, H, D]`` (q with
+    any row and head strides, out with contiguous heads), ``pool [2*kvh, nblocks, bs, width]``.
+    Returns ``(q_row, q_head, out_row, H, kvh, D, nblocks, bs)``."""
+    rows, H, D = q.shape
+    q_row, q_head = _row_head_strides(q, "q")
+    out_row, out_head = _row_head_strides(out, "out")
+    if out_head != D or out.shape != q.shape:
+        raise ValueError(f"{what}: out must be [rows, H, D] with contiguous heads")
+    two_kvh, nblocks, bs, _ = pool.shape
+    if not _pool_fits(pool, D) or H % max(two_kvh // 2, 1):
+        raise ValueError(f"{what}: the pool's dtype, head size or KV heads do not fit the queries")
+    return q_row, q_head, out_row, H, two_kvh // 2, D, nblocks, bs
+
+
 def _pool_fits(pool: torch.Tensor, D: int) -> bool:
     """A contiguous CPU pool of fp32 (or bf16) rows of D, or of int8 rows of D codes and their
     scales (``attention.row_width``)."""
@@ -52,16 +67,12 @@ def decode_kernel(int8: bool = False) -> DecodeKernel | None:
         """``q``/``out [nd, H, D]`` (any row and head strides for q, e.g. a view of a fused QKV
         output; ``out`` with contiguous rows), ``blocks_view [2*kvh, nblocks, bs, D]``,
         ``tables [nd * max_blocks]`` and ``ctx [nd]`` (int64), all on the CPU."""
-        nd, H, D = q.shape
-        q_row, q_head = _row_head_strides(q, "q")
-        out_row, out_head = _row_head_strides(out, "out")
-        if out_head != D or out.shape != q.shape:
-            raise ValueError("out: expected [nd, H, D] with contiguous heads")
-        two_kvh, nblocks, bs, _ = blocks_view.shape
-        if blocks_view.dtype != pool_dtype or not _pool_fits(blocks_view, D) or H % max(two_kvh // 2, 1):
-            raise ValueError("paged_decode: the pool's dtype, head size or KV heads do not match the queries")
+        q_row, q_head, out_row, H, kvh, D, nblocks, bs = _attention_shapes(q, out, blocks_view, "paged_decode")
+        if blocks_view.dtype != pool_dtype:
+            raise ValueError(f"paged_decode: this kernel reads a {pool_dtype} pool")
+        nd = q.shape[0]
         rc = cfn(q.data_ptr(), q_row, q_head, blocks_view.data_ptr(), tables.data_ptr(), ctx.data_ptr(),
-                 out.data_ptr(), out_row, nd, H, two_kvh // 2, D, nblocks, bs, tables.numel() // max(nd, 1),
+                 out.data_ptr(), out_row, nd, H, kvh, D, nblocks, bs, tables.numel() // max(nd, 1),
                  scale, window or 0, torch.get_num_threads())
         if rc != 0:
             raise MemoryError("the decode-attention kernel could not allocate its scratch memory")
@@ -87,19 +98,12 @@ def prefill_kernel() -> Callable[..., None] | None:
         (any row and head strides, e.g. a view of a fused QKV output; fp32) attending through
         ``plan``'s block tables to ``blocks_view [2*kvh, nblocks, bs, D]`` (fp32 or bf16; int8
         rows are wider: codes and scales)."""
-        T, H, D = q.shape
-        q_row, q_head = _row_head_strides(q, "q")
-        out_row, out_head = _row_head_strides(out, "out")
-        if out_head != D or out.shape != q.shape:
-            raise ValueError("out: expected [T, H, D] with contiguous heads")
-        two_kvh, nblocks, bs, _ = blocks_view.shape
-        if not _pool_fits(blocks_view, D) or H % max(two_kvh // 2, 1):
-            raise ValueError("paged_prefill: the pool's dtype, head size or KV heads do not fit the queries")
-        if plan.rows_end > T or plan.max_block >= nblocks or plan.block_size != bs:
+        q_row, q_head, out_row, H, kvh, D, nblocks, bs = _attention_shapes(q, out, blocks_view, "paged_prefill")
+        if plan.rows_end > q.shape[0] or plan.max_block >= nblocks or plan.block_size != bs:
             raise ValueError("paged_prefill: the plan does not fit this step")
         rc = cfn(q.data_ptr(), q_row, q_head, blocks_view.data_ptr(), PREFILL_POOL_DTYPES[blocks_view.dtype],
                  plan.tables.data_ptr(), plan.width, plan.rows.data_ptr(), plan.lens.data_ptr(),
-                 plan.starts.data_ptr(), plan.count, out.data_ptr(), out_row, H, two_kvh // 2, D, nblocks, bs,
+                 plan.starts.data_ptr(), plan.count, out.data_ptr(), out_row, H, kvh, D, nblocks, bs,
                  scale, window or 0, torch.get_num_threads())
         if rc != 0:
             raise MemoryError("the prefill-attention kernel could not allocate its scratch memory")
