@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import threading
@@ -174,8 +175,17 @@ class Page:
 
     def run(self, command: str, timeout: float = 120) -> subprocess.CompletedProcess:
         # No terminal: an interactive command (a chat without --quick) reads end-of-file and ends.
-        return subprocess.run(["bash", "-c", command], cwd=self.workdir, env=self.env, stdout=subprocess.PIPE,
-                              stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=timeout)
+        # A session of its own, so that a command past its time goes with everything it started
+        # (a benchmark's servers, say): left running, they would share the cores with later tests.
+        proc = subprocess.Popen(["bash", "-c", command], cwd=self.workdir, env=self.env, stdout=subprocess.PIPE,
+                                stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
     def fail(self, step: Step, message: str) -> None:
         self.failures.append(f"{step.where}: $ {step.command.splitlines()[0][:100]}\n    {message}")
