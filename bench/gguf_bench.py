@@ -13,10 +13,11 @@ beside each concurrency-1 figure the physical limit: the machine's memory read b
 reads (the weights of the file plus the KV cache). By default the 1B-shaped models of
 bench/make_models.py are run (Q8_0, Q4_K_M, Q4_0), plus a bf16 line: llmserve on the bf16
 safetensors directory vs llama-server on the BF16 GGUF of the same weights (``--quants``
-picks among them).
+picks among them); ``--family qwen3`` runs make_models.py's Qwen3-shaped set instead.
 
     python bench/make_models.py && python bench/gguf_bench.py --markdown docs/benchmarks.md
     python bench/gguf_bench.py --small --concurrency 1 8 --requests-per-level 8 --max-tokens 32
+    python bench/make_models.py --family qwen3 && python bench/gguf_bench.py --family qwen3 --quants Q4_K_M Q8_0
     python bench/gguf_bench.py --models my-Q4_K_M.gguf --skip-llmserve --llama-cpp ~/llama.cpp/build
 """
 
@@ -146,7 +147,7 @@ def model_set(args: argparse.Namespace) -> list[tuple[str, Path, Path]]:
     """(label, what llmserve loads, what llama-server loads) for each line of the table."""
     if args.models:
         return [(Path(m).name, Path(m), Path(m)) for m in args.models]
-    name = "llama-small-shape" if args.small else "llama-1b-shape"
+    name = make_models.model_name(args.family, args.small)
     models_dir = Path(args.models_dir).expanduser()
     lines = []
     for q in args.quants:
@@ -156,8 +157,8 @@ def model_set(args: argparse.Namespace) -> list[tuple[str, Path, Path]]:
                      else (f"{name} {q}", gguf, gguf))
     missing = [str(p) for _, a, b in lines for p in (a, b) if not p.exists()]
     if missing:
-        sys.exit("missing model files (run bench/make_models.py" + (" --small" if args.small else "") + "): "
-                 + ", ".join(missing))
+        flags = (" --small" if args.small else "") + (f" --family {args.family}" if args.family != "llama" else "")
+        sys.exit(f"missing model files (run bench/make_models.py{flags}): " + ", ".join(missing))
     return lines
 
 
@@ -207,6 +208,8 @@ def main() -> None:
     ap.add_argument("--models", nargs="+", default=None, help="GGUF files (default: bench/make_models.py's)")
     ap.add_argument("--small", action="store_true", help="the ~300 MB model set instead of the 1B-shaped one")
     ap.add_argument("--models-dir", default=str(make_models.DEFAULT_DIR))
+    ap.add_argument("--family", default="llama", choices=sorted(make_models.FAMILIES),
+                    help="which bench/make_models.py set (its --family)")
     ap.add_argument("--quants", nargs="+", default=["Q8_0", "Q4_K_M", "Q4_0", "bf16"],
                     choices=["Q8_0", "Q4_K_M", "Q4_0", "BF16", "bf16"],
                     help="which files of the make_models set; bf16: llmserve on the safetensors directory "

@@ -4,7 +4,9 @@ The default model has Llama-3.2-1B's shape (hidden 2048, 16 layers, intermediate
 heads, 8 KV heads, head_dim 64, rope_theta 500000, a 131072-token context, tied embeddings)
 with SmolLM2's 49152-token vocabulary, tokenizer and chat template (taken from the embedded
 model); ``--small`` makes a
-~300 MB model of the same family for quick runs. Weights are seeded random (normal,
+~300 MB model of the same family for quick runs. ``--family qwen3`` makes Qwen3-1.7B's shape
+(hidden 2048, 28 layers, intermediate 6144, 16 heads of 128, 8 KV heads, q/k norms, rope_theta
+1000000, a 40960-token context, tied embeddings) with the same vocabulary. Weights are seeded random (normal,
 std 0.02 as Llama's initializer_range) saved in bf16 with ``save_pretrained``; the GGUF files
 come from llama.cpp's own tools: ``convert_hf_to_gguf.py`` writes BF16 and Q8_0, and
 ``llama-quantize`` makes Q4_K_M and Q4_0 from the BF16 file (see bench/llama_cpp.py for
@@ -12,6 +14,7 @@ where they come from). Files that exist are kept.
 
     python bench/make_models.py              # ~/.cache/llmserve/bench-models/llama-1b-shape*
     python bench/make_models.py --small
+    python bench/make_models.py --family qwen3   # ~/.cache/llmserve/bench-models/qwen3-1.7b-shape*
 """
 
 from __future__ import annotations
@@ -26,12 +29,18 @@ from pathlib import Path
 import llama_cpp  # bench/llama_cpp.py: the script's folder is first on sys.path
 
 DEFAULT_DIR = Path.home() / ".cache" / "llmserve" / "bench-models"
+_LLAMA = dict(model_type="llama", head_dim=64, max_position_embeddings=131072, rope_theta=500000.0, rms_norm_eps=1e-5)
 SHAPES = {
-    "llama-1b-shape": dict(hidden_size=2048, num_hidden_layers=16, intermediate_size=8192,
+    "llama-1b-shape": dict(_LLAMA, hidden_size=2048, num_hidden_layers=16, intermediate_size=8192,
                            num_attention_heads=32, num_key_value_heads=8),
-    "llama-small-shape": dict(hidden_size=768, num_hidden_layers=12, intermediate_size=3072,
+    "llama-small-shape": dict(_LLAMA, hidden_size=768, num_hidden_layers=12, intermediate_size=3072,
                               num_attention_heads=12, num_key_value_heads=4),
+    "qwen3-1.7b-shape": dict(model_type="qwen3", hidden_size=2048, num_hidden_layers=28, intermediate_size=6144,
+                             num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                             max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6),
 }
+# --family -> (default model, --small model)
+FAMILIES = {"llama": ("llama-1b-shape", "llama-small-shape"), "qwen3": ("qwen3-1.7b-shape", None)}
 CONVERTER_TYPES = ("BF16", "Q8_0")  # written by convert_hf_to_gguf.py
 QUANTIZE_TYPES = ("Q4_K_M", "Q4_0")  # written by llama-quantize from the BF16 file
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
@@ -47,21 +56,23 @@ def size_text(path: Path) -> str:
 
 
 def write_hf_model(out: Path, shape: dict, seed: int) -> None:
-    """A seeded random LlamaForCausalLM of ``shape`` with the embedded SmolLM2's tokenizer."""
+    """A seeded random model of ``shape`` (its ``model_type`` and config values) with the
+    embedded SmolLM2's tokenizer."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     from llmserve.plugins.backends.torch.loader import hf_directory
 
     tok_dir = Path(hf_directory(None))
     ref = json.loads((tok_dir / "config.json").read_text())
-    config = LlamaConfig(**shape, head_dim=64, vocab_size=ref["vocab_size"], max_position_embeddings=131072,
-                         rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=True,
-                         initializer_range=0.02, bos_token_id=ref.get("bos_token_id"),
-                         eos_token_id=ref.get("eos_token_id"), pad_token_id=ref.get("pad_token_id"))
+    values = dict(shape)
+    config = AutoConfig.for_model(values.pop("model_type"), **values, vocab_size=ref["vocab_size"],
+                                  tie_word_embeddings=True, initializer_range=0.02,
+                                  bos_token_id=ref.get("bos_token_id"), eos_token_id=ref.get("eos_token_id"),
+                                  pad_token_id=ref.get("pad_token_id"))
     torch.manual_seed(seed)
     print(f"initialising {out.name}: {shape}", flush=True)
-    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model = AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, max_shard_size="8GB")
@@ -127,16 +138,25 @@ def make(name: str, models_dir: Path, tools: llama_cpp.LlamaCpp | None, seed: in
     return paths
 
 
+def model_name(family: str, small: bool = False) -> str:
+    """The model ``--family``/``--small`` pick."""
+    name = FAMILIES[family][1 if small else 0]
+    if name is None:
+        raise SystemExit(f"there is no small {family} model; leave out --small")
+    return name
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--small", action="store_true", help="the ~300 MB model instead of the 1B-shaped one")
+    ap.add_argument("--family", default="llama", choices=sorted(FAMILIES), help="the shape's architecture")
     ap.add_argument("--models-dir", default=str(DEFAULT_DIR))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2, help="llama-quantize threads")
     ap.add_argument("--hf-only", action="store_true", help="only the safetensors directory (no llama.cpp needed)")
     ap.add_argument("--llama-cpp", default=None, help="folder holding llama-server and llama-quantize")
     args = ap.parse_args()
-    name = "llama-small-shape" if args.small else "llama-1b-shape"
+    name = model_name(args.family, args.small)
     tools = None if args.hf_only else llama_cpp.ensure(args.llama_cpp, need_source=True)
     paths = make(name, Path(args.models_dir).expanduser(), tools, args.seed, args.threads)
     for kind, path in paths.items():

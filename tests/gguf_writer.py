@@ -55,7 +55,8 @@ def _write_tokenizer(w: Any) -> None:
 
 
 def _hparams(w: Any, name: str, layers: int, hidden: int, inter: int, heads: int, kv_heads: int,
-             context: int = 2048, rope_theta: float = 10000.0, eps: float = 1e-5, vocab: int = 49152) -> None:
+             context: int = 2048, rope_theta: float = 10000.0, eps: float = 1e-5, vocab: int = 49152,
+             head_dim: int | None = None) -> None:
     w.add_name(name)
     w.add_block_count(layers)
     w.add_context_length(context)
@@ -65,7 +66,10 @@ def _hparams(w: Any, name: str, layers: int, hidden: int, inter: int, heads: int
     w.add_head_count_kv(kv_heads)
     w.add_rope_freq_base(rope_theta)
     w.add_layer_norm_rms_eps(eps)
-    w.add_rope_dimension_count(hidden // heads)
+    w.add_rope_dimension_count(head_dim or hidden // heads)
+    if head_dim:  # as the converter writes a config's own head_dim
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
     w.add_vocab_size(vocab)
 
 
@@ -106,17 +110,44 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
 # A layer's modules: transformers' name -> llama.cpp's.
 _LAYER_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
                 "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-                "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+                "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+                "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
+# Gemma 3's four norms a layer (its "ffn_norm" is the one before the MLP).
+_GEMMA3_NAMES = {**_LAYER_NAMES, "post_attention_layernorm": "post_attention_norm",
+                 "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm"}
+# Gemma's norms scale by (1 + weight); llama.cpp's converter stores the sum.
+_NORM_SHIFT = {"gemma3": 1.0}
+GEMMA3_WINDOW = 8  # the tiny Gemma 3's sliding window: a 40-token prompt crosses it
+
+
+def _layer_names(arch: str) -> dict[str, str]:
+    return _GEMMA3_NAMES if arch == "gemma3" else _LAYER_NAMES
+
+
+def _classes(arch: str) -> tuple[Any, Any]:
+    """transformers' config and model class of a GGUF architecture these files use."""
+    import transformers
+
+    config, model = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+                     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+                     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM")}[arch]
+    return getattr(transformers, config), getattr(transformers, model)
+
+
+def _gemma3_config(head_dim: int, local_base: float, window: int) -> dict[str, Any]:
+    """A Gemma 3 config's values llama.cpp reads from the file or derives (the query scale is the
+    head size for every size but the 27B)."""
+    return dict(head_dim=head_dim, query_pre_attn_scalar=head_dim, sliding_window=window,
+                rope_local_base_freq=local_base, hidden_activation="gelu_pytorch_tanh")
 
 
 def reference_model(path: str) -> Any:
-    """transformers' model (llama or qwen2) on the weights the ``gguf`` package dequantizes from
+    """transformers' model (llama, qwen2 or qwen3) on the weights the ``gguf`` package dequantizes from
     the GGUF at ``path``: the weights transformers' own GGUF loading gives (it dequantizes with the
     same package and undoes the same Q/K row order), without its parsing of the 49k-token
     vocabulary, which takes it tens of seconds a load on a small machine."""
     import gguf
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     reader = gguf.GGUFReader(path)
     arch = reader.fields["general.architecture"].contents()
@@ -129,23 +160,29 @@ def reference_model(path: str) -> Any:
               for t in reader.tensors}
     heads = field("attention.head_count")
     kv_heads = field("attention.head_count_kv", heads)
-    cfg_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[arch]
-    config = cfg_cls(vocab_size=values["token_embd.weight"].shape[0], hidden_size=field("embedding_length"),
+    cfg_cls, model_cls = _classes(arch)
+    extra = {"head_dim": field("attention.key_length")} if field("attention.key_length") else {}
+    if arch == "gemma3":
+        extra = _gemma3_config(field("attention.key_length"), field("rope.freq_base_swa"),
+                               field("attention.sliding_window"))
+    config = cfg_cls(**extra, vocab_size=values["token_embd.weight"].shape[0], hidden_size=field("embedding_length"),
                      intermediate_size=field("feed_forward_length"), num_hidden_layers=field("block_count"),
                      num_attention_heads=heads, num_key_value_heads=kv_heads,
                      rms_norm_eps=field("attention.layer_norm_rms_epsilon"),
                      rope_theta=field("rope.freq_base", 10000.0),
                      max_position_embeddings=field("context_length", 2048),
                      tie_word_embeddings="output.weight" not in values)
-    names = {gg: hf for hf, gg in _LAYER_NAMES.items()}
+    names = {gg: hf for hf, gg in _layer_names(arch).items()}
     state = {"model.embed_tokens.weight": values.pop("token_embd.weight"),
-             "model.norm.weight": values.pop("output_norm.weight")}
+             "model.norm.weight": values.pop("output_norm.weight") - _NORM_SHIFT.get(arch, 0.0)}
     if "output.weight" in values:
         state["lm_head.weight"] = values.pop("output.weight")
     for name, value in values.items():
         _, layer, part, kind = name.split(".")
         if arch == "llama" and part in ("attn_q", "attn_k"):
             value = _unpermute(value, heads if part == "attn_q" else kv_heads)
+        if part.endswith("norm"):
+            value = value - _NORM_SHIFT.get(arch, 0.0)
         state[f"model.layers.{layer}.{names[part]}.{kind}"] = value
     model = model_cls(config)
     tensors = {k: torch.from_numpy(np.array(v, dtype=np.float32)) for k, v in state.items()}  # writable copies
@@ -163,26 +200,34 @@ def _unpermute(w: np.ndarray, heads: int) -> np.ndarray:
 
 def write_tiny_gguf(path: str, arch: str = "llama", qtype: str = "Q8_0", *, layers: int = 2, hidden: int = 256,
                     inter: int = 512, heads: int = 4, kv_heads: int = 2, tied: bool = False, seed: int = 0,
-                    overrides: dict[str, str] | None = None, split_max_tensors: int = 0) -> None:
-    """A random ``arch`` (llama or qwen2: q/k/v biases) model with every matrix stored as
+                    overrides: dict[str, str] | None = None, split_max_tensors: int = 0,
+                    head_dim: int | None = None, replace: dict[str, np.ndarray] | None = None) -> None:
+    """A random ``arch`` (llama, qwen2: q/k/v biases, qwen3: q/k norms, ``head_dim`` its own
+    when given, or gemma3: four norms a layer stored as 1 + weight, GELU, every sixth layer
+    global) model with every matrix stored as
     ``qtype`` (``overrides``: other types for some tensors, by GGUF name); norms and biases F32.
     ``split_max_tensors``: split it as llama.cpp's gguf-split does, that many tensors a file
-    (``path`` ``x.gguf`` becomes ``x-00001-of-0000N.gguf`` ...)."""
+    (``path`` ``x.gguf`` becomes ``x-00001-of-0000N.gguf`` ...). ``replace``: tensors written with
+    these values instead (a broken file for a refusal test)."""
     import gguf
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     vocab = 49152  # the embedded tokenizer's
-    cfg_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[arch]
+    cfg_cls, model_cls = _classes(arch)
+    if arch in ("qwen3", "gemma3"):  # their configs' default head sizes are their own, whatever the hidden size
+        head_dim = head_dim or hidden // heads
     torch.manual_seed(seed)
-    model = model_cls(cfg_cls(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
-                              num_attention_heads=heads, num_key_value_heads=kv_heads, tie_word_embeddings=tied,
-                              initializer_range=0.05, rms_norm_eps=1e-5))
+    extra = {"head_dim": head_dim} if head_dim else {}
+    if arch == "gemma3":
+        extra = _gemma3_config(head_dim, 10000.0, GEMMA3_WINDOW)
+    model = model_cls(cfg_cls(**extra, vocab_size=vocab, hidden_size=hidden, intermediate_size=inter,
+                              num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                              tie_word_embeddings=tied, initializer_range=0.05, rms_norm_eps=1e-5))
     sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     rng = np.random.default_rng(seed)
-    names = _LAYER_NAMES
+    names = _layer_names(arch)
     tensors: dict[str, np.ndarray] = {"token_embd.weight": sd["model.embed_tokens.weight"],
-                                      "output_norm.weight": sd["model.norm.weight"]}
+                                      "output_norm.weight": sd["model.norm.weight"] + _NORM_SHIFT.get(arch, 0.0)}
     if not tied:
         tensors["output.weight"] = sd["lm_head.weight"]
     for i in range(layers):
@@ -193,15 +238,21 @@ def write_tiny_gguf(path: str, arch: str = "llama", qtype: str = "Q8_0", *, laye
                     value = sd[key]
                     if kind == "weight" and value.ndim == 1:
                         value = value + rng.normal(0, 0.1, value.shape).astype(np.float32)  # norms not all ones
+                        value = value + _NORM_SHIFT.get(arch, 0.0)
                     if kind == "bias":
                         value = rng.normal(0, 0.2, value.shape).astype(np.float32)
                     if arch == "llama" and gg in ("attn_q", "attn_k"):
                         value = _permute(value, heads if gg == "attn_q" else kv_heads)
                     tensors[f"blk.{i}.{gg}.{kind}"] = value
     w = gguf.GGUFWriter(path, arch, split_max_tensors=split_max_tensors)
-    _hparams(w, f"tiny-{arch}", layers, hidden, inter, heads, kv_heads)
+    _hparams(w, f"tiny-{arch}", layers, hidden, inter, heads, kv_heads, head_dim=head_dim,
+             rope_theta=1_000_000.0 if arch == "gemma3" else 10000.0)
+    if arch == "gemma3":  # as llama.cpp's converter writes a Gemma 3's (global RoPE base above)
+        w.add_sliding_window(GEMMA3_WINDOW)
+        w.add_rope_freq_base_swa(10000.0)
     _write_tokenizer(w)
     w.add_file_type(1)
+    tensors.update(replace or {})
     for name, value in tensors.items():
         want = (overrides or {}).get(name, qtype) if value.ndim == 2 else "F32"
         data, raw = _encode(value, want, rng)

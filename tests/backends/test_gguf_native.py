@@ -153,6 +153,48 @@ def test_qwen2_with_biases_and_a_tied_head(tmp_path) -> None:
     assert agree >= 0.99 and err < MAX_REL_ERR, (agree, err)
 
 
+def test_qwen3_with_head_norms_and_a_head_size_of_its_own(tmp_path) -> None:
+    """Qwen3: RMSNorm of every query and key head before RoPE, and 8 heads of 64 on a hidden size
+    of 256 (the head size read from ``attention.key_length``), in prefill and the native step."""
+    path = str(tmp_path / "tiny-qwen3.gguf")
+    gguf_writer.write_tiny_gguf(path, "qwen3", "Q4_K", heads=8, kv_heads=4, head_dim=64, overrides={
+        "blk.0.attn_v.weight": "Q6_K", "blk.1.attn_output.weight": "Q8_0", "output.weight": "Q6_K"})
+    ids = sequence(40, seed=2)
+    backend = make_backend(path, str(tmp_path / "cache"))
+    plan = backend.plan()
+    assert "weights=gguf:q4_k,q6_k,q8_0" in plan and "native_step=on" in plan, plan
+    assert backend._fused.head_dim == 64 and backend._fused.layers[0].q_norm is not None
+    agree, err = compare(native_logits(backend, ids, prefill=20), reference_logits(path, ids))
+    assert agree >= 0.99 and err < MAX_REL_ERR, (agree, err)
+
+
+def test_gemma3_with_sandwich_norms_gelu_and_local_and_global_layers(tmp_path) -> None:
+    """Gemma 3 as llama.cpp writes it: norms stored as 1 + weight, four a layer, q/k norms, GELU,
+    scaled embeddings, five sliding-window layers (window 8, RoPE base 10000) and one global
+    (base 1e6), a tied head; through a 40-token prompt that crosses the window."""
+    path = str(tmp_path / "tiny-gemma3.gguf")
+    gguf_writer.write_tiny_gguf(path, "gemma3", "Q4_K", layers=6, tied=True, overrides={
+        "blk.0.attn_v.weight": "Q6_K", "blk.5.ffn_down.weight": "Q8_0", "token_embd.weight": "Q8_0"})
+    ids = sequence(40, seed=3)
+    backend = make_backend(path, str(tmp_path / "cache"))
+    plan = backend.plan()
+    assert "weights=gguf:q4_k,q6_k,q8_0" in plan and "native_step=on" in plan, plan
+    fused = backend._fused
+    assert [lay.window for lay in fused.layers] == [gguf_writer.GEMMA3_WINDOW] * 5 + [None]
+    assert fused.rope_kinds == ["sliding_attention", "full_attention"]
+    agree, err = compare(native_logits(backend, ids, prefill=12), reference_logits(path, ids))
+    assert agree >= 0.99 and err < MAX_REL_ERR, (agree, err)
+
+
+def test_a_qwen3_file_with_a_misshapen_head_norm_is_refused(tmp_path) -> None:
+    import numpy as np
+
+    path = str(tmp_path / "bad.gguf")
+    gguf_writer.write_tiny_gguf(path, "qwen3", "Q8_0", replace={"blk.1.attn_k_norm.weight": np.ones(32, np.float32)})
+    with pytest.raises(ConfigError, match=r"blk\.1\.attn_k_norm\.weight has 32 values .* has 64"):
+        make_backend(path, str(tmp_path / "cache"))
+
+
 def test_start_writes_no_converted_copy_and_caches_the_metadata(tmp_path, caplog) -> None:
     path = str(tmp_path / "tiny.Q8_0.gguf")
     gguf_writer.write_tiny_gguf(path, "llama", "Q8_0")

@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 
 from llmserve.plugins.backends.torch.native import build
 from llmserve.plugins.backends.torch.native import ops as kernels
+from llmserve.plugins.backends.torch.fused import TorchOps
 
 
 @pytest.fixture()
@@ -356,6 +357,43 @@ def test_silu_mul_equals_torch(T, inner) -> None:
     torch.testing.assert_close(ops.silu_mul(gu), want, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError):
         ops.silu_mul(gu[:, :-1])
+
+
+@pytest.mark.parametrize("T,inner", [(1, 1536), (5, 13), (32, 64)])
+def test_gelu_tanh_mul_equals_torch(T, inner) -> None:
+    ops = kernels.elementwise_ops()
+    gen = torch.Generator().manual_seed(T * inner)
+    gu = torch.randn(T, 2 * inner, generator=gen) * 4
+    gu[0, :5] = torch.tensor([-100.0, 100.0, 0.0, -0.0, -3.5])  # saturation, zeros, the negative dip
+    want = torch.nn.functional.gelu(gu[:, :inner], approximate="tanh") * gu[:, inner:]
+    torch.testing.assert_close(ops.gelu_tanh_mul(gu), want, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError):
+        ops.gelu_tanh_mul(gu[:, :-1])
+
+
+@pytest.mark.parametrize("T,H,kvh,D", [(1, 16, 8, 128), (5, 4, 2, 20), (33, 8, 8, 64)])
+def test_qk_norm_normalises_each_head_in_place(T, H, kvh, D) -> None:
+    """Every query and key head on its own (queries with one weight, keys with the other);
+    the values after them untouched, as in a fused QKV output."""
+    ops = kernels.elementwise_ops()
+    gen = torch.Generator().manual_seed(T * H * D)
+    qkv = torch.randn(T, (H + 2 * kvh) * D, generator=gen) * 5
+    qw, kw = torch.randn(D, generator=gen), torch.randn(D, generator=gen)
+    q, k, v = qkv.split([H * D, kvh * D, kvh * D], dim=1)
+    want_q = torch.nn.functional.rms_norm(q.reshape(T, H, D), (D,), qw, 1e-6).reshape(T, -1)
+    want_k = torch.nn.functional.rms_norm(k.reshape(T, kvh, D), (D,), kw, 1e-6).reshape(T, -1)
+    want_v = v.clone()
+    ops.qk_norm(qkv, H, kvh, D, qw, kw, 1e-6)
+    torch.testing.assert_close(qkv[:, :H * D], want_q, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(qkv[:, H * D:(H + kvh) * D], want_k, atol=1e-5, rtol=1e-5)
+    assert torch.equal(qkv[:, (H + kvh) * D:], want_v)
+    torch_qkv = torch.randn(T, (H + 2 * kvh) * D, generator=gen)
+    native_qkv = torch_qkv.clone()
+    TorchOps.qk_norm(torch_qkv, H, kvh, D, qw, kw, 1e-6)
+    ops.qk_norm(native_qkv, H, kvh, D, qw, kw, 1e-6)
+    torch.testing.assert_close(native_qkv, torch_qkv, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError):
+        ops.qk_norm(qkv, H, kvh, D, qw[:-1], kw, 1e-6)
 
 
 def test_a_changed_header_rebuilds(fresh_cache, monkeypatch, tmp_path) -> None:

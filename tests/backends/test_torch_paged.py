@@ -72,15 +72,14 @@ def reference(tiny_dir: str):
     return logits
 
 
-def make_backend(path: str, num_blocks: int = 64, fused: bool = True, declines: bool = False,
-                 kernel: bool = True) -> TorchBackend:
-    """``fused``: ask for the backend's own forward; ``declines``: the architecture must refuse it;
+def make_backend(path: str, num_blocks: int = 64, fused: bool = True, kernel: bool = True) -> TorchBackend:
+    """``fused``: ask for the backend's own forward (which every architecture here takes);
     ``kernel``: decode attention and linear layers in the native CPU kernels (which must then be
     built), else torch. The other options come from the environment, as without a server."""
     backend = TorchBackend(ServerConfig(model=path, dtype="float32", device="cpu", max_model_len=None),
                            TorchOptions.from_environ(fused_forward=fused, cpu_kernels=kernel))
     backend.load()
-    assert (backend._fused is not None) == (fused and not declines)
+    assert (backend._fused is not None) == fused
     if backend._fused is not None:  # every step must then run the fused forward, never transformers'
         def transformers_forward(*args: object, **kwargs: object) -> None:
             raise AssertionError("transformers' forward ran although the fused forward was built")
@@ -245,7 +244,8 @@ def test_max_model_len_capped(tiny_dir: str) -> None:
 ARCHITECTURES = [("mistral", {"sliding_window": 6}),                 # a window shorter than the prompt
                  ("qwen2", {"use_sliding_window": True, "sliding_window": 6, "max_window_layers": 1,
                             "layer_types": ["full_attention", "sliding_attention"]}),  # biased QKV, one windowed layer
-                 ("qwen3", {})]                                       # q/k norms: transformers' forward only
+                 ("qwen3", {"head_dim": 32, "use_sliding_window": True, "sliding_window": 6, "max_window_layers": 1,
+                            "layer_types": ["full_attention", "sliding_attention"]})]  # q/k norms, heads of 32 on 64
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "transformers"])
@@ -266,7 +266,7 @@ def test_architectures_match_reference(tmp_path, arch: str, overrides: dict, fus
     ids = seq(15, 17)
     with torch.inference_mode():
         want = ref_model(torch.tensor([ids])).logits[0]
-    b = make_backend(str(tmp_path), fused=fused, declines=arch == "qwen3")
+    b = make_backend(str(tmp_path), fused=fused)
     table = [4, 0, 7, 2, 9]
     parts = [b.forward_logits([item(0, ids[:9], 0, table)])[0], b.forward_logits([item(0, ids[9:15], 9, table)])[0]]
     parts += [b.forward_logits([item(0, [ids[p]], p, table)])[0] for p in (15, 16)]

@@ -14,7 +14,7 @@ FLAG = "--allow-unverified-architecture"
 
 # The backend's own forward (fused.py) runs these when it recognises the layers exactly (a test
 # holds this to fused.py's own set); their transformers forward is verified as well.
-FUSED = ("llama", "mistral", "qwen2")
+FUSED = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
 
 # model_type -> what its tiny model in the conformance test exercises beyond a plain decoder.
 # Each one's greedy continuations equal transformers' generate alone, four requests at once, past
@@ -25,7 +25,7 @@ VERIFIED: dict[str, str] = {
     "qwen2": "biased QKV, one sliding-window layer",
     "mixtral": "mixture of experts, sliding window",
     "qwen2_moe": "mixture of experts with a shared expert",
-    "qwen3": "q/k norms",
+    "qwen3": "q/k norms, one sliding-window layer",
     "qwen3_moe": "mixture of experts, q/k norms",
     "gemma": "scaled embeddings, GeLU",
     "gemma2": "sliding-window layers, final logit softcapping (attention softcapping is refused)",

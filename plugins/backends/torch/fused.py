@@ -1,4 +1,4 @@
-"""A hand-written forward for Llama-style decoders (Llama, Mistral, Qwen2, SmolLM...) with fused
+"""A hand-written forward for Llama-style decoders (Llama, Mistral, Qwen2, Qwen3, SmolLM...) with fused
 projections: one matmul for Q, K and V and one for the MLP's gate and up, fewer small ops per
 layer than transformers' modules. It reuses the loaded model's own weights (the fused matrices
 are built once and the original parameters become views of them, so memory does not grow) and
@@ -16,6 +16,7 @@ runner then keeps transformers' forward with the paged attention plugged in.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -25,12 +26,26 @@ from .attention import PagedKVCache, StepMetadata, paged_attention
 
 log = logging.getLogger("llmserve.backend.torch")
 
-_ARCHITECTURES = {"llama", "mistral", "qwen2"}
+
+
+@dataclass(frozen=True)
+class _Family:
+    """How a model type's decoder layers differ from Llama's."""
+
+    act: str = "silu"            # the MLP gate's activation (transformers' name)
+    norm_offset: bool = False    # RMSNorm scales by (1 + weight), computed in fp32 (Gemma)
+    sandwich: bool = False       # norms on the attention's and the MLP's outputs too, before each residual add
+
+
+_FAMILIES = {"llama": _Family(), "mistral": _Family(), "qwen2": _Family(), "qwen3": _Family(),
+             "gemma3_text": _Family(act="gelu_pytorch_tanh", norm_offset=True, sandwich=True)}
+_ARCHITECTURES = set(_FAMILIES)
 # RoPE types whose angles depend on the position alone: a table of every position gives the same
 # bits as computing them per step ("dynamic" and "longrope" rescale with the sequence length).
 _STATIC_ROPE = {"default", "linear", "llama3", "yarn"}
 _LAYER_PARTS = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
-_ATTN_PARTS = {"q_proj", "k_proj", "v_proj", "o_proj", "rotary_fn"}
+_SANDWICH_PARTS = _LAYER_PARTS | {"pre_feedforward_layernorm", "post_feedforward_layernorm"}
+_ATTN_PARTS = {"q_proj", "k_proj", "v_proj", "o_proj", "rotary_fn", "q_norm", "k_norm"}
 _MLP_PARTS = {"gate_proj", "up_proj", "down_proj", "act_fn"}
 
 
@@ -97,7 +112,7 @@ def _packed(unpacked: _TorchLinear, owners: list[torch.nn.Linear], compact: bool
 
 class TorchOps:
     """The forward's small per-layer operations in plain torch (any device and dtype); the
-    native ``native.ops.ElementwiseOps`` has the same three methods for CPU fp32."""
+    native ``native.ops.ElementwiseOps`` has the same methods for CPU fp32."""
 
     @staticmethod
     def add_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -118,6 +133,26 @@ class TorchOps:
         return F.silu(gu[:, :inter]).mul_(gu[:, inter:])
 
     @staticmethod
+    def gelu_tanh_mul(gu: torch.Tensor) -> torch.Tensor:
+        """``gelu_tanh(gate) * up`` (GELU's tanh approximation, Gemma's MLP) -> ``[T, I]``."""
+        inter = gu.shape[-1] // 2
+        return F.gelu(gu[:, :inter], approximate="tanh").mul_(gu[:, inter:])
+
+    @staticmethod
+    def qk_norm(x: torch.Tensor, heads: int, kv_heads: int, head_dim: int, q_weight: torch.Tensor,
+                k_weight: torch.Tensor, eps: float) -> None:
+        """RMSNorm in place of each query head (the first ``heads`` of each row of ``x``, scaled by
+        ``q_weight``) and each key head (the ``kv_heads`` after them, by ``k_weight``)."""
+        T = x.shape[0]
+        for first, count, weight in ((0, heads, q_weight), (heads, kv_heads, k_weight)):
+            part = x[:, first * head_dim:(first + count) * head_dim].view(T, count, head_dim)
+            if part.dtype == torch.float32:
+                part.copy_(F.rms_norm(part, weight.shape, weight, eps))
+            else:  # transformers' order: normalise in fp32, cast back, then scale
+                y = part.float()
+                part.copy_(weight * (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps)).to(part.dtype))
+
+    @staticmethod
     def rope(x: torch.Tensor, heads: int, head_dim: int, cos: torch.Tensor, sin: torch.Tensor) -> None:
         """Rotary embedding ("rotate half") in place on the first ``heads`` heads of each row of
         ``x``, with per-row ``cos``/``sin`` ``[T, head_dim]``."""
@@ -128,7 +163,17 @@ class TorchOps:
 
 
 class _Layer:
-    __slots__ = ("idx", "ln1", "ln2", "eps1", "eps2", "qkv", "o", "gu", "down", "scaling", "window")
+    __slots__ = ("idx", "ln1", "ln2", "eps1", "eps2", "qkv", "o", "gu", "down", "scaling", "window", "q_norm",
+                 "k_norm", "qk_eps", "post_attn", "post_mlp", "post_eps", "act", "gelu", "rope")
+
+
+def _eps(norm: Any) -> float:
+    """An RMSNorm module's epsilon (Llama's modules call it ``variance_epsilon``, Gemma's ``eps``)."""
+    return float(norm.variance_epsilon if hasattr(norm, "variance_epsilon") else norm.eps)
+
+
+def _is_rms_norm(norm: Any) -> bool:
+    return type(norm).__name__.endswith("RMSNorm") and (hasattr(norm, "variance_epsilon") or hasattr(norm, "eps"))
 
 
 class FusedDecoder:
@@ -137,19 +182,35 @@ class FusedDecoder:
     def __init__(self, model: Any, cfg: Any, pack: bool = False, ops: Any = None, compact: bool = True,
                  native_decode: bool = True, weights: Any = None) -> None:
         base = model.get_decoder()
+        family = _FAMILIES[cfg.model_type]
+        # Gemma's norms scale by (1 + weight): added once here, in fp32 as its forward does, unless
+        # the weights come from a file that stores them so (llama.cpp's converter adds the 1).
+        shift = family.norm_offset and not getattr(weights, "norms_shifted", False)
+
+        def norm_weight(norm: Any) -> torch.Tensor:
+            return (1.0 + norm.weight.float()).contiguous() if shift else norm.weight
+
         # ``weights``: ready-made projections and embedding (``gguf_model.GGUFParts``) for a model
         # whose transformers modules hold no matrices (built on the meta device).
         self.embed = weights.embed if weights is not None else base.embed_tokens
+        scale = getattr(base.embed_tokens, "scalar_embed_scale", None)  # Gemma: embeddings times sqrt(hidden)
+        if weights is not None and scale is not None:
+            # transformers' module multiplies by a float32 tensor of the scale: the same rounding.
+            factor = torch.tensor(float(scale), dtype=torch.float32)
+            self.embed = lambda ids: weights.embed(ids).mul_(factor)
         self.rotary = base.rotary_emb
-        self.norm_w, self.norm_eps = base.norm.weight, float(base.norm.variance_epsilon)
+        self.norm_w, self.norm_eps = norm_weight(base.norm), _eps(base.norm)
         self.heads = int(cfg.num_attention_heads)
         self.kv_heads = int(getattr(cfg, "num_key_value_heads", None) or self.heads)
         self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads)
         self.layers: list[_Layer] = []
-        # cos/sin of every position up to the context limit (``tabulate_rope``): a lookup instead
-        # of the rotary module's computation, and free of anything a CUDA graph cannot hold.
-        self.rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
-        self.ops = ops if ops is not None else TorchOps()  # norms, SiLU-mul and RoPE
+        # Gemma 3 rotates local (sliding-window) and global layers with RoPE of their own bases:
+        # its rotary module takes the layer type. None: one RoPE for every layer.
+        self.rope_kinds: list[str | None] = [None]
+        # cos/sin of every position up to the context limit per RoPE kind (``tabulate_rope``): a
+        # lookup instead of the rotary module's computation, free of what a CUDA graph cannot hold.
+        self.rope_table: dict[str | None, tuple[torch.Tensor, torch.Tensor]] | None = None
+        self.ops = ops if ops is not None else TorchOps()  # norms, activations and RoPE
         # Decode-only steps as one native call when every part is native (native/step.py);
         # False keeps the Python layer loop for every step.
         self.native_decode = native_decode
@@ -157,14 +218,23 @@ class FusedDecoder:
         # one-call native step cannot pause for it, so a set ``reduce`` keeps the layer loop.
         self.reduce: Callable[[torch.Tensor], None] | None = None
         self._native: tuple[Any, Any] | None = None  # (cache, NativeDecodeStep or None)
+        per_type = hasattr(self.rotary, "layer_types")
         owners: list[tuple[_Layer, dict[str, list[torch.nn.Linear]]]] = []
         for dec in base.layers:
             attn, mlp = dec.self_attn, dec.mlp
             lay = _Layer()
             lay.idx = int(attn.layer_idx)
-            lay.ln1, lay.eps1 = dec.input_layernorm.weight, float(dec.input_layernorm.variance_epsilon)
-            post = dec.post_attention_layernorm
-            lay.ln2, lay.eps2 = post.weight, float(post.variance_epsilon)
+            # Sandwich norms (Gemma): input -> attention -> post_attention -> residual, then
+            # pre_feedforward -> MLP -> post_feedforward -> residual.
+            pre_mlp = dec.pre_feedforward_layernorm if family.sandwich else dec.post_attention_layernorm
+            lay.ln1, lay.eps1 = norm_weight(dec.input_layernorm), _eps(dec.input_layernorm)
+            lay.ln2, lay.eps2 = norm_weight(pre_mlp), _eps(pre_mlp)
+            lay.post_attn = norm_weight(dec.post_attention_layernorm) if family.sandwich else None
+            lay.post_mlp = norm_weight(dec.post_feedforward_layernorm) if family.sandwich else None
+            lay.post_eps = _eps(dec.post_attention_layernorm)
+            lay.gelu = family.act == "gelu_pytorch_tanh"
+            lay.act = self.ops.gelu_tanh_mul if lay.gelu else self.ops.silu_mul
+            lay.rope = attn.layer_type if per_type else None
             if weights is not None:
                 given = weights.layers[len(self.layers)]
                 lay.qkv, lay.o, lay.gu, lay.down = (given[p] for p in ("qkv", "o", "gu", "down"))
@@ -175,10 +245,16 @@ class FusedDecoder:
                 lay.down = _TorchLinear(mlp.down_proj.weight, mlp.down_proj.bias)
                 owners.append((lay, {"qkv": qkv, "o": [attn.o_proj], "gu": gu, "down": [mlp.down_proj]}))
             lay.scaling = float(attn.scaling)
+            # Qwen3's and Gemma 3's RMSNorm of each query and key head before RoPE (``build``
+            # checked the pair).
+            lay.q_norm = norm_weight(attn.q_norm) if hasattr(attn, "q_norm") else None
+            lay.k_norm = norm_weight(attn.k_norm) if hasattr(attn, "k_norm") else None
+            lay.qk_eps = _eps(attn.q_norm) if hasattr(attn, "q_norm") else 0.0
             # Qwen2 sets a window per layer; Mistral reads the config's for every layer.
             lay.window = (getattr(attn, "sliding_window", None) if hasattr(attn, "sliding_window")
                           else getattr(cfg, "sliding_window", None) if cfg.model_type == "mistral" else None)
             self.layers.append(lay)
+        self.rope_kinds = list(dict.fromkeys(lay.rope for lay in self.layers))
         # Packing (which empties the transformers modules' weights) only once every layer has
         # been understood: a refusal above leaves the model intact for transformers' forward.
         for lay, parts in owners if pack else ():
@@ -195,22 +271,28 @@ class FusedDecoder:
         one native call where every part is native; ``weights``: the projections and embedding
         to use instead of the model's own (a GGUF file's, ``gguf_model.GGUFParts``)."""
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-        if getattr(cfg, "model_type", None) not in _ARCHITECTURES or getattr(cfg, "hidden_act", None) != "silu":
+        family = _FAMILIES.get(getattr(cfg, "model_type", None))
+        act = getattr(cfg, "hidden_activation", None) or getattr(cfg, "hidden_act", None)
+        if family is None or act != family.act:
             return None
         try:
             base = model.get_decoder()
             layers = list(base.layers)
             ok = all(hasattr(base, a) for a in ("embed_tokens", "rotary_emb", "norm")) and layers
+            # Gemma's (1 + weight) norms follow transformers' fp32 arithmetic only in fp32.
+            ok = ok and (not family.norm_offset or base.norm.weight.dtype == torch.float32)
+            ok = ok and not getattr(cfg, "attn_logit_softcapping", None)
+            ok = ok and not getattr(cfg, "use_bidirectional_attention", False)
             for dec in layers:
                 parts = {n for n, _ in dec.named_children()}
-                ok = ok and parts == _LAYER_PARTS
+                ok = ok and parts == (_SANDWICH_PARTS if family.sandwich else _LAYER_PARTS)
                 ok = ok and {n for n, _ in dec.self_attn.named_children()} <= _ATTN_PARTS
                 ok = ok and {n for n, _ in dec.mlp.named_children()} == _MLP_PARTS
-                ok = ok and all(type(m).__name__.endswith("RMSNorm") and hasattr(m, "variance_epsilon")
-                                for m in (dec.input_layernorm, dec.post_attention_layernorm))
+                ok = ok and all(_is_rms_norm(getattr(dec, n)) for n in parts if n.endswith("layernorm"))
                 ok = ok and all(isinstance(getattr(dec.self_attn, p), torch.nn.Linear)
                                 for p in ("q_proj", "k_proj", "v_proj", "o_proj"))
-            ok = ok and type(base.norm).__name__.endswith("RMSNorm")
+                ok = ok and cls._qk_norms_fit(dec.self_attn, cfg)
+            ok = ok and _is_rms_norm(base.norm)
             if not ok:
                 return None
             fused = cls(model, cfg, pack, ops, compact, native_decode, weights)
@@ -221,15 +303,30 @@ class FusedDecoder:
         log.debug("using the fused decoder forward for %s", type(model).__name__)
         return fused
 
+    @staticmethod
+    def _qk_norms_fit(attn: Any, cfg: Any) -> bool:
+        """No q/k norms, or an RMSNorm over each head's vector for both with one epsilon."""
+        norms = [getattr(attn, n, None) for n in ("q_norm", "k_norm")]
+        if norms == [None, None]:
+            return True
+        head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+        return (all(n is not None and _is_rms_norm(n) and tuple(n.weight.shape) == (head_dim,) for n in norms)
+                and _eps(norms[0]) == _eps(norms[1]))
+
+    def _rotary(self, x: torch.Tensor, positions: torch.Tensor, kind: str | None) -> tuple[torch.Tensor, ...]:
+        """cos/sin ``[T, D]`` of ``positions`` from the model's rotary module (for RoPE ``kind``)."""
+        cos, sin = self.rotary(x, positions[None]) if kind is None else self.rotary(x, positions[None], kind)
+        return cos[0].contiguous(), sin[0].contiguous()
+
     def tabulate_rope(self, max_len: int, dtype: torch.dtype) -> bool:
         """Compute cos/sin for positions ``0 .. max_len - 1`` once (in ``dtype``), through the
         model's own rotary module; False (nothing kept) for a length-dependent RoPE type."""
-        if getattr(self.rotary, "rope_type", "default") not in _STATIC_ROPE:
+        kinds = getattr(self.rotary, "rope_type", "default")
+        if any(k not in _STATIC_ROPE for k in (kinds.values() if isinstance(kinds, dict) else [kinds])):
             return False
         device = self.norm_w.device
-        cos, sin = self.rotary(torch.empty(1, dtype=dtype, device=device),
-                               torch.arange(max_len, device=device)[None])
-        self.rope_table = (cos[0].contiguous(), sin[0].contiguous())
+        probe, positions = torch.empty(1, dtype=dtype, device=device), torch.arange(max_len, device=device)
+        self.rope_table = {kind: self._rotary(probe, positions, kind) for kind in self.rope_kinds}
         return True
 
     def native_step(self, cache: PagedKVCache) -> Any:
@@ -250,21 +347,22 @@ class FusedDecoder:
         H, kvh, D = self.heads, self.kv_heads, self.head_dim
         q_end, k_end = H * D, (H + kvh) * D
         h = self.embed(input_ids)
-        if self.rope_table is not None:
-            cos, sin = self.rope_table[0][positions], self.rope_table[1][positions]
-        else:
-            cos, sin = self.rotary(h, positions[None])
-            cos, sin = cos[0].contiguous(), sin[0].contiguous()   # [T, D]
+        table = self.rope_table
+        ropes = {kind: (table[kind][0][positions], table[kind][1][positions]) if table is not None
+                 else self._rotary(h, positions, kind) for kind in self.rope_kinds}
         if meta.num_decode == T and not meta.prefills:
             native = self.native_step(cache)
             if native is not None:
-                return native(h, cos, sin, meta)
+                return native(h, ropes, meta)
         ops = self.ops
         fused_store = cache.kernel_ops and hasattr(ops, "rope_store")
         delta = None  # what the previous layer's MLP adds to the residual stream h
         for lay in self.layers:
+            cos, sin = ropes[lay.rope]
             x = ops.add_rms_norm(h, delta, lay.ln1, lay.eps1)                 # h += delta, norm
             qkv = lay.qkv(x)
+            if lay.q_norm is not None:
+                ops.qk_norm(qkv, H, kvh, D, lay.q_norm, lay.k_norm, lay.qk_eps)
             if fused_store:  # RoPE and the KV store in one operator
                 ops.rope_store(qkv, H, kvh, D, cos, sin, cache.layers[lay.idx][1], meta.slot_mapping)
             else:
@@ -278,8 +376,12 @@ class FusedDecoder:
             attn_out = lay.o(o.reshape(T, q_end))
             if self.reduce is not None:
                 self.reduce(attn_out)
+            if lay.post_attn is not None:
+                attn_out = ops.add_rms_norm(attn_out, None, lay.post_attn, lay.post_eps)
             x = ops.add_rms_norm(h, attn_out, lay.ln2, lay.eps2)
-            delta = lay.down(ops.silu_mul(lay.gu(x)))
+            delta = lay.down(lay.act(lay.gu(x)))
             if self.reduce is not None:
                 self.reduce(delta)
+            if lay.post_mlp is not None:
+                delta = ops.add_rms_norm(delta, None, lay.post_mlp, lay.post_eps)
         return ops.add_rms_norm(h, delta, self.norm_w, self.norm_eps)

@@ -39,11 +39,18 @@ from .loader import (LoadedModel, publish_dir, _eos_ids, _resolve_source, load_e
 log = logging.getLogger("llmserve.backend.torch")
 
 # GGUF architectures the fused decoder runs (llama.cpp files Mistral models as "llama").
-ARCHITECTURES = {"llama", "qwen2"}
+ARCHITECTURES = {"llama", "qwen2", "qwen3", "gemma3"}
 _METADATA_DIR = "gguf-metadata"
 # transformers' projection name -> the GGUF tensor name within block N.
 _PROJECTIONS = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output",
                 "gate": "ffn_gate", "up": "ffn_up", "down": "ffn_down"}
+# A layer's norms: transformers' module -> the GGUF tensor within block N. Gemma 3 has four
+# (its "ffn_norm" is the one before the MLP; post_attention_layernorm follows the attention).
+_NORMS = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+_SANDWICH_NORMS = {"input_layernorm": "attn_norm", "post_attention_layernorm": "post_attention_norm",
+                   "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm"}
+# Architectures whose norms scale by (1 + weight): llama.cpp's converter stores the sum.
+_SHIFTED_NORMS = {"gemma3"}
 
 
 @dataclass
@@ -57,6 +64,7 @@ class GGUFParts:
     parameters: int = 0                  # every tensor's element count, summed
     weight_bytes: int = 0                # every tensor's bytes in the file, summed
     bf16_matmul: bool = False            # batches multiply in bf16 on AMX tiles (gguf_ops.gguf_linear)
+    norms_shifted: bool = False          # norm weights stored as (1 + weight) (Gemma's, as llama.cpp writes them)
 
 
 def _open(path: str) -> GGUFFile:
@@ -159,6 +167,7 @@ class _File:
         self.ops = gguf_ops
         header = _open(path)
         self.data_offset, self.architecture, self.tensors = header.data_offset, header.architecture, header.tensors
+        self.fields = header.fields
         for t in self.tensors.values():  # refused at load, in one line, before anything is built
             if t.tensor_type not in gguf_ops.SUPPORTED:
                 raise ConfigError(gguf_ops.unsupported_error(t.tensor_type, t.name))
@@ -215,6 +224,7 @@ def load_native(model_cfg: ModelConfig, path: str, bf16_matmul: bool = False) ->
     gguf_file = _File(path)
     meta = metadata_dir(path, gguf_file.data_offset, model_cfg.cache_dir)
     model_config = AutoConfig.from_pretrained(meta)
+    _config_from_header(model_config, gguf_file)
     tokenizer = load_tokenizer(model_cfg, meta, name)
     model = _skeleton(model_config)
     parts = _map_weights(model, model_config, gguf_file, gguf_file.architecture == "llama", bf16_matmul)
@@ -236,6 +246,43 @@ def load_native(model_cfg: ModelConfig, path: str, bf16_matmul: bool = False) ->
     return lm, parts
 
 
+def _config_from_header(config: Any, f: _File) -> None:
+    """What transformers' GGUF mapping leaves out of ``config``, read from the file's header as
+    llama.cpp reads it: the head size (``attention.key_length``: Qwen3's is 128 whatever the
+    hidden size, and the mapping leaves it at its config class's default) and Gemma 3's query
+    scale, local RoPE base, RoPE scaling, logit softcapping and sliding-window pattern."""
+    arch, fields = f.architecture, f.fields
+    key, value = (fields.get(f"{arch}.attention.{n}_length") for n in ("key", "value"))
+    if key is not None and value is not None and int(value) != int(key):
+        raise ConfigError(f"GGUF file has keys of {key} and values of {value} values a head; the paged KV cache "
+                          "holds heads of one size")
+    if key is not None:
+        config.head_dim = int(key)
+    if arch != "gemma3":
+        return
+    layers = int(config.num_hidden_layers)
+    # The file carries no query scale: llama.cpp scales the 62-layer (27B) model by hidden / heads
+    # and every other one by the head size.
+    config.query_pre_attn_scalar = (config.hidden_size // config.num_attention_heads if layers == 62
+                                    else config.head_dim)
+    rope = config.rope_parameters
+    if (local := fields.get("gemma3.rope.freq_base_swa")) is not None:
+        rope["sliding_attention"]["rope_theta"] = float(local)
+    factor = fields.get("gemma3.rope.scaling.factor")
+    if fields.get("gemma3.rope.scaling.type") == "linear" and factor and float(factor) != 1.0:
+        rope["full_attention"].update(rope_type="linear", factor=float(factor))  # global layers only
+    cap = fields.get("gemma3.final_logit_softcapping")
+    config.final_logit_softcapping = float(cap) if cap else None
+    if "gemma3.attention.sliding_window_pattern" in fields:
+        period = fields["gemma3.attention.sliding_window_pattern"]
+        if not isinstance(period, int) or period < 1:
+            raise ConfigError("GGUF file gives its own per-layer sliding-window pattern, which this loader does not "
+                              "read; serve it with --no-torch-gguf-native")
+        config.layer_types = ["sliding_attention" if (i + 1) % period else "full_attention" for i in range(layers)]
+    if not fields.get("gemma3.attention.sliding_window"):  # no window: every layer global, as llama.cpp runs it
+        config.layer_types = ["full_attention"] * layers
+
+
 def _map_weights(model: Any, cfg: Any, f: _File, permuted: bool, bf16: bool = False) -> GGUFParts:
     """Fill the skeleton's small tensors from ``f`` and build the GGUF linears, named as
     llama.cpp's converter names them (``blk.N.attn_q.weight``, ...)."""
@@ -248,6 +295,14 @@ def _map_weights(model: Any, cfg: Any, f: _File, permuted: bool, bf16: bool = Fa
         if name not in f:
             raise ConfigError(f"GGUF file lacks tensor {name}; it is not a complete {cfg.model_type} model")
         return name
+
+    def fill(module: Any, name: str) -> None:
+        """A norm's weight from the file, of the size the config gives it."""
+        value = f.vector(need(name))
+        if value.numel() != module.weight.numel():
+            raise ConfigError(f"GGUF tensor {name} has {value.numel()} values where a {cfg.model_type} model of "
+                              f"this configuration has {module.weight.numel()}; the file is inconsistent")
+        _parameter(module, "weight", value)
 
     types: list[str] = []
     if bf16 and not ops.amx_available():
@@ -273,8 +328,11 @@ def _map_weights(model: Any, cfg: Any, f: _File, permuted: bool, bf16: bool = Fa
         for i, dec in enumerate(base.layers):
             blk = f"blk.{i}."
             attn = dec.self_attn
-            _parameter(dec.input_layernorm, "weight", f.vector(need(blk + "attn_norm.weight")))
-            _parameter(dec.post_attention_layernorm, "weight", f.vector(need(blk + "ffn_norm.weight")))
+            for module, tensor in (_SANDWICH_NORMS if hasattr(dec, "pre_feedforward_layernorm") else _NORMS).items():
+                fill(getattr(dec, module), f"{blk}{tensor}.weight")
+            for norm in ("q_norm", "k_norm"):  # Qwen3's per-head norms (head_dim values each)
+                if hasattr(attn, norm):
+                    fill(getattr(attn, norm), f"{blk}attn_{norm}.weight")
             w = {p: blk + g + ".weight" for p, g in _PROJECTIONS.items()}
             qk_rows: list[torch.Tensor | None] = [None, None, None]
             if permuted:
@@ -295,7 +353,7 @@ def _map_weights(model: Any, cfg: Any, f: _File, permuted: bool, bf16: bool = Fa
             })
         if len(layers) != n_layers:
             raise ConfigError(f"GGUF file has {len(layers)} layers, its metadata says {n_layers}")
-        _parameter(base.norm, "weight", f.vector(need("output_norm.weight")))
+        fill(base.norm, "output_norm.weight")
         embed_t = f.quant(need("token_embd.weight"))
         head_name = "output.weight" if "output.weight" in f else "token_embd.weight"
         head = linear([head_name], [None], None)
@@ -304,4 +362,5 @@ def _map_weights(model: Any, cfg: Any, f: _File, permuted: bool, bf16: bool = Fa
     def embed(ids: torch.Tensor) -> torch.Tensor:
         return gguf_rows(embed_t, ids)
 
-    return GGUFParts(layers=layers, embed=embed, head=head, types=types, bf16_matmul=bf16)
+    return GGUFParts(layers=layers, embed=embed, head=head, types=types, bf16_matmul=bf16,
+                     norms_shifted=f.architecture in _SHIFTED_NORMS)

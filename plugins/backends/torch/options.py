@@ -45,7 +45,8 @@ class TorchOptions(BaseModel):
                                                      "decode steps unless --enforce-eager); off: torch's SDPA over "
                                                      "gathered blocks, eagerly.")
     threads: int | None = Field(None, ge=1, description="Intra-op CPU threads (default: OMP_NUM_THREADS when set, "
-                                                        "else every core this process may run on).")
+                                                        "else the cores this process may run on, capped by its "
+                                                        "cgroup's CPU quota).")
 
     @classmethod
     def from_environ(cls, **given: object) -> "TorchOptions":

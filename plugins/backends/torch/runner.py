@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import logging
-import os
 import threading
 from typing import Any
 
@@ -18,6 +17,7 @@ from llmserve import Backend, KVCacheSpec, ModelInfo, StepItem, StepResult
 from llmserve import ConfigError
 
 from .attention import PagedKVCache, PrefillSegment, StepMetadata, kv_cache_dtype, step_context
+from .cpu_threads import set_cpu_threads
 from .fused import FusedDecoder
 from .loader import LoadedModel, load_model
 from .options import TorchOptions
@@ -37,15 +37,6 @@ def _available_cpu_memory() -> int:
                 if line.startswith("MemAvailable:"):
                     return int(line.split()[1]) * 1024
     raise ConfigError("cannot determine available memory; pass an explicit number of KV blocks")
-
-
-def _set_cpu_threads(threads: int | None) -> None:
-    # The configured count; else every core we may run on (affinity-aware), unless the user
-    # pinned it with OMP_NUM_THREADS.
-    if threads is None and os.environ.get("OMP_NUM_THREADS"):
-        return
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    torch.set_num_threads(threads or max(1, cores))
 
 
 class TorchBackend(Backend):
@@ -77,7 +68,7 @@ class TorchBackend(Backend):
     def load(self) -> ModelInfo:
         opts = self.options
         if self.config.llm.device != "cuda":
-            _set_cpu_threads(opts.threads)
+            set_cpu_threads(opts.threads)
             if opts.cpu_kernels and self.config.llm.dtype in ("auto", "float32"):
                 self.warm_up(wait=False)  # the compilers run while the weights load
         from .gguf_model import load_native, native_gguf_path

@@ -220,7 +220,7 @@ def _rope_store_fake(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv
 
 class KernelOps:
     """The fused forward's small operations as the operators above (one launch each on CUDA), with
-    ``TorchOps``' three methods plus ``rope_store``, which also writes the layer's keys and values
+    ``TorchOps``' methods plus ``rope_store``, which also writes the layer's keys and values
     (so the attention after it skips its own KV store)."""
 
     @staticmethod
@@ -234,6 +234,19 @@ class KernelOps:
     @staticmethod
     def rope(x: torch.Tensor, heads: int, head_dim: int, cos: torch.Tensor, sin: torch.Tensor) -> None:
         torch.ops.llmserve.rope_store(x, cos, sin, None, None, heads, 0, head_dim)
+
+    @staticmethod
+    def gelu_tanh_mul(gu: torch.Tensor) -> torch.Tensor:
+        from ..fused import TorchOps
+
+        return TorchOps.gelu_tanh_mul(gu)
+
+    @staticmethod
+    def qk_norm(x: torch.Tensor, heads: int, kv_heads: int, head_dim: int, q_weight: torch.Tensor,
+                k_weight: torch.Tensor, eps: float) -> None:
+        from ..fused import TorchOps  # plain torch ops: few launches, once per layer
+
+        TorchOps.qk_norm(x, heads, kv_heads, head_dim, q_weight, k_weight, eps)
 
     @staticmethod
     def rope_store(qkv: torch.Tensor, heads: int, kv_heads: int, head_dim: int, cos: torch.Tensor,

@@ -230,7 +230,9 @@ class ElementwiseOps:
     def __init__(self, lib: ctypes.CDLL) -> None:
         self._norm = bind(lib, "add_rms_norm_f32", None, *[PTR] * 4, I64, I64, F32, INT)
         self._silu = bind(lib, "silu_mul_f32", None, PTR, PTR, I64, I64, INT)
+        self._gelu = bind(lib, "gelu_tanh_mul_f32", None, PTR, PTR, I64, I64, INT)
         self._rope = bind(lib, "rope_f32", None, PTR, PTR, PTR, I64, I64, I64, I64, INT)
+        self._qk_norm = bind(lib, "head_rms_norm_f32", None, PTR, PTR, PTR, *[I64] * 5, F32, INT)
         self._greedy = bind(lib, "greedy_pick_f32", I64, PTR, I64, I64, PTR, PTR, INT)
 
     def add_rms_norm(self, h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
@@ -246,11 +248,19 @@ class ElementwiseOps:
 
     def silu_mul(self, gu: torch.Tensor) -> torch.Tensor:
         """``silu(gate) * up`` of a contiguous ``[T, 2 * I]`` gate-and-up tensor -> ``[T, I]``."""
+        return self._gated(self._silu, gu)
+
+    def gelu_tanh_mul(self, gu: torch.Tensor) -> torch.Tensor:
+        """``gelu_tanh(gate) * up`` (GELU's tanh approximation), as ``silu_mul``."""
+        return self._gated(self._gelu, gu)
+
+    @staticmethod
+    def _gated(fn: Callable[..., None], gu: torch.Tensor) -> torch.Tensor:
         T, two_i = gu.shape
         if not gu.is_contiguous() or two_i % 2:
-            raise ValueError("silu_mul needs a contiguous [T, 2 * I] tensor")
+            raise ValueError("a gated activation needs a contiguous [T, 2 * I] tensor")
         out = gu.new_empty(T, two_i // 2)
-        self._silu(gu.data_ptr(), out.data_ptr(), T, two_i // 2, torch.get_num_threads())
+        fn(gu.data_ptr(), out.data_ptr(), T, two_i // 2, torch.get_num_threads())
         return out
 
     def rope(self, x: torch.Tensor, heads: int, head_dim: int, cos: torch.Tensor, sin: torch.Tensor) -> None:
@@ -263,6 +273,18 @@ class ElementwiseOps:
             raise ValueError("rope needs rows of at least heads * head_dim floats and [T, head_dim] cos/sin")
         self._rope(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), T, heads, head_dim, x.stride(0),
                    torch.get_num_threads())
+
+    def qk_norm(self, x: torch.Tensor, heads: int, kv_heads: int, head_dim: int, q_weight: torch.Tensor,
+                k_weight: torch.Tensor, eps: float) -> None:
+        """RMSNorm in place of each of the first ``heads`` head vectors of each row of the 2-D ``x``
+        (scaled by ``q_weight``) and of the ``kv_heads`` after them (by ``k_weight``)."""
+        T, width = x.shape
+        if (x.stride(1) != 1 or (heads + kv_heads) * head_dim > width or q_weight.shape != (head_dim,)
+                or k_weight.shape != (head_dim,) or not (q_weight.is_contiguous() and k_weight.is_contiguous())):
+            raise ValueError("qk_norm needs rows of at least (heads + kv_heads) * head_dim floats and [head_dim] "
+                             "weights")
+        self._qk_norm(x.data_ptr(), q_weight.data_ptr(), k_weight.data_ptr(), T, heads, kv_heads, head_dim,
+                      x.stride(0), eps, torch.get_num_threads())
 
     def greedy(self, logits: torch.Tensor) -> tuple[torch.Tensor, list[float]] | None:
         """Per row of contiguous fp32 ``[B, V]`` logits: the first index of the maximum (as

@@ -22,13 +22,15 @@ _P, _I64, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 
 
 class _Kernels(ctypes.Structure):
-    _fields_ = [(name, _P) for name in ("norm", "silu", "rope", "write_kv", "decode")]
+    _fields_ = [(name, _P) for name in ("norm", "silu", "rope", "write_kv", "decode", "head_norm", "gelu")]
 
 
 class _Layer(ctypes.Structure):
     _fields_ = [(name, _P) for name in ("qkv", "qkv_bias", "o", "o_bias", "gu", "gu_bias", "down", "down_bias",
-                                        "ln1", "ln2", "pool", "qkv_fn", "o_fn", "gu_fn", "down_fn")] + [
-        ("eps1", _F32), ("eps2", _F32), ("scale", _F32), ("window", _I64)]
+                                        "ln1", "ln2", "q_norm", "k_norm", "post_attn", "post_mlp", "pool",
+                                        "qkv_fn", "o_fn", "gu_fn", "down_fn")] + [
+        ("eps1", _F32), ("eps2", _F32), ("qk_eps", _F32), ("post_eps", _F32), ("scale", _F32), ("window", _I64),
+        ("act", _I64), ("rope", _I64)]
 
 
 class _Model(ctypes.Structure):
@@ -53,6 +55,7 @@ class NativeDecodeStep:
 
     def __init__(self, fused: Any, cache: Any, lib: ctypes.CDLL, kernels: _Kernels) -> None:
         self.cache = cache
+        self._rope_kinds = list(fused.rope_kinds)
         self._kernels = kernels
         self._fn = lib.decoder_step_f32
         self._fn.restype = ctypes.c_int
@@ -72,6 +75,9 @@ class NativeDecodeStep:
                 setattr(slot, f"{name}_bias", _ptr(lin.bias))
                 setattr(slot, f"{name}_fn", lin.kernel)
             slot.ln1, slot.ln2 = lay.ln1.data_ptr(), lay.ln2.data_ptr()
+            slot.q_norm, slot.k_norm, slot.qk_eps = _ptr(lay.q_norm), _ptr(lay.k_norm), lay.qk_eps
+            slot.post_attn, slot.post_mlp, slot.post_eps = _ptr(lay.post_attn), _ptr(lay.post_mlp), lay.post_eps
+            slot.act, slot.rope = int(lay.gelu), fused.rope_kinds.index(lay.rope)
             slot.pool = cache.layers[lay.idx][0].data_ptr()
             slot.eps1, slot.eps2, slot.scale, slot.window = lay.eps1, lay.eps2, lay.scaling, lay.window or 0
         # The tensors behind those pointers live as long as the fused decoder (which holds this
@@ -104,7 +110,9 @@ class NativeDecodeStep:
                     or (lay.gu.in_features, lay.gu.out_features) != (hidden, inter2)
                     or (lay.down.in_features, lay.down.out_features) != (inter2 // 2, hidden) or inter2 % 2):
                 return None
-        if fused.norm_w.dtype != torch.float32 or not fused.norm_w.is_contiguous():
+        norms = [t for lay in lays for t in (lay.ln1, lay.ln2, lay.q_norm, lay.k_norm, lay.post_attn, lay.post_mlp)
+                 if t is not None]
+        if any(t.dtype != torch.float32 or not t.is_contiguous() for t in (fused.norm_w, *norms)):
             return None
         step_lib = library("decoder_step", "decoder-step")
         ew_lib = library("elementwise", "elementwise")
@@ -115,16 +123,23 @@ class NativeDecodeStep:
         suffix = "q8" if int8 else "f32"
         kernels = _Kernels(_fn(ew_lib, "add_rms_norm_f32"),
                            _fn(ew_lib, "silu_mul_f32"), _fn(ew_lib, "rope_f32"), _fn(attn_lib, f"write_kv_{suffix}"),
-                           _fn(attn_lib, f"paged_decode_{suffix}"))
+                           _fn(attn_lib, f"paged_decode_{suffix}"), _fn(ew_lib, "head_rms_norm_f32"),
+                           _fn(ew_lib, "gelu_tanh_mul_f32"))
         return cls(fused, cache, step_lib, kernels)
 
-    def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: Any) -> torch.Tensor:
+    def __call__(self, h: torch.Tensor, ropes: dict[str | None, tuple[torch.Tensor, torch.Tensor]],
+                 meta: Any) -> torch.Tensor:
         """``h [T, hidden]`` (the embedded tokens; used as the residual stream) -> the final
-        normed hidden states ``[T, hidden]``; writes the step's KV. Every row must be a decode
-        row of ``meta``."""
+        normed hidden states ``[T, hidden]``; writes the step's KV. ``ropes``: cos/sin ``[T, D]``
+        per RoPE kind of the fused decoder. Every row must be a decode row of ``meta``."""
         T = h.shape[0]
+        if len(ropes) == 1:
+            cos, sin = next(iter(ropes.values()))
+        else:  # one [kinds, T, D] table each, in the order the layers' indices count
+            cos, sin = (torch.stack([ropes[k][i] for k in self._rope_kinds]) for i in (0, 1))
+            cos, sin = cos.view(-1, self.head_dim), sin.view(-1, self.head_dim)
         if (h.shape != (T, self.hidden) or not h.is_contiguous() or h.dtype != torch.float32
-                or cos.shape != (T, self.head_dim) or sin.shape != cos.shape
+                or cos.shape != (T * len(ropes), self.head_dim) or sin.shape != cos.shape
                 or not (cos.is_contiguous() and sin.is_contiguous()) or meta.num_decode != T or meta.prefills):
             raise ValueError("native decode step: expected decode rows only, with contiguous fp32 inputs")
         tables, ctx, slots = meta.decode_blocks, meta.decode_ctx, meta.slot_mapping

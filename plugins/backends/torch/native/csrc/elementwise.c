@@ -6,7 +6,9 @@
  *
  *   add_rms_norm_f32:  h += delta (when delta is given), out = h / sqrt(mean(h^2) + eps) * w
  *   silu_mul_f32:      out[t, i] = silu(gu[t, i]) * gu[t, I + i]   (gate and up side by side)
+ *   gelu_tanh_mul_f32: the same with GELU's tanh approximation (Gemma)
  *   rope_f32:          rotary embedding of queries and keys in place
+ *   head_rms_norm_f32: RMSNorm of every query and key head on its own (Qwen3's q/k norms), in place
  *   greedy_pick_f32:   argmax and its log-probability per row of logits
  *
  * Built at run time by ``cpu_kernels.py`` (gcc -O3 -march=native -fopenmp).
@@ -19,17 +21,36 @@
 
 #include "vec_math.h"
 
-/* silu(x) = x * sigmoid(x), with sigmoid from e = e^-|x| (never overflows):
- * x >= 0: 1 / (1 + e);  x < 0: e / (1 + e). */
-static inline __m256 silu8(__m256 x) {
+/* sigmoid(z) from e = e^-|z| (never overflows): z >= 0: 1 / (1 + e);  z < 0: e / (1 + e). */
+static inline __m256 sigmoid8(__m256 z) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
-    const __m256 e = exp_nonpos(_mm256_or_ps(x, sign)); /* -|x| */
-    const __m256 num = _mm256_blendv_ps(_mm256_set1_ps(1.0f), e, x); /* x's sign bit picks e */
-    return _mm256_mul_ps(x, _mm256_div_ps(num, _mm256_add_ps(_mm256_set1_ps(1.0f), e)));
+    const __m256 e = exp_nonpos(_mm256_or_ps(z, sign)); /* -|z| */
+    const __m256 num = _mm256_blendv_ps(_mm256_set1_ps(1.0f), e, z); /* z's sign bit picks e */
+    return _mm256_div_ps(num, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
 }
+
+/* silu(x) = x * sigmoid(x) */
+static inline __m256 silu8(__m256 x) { return _mm256_mul_ps(x, sigmoid8(x)); }
 
 static inline float silu1(float x) {
     return x >= 0.0f ? x / (1.0f + expf(-x)) : x * expf(x) / (1.0f + expf(x));
+}
+
+/* GELU, tanh form: 0.5 x (1 + tanh(u)) with u = sqrt(2/pi) (x + 0.044715 x^3), which is
+ * x * sigmoid(2u) exactly (1 + tanh(u) = 2 sigmoid(2u)): no tanh, and no overflow for large |x|. */
+#define GELU_2C 1.5957691216057308f /* 2 sqrt(2/pi) */
+#define GELU_A 0.044715f
+
+static inline __m256 gelu8(__m256 x) {
+    const __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+    const __m256 z = _mm256_mul_ps(_mm256_set1_ps(GELU_2C), _mm256_fmadd_ps(_mm256_set1_ps(GELU_A), x3, x));
+    return _mm256_mul_ps(x, sigmoid8(z));
+}
+
+static inline float gelu1(float x) {
+    const float z = GELU_2C * (x + GELU_A * x * x * x);
+    const float e = expf(-fabsf(z));
+    return x * (z >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e));
 }
 
 void add_rms_norm_f32(float *h, const float *delta, const float *w, float *out, int64_t T, int64_t D, float eps,
@@ -63,6 +84,34 @@ void add_rms_norm_f32(float *h, const float *delta, const float *w, float *out, 
     }
 }
 
+/* RMSNorm of each head vector in place: the first ``heads`` heads of each row of x (row stride
+ * ``ld`` floats) scaled by ``qw [D]``, the ``kv_heads`` after them by ``kw [D]``; queries and keys
+ * side by side as in a fused QKV output. The same arithmetic, in the same order, as
+ * add_rms_norm_f32 on one head's D values. */
+void head_rms_norm_f32(float *x, const float *qw, const float *kw, int64_t T, int64_t heads, int64_t kv_heads,
+                       int64_t D, int64_t ld, float eps, int nthreads) {
+    const int64_t per_row = heads + kv_heads;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (T * per_row * D >= 32768)
+    for (int64_t i = 0; i < T * per_row; i++) {
+        const int64_t t = i / per_row, h = i % per_row;
+        float *row = x + t * ld + h * D;
+        const float *w = h < heads ? qw : kw;
+        __m256 acc = _mm256_setzero_ps();
+        int64_t d = 0;
+        for (; d + 8 <= D; d += 8) {
+            const __m256 v = _mm256_loadu_ps(row + d);
+            acc = _mm256_fmadd_ps(v, v, acc);
+        }
+        float ss = hsum8(acc);
+        for (; d < D; d++) ss += row[d] * row[d];
+        const float inv = 1.0f / sqrtf(ss / (float)D + eps);
+        const __m256 vinv = _mm256_set1_ps(inv);
+        for (d = 0; d + 8 <= D; d += 8)
+            _mm256_storeu_ps(row + d, _mm256_mul_ps(_mm256_loadu_ps(w + d), _mm256_mul_ps(_mm256_loadu_ps(row + d), vinv)));
+        for (; d < D; d++) row[d] = w[d] * (row[d] * inv);
+    }
+}
+
 void silu_mul_f32(const float *gu, float *out, int64_t T, int64_t I, int nthreads) {
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (T * I >= 16384)
     for (int64_t t = 0; t < T; t++) {
@@ -72,6 +121,18 @@ void silu_mul_f32(const float *gu, float *out, int64_t T, int64_t I, int nthread
         for (; i + 8 <= I; i += 8)
             _mm256_storeu_ps(o + i, _mm256_mul_ps(silu8(_mm256_loadu_ps(g + i)), _mm256_loadu_ps(u + i)));
         for (; i < I; i++) o[i] = silu1(g[i]) * u[i];
+    }
+}
+
+void gelu_tanh_mul_f32(const float *gu, float *out, int64_t T, int64_t I, int nthreads) {
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (T * I >= 16384)
+    for (int64_t t = 0; t < T; t++) {
+        const float *g = gu + t * 2 * I, *u = g + I;
+        float *o = out + t * I;
+        int64_t i = 0;
+        for (; i + 8 <= I; i += 8)
+            _mm256_storeu_ps(o + i, _mm256_mul_ps(gelu8(_mm256_loadu_ps(g + i)), _mm256_loadu_ps(u + i)));
+        for (; i < I; i++) o[i] = gelu1(g[i]) * u[i];
     }
 }
 
