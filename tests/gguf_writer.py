@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-K_QUANTS = ("Q4_K", "Q5_K", "Q6_K")
-# Byte offsets of the fp16 scale(s) in a block of each K-quant: random fp16 bits there could
+K_QUANTS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
+# Byte offsets of the fp16 scale(s) in a block of each of those: random fp16 bits there could
 # be NaN or huge, so they are set to small finite values.
-_K_SCALES = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+_K_SCALES = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
 
 
 def embedded_gguf() -> str:

@@ -22,7 +22,8 @@ from llmserve.plugins.backends.torch.native.gguf_ops import QuantTensor
 
 # Byte offsets of each block's fp16 scale fields (set to small finite values in random blocks).
 _F16_FIELDS = {T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q8_0: (0,),
-               T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,)}
+               T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,), T.Q2_K: (80, 82), T.Q3_K: (108,),
+               T.IQ4_NL: (0,), T.IQ4_XS: (0,), T.MXFP4: ()}
 _QUANTIZABLE = (T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1)
 TYPES = [T(t) for t in gguf_ops.SUPPORTED]
 
@@ -51,6 +52,9 @@ def random_blocks(qtype: T, n: int, k: int, rng: np.random.Generator) -> np.ndar
         scale = (rng.standard_normal(raw.shape[0]) * 0.02).astype(np.float16)
         scale[::7] = np.float16(6e-6)  # a subnormal fp16 scale now and then
         raw[:, off:off + 2] = scale.view(np.uint8).reshape(-1, 2)
+    if qtype == T.MXFP4:  # a shared exponent byte (e8m0) per block: scales near 2^-6, and the two subnormal ones
+        raw[:, 0] = rng.integers(116, 126, raw.shape[0], dtype=np.uint8)
+        raw[::11, 0], raw[::13, 0] = 0, 1
     return raw.reshape(n, -1)
 
 
@@ -160,14 +164,14 @@ def test_mixed_parts_rows_and_bias(native):
 
 
 def test_unsupported_type_is_refused_in_one_line(native):
-    raw = np.zeros((4, 84), dtype=np.uint8)
-    t = QuantTensor(int(T.Q2_K), torch.from_numpy(raw), (4, 256))
+    raw = np.zeros((4, 66), dtype=np.uint8)
+    t = QuantTensor(int(T.IQ2_XXS), torch.from_numpy(raw), (4, 256))
     with pytest.raises(ValueError) as err:
         gguf_ops.gguf_linear([t])
     msg = str(err.value)
-    assert "Q2_K" in msg and "Q4_K" in msg and "\n" not in msg
-    assert msg == gguf_ops.unsupported_error(int(T.Q2_K), "part 0")
-    with pytest.raises(ValueError, match="Q2_K"):
+    assert "IQ2_XXS" in msg and "Q4_K" in msg and "\n" not in msg
+    assert msg == gguf_ops.unsupported_error(int(T.IQ2_XXS), "part 0")
+    with pytest.raises(ValueError, match="IQ2_XXS"):
         gguf_ops.gguf_rows(t, torch.tensor([0]))
 
 

@@ -26,7 +26,8 @@ BS = 16
 # Every served type, three to a model: the first for most matrices, the others for K, the
 # MLP's up and the head (second) and V, down and the embedding (third), so each type runs
 # inside a fused projection, alone, and as the embedding or the head.
-TYPE_GROUPS = [("F32", "F16", "BF16"), ("Q8_0", "Q4_0", "Q4_1"), ("Q5_0", "Q5_1", "Q8_0"), ("Q4_K", "Q5_K", "Q6_K")]
+TYPE_GROUPS = [("F32", "F16", "BF16"), ("Q8_0", "Q4_0", "Q4_1"), ("Q5_0", "Q5_1", "Q8_0"), ("Q4_K", "Q5_K", "Q6_K"),
+               ("Q3_K", "Q2_K", "IQ4_XS"), ("IQ4_NL", "MXFP4", "Q6_K")]
 # The kernels compute in fp32 like the reference, in another summation order: the largest
 # logit difference stays under this fraction of the reference's largest |logit|.
 MAX_REL_ERR = 1e-3
@@ -224,13 +225,13 @@ def test_switch_off_keeps_the_conversion(tmp_path) -> None:
 def test_an_unserved_tensor_type_is_one_line_config_error(tmp_path) -> None:
     import numpy as np
 
-    path = str(tmp_path / "tiny-q2k.gguf")
+    path = str(tmp_path / "tiny-iq2.gguf")
     gguf_writer.write_tiny_gguf(path, "llama", "Q8_0", layers=1)
-    # Rewrite one tensor's type in the table to Q2_K, with a payload of Q2_K's size.
+    # Rewrite one tensor's type in the table to IQ2_XXS (not served), with a payload of its size.
     import gguf
 
     reader = gguf.GGUFReader(path)
-    w = gguf.GGUFWriter(str(tmp_path / "q2k.gguf"), "llama")
+    w = gguf.GGUFWriter(str(tmp_path / "iq2.gguf"), "llama")
     for key, field in reader.fields.items():
         if key.startswith("GGUF.") or key == "general.architecture":
             continue
@@ -240,8 +241,8 @@ def test_an_unserved_tensor_type_is_one_line_config_error(tmp_path) -> None:
     for t in reader.tensors:
         if t.name == "blk.0.ffn_up.weight":
             rows, cols = int(t.shape[1]), int(t.shape[0])
-            blocks = np.zeros((rows, cols // 256 * 84), np.uint8)
-            w.add_tensor(t.name, blocks, raw_dtype=gguf.GGMLQuantizationType.Q2_K)
+            blocks = np.zeros((rows, cols // 256 * 66), np.uint8)
+            w.add_tensor(t.name, blocks, raw_dtype=gguf.GGMLQuantizationType.IQ2_XXS)
         else:
             w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type if t.data.dtype == np.uint8 else None)
     w.write_header_to_file()
@@ -249,9 +250,9 @@ def test_an_unserved_tensor_type_is_one_line_config_error(tmp_path) -> None:
     w.write_tensors_to_file()
     w.close()
     with pytest.raises(ConfigError) as info:
-        make_backend(str(tmp_path / "q2k.gguf"), str(tmp_path / "cache"))
+        make_backend(str(tmp_path / "iq2.gguf"), str(tmp_path / "cache"))
     message = str(info.value)
-    assert "\n" not in message and "blk.0.ffn_up.weight" in message and "Q2_K" in message
+    assert "\n" not in message and "blk.0.ffn_up.weight" in message and "IQ2_XXS" in message
 
 
 @pytest.mark.slow

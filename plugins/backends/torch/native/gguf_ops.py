@@ -30,7 +30,8 @@ from .build import I64, PTR, bind, library
 
 _T = GGMLQuantizationType
 SUPPORTED: dict[int, str] = {int(t): t.name for t in (
-    _T.F32, _T.F16, _T.BF16, _T.Q8_0, _T.Q4_0, _T.Q4_1, _T.Q5_0, _T.Q5_1, _T.Q4_K, _T.Q5_K, _T.Q6_K)}
+    _T.F32, _T.F16, _T.BF16, _T.Q8_0, _T.Q4_0, _T.Q4_1, _T.Q5_0, _T.Q5_1, _T.Q2_K, _T.Q3_K, _T.Q4_K, _T.Q5_K,
+    _T.Q6_K, _T.IQ4_NL, _T.IQ4_XS, _T.MXFP4)}
 
 
 def _type_name(qtype: int) -> str:
@@ -43,7 +44,7 @@ def _type_name(qtype: int) -> str:
 def unsupported_error(qtype: int, tensor_name: str) -> str:
     """One line naming ``tensor_name``'s type and the types the CPU kernels serve."""
     return (f"{tensor_name}: GGUF type {_type_name(qtype)} is not served by the CPU kernels "
-            f"(served: {', '.join(SUPPORTED.values())}; Q2_K, Q3_K, IQ*, TQ* and MXFP4 files are not)")
+            f"(served: {', '.join(SUPPORTED.values())}; the IQ1-IQ3 and TQ types are not)")
 
 
 @dataclass

@@ -8,8 +8,9 @@
 #include <stdint.h>
 
 /* gguf.GGMLQuantizationType values */
-enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,
-       T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14, T_BF16 = 30 };
+enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8, T_Q2_K = 10,
+       T_Q3_K = 11, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14, T_IQ4_NL = 20, T_IQ4_XS = 23, T_BF16 = 30,
+       T_MXFP4 = 39 };
 
 /* One part of the weight, as gguf_ops.py writes it: every field an int64. */
 typedef struct {
@@ -62,7 +63,10 @@ static inline const uint8_t *const *unit_rows(const Desc *d, int64_t u, int64_t 
     return n0 + unit < (*sg)->n ? next : NULL;
 }
 
-static inline int is_k(int type) { return type == T_Q4_K || type == T_Q5_K || type == T_Q6_K; }
+/* The types in super-blocks of 256 weights with per-sub-block factors (kprep): the K-quants and IQ4_XS. */
+static inline int is_k(int type) {
+    return type == T_Q2_K || type == T_Q3_K || type == T_Q4_K || type == T_Q5_K || type == T_Q6_K || type == T_IQ4_XS;
+}
 
 #define DISPATCH(type, CALL)                                                          \
     switch (type) {                                                                   \
@@ -77,13 +81,19 @@ static inline int is_k(int type) { return type == T_Q4_K || type == T_Q5_K || ty
     case T_Q4_K: CALL(T_Q4_K); break;                                                 \
     case T_Q5_K: CALL(T_Q5_K); break;                                                 \
     case T_Q6_K: CALL(T_Q6_K); break;                                                 \
+    case T_Q2_K: CALL(T_Q2_K); break;                                                 \
+    case T_Q3_K: CALL(T_Q3_K); break;                                                 \
+    case T_IQ4_NL: CALL(T_IQ4_NL); break;                                             \
+    case T_IQ4_XS: CALL(T_IQ4_XS); break;                                             \
+    case T_MXFP4: CALL(T_MXFP4); break;                                               \
     default: break;                                                                   \
     }
 
 static int supported(int64_t type) {
     switch (type) {
     case T_F32: case T_F16: case T_BF16: case T_Q8_0: case T_Q4_0: case T_Q4_1: case T_Q5_0: case T_Q5_1:
-    case T_Q4_K: case T_Q5_K: case T_Q6_K: return 1;
+    case T_Q4_K: case T_Q5_K: case T_Q6_K: case T_Q2_K: case T_Q3_K: case T_IQ4_NL: case T_IQ4_XS: case T_MXFP4:
+        return 1;
     default: return 0;
     }
 }
@@ -98,6 +108,10 @@ static inline int64_t bytes256(int64_t type) {
     case T_Q4_1: return 160;
     case T_Q5_0: case T_Q5_K: return 176;
     case T_Q5_1: return 192;
+    case T_Q2_K: return 84;
+    case T_Q3_K: return 110;
+    case T_IQ4_NL: return 144;
+    case T_IQ4_XS: case T_MXFP4: return 136;
     default: return 210; /* Q6_K */
     }
 }

@@ -37,6 +37,37 @@
         for (int r_ = 0; r_ < (R); r_++) kprep(type, rw[r_], c, f[r_]);      \
     if (pf) prefetch_rows((R), pf, (c) * pfstep, pfstep);
 
+/* IQ4_NL's (and IQ4_XS's) 16 non-uniform levels, and MXFP4's: e2m1 values doubled (the scale
+ * below is halved to match), as the dequantizer's tables give them. */
+static const int8_t IQ4NL_LEVELS[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+static const int8_t MXFP4_LEVELS[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/* MXFP4's shared exponent (e8m0) as half the fp32 scale 2^(e - 127) (2^-127 and 2^-126 as
+ * subnormals), as the dequantizer decodes it. */
+static inline float e8m0_half(uint8_t e) {
+    const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* The 16 levels picked by the nibbles of 16 bytes: weights 0-15 from the low nibbles (lo),
+ * 16-31 from the high ones (hi), as signed bytes. */
+static inline __attribute__((always_inline)) void nibble_levels(const uint8_t *qs, const int8_t *levels,
+                                                               __m128i *lo, __m128i *hi) {
+    const __m128i table = _mm_loadu_si128((const __m128i *)levels), m = _mm_set1_epi8(15);
+    const __m128i b = _mm_loadu_si128((const __m128i *)qs);
+    *lo = _mm_shuffle_epi8(table, _mm_and_si128(b, m));
+    *hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(b, 4), m));
+}
+
+/* Q3_K's 16 scales: 6 bits each, low four from bytes 0-7 (low nibbles for 0-7, high for 8-15),
+ * top two from bytes 8-11 (scale i: bits 2 (i / 4) of byte 8 + i % 4), offset by 32. */
+static inline int q3k_scale(const uint8_t *sc, int i) {
+    const int low = i < 8 ? sc[i] & 15 : sc[i - 8] >> 4;
+    return (low | ((sc[8 + (i & 3)] >> (2 * (i >> 2))) & 3) << 4) - 32;
+}
+
 /* The fp32 factors of the K-quant super-block holding chunk c, computed once per super-block
  * and row as the dequantizer computes them: Q4_K / Q5_K: f[j] = d * sc_j, f[8 + j] = dmin * m_j
  * per 32; Q6_K: f[i] = d * sc_i per 16. Other types have none. */
@@ -57,6 +88,22 @@ static inline __attribute__((always_inline)) void kprep(const int type, const ui
         const __m256 mnv = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_setr_epi32((int)mn[0], (int)mn[1], 0, 0)));
         _mm256_storeu_ps(f, _mm256_mul_ps(d, scv));
         _mm256_storeu_ps(f + 8, _mm256_mul_ps(dmin, mnv));
+    } else if (type == T_Q3_K) { /* f[i] = d * (scale_i - 32) per 16 weights */
+        const uint8_t *sb = row + (c >> 3) * 110;
+        const float d = h2f(sb + 108);
+        for (int i = 0; i < 16; i++) f[i] = d * (float)q3k_scale(sb + 96, i);
+    } else if (type == T_Q2_K) { /* f[i] = d * (scale_i & 15) per 16 weights (the mins: dq32) */
+        const uint8_t *sb = row + (c >> 3) * 84;
+        const __m256 d = _mm256_set1_ps(h2f(sb + 80));
+        const __m128i sc = _mm_and_si128(_mm_loadu_si128((const __m128i *)sb), _mm_set1_epi8(15));
+        _mm256_storeu_ps(f, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc))));
+        _mm256_storeu_ps(f + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sc, 8)))));
+    } else if (type == T_IQ4_XS) { /* f[j] = d * (scale_j - 32) per 32 weights; 6-bit scales */
+        const uint8_t *sb = row + (c >> 3) * 136;
+        const float d = h2f(sb);
+        const unsigned hi = (unsigned)(sb[2] | sb[3] << 8);
+        for (int j = 0; j < 8; j++)
+            f[j] = d * (float)((int)(((sb[4 + j / 2] >> (4 * (j & 1))) & 15) | ((hi >> (2 * j)) & 3) << 4) - 32);
     } else if (type == T_Q6_K) {
         const uint8_t *sb = row + (c >> 3) * 210;
         const __m256 d = _mm256_set1_ps(h2f(sb + 208));
@@ -178,6 +225,55 @@ static inline __attribute__((always_inline)) void dq32(const int type, const int
         }
         break;
     }
+    case T_Q2_K:
+    case T_Q3_K: {
+        /* super-block of 256 in two halves of 128; chunk (c % 8) = 4 n + j: 2-bit codes at shift 2 j
+         * of bytes 32 n .. 32 n + 31 of qs, sixteen weights per scale. Q2_K: d sc q - dmin m.
+         * Q3_K: q - 4, plus 4 where bit 4 n + j of hmask byte i is set. */
+        const int cc = (int)(c & 7), n = cc >> 2, g = 8 * n + 2 * ph;
+        const uint8_t *sb = row + (c >> 3) * (type == T_Q2_K ? 84 : 110);
+        const uint8_t *qs = sb + (type == T_Q2_K ? 16 : 32) + 32 * n;
+        for (int v = 0; v < 4; v++) {
+            __m256i q = _mm256_and_si256(_mm256_srli_epi32(u8x8(qs + 8 * v), 2 * ph), _mm256_set1_epi32(3));
+            const __m256 D = _mm256_set1_ps(f[g + (v >> 1)]);
+            if (type == T_Q2_K) {
+                const __m256 M = _mm256_set1_ps(h2f(sb + 82) * (float)(sb[g + (v >> 1)] >> 4));
+                w[v] = _mm256_fmsub_ps(cvt(q), D, M); /* (d * sc) * q exact: rounds as the multiply-then-subtract */
+            } else {
+                const __m256i hb = _mm256_and_si256(u8x8(sb + 8 * v), _mm256_set1_epi32(1 << (4 * n + ph)));
+                q = _mm256_sub_epi32(q, _mm256_andnot_si256(_mm256_cmpgt_epi32(hb, _mm256_setzero_si256()),
+                                                            _mm256_set1_epi32(4)));
+                w[v] = _mm256_mul_ps(cvt(q), D);
+            }
+        }
+        break;
+    }
+    case T_IQ4_NL:
+    case T_IQ4_XS:
+    case T_MXFP4: {
+        /* levels picked by nibbles: weight i < 16 by byte i's low nibble, 16 + i by its high one.
+         * IQ4_NL: blocks of 32 (fp16 d, 16 bytes); MXFP4: (e8m0, 16 bytes); IQ4_XS: super-blocks
+         * of 256 (d, scale bits, 128 bytes: 16 per 32 weights) with a factor per 32 (kprep). */
+        const uint8_t *qs;
+        __m256 d;
+        if (type == T_IQ4_XS) {
+            qs = row + (c >> 3) * 136 + 8 + 16 * (c & 7);
+            d = _mm256_set1_ps(f[c & 7]);
+        } else if (type == T_IQ4_NL) {
+            qs = row + c * 18 + 2;
+            d = _mm256_set1_ps(h2f(row + c * 18));
+        } else {
+            qs = row + c * 17 + 1;
+            d = _mm256_set1_ps(e8m0_half(row[c * 17]));
+        }
+        __m128i lo, hi;
+        nibble_levels(qs, type == T_MXFP4 ? MXFP4_LEVELS : IQ4NL_LEVELS, &lo, &hi);
+        w[0] = _mm256_mul_ps(cvt(_mm256_cvtepi8_epi32(lo)), d);
+        w[1] = _mm256_mul_ps(cvt(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), d);
+        w[2] = _mm256_mul_ps(cvt(_mm256_cvtepi8_epi32(hi)), d);
+        w[3] = _mm256_mul_ps(cvt(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), d);
+        break;
+    }
     }
 }
 
@@ -292,6 +388,46 @@ static inline __attribute__((always_inline)) void dq32x(const int type, const in
             q = _mm512_sub_epi32(q, _mm512_set1_epi32(32));
             w[v] = _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(f[e0 / 16 + v]));
         }
+        break;
+    }
+    case T_Q2_K:
+    case T_Q3_K: {
+        const int cc = (int)(c & 7), n = cc >> 2, g = 8 * n + 2 * ph;
+        const uint8_t *sb = row + (c >> 3) * (type == T_Q2_K ? 84 : 110);
+        const uint8_t *qs = sb + (type == T_Q2_K ? 16 : 32) + 32 * n;
+        for (int v = 0; v < 2; v++) {
+            __m512i q = _mm512_and_si512(_mm512_srli_epi32(u8x16(qs + 16 * v), 2 * ph), _mm512_set1_epi32(3));
+            const __m512 D = _mm512_set1_ps(f[g + v]);
+            if (type == T_Q2_K) {
+                const __m512 M = _mm512_set1_ps(h2f(sb + 82) * (float)(sb[g + v] >> 4));
+                w[v] = _mm512_fmsub_ps(_mm512_cvtepi32_ps(q), D, M);
+            } else {
+                const __mmask16 set = _mm512_test_epi32_mask(u8x16(sb + 16 * v), _mm512_set1_epi32(1 << (4 * n + ph)));
+                q = _mm512_mask_sub_epi32(q, (__mmask16)~set, q, _mm512_set1_epi32(4));
+                w[v] = _mm512_mul_ps(_mm512_cvtepi32_ps(q), D);
+            }
+        }
+        break;
+    }
+    case T_IQ4_NL:
+    case T_IQ4_XS:
+    case T_MXFP4: {
+        const uint8_t *qs;
+        __m512 d;
+        if (type == T_IQ4_XS) {
+            qs = row + (c >> 3) * 136 + 8 + 16 * (c & 7);
+            d = _mm512_set1_ps(f[c & 7]);
+        } else if (type == T_IQ4_NL) {
+            qs = row + c * 18 + 2;
+            d = _mm512_set1_ps(h2f(row + c * 18));
+        } else {
+            qs = row + c * 17 + 1;
+            d = _mm512_set1_ps(e8m0_half(row[c * 17]));
+        }
+        __m128i lo, hi;
+        nibble_levels(qs, type == T_MXFP4 ? MXFP4_LEVELS : IQ4NL_LEVELS, &lo, &hi);
+        w[0] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)), d);
+        w[1] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi)), d);
         break;
     }
     }
