@@ -6,7 +6,9 @@ with SmolLM2's 49152-token vocabulary, tokenizer and chat template (taken from t
 model); ``--small`` makes a
 ~300 MB model of the same family for quick runs. ``--family qwen3`` makes Qwen3-1.7B's shape
 (hidden 2048, 28 layers, intermediate 6144, 16 heads of 128, 8 KV heads, q/k norms, rope_theta
-1000000, a 40960-token context, tied embeddings) with the same vocabulary. Weights are seeded random (normal,
+1000000, a 40960-token context, tied embeddings) with the same vocabulary, ``--family gemma3``
+Gemma 3 1B's (hidden 1152, 26 layers, intermediate 6912, 4 heads of 256, 1 KV head, five
+512-token sliding-window layers to each global one, GELU, sandwich norms). Weights are seeded random (normal,
 std 0.02 as Llama's initializer_range) saved in bf16 with ``save_pretrained``; the GGUF files
 come from llama.cpp's own tools: ``convert_hf_to_gguf.py`` writes BF16 and Q8_0, and
 ``llama-quantize`` makes Q4_K_M and Q4_0 from the BF16 file (see bench/llama_cpp.py for
@@ -38,9 +40,14 @@ SHAPES = {
     "qwen3-1.7b-shape": dict(model_type="qwen3", hidden_size=2048, num_hidden_layers=28, intermediate_size=6144,
                              num_attention_heads=16, num_key_value_heads=8, head_dim=128,
                              max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6),
+    "gemma3-1b-shape": dict(model_type="gemma3_text", hidden_size=1152, num_hidden_layers=26, intermediate_size=6912,
+                            num_attention_heads=4, num_key_value_heads=1, head_dim=256, query_pre_attn_scalar=256,
+                            sliding_window=512, max_position_embeddings=32768, rope_theta=1000000.0,
+                            rope_local_base_freq=10000.0, rms_norm_eps=1e-6),
 }
 # --family -> (default model, --small model)
-FAMILIES = {"llama": ("llama-1b-shape", "llama-small-shape"), "qwen3": ("qwen3-1.7b-shape", None)}
+FAMILIES = {"llama": ("llama-1b-shape", "llama-small-shape"), "qwen3": ("qwen3-1.7b-shape", None),
+            "gemma3": ("gemma3-1b-shape", None)}
 CONVERTER_TYPES = ("BF16", "Q8_0")  # written by convert_hf_to_gguf.py
 QUANTIZE_TYPES = ("Q4_K_M", "Q4_0")  # written by llama-quantize from the BF16 file
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")

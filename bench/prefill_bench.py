@@ -48,10 +48,14 @@ def prompt_ids(n: int, rng: random.Random) -> list[int]:
     return [rng.randrange(FIRST_ID, LAST_ID) for _ in range(n)]
 
 
+# One request's limit: a 32768-token prompt takes llama-server over an hour on 2 cores.
+REQUEST_TIMEOUT = 4 * 3600
+
+
 async def one_request(url: str, model: str, ids: list[int], max_tokens: int) -> dict:
     body = {"model": model, "prompt": ids, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
             "ignore_eos": True}
-    run = await run_closed_loop(url, "/v1/completions", [body], 1, timeout=3600)
+    run = await run_closed_loop(url, "/v1/completions", [body], 1, timeout=REQUEST_TIMEOUT)
     sample = run.samples[0]
     return {"ttft": sample.ttft, "itl_p50": percentile(sample.itl, 50) if sample.itl else float("nan"),
             "output_tokens": sample.output_tokens}

@@ -97,8 +97,9 @@ def _encode(w: np.ndarray, qtype: str, rng: np.random.Generator) -> tuple[np.nda
         return w.astype(np.float32), None
     if qtype == "F16":
         return w.astype(np.float16), None
-    if qtype in K_QUANTS:
-        return random_blocks(w.shape[0], w.shape[1], qtype, rng), t
+    if qtype in K_QUANTS:  # a 3-D tensor (experts) as rows of blocks, shaped back
+        rows = int(np.prod(w.shape[:-1]))
+        return random_blocks(rows, w.shape[-1], qtype, rng).reshape(*w.shape[:-1], -1), t
     return gguf.quants.quantize(w.astype(np.float32), t), t
 
 
@@ -118,6 +119,7 @@ _GEMMA3_NAMES = {**_LAYER_NAMES, "post_attention_layernorm": "post_attention_nor
 # Gemma's norms scale by (1 + weight); llama.cpp's converter stores the sum.
 _NORM_SHIFT = {"gemma3": 1.0}
 GEMMA3_WINDOW = 8  # the tiny Gemma 3's sliding window: a 40-token prompt crosses it
+MOE_SHAPE = (8, 2, 256)  # the tiny Qwen3-MoE's experts, experts a token uses, expert intermediate size
 
 
 def _layer_names(arch: str) -> dict[str, str]:
@@ -130,8 +132,16 @@ def _classes(arch: str) -> tuple[Any, Any]:
 
     config, model = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
                      "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+                     "qwen3moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
                      "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM")}[arch]
     return getattr(transformers, config), getattr(transformers, model)
+
+
+def _moe_config(experts: int, used: int, inter: int) -> dict[str, Any]:
+    """A Qwen3-MoE config's expert values, read as llama.cpp reads them (every layer sparse, the
+    top-k weights renormalised)."""
+    return dict(num_experts=experts, num_experts_per_tok=used, moe_intermediate_size=inter, norm_topk_prob=True,
+                decoder_sparse_step=1, mlp_only_layers=[])
 
 
 def _gemma3_config(head_dim: int, local_base: float, window: int) -> dict[str, Any]:
@@ -162,6 +172,8 @@ def reference_model(path: str) -> Any:
     kv_heads = field("attention.head_count_kv", heads)
     cfg_cls, model_cls = _classes(arch)
     extra = {"head_dim": field("attention.key_length")} if field("attention.key_length") else {}
+    if arch == "qwen3moe":
+        extra |= _moe_config(field("expert_count"), field("expert_used_count"), field("expert_feed_forward_length"))
     if arch == "gemma3":
         extra = _gemma3_config(field("attention.key_length"), field("rope.freq_base_swa"),
                                field("attention.sliding_window"))
@@ -177,6 +189,13 @@ def reference_model(path: str) -> Any:
              "model.norm.weight": values.pop("output_norm.weight") - _NORM_SHIFT.get(arch, 0.0)}
     if "output.weight" in values:
         state["lm_head.weight"] = values.pop("output.weight")
+    for name in list(values):  # experts: gate and up joined as transformers stores them
+        if name.endswith("ffn_gate_exps.weight"):
+            layer = name.split(".")[1]
+            up = values.pop(f"blk.{layer}.ffn_up_exps.weight")
+            state[f"model.layers.{layer}.mlp.experts.gate_up_proj"] = np.concatenate([values.pop(name), up], axis=1)
+            state[f"model.layers.{layer}.mlp.experts.down_proj"] = values.pop(f"blk.{layer}.ffn_down_exps.weight")
+            state[f"model.layers.{layer}.mlp.gate.weight"] = values.pop(f"blk.{layer}.ffn_gate_inp.weight")
     for name, value in values.items():
         _, layer, part, kind = name.split(".")
         if arch == "llama" and part in ("attn_q", "attn_k"):
@@ -201,25 +220,28 @@ def _unpermute(w: np.ndarray, heads: int) -> np.ndarray:
 def write_tiny_gguf(path: str, arch: str = "llama", qtype: str = "Q8_0", *, layers: int = 2, hidden: int = 256,
                     inter: int = 512, heads: int = 4, kv_heads: int = 2, tied: bool = False, seed: int = 0,
                     overrides: dict[str, str] | None = None, split_max_tensors: int = 0,
-                    head_dim: int | None = None, replace: dict[str, np.ndarray] | None = None) -> None:
+                    head_dim: int | None = None, replace: dict[str, np.ndarray] | None = None,
+                    uint_fields: dict[str, int] | None = None) -> None:
     """A random ``arch`` (llama, qwen2: q/k/v biases, qwen3: q/k norms, ``head_dim`` its own
     when given, or gemma3: four norms a layer stored as 1 + weight, GELU, every sixth layer
     global) model with every matrix stored as
     ``qtype`` (``overrides``: other types for some tensors, by GGUF name); norms and biases F32.
     ``split_max_tensors``: split it as llama.cpp's gguf-split does, that many tensors a file
     (``path`` ``x.gguf`` becomes ``x-00001-of-0000N.gguf`` ...). ``replace``: tensors written with
-    these values instead (a broken file for a refusal test)."""
+    these values instead (a broken file for a refusal test); ``uint_fields``: extra metadata keys."""
     import gguf
     import torch
 
     vocab = 49152  # the embedded tokenizer's
     cfg_cls, model_cls = _classes(arch)
-    if arch in ("qwen3", "gemma3"):  # their configs' default head sizes are their own, whatever the hidden size
+    if arch in ("qwen3", "qwen3moe", "gemma3"):  # their configs' default head sizes are their own
         head_dim = head_dim or hidden // heads
     torch.manual_seed(seed)
     extra = {"head_dim": head_dim} if head_dim else {}
     if arch == "gemma3":
         extra = _gemma3_config(head_dim, 10000.0, GEMMA3_WINDOW)
+    if arch == "qwen3moe":
+        extra |= _moe_config(*MOE_SHAPE)
     model = model_cls(cfg_cls(**extra, vocab_size=vocab, hidden_size=hidden, intermediate_size=inter,
                               num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
                               tie_word_embeddings=tied, initializer_range=0.05, rms_norm_eps=1e-5))
@@ -244,17 +266,29 @@ def write_tiny_gguf(path: str, arch: str = "llama", qtype: str = "Q8_0", *, laye
                     if arch == "llama" and gg in ("attn_q", "attn_k"):
                         value = _permute(value, heads if gg == "attn_q" else kv_heads)
                     tensors[f"blk.{i}.{gg}.{kind}"] = value
+        if arch == "qwen3moe":  # the experts as three 3-D tensors and the router, as the converter writes them
+            gu, inter = sd[f"model.layers.{i}.mlp.experts.gate_up_proj"], MOE_SHAPE[2]
+            router = rng.normal(0, 0.5, sd[f"model.layers.{i}.mlp.gate.weight"].shape).astype(np.float32)
+            tensors |= {f"blk.{i}.ffn_gate_inp.weight": router,  # transformers starts it at zero: no choice at all
+                        f"blk.{i}.ffn_gate_exps.weight": gu[:, :inter], f"blk.{i}.ffn_up_exps.weight": gu[:, inter:],
+                        f"blk.{i}.ffn_down_exps.weight": sd[f"model.layers.{i}.mlp.experts.down_proj"]}
     w = gguf.GGUFWriter(path, arch, split_max_tensors=split_max_tensors)
     _hparams(w, f"tiny-{arch}", layers, hidden, inter, heads, kv_heads, head_dim=head_dim,
              rope_theta=1_000_000.0 if arch == "gemma3" else 10000.0)
+    if arch == "qwen3moe":
+        w.add_expert_count(MOE_SHAPE[0])
+        w.add_expert_used_count(MOE_SHAPE[1])
+        w.add_expert_feed_forward_length(MOE_SHAPE[2])
     if arch == "gemma3":  # as llama.cpp's converter writes a Gemma 3's (global RoPE base above)
         w.add_sliding_window(GEMMA3_WINDOW)
         w.add_rope_freq_base_swa(10000.0)
     _write_tokenizer(w)
     w.add_file_type(1)
+    for key, number in (uint_fields or {}).items():
+        w.add_uint32(key, number)
     tensors.update(replace or {})
     for name, value in tensors.items():
-        want = (overrides or {}).get(name, qtype) if value.ndim == 2 else "F32"
+        want = (overrides or {}).get(name, qtype) if value.ndim >= 2 else "F32"
         data, raw = _encode(value, want, rng)
         w.add_tensor(name, data, raw_dtype=raw)
     w.write_header_to_file()

@@ -41,6 +41,13 @@ BF16_MAX_REL_ERR, BF16_MIN_AGREE = 0.1, 0.99
 BATCH_MAX_REL_ERR, BATCH_MIN_AGREE = 0.2, 0.97
 
 
+@pytest.fixture(scope="module")
+def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """One metadata cache for the tiny files that differ only in their tensors' types: their
+    config and tokenizer are converted once (the cache key leaves the types out)."""
+    return str(tmp_path_factory.mktemp("shared-cache"))
+
+
 def make_backend(path: str, cache: str, num_blocks: int = 32, **options: object) -> TorchBackend:
     backend = TorchBackend(ServerConfig(model=path, dtype="float32", device="cpu", max_model_len=None,
                                         cache_dir=cache), TorchOptions(**options))
@@ -105,11 +112,12 @@ def group_overrides(layers: int, second: str, third: str) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("types", TYPE_GROUPS, ids="-".join)
-def test_llama_logits_match_transformers_on_the_dequantized_weights(types: tuple[str, ...], tmp_path) -> None:
+def test_llama_logits_match_transformers_on_the_dequantized_weights(types: tuple[str, ...], tmp_path,
+                                                                     shared_cache) -> None:
     path = str(tmp_path / f"tiny-llama.{types[0]}.gguf")
     gguf_writer.write_tiny_gguf(path, "llama", types[0], overrides=group_overrides(2, *types[1:]))
     ids = sequence(40)
-    backend = make_backend(path, str(tmp_path / "cache"))
+    backend = make_backend(path, shared_cache)
     plan = backend.plan()
     assert f"weights=gguf:{','.join(sorted({t.lower() for t in types}))}" in plan and "native_step=on" in plan, plan
     assert backend.info.quantization.startswith("quantized as in the file: ")
@@ -118,7 +126,7 @@ def test_llama_logits_match_transformers_on_the_dequantized_weights(types: tuple
 
 
 @pytest.mark.parametrize("types", [("Q8_0", "Q4_0", "Q4_1"), ("Q4_K", "Q4_K", "Q6_K")], ids="-".join)
-def test_bf16_matmul_logits_stay_near_transformers(types: tuple[str, ...], tmp_path) -> None:
+def test_bf16_matmul_logits_stay_near_transformers(types: tuple[str, ...], tmp_path, shared_cache) -> None:
     """``gguf_bf16_matmul`` against transformers' fp32 forward (the Q4_K_M mix of Q4_K and Q6_K;
     the legacy types): a 200-token prefill (tiles, weights and activations split) and 40
     single-token decode steps (the K-quants' bf16 dot products) pick the same top token at
@@ -132,7 +140,7 @@ def test_bf16_matmul_logits_stay_near_transformers(types: tuple[str, ...], tmp_p
     path = str(tmp_path / f"tiny-llama.{types[0]}.gguf")
     gguf_writer.write_tiny_gguf(path, "llama", types[0], overrides=group_overrides(2, *types[1:]))
     ids = sequence(240, seed=2)
-    backend = make_backend(path, str(tmp_path / "cache"), num_blocks=40, gguf_bf16_matmul=True)
+    backend = make_backend(path, shared_cache, num_blocks=40, gguf_bf16_matmul=True)
     assert "gguf_matmul=bf16-amx" in backend.plan()
     agree, err = compare(native_logits(backend, ids, prefill=200), reference_logits(path, ids))
     assert agree >= BF16_MIN_AGREE and err < BF16_MAX_REL_ERR, (agree, err)
@@ -185,6 +193,55 @@ def test_gemma3_with_sandwich_norms_gelu_and_local_and_global_layers(tmp_path) -
     assert fused.rope_kinds == ["sliding_attention", "full_attention"]
     agree, err = compare(native_logits(backend, ids, prefill=12), reference_logits(path, ids))
     assert agree >= 0.99 and err < MAX_REL_ERR, (agree, err)
+
+
+def test_qwen3_moe_routes_each_token_to_its_experts(tmp_path, shared_cache) -> None:
+    """Qwen3-MoE as llama.cpp writes it: a router and three 3-D expert tensors a layer (8 experts,
+    2 a token, their size from ``expert_feed_forward_length``), every expert a slice of the
+    mapping; prefill and decode steps against transformers' forward."""
+    path = str(tmp_path / "tiny-qwen3moe.gguf")
+    # Types quantized from the model's own weights (random K-quant blocks would send every token's
+    # hidden state the same way, and so every token to the same experts).
+    gguf_writer.write_tiny_gguf(path, "qwen3moe", "Q8_0", overrides={
+        "blk.0.ffn_down_exps.weight": "Q4_0", "blk.1.ffn_gate_inp.weight": "F32", "output.weight": "Q4_1"})
+    ids = sequence(40, seed=4)
+    backend = make_backend(path, shared_cache)
+    assert "weights=gguf:f32,q4_0,q4_1,q8_0" in backend.plan()
+    moe = backend._fused.layers[0].moe
+    assert moe is not None and moe.num_experts == 8 and moe.top_k == 2 and moe.normalize
+    agree, err = compare(native_logits(backend, ids, prefill=20), reference_logits(path, ids))
+    assert agree >= 0.99 and err < MAX_REL_ERR, (agree, err)
+    # Every token routed to two experts in every layer, and the routers spread them over more than two.
+    routed = backend._fused.layers[1].moe.hits
+    assert int(moe.hits.sum()) == int(routed.sum()) == 2 * len(ids) and int((routed > 0).sum()) > 2
+
+
+def test_an_expert_count_that_does_not_match_is_refused(tmp_path, shared_cache) -> None:
+    import numpy as np
+
+    path = str(tmp_path / "bad-moe.gguf")
+    wrong = np.zeros((6, 256, 256), np.float32)  # 6 experts where the metadata says 8
+    gguf_writer.write_tiny_gguf(path, "qwen3moe", "Q8_0", replace={"blk.1.ffn_up_exps.weight": wrong})
+    with pytest.raises(ConfigError, match=r"blk\.1\.ffn_up_exps\.weight has shape \[256, 256, 6\].*8 experts"):
+        make_backend(path, shared_cache)
+
+
+def test_a_mixtral_style_llama_file_is_refused_in_one_line(tmp_path) -> None:
+    path = str(tmp_path / "mixtral.gguf")
+    gguf_writer.write_tiny_gguf(path, "llama", "Q8_0", layers=1, uint_fields={"llama.expert_count": 8})
+    with pytest.raises(ConfigError, match="Mixtral-style llama with 8 experts") as info:
+        make_backend(path, str(tmp_path / "cache"))
+    assert "\n" not in str(info.value)
+
+
+def test_a_projection_of_the_wrong_size_is_refused(tmp_path) -> None:
+    import numpy as np
+
+    path = str(tmp_path / "bad-up.gguf")
+    gguf_writer.write_tiny_gguf(path, "llama", "Q8_0", layers=1, replace={"blk.0.ffn_up.weight":
+                                                                         np.zeros((448, 256), np.float32)})
+    with pytest.raises(ConfigError, match=r"blk\.0\.ffn_up\.weight is 448 x 256; .* has 512 x 256"):
+        make_backend(path, str(tmp_path / "cache"))
 
 
 def test_a_qwen3_file_with_a_misshapen_head_norm_is_refused(tmp_path) -> None:

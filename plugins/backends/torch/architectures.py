@@ -14,7 +14,7 @@ FLAG = "--allow-unverified-architecture"
 
 # The backend's own forward (fused.py) runs these when it recognises the layers exactly (a test
 # holds this to fused.py's own set); their transformers forward is verified as well.
-FUSED = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
+FUSED = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "phi3", "gemma3_text")
 
 # model_type -> what its tiny model in the conformance test exercises beyond a plain decoder.
 # Each one's greedy continuations equal transformers' generate alone, four requests at once, past

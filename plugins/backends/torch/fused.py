@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from .attention import PagedKVCache, StepMetadata, paged_attention
+from .moe import MoEFeedForward, moe_parts, normalizes
 
 log = logging.getLogger("llmserve.backend.torch")
 
@@ -38,15 +39,21 @@ class _Family:
 
 
 _FAMILIES = {"llama": _Family(), "mistral": _Family(), "qwen2": _Family(), "qwen3": _Family(),
+             "qwen3_moe": _Family(), "mixtral": _Family(), "phi3": _Family(),
              "gemma3_text": _Family(act="gelu_pytorch_tanh", norm_offset=True, sandwich=True)}
+# Families that take their sliding window from the config for every layer (their attention modules keep none).
+_CONFIG_WINDOW = {"mistral", "mixtral", "phi3"}
 _ARCHITECTURES = set(_FAMILIES)
 # RoPE types whose angles depend on the position alone: a table of every position gives the same
 # bits as computing them per step ("dynamic" and "longrope" rescale with the sequence length).
 _STATIC_ROPE = {"default", "linear", "llama3", "yarn"}
 _LAYER_PARTS = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
 _SANDWICH_PARTS = _LAYER_PARTS | {"pre_feedforward_layernorm", "post_feedforward_layernorm"}
+_DROPOUT_PARTS = _LAYER_PARTS | {"resid_attn_dropout", "resid_mlp_dropout"}  # Phi-3: identities when serving
 _ATTN_PARTS = {"q_proj", "k_proj", "v_proj", "o_proj", "rotary_fn", "q_norm", "k_norm"}
+_FUSED_ATTN_PARTS = {"qkv_proj", "o_proj", "rotary_fn"}  # Phi-3 stores Q, K and V as one matrix
 _MLP_PARTS = {"gate_proj", "up_proj", "down_proj", "act_fn"}
+_FUSED_MLP_PARTS = {"gate_up_proj", "down_proj", "activation_fn"}  # Phi-3: gate and up as one matrix
 
 
 def _fuse(linears: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -164,7 +171,30 @@ class TorchOps:
 
 class _Layer:
     __slots__ = ("idx", "ln1", "ln2", "eps1", "eps2", "qkv", "o", "gu", "down", "scaling", "window", "q_norm",
-                 "k_norm", "qk_eps", "post_attn", "post_mlp", "post_eps", "act", "gelu", "rope")
+                 "k_norm", "qk_eps", "post_attn", "post_mlp", "post_eps", "act", "gelu", "rope", "moe")
+
+
+def _experts(parts: tuple[Any, Any], act: Callable[[torch.Tensor], torch.Tensor]) -> MoEFeedForward:
+    """The MoE feed-forward over a transformers block's router and 3-D expert tensors (views of
+    each expert's slice)."""
+    router, experts = parts
+    count = experts.gate_up_proj.shape[0]
+    gu, down = ([_TorchLinear(t[e], None) for e in range(count)] for t in (experts.gate_up_proj, experts.down_proj))
+    return MoEFeedForward(_TorchLinear(router.weight, None), gu, down, int(router.top_k), normalizes(router), act)
+
+
+def _pack_experts(moe: MoEFeedForward, experts: Any, compact: bool) -> None:
+    """``moe``'s experts and router copied into the native kernel's layout where it applies;
+    the model's 3-D tensors are then emptied so the experts are not held twice."""
+    from .native.ops import packed_linear
+
+    groups = [[packed_linear(lin.weight.contiguous(), None, compact) for lin in group]
+              for group in (moe.gate_up, moe.down)]
+    if all(p is not None for group in groups for p in group):
+        moe.gate_up, moe.down = groups[0], groups[1]
+        for t in (experts.gate_up_proj, experts.down_proj):
+            t.data = t.data.new_empty(0)
+    moe.router = packed_linear(moe.router.weight, None, compact) or moe.router
 
 
 def _eps(norm: Any) -> float:
@@ -220,6 +250,7 @@ class FusedDecoder:
         self._native: tuple[Any, Any] | None = None  # (cache, NativeDecodeStep or None)
         per_type = hasattr(self.rotary, "layer_types")
         owners: list[tuple[_Layer, dict[str, list[torch.nn.Linear]]]] = []
+        sparse_owners: list[tuple[MoEFeedForward, Any]] = []  # (feed-forward, the model's experts module)
         for dec in base.layers:
             attn, mlp = dec.self_attn, dec.mlp
             lay = _Layer()
@@ -235,15 +266,28 @@ class FusedDecoder:
             lay.gelu = family.act == "gelu_pytorch_tanh"
             lay.act = self.ops.gelu_tanh_mul if lay.gelu else self.ops.silu_mul
             lay.rope = attn.layer_type if per_type else None
+            sparse = moe_parts(mlp)
+            lay.moe, lay.gu, lay.down = None, None, None
             if weights is not None:
                 given = weights.layers[len(self.layers)]
-                lay.qkv, lay.o, lay.gu, lay.down = (given[p] for p in ("qkv", "o", "gu", "down"))
+                lay.qkv, lay.o = given["qkv"], given["o"]
+                if sparse is not None:
+                    lay.moe = MoEFeedForward(given["router"], given["gate_up"], given["down"], int(sparse[0].top_k),
+                                             normalizes(sparse[0]), lay.act)
+                else:
+                    lay.gu, lay.down = given["gu"], given["down"]
             else:
-                qkv, gu = [attn.q_proj, attn.k_proj, attn.v_proj], [mlp.gate_proj, mlp.up_proj]
-                lay.qkv, lay.gu = _TorchLinear(*_fuse(qkv)), _TorchLinear(*_fuse(gu))
-                lay.o = _TorchLinear(attn.o_proj.weight, attn.o_proj.bias)
-                lay.down = _TorchLinear(mlp.down_proj.weight, mlp.down_proj.bias)
-                owners.append((lay, {"qkv": qkv, "o": [attn.o_proj], "gu": gu, "down": [mlp.down_proj]}))
+                qkv = [attn.qkv_proj] if hasattr(attn, "qkv_proj") else [attn.q_proj, attn.k_proj, attn.v_proj]
+                lay.qkv, lay.o = _TorchLinear(*_fuse(qkv)), _TorchLinear(attn.o_proj.weight, attn.o_proj.bias)
+                parts: dict[str, list[torch.nn.Linear]] = {"qkv": qkv, "o": [attn.o_proj]}
+                if sparse is not None:
+                    lay.moe = _experts(sparse, lay.act)
+                    sparse_owners.append((lay.moe, sparse[1]))
+                else:
+                    gu = [mlp.gate_up_proj] if hasattr(mlp, "gate_up_proj") else [mlp.gate_proj, mlp.up_proj]
+                    lay.gu, lay.down = _TorchLinear(*_fuse(gu)), _TorchLinear(mlp.down_proj.weight, mlp.down_proj.bias)
+                    parts |= {"gu": gu, "down": [mlp.down_proj]}
+                owners.append((lay, parts))
             lay.scaling = float(attn.scaling)
             # Qwen3's and Gemma 3's RMSNorm of each query and key head before RoPE (``build``
             # checked the pair).
@@ -252,7 +296,7 @@ class FusedDecoder:
             lay.qk_eps = _eps(attn.q_norm) if hasattr(attn, "q_norm") else 0.0
             # Qwen2 sets a window per layer; Mistral reads the config's for every layer.
             lay.window = (getattr(attn, "sliding_window", None) if hasattr(attn, "sliding_window")
-                          else getattr(cfg, "sliding_window", None) if cfg.model_type == "mistral" else None)
+                          else getattr(cfg, "sliding_window", None) if cfg.model_type in _CONFIG_WINDOW else None)
             self.layers.append(lay)
         self.rope_kinds = list(dict.fromkeys(lay.rope for lay in self.layers))
         # Packing (which empties the transformers modules' weights) only once every layer has
@@ -260,6 +304,8 @@ class FusedDecoder:
         for lay, parts in owners if pack else ():
             for name, mods in parts.items():
                 setattr(lay, name, _packed(getattr(lay, name), mods, compact))
+        for moe, experts in sparse_owners if pack else ():
+            _pack_experts(moe, experts, compact)
 
     @classmethod
     def build(cls, model: Any, pack: bool = False, ops: Any = None, compact: bool = True,
@@ -283,14 +329,20 @@ class FusedDecoder:
             ok = ok and (not family.norm_offset or base.norm.weight.dtype == torch.float32)
             ok = ok and not getattr(cfg, "attn_logit_softcapping", None)
             ok = ok and not getattr(cfg, "use_bidirectional_attention", False)
+            # RoPE over whole heads only (Phi-4-mini rotates three quarters of each: transformers' forward).
+            rope = getattr(cfg, "rope_parameters", None) or {}
+            ok = ok and float(rope.get("partial_rotary_factor", getattr(cfg, "partial_rotary_factor", 1.0))) == 1.0
             for dec in layers:
                 parts = {n for n, _ in dec.named_children()}
-                ok = ok and parts == (_SANDWICH_PARTS if family.sandwich else _LAYER_PARTS)
-                ok = ok and {n for n, _ in dec.self_attn.named_children()} <= _ATTN_PARTS
-                ok = ok and {n for n, _ in dec.mlp.named_children()} == _MLP_PARTS
+                ok = ok and parts in (_SANDWICH_PARTS if family.sandwich else _LAYER_PARTS, _DROPOUT_PARTS)
+                attn_parts = {n for n, _ in dec.self_attn.named_children()}
+                ok = ok and (attn_parts <= _ATTN_PARTS or attn_parts <= _FUSED_ATTN_PARTS)
+                ok = ok and ({n for n, _ in dec.mlp.named_children()} in (_MLP_PARTS, _FUSED_MLP_PARTS)
+                             or moe_parts(dec.mlp) is not None)
                 ok = ok and all(_is_rms_norm(getattr(dec, n)) for n in parts if n.endswith("layernorm"))
-                ok = ok and all(isinstance(getattr(dec.self_attn, p), torch.nn.Linear)
-                                for p in ("q_proj", "k_proj", "v_proj", "o_proj"))
+                projections = ("qkv_proj", "o_proj") if "qkv_proj" in attn_parts else ("q_proj", "k_proj", "v_proj",
+                                                                                       "o_proj")
+                ok = ok and all(isinstance(getattr(dec.self_attn, p), torch.nn.Linear) for p in projections)
                 ok = ok and cls._qk_norms_fit(dec.self_attn, cfg)
             ok = ok and _is_rms_norm(base.norm)
             if not ok:
@@ -312,6 +364,15 @@ class FusedDecoder:
         head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
         return (all(n is not None and _is_rms_norm(n) and tuple(n.weight.shape) == (head_dim,) for n in norms)
                 and _eps(norms[0]) == _eps(norms[1]))
+
+    def linears(self) -> list[Any]:
+        """Every projection of the stack (the experts' too), for the plan line and the summary."""
+        out: list[Any] = []
+        for lay in self.layers:
+            out += [lay.qkv, lay.o, lay.gu, lay.down]
+            if lay.moe is not None:
+                out += [lay.moe.router, *lay.moe.gate_up, *lay.moe.down]
+        return [lin for lin in out if lin is not None]
 
     def _rotary(self, x: torch.Tensor, positions: torch.Tensor, kind: str | None) -> tuple[torch.Tensor, ...]:
         """cos/sin ``[T, D]`` of ``positions`` from the model's rotary module (for RoPE ``kind``)."""
@@ -379,7 +440,7 @@ class FusedDecoder:
             if lay.post_attn is not None:
                 attn_out = ops.add_rms_norm(attn_out, None, lay.post_attn, lay.post_eps)
             x = ops.add_rms_norm(h, attn_out, lay.ln2, lay.eps2)
-            delta = lay.down(lay.act(lay.gu(x)))
+            delta = lay.moe(x) if lay.moe is not None else lay.down(lay.act(lay.gu(x)))
             if self.reduce is not None:
                 self.reduce(delta)
             if lay.post_mlp is not None:

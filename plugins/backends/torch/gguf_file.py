@@ -60,7 +60,8 @@ def split_parts(path: str, count: int) -> list[str]:
 
 class GGUFFile:
     """``fields`` (scalars and strings only; arrays map to None), ``tensors`` by name,
-    ``data_offset`` (where tensor data starts) and ``architecture``.
+    ``data_offset`` (where tensor data starts), ``fields_end`` (where the metadata ends) and
+    ``architecture``.
 
     A split model (``split.count`` > 1, as llama.cpp's gguf-split writes it) is opened through its
     first part: the metadata is the first part's, and ``tensors`` holds every part's tensors, each
@@ -139,6 +140,7 @@ class GGUFFile:
                 else:
                     self.fields[key] = None
                     skip(vtype)
+            self.fields_end = pos  # where the metadata ends and the tensor table begins
             table = []
             for _ in range(n_tensors):
                 name, ndims = string(), take("<I")

@@ -33,13 +33,14 @@ from llmserve import ModelConfig, ServerConfig
 from llmserve import ConfigError
 
 from .gguf_file import GGUFFile
+from .moe import moe_parts
 from .loader import (LoadedModel, publish_dir, _eos_ids, _resolve_source, load_error, load_tokenizer, read_gguf,
                      resolve_device, resolve_dtype)
 
 log = logging.getLogger("llmserve.backend.torch")
 
 # GGUF architectures the fused decoder runs (llama.cpp files Mistral models as "llama").
-ARCHITECTURES = {"llama", "qwen2", "qwen3", "gemma3"}
+ARCHITECTURES = {"llama", "qwen2", "qwen3", "qwen3moe", "gemma3"}
 _METADATA_DIR = "gguf-metadata"
 # transformers' projection name -> the GGUF tensor name within block N.
 _PROJECTIONS = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output",
@@ -111,17 +112,21 @@ def _kernels_available() -> bool:
 def prepare(path: str, cache_dir: str | None) -> None:
     """What ``llmserve warmup`` does for a GGUF served natively: check its tensor types and
     cache its config and tokenizer."""
-    metadata_dir(path, _File(path).data_offset, cache_dir)
+    f = _File(path)
+    metadata_dir(path, f.fields_end, list(f.tensors), cache_dir)
 
 
-def _header_key(path: str, data_offset: int) -> str:
-    """sha256 of the bytes before the tensor data (metadata and tensor table) and the
+def _header_key(path: str, fields_end: int, names: list[str]) -> str:
+    """sha256 of what transformers derives the config and tokenizer from: the metadata's bytes,
+    the tensors' names (tied embeddings are read from them; their types and offsets are not
+    read, so files that differ only in how their tensors are quantized share one entry) and the
     transformers version that converts them."""
     import transformers
 
     digest = hashlib.sha256(transformers.__version__.encode())
+    digest.update("\n".join(sorted(names)).encode())
     with open(path, "rb") as fh:
-        remaining = data_offset
+        remaining = fields_end
         while remaining > 0:
             chunk = fh.read(min(remaining, 1 << 20))
             if not chunk:
@@ -131,13 +136,13 @@ def _header_key(path: str, data_offset: int) -> str:
     return digest.hexdigest()[:24]
 
 
-def metadata_dir(path: str, data_offset: int, cache_dir: str | None) -> str:
+def metadata_dir(path: str, fields_end: int, names: list[str], cache_dir: str | None) -> str:
     """A directory with the config and tokenizer transformers derives from the GGUF metadata,
     converted on first use and cached under ``cache_dir`` by the header's content."""
     from transformers import AutoConfig
 
     root = os.path.join(os.path.expanduser(cache_dir or "~/.cache/llmserve"), _METADATA_DIR)
-    target = os.path.join(root, _header_key(path, data_offset))
+    target = os.path.join(root, _header_key(path, fields_end, names))
     if os.path.isfile(os.path.join(target, "config.json")):
         return target
     log.info("reading the GGUF metadata and tokenizer of %s once (later starts read the cache %s)",
@@ -167,6 +172,7 @@ class _File:
         self.ops = gguf_ops
         header = _open(path)
         self.data_offset, self.architecture, self.tensors = header.data_offset, header.architecture, header.tensors
+        self.fields_end = header.fields_end
         self.fields = header.fields
         for t in self.tensors.values():  # refused at load, in one line, before anything is built
             if t.tensor_type not in gguf_ops.SUPPORTED:
@@ -186,6 +192,21 @@ class _File:
             warnings.simplefilter("ignore", UserWarning)
             data = torch.from_numpy(raw)
         return self.ops.QuantTensor(qtype=int(t.tensor_type), data=data, shape=(n, k), rows=rows)
+
+    def experts(self, name: str, count: int, rows: int, cols: int) -> list[Any]:
+        """The 3-D tensor ``name`` (``count`` experts of ``rows x cols``) as one QuantTensor per
+        expert, each a slice of the mapping (never copied: an expert no token picks stays on disk)."""
+        t = self.tensors[name]
+        shape = [int(d) for d in t.shape]  # fastest-moving first: [cols, rows, experts]
+        if shape != [cols, rows, count]:
+            raise ConfigError(f"GGUF tensor {name} has shape {shape}; the metadata gives {count} experts of "
+                              f"{rows} x {cols} (the file is inconsistent)")
+        raw = t.data.reshape(count * rows, -1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            data = torch.from_numpy(raw)
+        return [self.ops.QuantTensor(qtype=int(t.tensor_type), data=data[e * rows:(e + 1) * rows], shape=(rows, cols))
+                for e in range(count)]
 
     def vector(self, name: str) -> torch.Tensor:
         """A 1-D tensor (a norm's weight, a bias) as an fp32 copy."""
@@ -222,7 +243,7 @@ def load_native(model_cfg: ModelConfig, path: str, bf16_matmul: bool = False) ->
     source = model_cfg.model
     _, name = _resolve_source(source)
     gguf_file = _File(path)
-    meta = metadata_dir(path, gguf_file.data_offset, model_cfg.cache_dir)
+    meta = metadata_dir(path, gguf_file.fields_end, list(gguf_file.tensors), model_cfg.cache_dir)
     model_config = AutoConfig.from_pretrained(meta)
     _config_from_header(model_config, gguf_file)
     tokenizer = load_tokenizer(model_cfg, meta, name)
@@ -258,6 +279,14 @@ def _config_from_header(config: Any, f: _File) -> None:
                           "holds heads of one size")
     if key is not None:
         config.head_dim = int(key)
+    if arch == "llama" and fields.get("llama.expert_count"):
+        raise ConfigError(f"GGUF file is a Mixtral-style llama with {fields['llama.expert_count']} experts, which "
+                          "this loader does not read; serve the model's safetensors (Mixtral runs on the fused "
+                          "forward from them)")
+    if arch == "qwen3moe":  # read as llama.cpp reads a qwen3moe file: every layer sparse, weights renormalised
+        if (size := fields.get("qwen3moe.expert_feed_forward_length")) is not None:
+            config.moe_intermediate_size = int(size)
+        config.norm_topk_prob, config.mlp_only_layers, config.decoder_sparse_step = True, [], 1
     if arch != "gemma3":
         return
     layers = int(config.num_hidden_layers)
@@ -283,84 +312,120 @@ def _config_from_header(config: Any, f: _File) -> None:
         config.layer_types = ["full_attention"] * layers
 
 
-def _map_weights(model: Any, cfg: Any, f: _File, permuted: bool, bf16: bool = False) -> GGUFParts:
-    """Fill the skeleton's small tensors from ``f`` and build the GGUF linears, named as
-    llama.cpp's converter names them (``blk.N.attn_q.weight``, ...)."""
-    ops = f.ops
-    base = model.get_decoder()
-    heads = int(cfg.num_attention_heads)
-    kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
+class _Mapper:
+    """Builds the GGUF linears of one file and fills the skeleton's small tensors from it, with
+    the names llama.cpp's converter gives them (``blk.N.attn_q.weight``, ...)."""
 
-    def need(name: str) -> str:
-        if name not in f:
-            raise ConfigError(f"GGUF file lacks tensor {name}; it is not a complete {cfg.model_type} model")
+    def __init__(self, f: _File, cfg: Any, bf16: bool) -> None:
+        self.f, self.cfg, self.ops, self.bf16 = f, cfg, f.ops, bf16
+        self.types: list[str] = []  # each matrix's type, lower case
+        self.heads = int(cfg.num_attention_heads)
+        self.kv_heads = int(getattr(cfg, "num_key_value_heads", None) or self.heads)
+
+    def need(self, name: str) -> str:
+        if name not in self.f:
+            raise ConfigError(f"GGUF file lacks tensor {name}; it is not a complete {self.cfg.model_type} model")
         return name
 
-    def fill(module: Any, name: str) -> None:
+    def fill(self, module: Any, name: str) -> None:
         """A norm's weight from the file, of the size the config gives it."""
-        value = f.vector(need(name))
+        value = self.f.vector(self.need(name))
         if value.numel() != module.weight.numel():
-            raise ConfigError(f"GGUF tensor {name} has {value.numel()} values where a {cfg.model_type} model of "
-                              f"this configuration has {module.weight.numel()}; the file is inconsistent")
+            raise ConfigError(f"GGUF tensor {name} has {value.numel()} values where a {self.cfg.model_type} model "
+                              f"of this configuration has {module.weight.numel()}; the file is inconsistent")
         _parameter(module, "weight", value)
 
-    types: list[str] = []
+    def product(self, quants: list[Any], bias: torch.Tensor | None, name: str) -> Any:
+        self.types.extend(self.ops.SUPPORTED[q.qtype].lower() for q in quants)
+        lin = self.ops.gguf_linear(quants, bias, bf16=self.bf16)
+        if lin is None:
+            raise ConfigError(f"the native GGUF kernels cannot run {name}; serve this model with "
+                              "--no-torch-gguf-native (an fp32 copy)")
+        return lin
+
+    def linear(self, names: list[str], rows: list[torch.Tensor | None] | None = None,
+               bias: torch.Tensor | None = None, shapes: list[tuple[int, int]] | None = None) -> Any:
+        """The product of the matrices ``names`` stacked along their outputs; ``shapes``: the
+        (outputs, inputs) the config gives each, checked before anything is built."""
+        rows = rows or [None] * len(names)
+        quants = [self.f.quant(self.need(n), r) for n, r in zip(names, rows)]
+        for name, q, want in zip(names, quants, shapes or []):
+            if tuple(q.shape) != tuple(want):
+                raise ConfigError(f"GGUF tensor {name} is {q.shape[0]} x {q.shape[1]}; a {self.cfg.model_type} model "
+                                  f"of this configuration has {want[0]} x {want[1]} (the file is inconsistent)")
+        lin = self.product(quants, bias, names[0])
+        progress.advance(len(names))
+        return lin
+
+    def experts(self, blk: str) -> dict[str, Any]:
+        """A sparse layer's router and its experts' gate-and-up and down products."""
+        cfg, f = self.cfg, self.f
+        count, inter, hidden = int(cfg.num_experts), int(cfg.moe_intermediate_size), int(cfg.hidden_size)
+        gate, up = (f.experts(self.need(f"{blk}ffn_{p}_exps.weight"), count, inter, hidden) for p in ("gate", "up"))
+        down = f.experts(self.need(f"{blk}ffn_down_exps.weight"), count, hidden, inter)
+        out = {"router": self.linear([blk + "ffn_gate_inp.weight"]),
+               "gate_up": [self.product([g, u], None, blk + "ffn_gate_exps") for g, u in zip(gate, up)],
+               "down": [self.product([d], None, blk + "ffn_down_exps") for d in down]}
+        progress.advance(2)  # with the router: the seven matrices a dense layer counts
+        return out
+
+    def layer(self, i: int, dec: Any, permuted: bool) -> dict[str, Any]:
+        """Decoder layer ``i``'s linears (its norms and biases filled into ``dec``)."""
+        f, blk, attn = self.f, f"blk.{i}.", dec.self_attn
+        for module, tensor in (_SANDWICH_NORMS if hasattr(dec, "pre_feedforward_layernorm") else _NORMS).items():
+            self.fill(getattr(dec, module), f"{blk}{tensor}.weight")
+        for norm in ("q_norm", "k_norm"):  # Qwen3's and Gemma 3's per-head norms (head_dim values each)
+            if hasattr(attn, norm):
+                self.fill(getattr(attn, norm), f"{blk}attn_{norm}.weight")
+        w = {p: blk + g + ".weight" for p, g in _PROJECTIONS.items()}
+        qk_rows: list[torch.Tensor | None] = [None, None, None]
+        if permuted:
+            q_out, k_out = (int(f.tensors[w[p]].shape[1]) for p in ("q", "k"))
+            qk_rows = [_permutation(q_out, self.heads), _permutation(k_out, self.kv_heads), None]
+        biases = [blk + g + ".bias" for g in ("attn_q", "attn_k", "attn_v")]
+        qkv_bias = None
+        if any(b in f for b in biases):
+            qkv_bias = torch.cat([f.vector(self.need(b)) for b in biases])
+            for proj, b in zip((attn.q_proj, attn.k_proj, attn.v_proj), biases):
+                if proj.bias is not None:
+                    _parameter(proj, "bias", f.vector(b))
+        hidden = int(self.cfg.hidden_size)
+        head_dim = int(getattr(self.cfg, "head_dim", None) or hidden // self.heads)
+        q_out, kv_out = self.heads * head_dim, self.kv_heads * head_dim
+        out = {"qkv": self.linear([w["q"], w["k"], w["v"]], qk_rows, qkv_bias,
+                                  [(q_out, hidden), (kv_out, hidden), (kv_out, hidden)]),
+               "o": self.linear([w["o"]], shapes=[(hidden, q_out)])}
+        if moe_parts(dec.mlp) is not None:
+            return out | self.experts(blk)
+        inter = int(self.cfg.intermediate_size)
+        return out | {"gu": self.linear([w["gate"], w["up"]], shapes=[(inter, hidden)] * 2),
+                      "down": self.linear([w["down"]], shapes=[(hidden, inter)])}
+
+
+def _map_weights(model: Any, cfg: Any, f: _File, permuted: bool, bf16: bool = False) -> GGUFParts:
+    """Fill the skeleton's small tensors from ``f`` and build the GGUF linears (``permuted``:
+    Q and K rows in llama.cpp's rotary order, undone by a row map)."""
+    ops = f.ops
+    base = model.get_decoder()
     if bf16 and not ops.amx_available():
         log.warning("gguf_bf16_matmul: this CPU (or kernel) offers no AMX tiles; the exact fp32 kernels run")
         bf16 = False
     elif not bf16 and ops.amx_available():
         log.info("this CPU has AMX tiles: --torch-gguf-bf16-matmul multiplies prefill and batches in bf16, "
                  "several times faster than the exact fp32 kernels (see docs/engine.md, GGUF models)")
-
-    def linear(names: list[str], rows: list[torch.Tensor | None], bias: torch.Tensor | None) -> Any:
-        quants = [f.quant(need(n), r) for n, r in zip(names, rows)]
-        types.extend(ops.SUPPORTED[q.qtype].lower() for q in quants)
-        lin = ops.gguf_linear(quants, bias, bf16=bf16)
-        if lin is None:
-            raise ConfigError(f"the native GGUF kernels cannot run {names[0]}; serve this model with "
-                              "--no-torch-gguf-native (an fp32 copy)")
-        progress.advance(len(names))
-        return lin
-
-    layers: list[dict[str, Any]] = []
+    mapper = _Mapper(f, cfg, bf16)
     n_layers = int(cfg.num_hidden_layers)
     with progress.phase("mapping GGUF weights", 7 * n_layers + 1, "matrices"):
-        for i, dec in enumerate(base.layers):
-            blk = f"blk.{i}."
-            attn = dec.self_attn
-            for module, tensor in (_SANDWICH_NORMS if hasattr(dec, "pre_feedforward_layernorm") else _NORMS).items():
-                fill(getattr(dec, module), f"{blk}{tensor}.weight")
-            for norm in ("q_norm", "k_norm"):  # Qwen3's per-head norms (head_dim values each)
-                if hasattr(attn, norm):
-                    fill(getattr(attn, norm), f"{blk}attn_{norm}.weight")
-            w = {p: blk + g + ".weight" for p, g in _PROJECTIONS.items()}
-            qk_rows: list[torch.Tensor | None] = [None, None, None]
-            if permuted:
-                q_out, k_out = (int(f.tensors[w[p]].shape[1]) for p in ("q", "k"))
-                qk_rows = [_permutation(q_out, heads), _permutation(k_out, kv_heads), None]
-            biases = [blk + g + ".bias" for g in ("attn_q", "attn_k", "attn_v")]
-            qkv_bias = None
-            if any(b in f for b in biases):
-                qkv_bias = torch.cat([f.vector(need(b)) for b in biases])
-                for proj, b in zip((attn.q_proj, attn.k_proj, attn.v_proj), biases):
-                    if proj.bias is not None:
-                        _parameter(proj, "bias", f.vector(b))
-            layers.append({
-                "qkv": linear([w["q"], w["k"], w["v"]], qk_rows, qkv_bias),
-                "o": linear([w["o"]], [None], None),
-                "gu": linear([w["gate"], w["up"]], [None, None], None),
-                "down": linear([w["down"]], [None], None),
-            })
+        layers = [mapper.layer(i, dec, permuted) for i, dec in enumerate(base.layers)]
         if len(layers) != n_layers:
             raise ConfigError(f"GGUF file has {len(layers)} layers, its metadata says {n_layers}")
-        fill(base.norm, "output_norm.weight")
-        embed_t = f.quant(need("token_embd.weight"))
-        head_name = "output.weight" if "output.weight" in f else "token_embd.weight"
-        head = linear([head_name], [None], None)
+        mapper.fill(base.norm, "output_norm.weight")
+        embed_t = f.quant(mapper.need("token_embd.weight"))
+        head = mapper.linear(["output.weight" if "output.weight" in f else "token_embd.weight"])
     gguf_rows = ops.gguf_rows
 
     def embed(ids: torch.Tensor) -> torch.Tensor:
         return gguf_rows(embed_t, ids)
 
-    return GGUFParts(layers=layers, embed=embed, head=head, types=types, bf16_matmul=bf16,
+    return GGUFParts(layers=layers, embed=embed, head=head, types=mapper.types, bf16_matmul=bf16,
                      norms_shifted=f.architecture in _SHIFTED_NORMS)

@@ -142,8 +142,7 @@ class TorchBackend(Backend):
     def _stored_as(self) -> str | None:
         """The packed linears' formats, e.g. ``lossless panels: q4 120, q8 1`` (None when none is packed)."""
         fused = self._fused
-        linears = [self._packed_head, *(getattr(lay, p) for lay in (fused.layers if fused else ())
-                                        for p in ("qkv", "o", "gu", "down"))]
+        linears = [self._packed_head, *(fused.linears() if fused else ())]
         formats = [f for f in (getattr(lin, "format", None) for lin in linears if lin is not None) if f]
         if self._gguf is not None:
             types = self._gguf.types
@@ -236,6 +235,9 @@ class TorchBackend(Backend):
         if fused.reduce is not None:  # tensor parallel: every rank runs each step; graphs stay off
             log.info("decode graphs not used with tensor parallelism")
             return False
+        if any(lay.moe is not None for lay in fused.layers):  # routing reads expert counts back each layer
+            log.info("decode graphs not used: mixture-of-experts layers pick their experts on the host")
+            return False
         limit = int(max_model_len or self.config.llm.max_model_len or lm.max_model_len)
         if not fused.tabulate_rope(limit, lm.dtype):
             log.info("decode graphs not used: the RoPE type depends on the sequence length")
@@ -257,8 +259,7 @@ class TorchBackend(Backend):
         when every choice is known): forward, decode and prefill attention, linears, small per-layer
         operations, the one-call native step and the packed panels per format."""
         lm, cache, fused = self._require_loaded(), self.cache, self._fused
-        linears = [self._packed_head, *(getattr(lay, p) for lay in (fused.layers if fused else ())
-                                        for p in ("qkv", "o", "gu", "down"))]
+        linears = [self._packed_head, *(fused.linears() if fused else ())]
         formats = [getattr(lin, "format", None) for lin in linears if lin is not None]
         if cache is not None and cache.decode_kernel is not None:
             attention = "native"
