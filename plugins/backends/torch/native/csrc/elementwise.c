@@ -112,28 +112,29 @@ void head_rms_norm_f32(float *x, const float *qw, const float *kw, int64_t T, in
     }
 }
 
-void silu_mul_f32(const float *gu, float *out, int64_t T, int64_t I, int nthreads) {
+/* out[t, i] = act(gu[t, i]) * gu[t, I + i]: GELU (tanh) where ``gelu``, else SiLU (a constant
+ * wherever this is inlined, so each entry point keeps one activation in its loop). */
+static inline __attribute__((always_inline)) void gated_mul(const float *gu, float *out, int64_t T, int64_t I,
+                                                           int nthreads, const int gelu) {
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (T * I >= 16384)
     for (int64_t t = 0; t < T; t++) {
         const float *g = gu + t * 2 * I, *u = g + I;
         float *o = out + t * I;
         int64_t i = 0;
-        for (; i + 8 <= I; i += 8)
-            _mm256_storeu_ps(o + i, _mm256_mul_ps(silu8(_mm256_loadu_ps(g + i)), _mm256_loadu_ps(u + i)));
-        for (; i < I; i++) o[i] = silu1(g[i]) * u[i];
+        for (; i + 8 <= I; i += 8) {
+            const __m256 v = _mm256_loadu_ps(g + i);
+            _mm256_storeu_ps(o + i, _mm256_mul_ps(gelu ? gelu8(v) : silu8(v), _mm256_loadu_ps(u + i)));
+        }
+        for (; i < I; i++) o[i] = (gelu ? gelu1(g[i]) : silu1(g[i])) * u[i];
     }
 }
 
+void silu_mul_f32(const float *gu, float *out, int64_t T, int64_t I, int nthreads) {
+    gated_mul(gu, out, T, I, nthreads, 0);
+}
+
 void gelu_tanh_mul_f32(const float *gu, float *out, int64_t T, int64_t I, int nthreads) {
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (T * I >= 16384)
-    for (int64_t t = 0; t < T; t++) {
-        const float *g = gu + t * 2 * I, *u = g + I;
-        float *o = out + t * I;
-        int64_t i = 0;
-        for (; i + 8 <= I; i += 8)
-            _mm256_storeu_ps(o + i, _mm256_mul_ps(gelu8(_mm256_loadu_ps(g + i)), _mm256_loadu_ps(u + i)));
-        for (; i < I; i++) o[i] = gelu1(g[i]) * u[i];
-    }
+    gated_mul(gu, out, T, I, nthreads, 1);
 }
 
 /* Greedy decoding of a [B, V] logits matrix: per row the first index of the maximum (as
