@@ -151,7 +151,26 @@ def _gemma3_config(head_dim: int, local_base: float, window: int) -> dict[str, A
                 rope_local_base_freq=local_base, hidden_activation="gelu_pytorch_tanh")
 
 
-def reference_model(path: str) -> Any:
+def llama3_rope_divisors(theta: float, dim: int, scaling: dict[str, Any]) -> np.ndarray:
+    """The per-frequency divisors llama.cpp's converter writes as ``rope_freqs.weight`` for a
+    config's llama3 RoPE scaling (factor, low/high frequency factors, original context)."""
+    freqs = 1.0 / theta ** (np.arange(0, dim, 2, dtype=np.float32) / dim)
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old = scaling["original_max_position_embeddings"]
+    out = []
+    for freq in freqs:
+        wavelen = 2 * np.pi / freq
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+def reference_model(path: str, rope_scaling: dict[str, Any] | None = None) -> Any:
     """transformers' model (llama, qwen2 or qwen3) on the weights the ``gguf`` package dequantizes from
     the GGUF at ``path``: the weights transformers' own GGUF loading gives (it dequantizes with the
     same package and undoes the same Q/K row order), without its parsing of the 49k-token
@@ -168,12 +187,15 @@ def reference_model(path: str) -> Any:
 
     values = {t.name: np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
               for t in reader.tensors}
+    values.pop("rope_freqs.weight", None)  # the reference takes its RoPE scaling from ``rope_scaling``
     heads = field("attention.head_count")
     kv_heads = field("attention.head_count_kv", heads)
     cfg_cls, model_cls = _classes(arch)
     extra = {"head_dim": field("attention.key_length")} if field("attention.key_length") else {}
     if arch == "qwen3moe":
         extra |= _moe_config(field("expert_count"), field("expert_used_count"), field("expert_feed_forward_length"))
+    if rope_scaling:
+        extra["rope_scaling"] = dict(rope_scaling, rope_type="llama3")
     if arch == "gemma3":
         extra = _gemma3_config(field("attention.key_length"), field("rope.freq_base_swa"),
                                field("attention.sliding_window"))
@@ -221,14 +243,15 @@ def write_tiny_gguf(path: str, arch: str = "llama", qtype: str = "Q8_0", *, laye
                     inter: int = 512, heads: int = 4, kv_heads: int = 2, tied: bool = False, seed: int = 0,
                     overrides: dict[str, str] | None = None, split_max_tensors: int = 0,
                     head_dim: int | None = None, replace: dict[str, np.ndarray] | None = None,
-                    uint_fields: dict[str, int] | None = None) -> None:
+                    uint_fields: dict[str, int] | None = None, llama3_rope: dict[str, Any] | None = None) -> None:
     """A random ``arch`` (llama, qwen2: q/k/v biases, qwen3: q/k norms, ``head_dim`` its own
     when given, or gemma3: four norms a layer stored as 1 + weight, GELU, every sixth layer
     global) model with every matrix stored as
     ``qtype`` (``overrides``: other types for some tensors, by GGUF name); norms and biases F32.
     ``split_max_tensors``: split it as llama.cpp's gguf-split does, that many tensors a file
     (``path`` ``x.gguf`` becomes ``x-00001-of-0000N.gguf`` ...). ``replace``: tensors written with
-    these values instead (a broken file for a refusal test); ``uint_fields``: extra metadata keys."""
+    these values instead (a broken file for a refusal test); ``uint_fields``: extra metadata keys;
+    ``llama3_rope``: llama3 RoPE scaling, written as the converter writes it (``rope_freqs.weight``)."""
     import gguf
     import torch
 
@@ -286,6 +309,8 @@ def write_tiny_gguf(path: str, arch: str = "llama", qtype: str = "Q8_0", *, laye
     w.add_file_type(1)
     for key, number in (uint_fields or {}).items():
         w.add_uint32(key, number)
+    if llama3_rope:
+        tensors["rope_freqs.weight"] = llama3_rope_divisors(10000.0, head_dim or hidden // heads, llama3_rope)
     tensors.update(replace or {})
     for name, value in tensors.items():
         want = (overrides or {}).get(name, qtype) if value.ndim >= 2 else "F32"

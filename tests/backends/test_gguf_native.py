@@ -83,10 +83,10 @@ def batched_logits(backend: TorchBackend, seqs: list[list[int]], prefill: int) -
     return [torch.cat(r) for r in rows]
 
 
-def reference_logits(path: str, *seqs: list[int]) -> torch.Tensor:
+def reference_logits(path: str, *seqs: list[int], rope_scaling: dict | None = None) -> torch.Tensor:
     """transformers' forward on the weights dequantized from the same file: [positions, vocab]
     for one sequence, [sequences, positions, vocab] for several of one length (one load)."""
-    model = gguf_writer.reference_model(path)
+    model = gguf_writer.reference_model(path, rope_scaling)
     with torch.no_grad():
         logits = model(torch.tensor(list(seqs))).logits.float()
     return logits[0] if len(seqs) == 1 else logits
@@ -224,6 +224,22 @@ def test_an_expert_count_that_does_not_match_is_refused(tmp_path, shared_cache) 
     gguf_writer.write_tiny_gguf(path, "qwen3moe", "Q8_0", replace={"blk.1.ffn_up_exps.weight": wrong})
     with pytest.raises(ConfigError, match=r"blk\.1\.ffn_up_exps\.weight has shape \[256, 256, 6\].*8 experts"):
         make_backend(path, shared_cache)
+
+
+def test_llama3_rope_scaling_from_the_rope_freqs_tensor(tmp_path) -> None:
+    """Llama 3.1+ files carry their RoPE scaling only as ``rope_freqs.weight``: served as
+    transformers serves the config's llama3 scaling. The original context is set short so most
+    frequencies are scaled within the prompt (with the file's divisors ignored, the logits part)."""
+    scaling = dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=16)
+    path = str(tmp_path / "llama31.gguf")
+    gguf_writer.write_tiny_gguf(path, "llama", "Q8_0", llama3_rope=scaling)
+    ids = sequence(40, seed=5)
+    backend = make_backend(path, str(tmp_path / "cache"))
+    got = native_logits(backend, ids, prefill=24)
+    agree, err = compare(got, reference_logits(path, ids, rope_scaling=scaling))
+    assert agree >= 0.99 and err < MAX_REL_ERR, (agree, err)
+    _, unscaled_err = compare(got, reference_logits(path, ids))
+    assert unscaled_err > 20 * MAX_REL_ERR, "the scaling made no difference: the test would not see it missing"
 
 
 def test_a_mixtral_style_llama_file_is_refused_in_one_line(tmp_path) -> None:

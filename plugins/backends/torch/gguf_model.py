@@ -248,6 +248,7 @@ def load_native(model_cfg: ModelConfig, path: str, bf16_matmul: bool = False) ->
     _config_from_header(model_config, gguf_file)
     tokenizer = load_tokenizer(model_cfg, meta, name)
     model = _skeleton(model_config)
+    _rope_factors(model, gguf_file)
     parts = _map_weights(model, model_config, gguf_file, gguf_file.architecture == "llama", bf16_matmul)
     parts.parameters = sum(math.prod(t.shape) for t in gguf_file.tensors.values())
     parts.weight_bytes = sum(t.data.nbytes for t in gguf_file.tensors.values())
@@ -265,6 +266,27 @@ def load_native(model_cfg: ModelConfig, path: str, bf16_matmul: bool = False) ->
         chat_template=getattr(tokenizer, "chat_template", None), dtype=torch.float32, device=torch.device("cpu"),
     )
     return lm, parts
+
+
+def _rope_factors(model: Any, f: _File) -> None:
+    """Llama 3.1+ files carry their RoPE scaling as ``rope_freqs.weight``, one divisor per
+    frequency (llama.cpp's converter computes them from the config's llama3 factors), and no
+    metadata key transformers' mapping would read: the rotary embedding's frequencies are divided
+    by them here, which is the llama3 rule (``inv_freq / factor`` where the wavelength is long,
+    untouched where short, interpolated between)."""
+    if "rope_freqs.weight" not in f:
+        return
+    factors = f.vector("rope_freqs.weight")
+    rotary = model.get_decoder().rotary_emb
+    if factors.numel() != rotary.inv_freq.numel() or not bool((factors > 0).all()):
+        raise ConfigError(f"GGUF tensor rope_freqs.weight has {factors.numel()} values where the rotary embedding "
+                          f"has {rotary.inv_freq.numel()} frequencies (or a divisor is not positive)")
+    done: set[int] = set()
+    for name in ("inv_freq", "original_inv_freq"):  # often one tensor under two names: divided once
+        t = getattr(rotary, name, None)
+        if isinstance(t, torch.Tensor) and t.data_ptr() not in done:
+            done.add(t.data_ptr())
+            t.div_(factors.to(t.dtype))
 
 
 def _config_from_header(config: Any, f: _File) -> None:
