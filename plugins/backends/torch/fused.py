@@ -58,7 +58,11 @@ _FUSED_MLP_PARTS = {"gate_up_proj", "down_proj", "activation_fn"}  # Phi-3: gate
 
 def _fuse(linears: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Concatenate the weights (and biases) of ``linears`` along the output dim; re-point each
-    module's parameters at its slice of the result so nothing is stored twice."""
+    module's parameters at its slice of the result so nothing is stored twice. One linear (a
+    matrix the model already stores fused, as Phi-3's) is used as it is, not copied."""
+    if len(linears) == 1:
+        only = linears[0]
+        return only.weight.data, only.bias.data if only.bias is not None else None
     weight = torch.cat([m.weight.data for m in linears])
     has_bias = [m.bias is not None for m in linears]
     if any(has_bias) and not all(has_bias):
