@@ -120,10 +120,16 @@ _GEMMA3_NAMES = {**_LAYER_NAMES, "post_attention_layernorm": "post_attention_nor
 _NORM_SHIFT = {"gemma3": 1.0}
 GEMMA3_WINDOW = 8  # the tiny Gemma 3's sliding window: a 40-token prompt crosses it
 MOE_SHAPE = (8, 2, 256)  # the tiny Qwen3-MoE's experts, experts a token uses, expert intermediate size
+# The tiny gpt-oss: experts, experts a token uses, their intermediate size; the window of its even layers;
+# YaRN stretching 64 positions by 8 (transformers' own names).
+GPT_OSS_SHAPE, GPT_OSS_WINDOW = (8, 2, 128), 8
+GPT_OSS_ROPE = dict(rope_type="yarn", rope_theta=150000.0, factor=8.0, original_max_position_embeddings=64,
+                    beta_fast=32.0, beta_slow=1.0, truncate=False)
+_GPT_OSS_NAMES = {**_LAYER_NAMES, "post_attention_layernorm": "post_attention_norm", "self_attn.sinks": "attn_sinks"}
 
 
 def _layer_names(arch: str) -> dict[str, str]:
-    return _GEMMA3_NAMES if arch == "gemma3" else _LAYER_NAMES
+    return {"gemma3": _GEMMA3_NAMES, "gpt-oss": _GPT_OSS_NAMES}.get(arch, _LAYER_NAMES)
 
 
 def _classes(arch: str) -> tuple[Any, Any]:
@@ -133,7 +139,8 @@ def _classes(arch: str) -> tuple[Any, Any]:
     config, model = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
                      "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
                      "qwen3moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
-                     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM")}[arch]
+                     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
+                     "gpt-oss": ("GptOssConfig", "GptOssForCausalLM")}[arch]
     return getattr(transformers, config), getattr(transformers, model)
 
 
@@ -142,6 +149,53 @@ def _moe_config(experts: int, used: int, inter: int) -> dict[str, Any]:
     top-k weights renormalised)."""
     return dict(num_experts=experts, num_experts_per_tok=used, moe_intermediate_size=inter, norm_topk_prob=True,
                 decoder_sparse_step=1, mlp_only_layers=[])
+
+
+def _gpt_oss_config(head_dim: int) -> dict[str, Any]:
+    experts, used, inter = GPT_OSS_SHAPE
+    return dict(head_dim=head_dim, num_local_experts=experts, num_experts_per_tok=used, sliding_window=GPT_OSS_WINDOW,
+                rope_parameters=dict(GPT_OSS_ROPE), attention_bias=True)
+
+
+def _gpt_oss_experts(sd: dict[str, np.ndarray], i: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Layer ``i``'s router and experts as llama.cpp's converter writes a gpt-oss's: gate and up
+    split apart (the checkpoint interleaves them), every matrix output-major; the router and
+    the biases random (transformers starts them near zero: every row would pick alike)."""
+    m, b = f"model.layers.{i}.mlp.", f"blk.{i}."
+    gu = sd[m + "experts.gate_up_proj"].transpose(0, 2, 1)
+    experts, inter, hidden = gu.shape[0], gu.shape[1] // 2, gu.shape[2]
+
+    def noise(*shape: int) -> np.ndarray:
+        return rng.normal(0, 0.2, shape).astype(np.float32)
+
+    return {b + "ffn_gate_inp.weight": noise(experts, hidden) * 2.5, b + "ffn_gate_inp.bias": noise(experts),
+            b + "ffn_gate_exps.weight": gu[:, 0::2], b + "ffn_up_exps.weight": gu[:, 1::2],
+            b + "ffn_gate_exps.bias": noise(experts, inter), b + "ffn_up_exps.bias": noise(experts, inter),
+            b + "ffn_down_exps.weight": sd[m + "experts.down_proj"].transpose(0, 2, 1),
+            b + "ffn_down_exps.bias": noise(experts, hidden)}
+
+
+def _arch_fields(w: Any, arch: str) -> None:
+    """The metadata llama.cpp's converter writes for ``arch`` beyond the common hyper-parameters."""
+    import gguf
+
+    if arch == "qwen3moe":
+        w.add_expert_count(MOE_SHAPE[0])
+        w.add_expert_used_count(MOE_SHAPE[1])
+        w.add_expert_feed_forward_length(MOE_SHAPE[2])
+    if arch == "gpt-oss":
+        w.add_expert_count(GPT_OSS_SHAPE[0])
+        w.add_expert_used_count(GPT_OSS_SHAPE[1])
+        w.add_expert_feed_forward_length(GPT_OSS_SHAPE[2])
+        w.add_sliding_window(GPT_OSS_WINDOW)
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(GPT_OSS_ROPE["factor"])
+        w.add_rope_scaling_orig_ctx_len(GPT_OSS_ROPE["original_max_position_embeddings"])
+        w.add_rope_scaling_yarn_beta_fast(GPT_OSS_ROPE["beta_fast"])
+        w.add_rope_scaling_yarn_beta_slow(GPT_OSS_ROPE["beta_slow"])
+    if arch == "gemma3":  # as llama.cpp's converter writes a Gemma 3's (global RoPE base in the common part)
+        w.add_sliding_window(GEMMA3_WINDOW)
+        w.add_rope_freq_base_swa(10000.0)
 
 
 def _gemma3_config(head_dim: int, local_base: float, window: int) -> dict[str, Any]:
@@ -199,8 +253,11 @@ def reference_model(path: str, rope_scaling: dict[str, Any] | None = None) -> An
     if arch == "gemma3":
         extra = _gemma3_config(field("attention.key_length"), field("rope.freq_base_swa"),
                                field("attention.sliding_window"))
+    if arch == "gpt-oss":
+        extra = _gpt_oss_config(field("attention.key_length"))
     config = cfg_cls(**extra, vocab_size=values["token_embd.weight"].shape[0], hidden_size=field("embedding_length"),
-                     intermediate_size=field("feed_forward_length"), num_hidden_layers=field("block_count"),
+                     intermediate_size=field("expert_feed_forward_length", field("feed_forward_length")),
+                     num_hidden_layers=field("block_count"),
                      num_attention_heads=heads, num_key_value_heads=kv_heads,
                      rms_norm_eps=field("attention.layer_norm_rms_epsilon"),
                      rope_theta=field("rope.freq_base", 10000.0),
@@ -212,7 +269,18 @@ def reference_model(path: str, rope_scaling: dict[str, Any] | None = None) -> An
     if "output.weight" in values:
         state["lm_head.weight"] = values.pop("output.weight")
     for name in list(values):  # experts: gate and up joined as transformers stores them
-        if name.endswith("ffn_gate_exps.weight"):
+        if name.endswith("ffn_gate_exps.weight") and arch == "gpt-oss":
+            m = f"model.layers.{name.split('.')[1]}.mlp."
+            gate, up = values.pop(name), values.pop(name.replace("gate_exps", "up_exps"))
+            gate_b, up_b = values.pop(name[:-6] + "bias"), values.pop(name.replace("gate_exps.weight", "up_exps.bias"))
+            state[m + "experts.gate_up_proj"] = np.stack([gate, up], axis=2).reshape(gate.shape[0], -1,
+                                                                                    gate.shape[2]).transpose(0, 2, 1)
+            state[m + "experts.gate_up_proj_bias"] = np.stack([gate_b, up_b], axis=2).reshape(gate_b.shape[0], -1)
+            state[m + "experts.down_proj"] = values.pop(name.replace("gate_exps", "down_exps")).transpose(0, 2, 1)
+            state[m + "experts.down_proj_bias"] = values.pop(name.replace("gate_exps.weight", "down_exps.bias"))
+            state[m + "router.weight"] = values.pop(name.replace("gate_exps", "gate_inp"))
+            state[m + "router.bias"] = values.pop(name.replace("gate_exps.weight", "gate_inp.bias"))
+        elif name.endswith("ffn_gate_exps.weight"):
             layer = name.split(".")[1]
             up = values.pop(f"blk.{layer}.ffn_up_exps.weight")
             state[f"model.layers.{layer}.mlp.experts.gate_up_proj"] = np.concatenate([values.pop(name), up], axis=1)
@@ -220,6 +288,9 @@ def reference_model(path: str, rope_scaling: dict[str, Any] | None = None) -> An
             state[f"model.layers.{layer}.mlp.gate.weight"] = values.pop(f"blk.{layer}.ffn_gate_inp.weight")
     for name, value in values.items():
         _, layer, part, kind = name.split(".")
+        if part == "attn_sinks":
+            state[f"model.layers.{layer}.self_attn.sinks"] = value
+            continue
         if arch == "llama" and part in ("attn_q", "attn_k"):
             value = _unpermute(value, heads if part == "attn_q" else kv_heads)
         if part.endswith("norm"):
@@ -257,7 +328,7 @@ def write_tiny_gguf(path: str, arch: str = "llama", qtype: str = "Q8_0", *, laye
 
     vocab = 49152  # the embedded tokenizer's
     cfg_cls, model_cls = _classes(arch)
-    if arch in ("qwen3", "qwen3moe", "gemma3"):  # their configs' default head sizes are their own
+    if arch in ("qwen3", "qwen3moe", "gemma3", "gpt-oss"):  # their configs' default head sizes are their own
         head_dim = head_dim or hidden // heads
     torch.manual_seed(seed)
     extra = {"head_dim": head_dim} if head_dim else {}
@@ -265,6 +336,8 @@ def write_tiny_gguf(path: str, arch: str = "llama", qtype: str = "Q8_0", *, laye
         extra = _gemma3_config(head_dim, 10000.0, GEMMA3_WINDOW)
     if arch == "qwen3moe":
         extra |= _moe_config(*MOE_SHAPE)
+    if arch == "gpt-oss":
+        extra, inter = _gpt_oss_config(head_dim), GPT_OSS_SHAPE[2]
     model = model_cls(cfg_cls(**extra, vocab_size=vocab, hidden_size=hidden, intermediate_size=inter,
                               num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
                               tie_word_embeddings=tied, initializer_range=0.05, rms_norm_eps=1e-5))
@@ -278,10 +351,14 @@ def write_tiny_gguf(path: str, arch: str = "llama", qtype: str = "Q8_0", *, laye
     for i in range(layers):
         for hf, gg in names.items():
             for kind in ("weight", "bias"):
-                key = f"model.layers.{i}.{hf}.{kind}"
+                key = f"model.layers.{i}.{hf}" + ("" if hf.endswith("sinks") else f".{kind}")
+                if hf.endswith("sinks") and kind == "bias":
+                    continue
                 if key in sd:
                     value = sd[key]
-                    if kind == "weight" and value.ndim == 1:
+                    if hf.endswith("sinks"):  # transformers starts them near zero: make them matter
+                        value = rng.normal(0, 1.0, value.shape).astype(np.float32)
+                    elif kind == "weight" and value.ndim == 1:
                         value = value + rng.normal(0, 0.1, value.shape).astype(np.float32)  # norms not all ones
                         value = value + _NORM_SHIFT.get(arch, 0.0)
                     if kind == "bias":
@@ -295,16 +372,15 @@ def write_tiny_gguf(path: str, arch: str = "llama", qtype: str = "Q8_0", *, laye
             tensors |= {f"blk.{i}.ffn_gate_inp.weight": router,  # transformers starts it at zero: no choice at all
                         f"blk.{i}.ffn_gate_exps.weight": gu[:, :inter], f"blk.{i}.ffn_up_exps.weight": gu[:, inter:],
                         f"blk.{i}.ffn_down_exps.weight": sd[f"model.layers.{i}.mlp.experts.down_proj"]}
+        if arch == "gpt-oss":
+            tensors |= _gpt_oss_experts(sd, i, rng)
     w = gguf.GGUFWriter(path, arch, split_max_tensors=split_max_tensors)
-    _hparams(w, f"tiny-{arch}", layers, hidden, inter, heads, kv_heads, head_dim=head_dim,
-             rope_theta=1_000_000.0 if arch == "gemma3" else 10000.0)
-    if arch == "qwen3moe":
-        w.add_expert_count(MOE_SHAPE[0])
-        w.add_expert_used_count(MOE_SHAPE[1])
-        w.add_expert_feed_forward_length(MOE_SHAPE[2])
-    if arch == "gemma3":  # as llama.cpp's converter writes a Gemma 3's (global RoPE base above)
-        w.add_sliding_window(GEMMA3_WINDOW)
-        w.add_rope_freq_base_swa(10000.0)
+    # gpt-oss: the context its YaRN stretches the original to (another length draws transformers' warning).
+    stretched = GPT_OSS_ROPE["factor"] * GPT_OSS_ROPE["original_max_position_embeddings"]
+    context = int(stretched) if arch == "gpt-oss" else 2048
+    _hparams(w, f"tiny-{arch}", layers, hidden, inter, heads, kv_heads, head_dim=head_dim, context=context,
+             rope_theta={"gemma3": 1_000_000.0, "gpt-oss": GPT_OSS_ROPE["rope_theta"]}.get(arch, 10000.0))
+    _arch_fields(w, arch)
     _write_tokenizer(w)
     w.add_file_type(1)
     for key, number in (uint_fields or {}).items():
@@ -313,7 +389,7 @@ def write_tiny_gguf(path: str, arch: str = "llama", qtype: str = "Q8_0", *, laye
         tensors["rope_freqs.weight"] = llama3_rope_divisors(10000.0, head_dim or hidden // heads, llama3_rope)
     tensors.update(replace or {})
     for name, value in tensors.items():
-        want = (overrides or {}).get(name, qtype) if value.ndim >= 2 else "F32"
+        want = (overrides or {}).get(name, qtype) if value.ndim >= 2 and not name.endswith(".bias") else "F32"
         data, raw = _encode(value, want, rng)
         w.add_tensor(name, data, raw_dtype=raw)
     w.write_header_to_file()

@@ -70,7 +70,7 @@ def main() -> None:
         from llmserve.plugins.backends.torch.loader import embedded_model_path
 
         path = embedded_model_path()
-        src = metadata_dir(path, _File(path).data_offset, None)
+        src = metadata_dir(path, _File(path).header, None)
         shutil.copytree(src, args.tokenizer, dirs_exist_ok=True)
         return
     need = {n: v for n, v in closure("llmserve").items() if n not in IMAGE}

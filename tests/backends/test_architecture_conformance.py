@@ -90,6 +90,11 @@ TINY: dict[str, dict] = {
     "hunyuan_v1_dense": {},
     "arcee": {},
     "apertus": {},
+    # Sinks, biased experts with gpt-oss's routing and clamped SwiGLU, windows on alternate layers, YaRN
+    # stretched from 32 positions so the long prompt's angles pass its interpolated range.
+    "gpt_oss": dict(MOE, **SLIDING, layer_types=["sliding_attention", "full_attention"],
+                    rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=8.0, beta_fast=32.0,
+                                         beta_slow=1.0, original_max_position_embeddings=32, truncate=False)),
 }
 # Weight seeds other than 0, where seed 0's reference has a near tie (the check in build() says so).
 SEEDS = {"olmo3": 1}

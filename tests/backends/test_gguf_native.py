@@ -216,6 +216,28 @@ def test_qwen3_moe_routes_each_token_to_its_experts(tmp_path, shared_cache) -> N
     assert int(moe.hits.sum()) == int(routed.sum()) == 2 * len(ids) and int((routed > 0).sum()) > 2
 
 
+def test_gpt_oss_with_sinks_biased_experts_and_alternating_windows(tmp_path, shared_cache) -> None:
+    """gpt-oss as llama.cpp writes it: MXFP4 experts (gate and up apart, biases per expert), a
+    biased router taking the top two logits before its softmax, clamped SwiGLU, biased
+    attention with one sink logit per head, a window of 8 on even layers, YaRN; against
+    transformers' forward over a 40-token prompt (prefill and decode steps)."""
+    path = str(tmp_path / "tiny-gpt-oss.gguf")
+    experts = {f"blk.{i}.ffn_{p}_exps.weight": "MXFP4" for i in range(2) for p in ("gate", "up", "down")}
+    gguf_writer.write_tiny_gguf(path, "gpt-oss", "Q8_0", overrides=experts)
+    ids = sequence(40, seed=5)
+    backend = make_backend(path, shared_cache)
+    assert "weights=gguf:mxfp4,q8_0" in backend.plan()
+    fused = backend._fused
+    assert [lay.window for lay in fused.layers] == [gguf_writer.GPT_OSS_WINDOW, None]
+    assert all(lay.sinks is not None and lay.sinks.shape == (4,) for lay in fused.layers)
+    moe = fused.layers[0].moe
+    assert moe.num_experts == 8 and moe.top_k == 2 and not moe.softmax_first
+    assert backend._fused.rotary.rope_type == "yarn"
+    agree, err = compare(native_logits(backend, ids, prefill=20), reference_logits(path, ids))
+    assert agree >= 0.99 and err < MAX_REL_ERR, (agree, err)
+    assert int((fused.layers[1].moe.hits > 0).sum()) > 2  # the routers spread the tokens
+
+
 def test_an_expert_count_that_does_not_match_is_refused(tmp_path, shared_cache) -> None:
     import numpy as np
 

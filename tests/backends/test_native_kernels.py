@@ -1,7 +1,9 @@
 """The native CPU kernels: built once, cached, optional; decode attention equal to a plain-torch
 reference over block tables (GQA groups, sliding windows, scattered blocks, vector and portable
-loops) and the packed linear equal to torch's for every row/column remainder; its lossless 4- and
-8-bit panels bit for bit equal to its fp32 ones, and refused wherever they would not be lossless."""
+loops); attention sinks (gpt-oss) in the fp32 and int8 decode kernels and the prefill kernel equal
+to the reference's extra softmax column, and a sink of -inf the same bits as none; the packed
+linear equal to torch's for every row/column remainder; its lossless 4- and 8-bit panels bit for
+bit equal to its fp32 ones, and refused wherever they would not be lossless."""
 
 from __future__ import annotations
 
@@ -31,8 +33,10 @@ def kernel():
     return fn
 
 
-def reference(q, pool, tables, ctx, bs, scale, window):
-    """Attention of each sequence's one query row over its positions, read through its block table."""
+def reference(q, pool, tables, ctx, bs, scale, window, sinks=None):
+    """Attention of each sequence's one query row over its positions, read through its block table.
+    ``sinks [H]``: per head one more logit as a last column of the softmax, dropped before the
+    values (transformers' gpt-oss eager attention)."""
     nd, H, D = q.shape
     kvh = pool.shape[0] // 2
     G = H // kvh
@@ -43,7 +47,11 @@ def reference(q, pool, tables, ctx, bs, scale, window):
         blk, off = tables[i][pos // bs], pos % bs
         keys, vals = pool[:kvh, blk, off], pool[kvh:, blk, off]          # [kvh, n, D]
         for h in range(H):
-            out[i, h] = torch.softmax(q[i, h] @ keys[h // G].T * scale, -1) @ vals[h // G]
+            scores = q[i, h] @ keys[h // G].T * scale
+            if sinks is None:
+                out[i, h] = torch.softmax(scores, -1) @ vals[h // G]
+            else:
+                out[i, h] = torch.softmax(torch.cat((scores, sinks[h:h + 1])), -1)[:-1] @ vals[h // G]
     return out
 
 
@@ -108,6 +116,179 @@ def test_kernel_reads_strided_queries_and_writes_rows_of_a_larger_output(kernel)
         kernel(q, pool, tables.flatten(), ctx, out[:nd].transpose(0, 1), D ** -0.5, None)
     with pytest.raises(ValueError):  # a pool of another head size
         kernel(q, pool[..., :32].contiguous(), tables.flatten(), ctx, out[:nd], D ** -0.5, None)
+
+
+def decode_inputs(kvh: int, G: int, D: int, bs: int, nd: int, seed: int):
+    """Random fp32 pool, scattered block tables, context lengths (the first sequence at its first
+    token) and queries for ``nd`` decode rows."""
+    gen = torch.Generator().manual_seed(seed)
+    nblocks = 48
+    pool = torch.randn(2 * kvh, nblocks + 1, bs, D, generator=gen)
+    ctx = torch.randint(1, nblocks * bs // nd, (nd,), generator=gen)
+    ctx[0] = 1
+    max_blocks = int(((ctx - 1) // bs + 1).max())
+    order = torch.randperm(nblocks, generator=gen)
+    tables = torch.full((nd, max_blocks), nblocks, dtype=torch.long)
+    used = 0
+    for i in range(nd):
+        n = int((ctx[i] - 1) // bs + 1)
+        tables[i, :n] = order[used:used + n]
+        used += n
+    q = torch.randn(nd, kvh * G, D, generator=gen)
+    return pool, tables, ctx, q
+
+
+def sink_logits(H: int, seed: int) -> torch.Tensor:
+    """Sinks around the scores' range, one far above them (it takes nearly all the weight) and one
+    far below (nearly none)."""
+    sinks = torch.randn(H, generator=torch.Generator().manual_seed(seed)) * 2
+    sinks[0] = 12.0
+    if H > 1:
+        sinks[-1] = -40.0
+    return sinks
+
+
+SINK_CASES = [  # kv heads, group size, head dim, block size, window, sequences
+    (2, 2, 64, 16, None, 5),     # vector loops, GQA 2
+    (2, 3, 40, 8, 11, 4),        # vector loops with tails, GQA 3, a window spanning blocks
+    (1, 3, 12, 4, 7, 4),         # not a multiple of 8: the portable loops, with a window
+    (3, 1, 32, 4, None, 3),      # no GQA
+]
+
+
+@pytest.mark.parametrize("kvh,G,D,bs,window,nd", SINK_CASES)
+def test_decode_with_sinks_matches_reference(kernel, kvh, G, D, bs, window, nd) -> None:
+    pool, tables, ctx, q = decode_inputs(kvh, G, D, bs, nd, seed=kvh * 100 + G * 10 + D)
+    sinks = sink_logits(kvh * G, seed=D)
+    scale = D ** -0.5
+    out = torch.full_like(q, float("nan"))
+    kernel(q, pool, tables.flatten(), ctx, out, scale, window, sinks=sinks)
+    want = reference(q, pool, tables, ctx, bs, scale, window, sinks)
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+    plain = torch.full_like(q, float("nan"))
+    kernel(q, pool, tables.flatten(), ctx, plain, scale, window)
+    assert not torch.allclose(out, plain, atol=1e-3)   # the sinks did take weight
+    none = torch.full_like(q, float("nan"))
+    kernel(q, pool, tables.flatten(), ctx, none, scale, window, sinks=None)
+    assert torch.equal(none, plain)
+    # A sink of -inf adds exp(-inf) = 0 to every sum: exactly the kernel without sinks.
+    kernel(q, pool, tables.flatten(), ctx, out, scale, window, sinks=torch.full((kvh * G,), float("-inf")))
+    assert torch.equal(out, plain)
+
+
+def test_decode_refuses_malformed_sinks(kernel) -> None:
+    pool, tables, ctx, q = decode_inputs(2, 2, 16, 4, 2, seed=1)
+    out = torch.empty_like(q)
+    for bad in (torch.zeros(4, dtype=torch.float64), torch.zeros(5), torch.zeros(1, 4), torch.zeros(8)[::2]):
+        with pytest.raises(ValueError):
+            kernel(q, pool, tables.flatten(), ctx, out, 0.25, None, sinks=bad)
+
+
+def dequantized(pool: torch.Tensor, D: int) -> torch.Tensor:
+    """An int8 pool's rows as fp32: codes times their group's scale (as test_int8_kv_cache.py)."""
+    scales = pool[..., D:].contiguous().view(torch.float32).repeat_interleave(32, -1)[..., :D]
+    return pool[..., :D].float() * scales
+
+
+@pytest.mark.parametrize("kvh,G,D,bs,window,nd", [(2, 2, 64, 16, None, 5), (1, 3, 40, 8, 11, 4),
+                                                   (1, 2, 12, 4, None, 3)])
+def test_int8_decode_and_prefill_with_sinks_match_the_dequantized_reference(kvh, G, D, bs, window, nd) -> None:
+    """The int8 cache's decode kernel, and the prefill kernel over the same int8 pool, against
+    the reference over the dequantized rows."""
+    decode, prefill, write = kernels.decode_kernel(int8=True), kernels.prefill_kernel(), kernels.kv_writer(int8=True)
+    assert None not in (decode, prefill, write), "the kernels must build wherever the test suite runs"
+    f32, tables, ctx, q = decode_inputs(kvh, G, D, bs, nd, seed=D + G)
+    two_kvh, nb, _, _ = f32.shape
+    width = D + 4 * -(-D // 32)
+    pool = torch.zeros(two_kvh, nb, bs, width, dtype=torch.int8)
+    slots = torch.arange(nb * bs)
+    rows = f32.view(two_kvh, nb * bs, D).transpose(0, 1)        # [slots, 2 * kvh, D]
+    write(pool.view(two_kvh, nb * bs, width), slots, rows[:, :kvh], rows[:, kvh:])
+    deq = dequantized(pool, D)
+    sinks = sink_logits(kvh * G, seed=D)
+    scale = D ** -0.5
+    out = torch.full_like(q, float("nan"))
+    decode(q, pool, tables.flatten(), ctx, out, scale, window, sinks=sinks)
+    torch.testing.assert_close(out, reference(q, deq, tables, ctx, bs, scale, window, sinks), atol=1e-5, rtol=1e-5)
+    plain = torch.full_like(q, float("nan"))
+    decode(q, pool, tables.flatten(), ctx, plain, scale, window)
+    decode(q, pool, tables.flatten(), ctx, out, scale, window, sinks=torch.full((kvh * G,), float("-inf")))
+    assert torch.equal(out, plain)
+    # The longest sequence's context as a chunk after a prefix of a third of it.
+    i = int(ctx.argmax())
+    L = int(ctx[i])
+    start = L // 3
+    table = tables[i, :-(-L // bs)].tolist()
+    chunk_q = torch.randn(L - start, kvh * G, D, generator=torch.Generator().manual_seed(5))
+    got = run_prefill(prefill, chunk_q, pool, [(0, L - start, start, table)], bs, window, sinks)
+    torch.testing.assert_close(got.double(), prefill_reference(chunk_q, deq, [(0, L - start, start, table)], bs,
+                                                               scale, window, sinks), atol=1e-5, rtol=1e-5)
+
+
+def prefill_reference(q, pool, chunks, bs, scale, window, sinks):
+    """Each chunk's rows attending causally (and windowed) to positions 0 .. its last, read through
+    its block table, in float64; ``sinks [H]`` (or None) as a last softmax column, then dropped."""
+    T, H, D = q.shape
+    kvh = pool.shape[0] // 2
+    G = H // kvh
+    out = torch.zeros(T, H, D, dtype=torch.float64)
+    pool = pool.double()
+    for row, n, start, table in chunks:
+        pos = torch.arange(start + n)
+        blk, off = torch.tensor(table)[pos // bs], pos % bs
+        keys, vals = pool[:kvh, blk, off], pool[kvh:, blk, off]
+        q_pos, k_pos = torch.arange(start, start + n)[:, None], pos[None, :]
+        allowed = k_pos <= q_pos
+        if window:
+            allowed &= k_pos > q_pos - window
+        for h in range(H):
+            scores = (q[row:row + n, h].double() @ keys[h // G].T * scale).masked_fill(~allowed, float("-inf"))
+            if sinks is not None:
+                scores = torch.cat((scores, sinks[h].double().expand(n, 1)), -1)
+            weights = torch.softmax(scores, -1)
+            out[row:row + n, h] = (weights[:, :-1] if sinks is not None else weights) @ vals[h // G]
+    return out
+
+
+def run_prefill(fn, q, pool, chunks, bs, window, sinks=None):
+    out = torch.full(q.shape, float("nan"))
+    fn(q, pool, kernels.PrefillPlan(chunks, bs, pool.shape[1] - 1), out, q.shape[-1] ** -0.5, window, sinks=sinks)
+    return out
+
+
+@pytest.mark.parametrize("kvh,G,D,bs,window,dtype", [
+    (2, 2, 64, 16, None, torch.float32),     # vector loops, GQA 2
+    (1, 3, 12, 4, 9, torch.float32),         # portable loops, GQA 3, a window
+    (2, 3, 40, 8, 33, torch.float32),        # a window spanning key tiles
+    (2, 2, 64, 16, None, torch.bfloat16),    # a bf16 cache
+    (1, 3, 24, 4, 20, torch.bfloat16),
+])
+def test_prefill_with_sinks_matches_reference(kvh, G, D, bs, window, dtype) -> None:
+    """One call with a fresh prompt longer than a key tile, a chunk continuing a prefix that ends
+    mid-block and a one-token chunk."""
+    fn = kernels.prefill_kernel()
+    assert fn is not None, "the kernel must build wherever the test suite runs"
+    gen = torch.Generator().manual_seed(kvh * 1000 + G * 100 + D)
+    shapes = [(90, 0), (40, 51), (1, 17)]                                   # (length, first position)
+    nblocks = sum(-(-(n + s) // bs) for n, s in shapes) + 4
+    order = torch.randperm(nblocks, generator=gen).tolist()
+    chunks, row, used = [], 0, 0
+    for n, start in shapes:
+        need = -(-(n + start) // bs)
+        chunks.append((row, n, start, order[used:used + need]))
+        row, used = row + n, used + need
+    pool = torch.randn(2 * kvh, nblocks + 1, bs, D, generator=gen).to(dtype)
+    q = torch.randn(row, kvh * G, D, generator=gen)
+    sinks = sink_logits(kvh * G, seed=D)
+    got = run_prefill(fn, q, pool, chunks, bs, window, sinks)
+    want = prefill_reference(q, pool, chunks, bs, D ** -0.5, window, sinks)
+    torch.testing.assert_close(got.double(), want, atol=2e-6, rtol=1e-5)
+    plain = run_prefill(fn, q, pool, chunks, bs, window)
+    torch.testing.assert_close(plain.double(), prefill_reference(q, pool, chunks, bs, D ** -0.5, window, None),
+                               atol=2e-6, rtol=1e-5)
+    assert torch.equal(run_prefill(fn, q, pool, chunks, bs, window, torch.full((kvh * G,), float("-inf"))), plain)
+    with pytest.raises(ValueError):
+        run_prefill(fn, q, pool, chunks, bs, window, sinks[:-1])
 
 
 @pytest.fixture(scope="module")

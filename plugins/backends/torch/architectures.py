@@ -14,7 +14,7 @@ FLAG = "--allow-unverified-architecture"
 
 # The backend's own forward (fused.py) runs these when it recognises the layers exactly (a test
 # holds this to fused.py's own set); their transformers forward is verified as well.
-FUSED = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "phi3", "gemma3_text")
+FUSED = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "phi3", "gemma3_text", "gpt_oss")
 
 # model_type -> what its tiny model in the conformance test exercises beyond a plain decoder.
 # Each one's greedy continuations equal transformers' generate alone, four requests at once, past
@@ -59,6 +59,8 @@ VERIFIED: dict[str, str] = {
     "hunyuan_v1_dense": "q/k norms",
     "arcee": "squared-ReLU MLP",
     "apertus": "xIELU MLP, q/k norms",
+    "gpt_oss": "attention sinks, mixture of experts with biases and a clamped SwiGLU, alternating sliding windows, "
+               "YaRN",
 }
 
 # The families whose layers keep a state beside (or instead of) keys and values: the paged KV cache
@@ -83,7 +85,6 @@ STATEFUL: dict[str, str] = {
 
 # Stateless architectures the backend cannot run right either, refused whatever the flag says.
 UNSUPPORTED: dict[str, str] = {
-    "gpt_oss": "attention sinks, which the paged attention does not apply",
     **dict.fromkeys(("deepseek_v2", "deepseek_v3", "minicpm3", "glm4_moe_lite", "longcat_flash", "sarvam_mla"),
                     "multi-head latent attention (keys and values of different head sizes), which the paged KV "
                     "cache does not hold"),

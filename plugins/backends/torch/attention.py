@@ -236,15 +236,39 @@ def step_context(cache: PagedKVCache, meta: StepMetadata) -> Iterator[None]:
         _CURRENT = None
 
 
+def _sink_softmax(scores: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """Softmax (fp32) of ``scores [..., L]`` with one more logit per row that has no value
+    (``sinks``, broadcast to ``[..., 1]``), that column dropped: gpt-oss's attention sinks."""
+    column = sinks.to(scores.dtype).expand(*scores.shape[:-1], 1)
+    return torch.softmax(torch.cat((scores, column), -1), -1, dtype=torch.float32)[..., :-1]
+
+
+def _attend_with_sinks(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, allowed: torch.Tensor | None,
+                       scale: float, sinks: torch.Tensor) -> torch.Tensor:
+    """Attention of ``q [kvh, G, n, D]`` over ``keys``/``vals [kvh, L, D]`` where ``allowed`` (bool,
+    broadcast to ``[n, L]``; None: causal with the queries at the last n positions), with one sink
+    logit per query head (``sinks [kvh * G]``) -> ``[kvh, G, n, D]``. Plain matmuls: SDPA has no sinks."""
+    kvh, G, n, D = q.shape
+    L = keys.shape[1]
+    scores = torch.matmul(q.reshape(kvh, G * n, D), keys.transpose(-1, -2)).view(kvh, G, n, L).mul_(scale)
+    if allowed is None:
+        allowed = torch.ones(n, L, dtype=torch.bool, device=q.device).tril_(L - n)
+    scores.masked_fill_(~allowed, float("-inf"))
+    probs = _sink_softmax(scores, sinks.view(kvh, G, 1, 1)).to(vals.dtype)
+    return torch.matmul(probs.view(kvh, G * n, L), vals).view(kvh, G, n, D)
+
+
 def paged_attention(cache: PagedKVCache, meta: StepMetadata, layer: int, q: torch.Tensor, k: torch.Tensor,
                     v: torch.Tensor, scaling: float | None = None, window: int | None = None,
-                    kv_written: bool = False) -> torch.Tensor:
+                    kv_written: bool = False, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of one layer over the paged cache: ``q [T, H, D]``, ``k``/``v [T, kvh, D]`` -> ``[T, H, D]``.
 
     Writes the step's keys and values into their slots first (unless ``kv_written``: the kernel
     operators' RoPE already stored them), then attends: decode rows (the first
     ``meta.num_decode``) over their gathered blocks, each prefill segment over its own chunk or,
-    when it continues a cached prefix, over its gathered blocks.
+    when it continues a cached prefix, over its gathered blocks. ``sinks``: one logit per query
+    head ``[H]`` that joins each softmax's denominator (gpt-oss); the kernel operators have none,
+    so a model with sinks runs without them (the runner's choice).
     """
     T, H, D = q.shape
     kvh = k.shape[1]
@@ -253,6 +277,8 @@ def paged_attention(cache: PagedKVCache, meta: StepMetadata, layer: int, q: torc
     blocks_view, slots_view = cache.layers[layer]
     nd = meta.num_decode
     if cache.kernel_ops:
+        if sinks is not None:
+            raise RuntimeError("attention sinks are not applied by the kernel operators")
         if not kv_written:
             torch.ops.llmserve.store_kv(slots_view, meta.slot_mapping, k, v)
         scale = D ** -0.5 if scaling is None else scaling
@@ -280,7 +306,7 @@ def paged_attention(cache: PagedKVCache, meta: StepMetadata, layer: int, q: torc
         # writes the decode rows of the layer's output directly.
         out = q.new_empty(T, H, D)
         cache.decode_kernel(q[:nd] if q.stride(2) == 1 else q[:nd].contiguous(), blocks_view, meta.decode_blocks,
-                            meta.decode_ctx, out[:nd], D ** -0.5 if scaling is None else scaling, window)
+                            meta.decode_ctx, out[:nd], D ** -0.5 if scaling is None else scaling, window, sinks=sinks)
         if not meta.prefills and meta.prefill_plan is None:
             return out
     elif nd:
@@ -288,11 +314,13 @@ def paged_attention(cache: PagedKVCache, meta: StepMetadata, layer: int, q: torc
         keys, vals = keys.view(kvh, nd, -1, D), vals.view(kvh, nd, -1, D)
         # GQA without repeating K/V: a kv head's query group acts as a short query sequence.
         qd = q[:nd].view(nd, kvh, group, D).transpose(0, 1)                # [kvh, nd, G, D]
-        if qd.device.type == "cpu" and cache.matmul_decode:
-            # Plain matmuls beat the CPU flash kernel on these many tiny (G x L) problems.
+        if (qd.device.type == "cpu" and cache.matmul_decode) or sinks is not None:
+            # Plain matmuls beat the CPU flash kernel on these many tiny (G x L) problems (and SDPA has no sinks).
             scores = torch.matmul(qd, keys.transpose(-1, -2))
             scores.mul_(D ** -0.5 if scaling is None else scaling).add_(meta.decode_mask(window, bs, scores.dtype))
-            o = torch.matmul(torch.softmax(scores, -1, dtype=torch.float32).to(vals.dtype), vals)
+            probs = (torch.softmax(scores, -1, dtype=torch.float32) if sinks is None
+                     else _sink_softmax(scores, sinks.view(kvh, 1, group, 1)))
+            o = torch.matmul(probs.to(vals.dtype), vals)
         else:
             o = F.scaled_dot_product_attention(qd, keys, vals, attn_mask=meta.decode_mask(window, bs), scale=scaling)
         dec_out = o.transpose(0, 1).reshape(nd, H, D)
@@ -302,19 +330,19 @@ def paged_attention(cache: PagedKVCache, meta: StepMetadata, layer: int, q: torc
         out[:nd] = dec_out
     else:
         out = q.new_empty(T, H, D)
-    return _prefill(cache, meta, blocks_view, q, k, v, out, scaling, window, group)
+    return _prefill(cache, meta, blocks_view, q, k, v, out, scaling, window, group, sinks)
 
 
 def _prefill(cache: PagedKVCache, meta: StepMetadata, blocks_view: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
              v: torch.Tensor, out: torch.Tensor, scaling: float | None, window: int | None,
-             group: int) -> torch.Tensor:
+             group: int, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """The prompt chunks' rows of ``out``: those of ``meta.prefill_plan`` by the native kernel,
     which reads the cache in place (their keys and values are already written); each of
     ``meta.prefills`` over its own chunk or, when it continues a cached prefix, over its
     gathered blocks."""
     if meta.prefill_plan is not None:
         cache.prefill_kernel(q if q.stride(2) == 1 else q.contiguous(), blocks_view, meta.prefill_plan, out,
-                             q.shape[-1] ** -0.5 if scaling is None else scaling, window)
+                             q.shape[-1] ** -0.5 if scaling is None else scaling, window, sinks=sinks)
     for seg in meta.prefills:
         rows = slice(seg.row, seg.row + seg.n)
         qs = q[rows].transpose(0, 1)[None]                                 # [1, H, n, D]
@@ -325,6 +353,12 @@ def _prefill(cache: PagedKVCache, meta: StepMetadata, blocks_view: torch.Tensor,
             keys, vals = cache.gather(blocks_view, seg.blocks, q.dtype)
             keys, vals = keys[None, :, :ctx], vals[None, :, :ctx]
         mask = seg.mask(window, q.device)
+        if sinks is not None:
+            kvh = keys.shape[1]
+            o = _attend_with_sinks(qs[0].reshape(kvh, group, seg.n, -1), keys[0], vals[0], mask,
+                                   q.shape[-1] ** -0.5 if scaling is None else scaling, sinks)
+            out[rows] = o.view(kvh * group, seg.n, -1).transpose(0, 1)
+            continue
         o = F.scaled_dot_product_attention(qs, keys, vals, attn_mask=mask, is_causal=mask is None,
                                            scale=scaling, enable_gqa=group > 1)
         out[rows] = o[0].transpose(0, 1)
@@ -345,11 +379,13 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
     """transformers' attention interface: ``query [1, H, T, D]``, ``key``/``value [1, kvh, T, D]``
     (after RoPE) -> ``[1, T, H, D]``."""
     cache, meta = current_step()
-    if kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None:
-        # The loader refuses such models; this guards models that pass these per call only.
-        raise RuntimeError("attention softcapping / sinks are not supported by the torch backend")
+    if kwargs.get("softcap") is not None:
+        # The loader refuses such models; this guards models that pass it per call only.
+        raise RuntimeError("attention softcapping is not supported by the torch backend")
+    sinks = kwargs.get("s_aux")  # gpt-oss's attention sinks
     out = paged_attention(cache, meta, module.layer_idx, query[0].transpose(0, 1), key[0].transpose(0, 1),
-                          value[0].transpose(0, 1), scaling, kwargs.get("sliding_window"))
+                          value[0].transpose(0, 1), scaling, kwargs.get("sliding_window"),
+                          sinks=None if sinks is None else sinks.detach())
     return out.unsqueeze(0), None
 
 

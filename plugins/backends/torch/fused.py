@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 
 from .attention import PagedKVCache, StepMetadata, paged_attention
-from .moe import MoEFeedForward, moe_parts, normalizes
+from .moe import MoEFeedForward, SparseParts, clamped_swiglu, moe_parts
 
 log = logging.getLogger("llmserve.backend.torch")
 
@@ -39,7 +40,7 @@ class _Family:
 
 
 _FAMILIES = {"llama": _Family(), "mistral": _Family(), "qwen2": _Family(), "qwen3": _Family(),
-             "qwen3_moe": _Family(), "mixtral": _Family(), "phi3": _Family(),
+             "qwen3_moe": _Family(), "mixtral": _Family(), "phi3": _Family(), "gpt_oss": _Family(),
              "gemma3_text": _Family(act="gelu_pytorch_tanh", norm_offset=True, sandwich=True)}
 # Families that take their sliding window from the config for every layer (their attention modules keep none).
 _CONFIG_WINDOW = {"mistral", "mixtral", "phi3"}
@@ -175,16 +176,26 @@ class TorchOps:
 
 class _Layer:
     __slots__ = ("idx", "ln1", "ln2", "eps1", "eps2", "qkv", "o", "gu", "down", "scaling", "window", "q_norm",
-                 "k_norm", "qk_eps", "post_attn", "post_mlp", "post_eps", "act", "gelu", "rope", "moe")
+                 "k_norm", "qk_eps", "post_attn", "post_mlp", "post_eps", "act", "gelu", "rope", "moe", "sinks")
 
 
-def _experts(parts: tuple[Any, Any], act: Callable[[torch.Tensor], torch.Tensor]) -> MoEFeedForward:
+def _moe_act(sp: SparseParts, act: Callable[[torch.Tensor], torch.Tensor],
+             interleaved: bool) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The experts' gated activation: the family's, or gpt-oss's clamped SwiGLU (``interleaved``:
+    gate and up alternate, as the checkpoint stores them; a GGUF file stores them as halves)."""
+    if sp.clamp is None:
+        return act
+    return partial(clamped_swiglu, alpha=sp.clamp[0], limit=sp.clamp[1], interleaved=interleaved)
+
+
+def _experts(sp: SparseParts, act: Callable[[torch.Tensor], torch.Tensor]) -> MoEFeedForward:
     """The MoE feed-forward over a transformers block's router and 3-D expert tensors (views of
     each expert's slice)."""
-    router, experts = parts
-    count = experts.gate_up_proj.shape[0]
-    gu, down = ([_TorchLinear(t[e], None) for e in range(count)] for t in (experts.gate_up_proj, experts.down_proj))
-    return MoEFeedForward(_TorchLinear(router.weight, None), gu, down, int(router.top_k), normalizes(router), act)
+    count = sp.experts.gate_up_proj.shape[0]
+    gu = [_TorchLinear(sp.gate_up_weight(e), sp.bias("gate_up_proj", e)) for e in range(count)]
+    down = [_TorchLinear(sp.down_weight(e), sp.bias("down_proj", e)) for e in range(count)]
+    router = _TorchLinear(sp.router.weight, sp.router.bias if sp.biases else None)
+    return MoEFeedForward(router, gu, down, sp.top_k, sp.normalize, _moe_act(sp, act, True), sp.softmax_first)
 
 
 def _pack_experts(moe: MoEFeedForward, experts: Any, compact: bool) -> None:
@@ -192,13 +203,13 @@ def _pack_experts(moe: MoEFeedForward, experts: Any, compact: bool) -> None:
     the model's 3-D tensors are then emptied so the experts are not held twice."""
     from .native.ops import packed_linear
 
-    groups = [[packed_linear(lin.weight.contiguous(), None, compact) for lin in group]
+    groups = [[packed_linear(lin.weight.contiguous(), lin.bias, compact) for lin in group]
               for group in (moe.gate_up, moe.down)]
     if all(p is not None for group in groups for p in group):
         moe.gate_up, moe.down = groups[0], groups[1]
         for t in (experts.gate_up_proj, experts.down_proj):
             t.data = t.data.new_empty(0)
-    moe.router = packed_linear(moe.router.weight, None, compact) or moe.router
+    moe.router = packed_linear(moe.router.weight, moe.router.bias, compact) or moe.router
 
 
 def _eps(norm: Any) -> float:
@@ -276,8 +287,8 @@ class FusedDecoder:
                 given = weights.layers[len(self.layers)]
                 lay.qkv, lay.o = given["qkv"], given["o"]
                 if sparse is not None:
-                    lay.moe = MoEFeedForward(given["router"], given["gate_up"], given["down"], int(sparse[0].top_k),
-                                             normalizes(sparse[0]), lay.act)
+                    lay.moe = MoEFeedForward(given["router"], given["gate_up"], given["down"], sparse.top_k,
+                                             sparse.normalize, _moe_act(sparse, lay.act, False), sparse.softmax_first)
                 else:
                     lay.gu, lay.down = given["gu"], given["down"]
             else:
@@ -286,7 +297,7 @@ class FusedDecoder:
                 parts: dict[str, list[torch.nn.Linear]] = {"qkv": qkv, "o": [attn.o_proj]}
                 if sparse is not None:
                     lay.moe = _experts(sparse, lay.act)
-                    sparse_owners.append((lay.moe, sparse[1]))
+                    sparse_owners.append((lay.moe, sparse.experts))
                 else:
                     gu = [mlp.gate_up_proj] if hasattr(mlp, "gate_up_proj") else [mlp.gate_proj, mlp.up_proj]
                     lay.gu, lay.down = _TorchLinear(*_fuse(gu)), _TorchLinear(mlp.down_proj.weight, mlp.down_proj.bias)
@@ -298,6 +309,9 @@ class FusedDecoder:
             lay.q_norm = norm_weight(attn.q_norm) if hasattr(attn, "q_norm") else None
             lay.k_norm = norm_weight(attn.k_norm) if hasattr(attn, "k_norm") else None
             lay.qk_eps = _eps(attn.q_norm) if hasattr(attn, "q_norm") else 0.0
+            # gpt-oss: one learned logit per query head in each softmax's denominator (``build`` checked its size).
+            sinks = getattr(attn, "sinks", None)
+            lay.sinks = sinks.detach().float().contiguous() if isinstance(sinks, torch.Tensor) else None
             # Qwen2 sets a window per layer; Mistral reads the config's for every layer.
             lay.window = (getattr(attn, "sliding_window", None) if hasattr(attn, "sliding_window")
                           else getattr(cfg, "sliding_window", None) if cfg.model_type in _CONFIG_WINDOW else None)
@@ -348,6 +362,8 @@ class FusedDecoder:
                                                                                        "o_proj")
                 ok = ok and all(isinstance(getattr(dec.self_attn, p), torch.nn.Linear) for p in projections)
                 ok = ok and cls._qk_norms_fit(dec.self_attn, cfg)
+                sinks = getattr(dec.self_attn, "sinks", None)
+                ok = ok and (sinks is None or tuple(sinks.shape) == (int(cfg.num_attention_heads),))
             ok = ok and _is_rms_norm(base.norm)
             if not ok:
                 return None
@@ -381,7 +397,10 @@ class FusedDecoder:
     def _rotary(self, x: torch.Tensor, positions: torch.Tensor, kind: str | None) -> tuple[torch.Tensor, ...]:
         """cos/sin ``[T, D]`` of ``positions`` from the model's rotary module (for RoPE ``kind``)."""
         cos, sin = self.rotary(x, positions[None]) if kind is None else self.rotary(x, positions[None], kind)
-        return cos[0].contiguous(), sin[0].contiguous()
+        cos, sin = cos[0], sin[0]
+        if cos.shape[-1] * 2 == self.head_dim:  # gpt-oss's module gives each angle once, not once per half
+            cos, sin = torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)
+        return cos.contiguous(), sin.contiguous()
 
     def tabulate_rope(self, max_len: int, dtype: torch.dtype) -> bool:
         """Compute cos/sin for positions ``0 .. max_len - 1`` once (in ``dtype``), through the
@@ -397,7 +416,7 @@ class FusedDecoder:
     def native_step(self, cache: PagedKVCache) -> Any:
         """The one-call native decode step over ``cache`` (built once per cache), or None when
         it is turned off or some part of the forward is not native."""
-        if not self.native_decode or self.reduce is not None:
+        if not self.native_decode or self.reduce is not None or any(lay.sinks is not None for lay in self.layers):
             return None
         if self._native is None or self._native[0] is not cache:
             from .native.step import NativeDecodeStep
@@ -435,7 +454,7 @@ class FusedDecoder:
             qk = qkv[:, :k_end].view(T, H + kvh, D)
             v = qkv[:, k_end:].view(T, kvh, D)
             o = paged_attention(cache, meta, lay.idx, qk[:, :H], qk[:, H:], v, lay.scaling, lay.window,
-                                kv_written=fused_store)
+                                kv_written=fused_store, sinks=lay.sinks)
             # reshape, not view: the attention output's layout is the kernel's choice (CUDA's
             # SDPA returns decode rows with heads apart in memory, which no view can merge).
             attn_out = lay.o(o.reshape(T, q_end))

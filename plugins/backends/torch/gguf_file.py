@@ -13,7 +13,7 @@ import os
 import re
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -130,8 +130,11 @@ class GGUFFile:
             if version not in (2, 3):
                 raise GGUFHeaderError(f"GGUF version {version} is not supported (2 and 3 are)")
             n_tensors, n_fields = take("<Q"), take("<Q")
+            self.version = version
             self.fields: dict[str, Any] = {}
+            self._spans: list[tuple[str, int, int]] = []  # each field's key and bytes, for header_copy
             for _ in range(n_fields):
+                start = pos
                 key, vtype = string(), take("<I")
                 if vtype in _SCALARS:
                     self.fields[key] = take(_SCALARS[vtype])
@@ -140,6 +143,7 @@ class GGUFFile:
                 else:
                     self.fields[key] = None
                     skip(vtype)
+                self._spans.append((key, start, pos))
             self.fields_end = pos  # where the metadata ends and the tensor table begins
             table = []
             for _ in range(n_tensors):
@@ -163,3 +167,20 @@ class GGUFFile:
             if start + nbytes > raw.shape[0]:
                 raise GGUFHeaderError(f"{path} is truncated: tensor {name} ends past the end of the file")
             self.tensors[name] = TensorInfo(name, shape, ttype, raw[start:start + nbytes])
+        self._raw = raw
+
+    def header_copy(self, dest: str, drop: Callable[[str], bool]) -> None:
+        """Write to ``dest`` a GGUF file with this one's metadata, less the keys ``drop`` picks and
+        the split keys, and every tensor's name as a one-value F32 tensor: the header a reader of
+        metadata sees, without the weights (a few MB for any model)."""
+        kept = [(a, b) for key, a, b in self._spans if not (drop(key) or key.startswith("split."))]
+        align = int(self.fields.get("general.alignment") or _DEFAULT_ALIGNMENT)
+        out = bytearray(b"GGUF" + struct.pack("<IQQ", self.version, len(self.tensors), len(kept)))
+        for a, b in kept:
+            out += self._raw[a:b].tobytes()
+        for i, name in enumerate(self.tensors):
+            encoded = name.encode("utf-8")
+            out += struct.pack("<Q", len(encoded)) + encoded + struct.pack("<IQIQ", 1, 1, 0, i * align)
+        out += bytes(-len(out) % align + len(self.tensors) * align)
+        with open(dest, "wb") as fh:
+            fh.write(out)

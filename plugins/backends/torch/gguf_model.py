@@ -21,6 +21,7 @@ import hashlib
 import logging
 import math
 import os
+import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from llmserve import progress
 from llmserve import ModelConfig, ServerConfig
 from llmserve import ConfigError
 
+from .gguf_config import config_from_header, rope_factors
 from .gguf_file import GGUFFile
 from .moe import moe_parts
 from .loader import (LoadedModel, publish_dir, _eos_ids, _resolve_source, load_error, load_tokenizer, read_gguf,
@@ -40,7 +42,7 @@ from .loader import (LoadedModel, publish_dir, _eos_ids, _resolve_source, load_e
 log = logging.getLogger("llmserve.backend.torch")
 
 # GGUF architectures the fused decoder runs (llama.cpp files Mistral models as "llama").
-ARCHITECTURES = {"llama", "qwen2", "qwen3", "qwen3moe", "gemma3"}
+ARCHITECTURES = {"llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "gpt-oss"}
 _METADATA_DIR = "gguf-metadata"
 # transformers' projection name -> the GGUF tensor name within block N.
 _PROJECTIONS = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output",
@@ -48,6 +50,8 @@ _PROJECTIONS = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output",
 # A layer's norms: transformers' module -> the GGUF tensor within block N. Gemma 3 has four
 # (its "ffn_norm" is the one before the MLP; post_attention_layernorm follows the attention).
 _NORMS = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+# gpt-oss: the norm before the MLP is filed as the attention's post-norm.
+_POST_NORMS = {"input_layernorm": "attn_norm", "post_attention_layernorm": "post_attention_norm"}
 _SANDWICH_NORMS = {"input_layernorm": "attn_norm", "post_attention_layernorm": "post_attention_norm",
                    "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm"}
 # Architectures whose norms scale by (1 + weight): llama.cpp's converter stores the sum.
@@ -113,7 +117,7 @@ def prepare(path: str, cache_dir: str | None) -> None:
     """What ``llmserve warmup`` does for a GGUF served natively: check its tensor types and
     cache its config and tokenizer."""
     f = _File(path)
-    metadata_dir(path, f.fields_end, list(f.tensors), cache_dir)
+    metadata_dir(path, f.header, cache_dir)
 
 
 def _header_key(path: str, fields_end: int, names: list[str]) -> str:
@@ -136,18 +140,36 @@ def _header_key(path: str, fields_end: int, names: list[str]) -> str:
     return digest.hexdigest()[:24]
 
 
-def metadata_dir(path: str, fields_end: int, names: list[str], cache_dir: str | None) -> str:
-    """A directory with the config and tokenizer transformers derives from the GGUF metadata,
-    converted on first use and cached under ``cache_dir`` by the header's content."""
+def _misread(header: GGUFFile) -> Callable[[str], bool] | None:
+    """The metadata keys transformers' GGUF reading fails on, for a file that has them: it reads
+    each ``gpt-oss.rope.scaling.*`` value from the key's length field and raises on the number
+    (``config_from_header`` reads those keys itself)."""
+    prefix = "gpt-oss.rope.scaling."
+    if header.architecture == "gpt-oss" and any(key.startswith(prefix) for key in header.fields):
+        return lambda key: key.startswith(prefix)
+    return None
+
+
+def metadata_dir(path: str, header: GGUFFile, cache_dir: str | None) -> str:
+    """A directory with the config and tokenizer transformers derives from the GGUF metadata
+    (``header``: the file's), converted on first use and cached under ``cache_dir`` by the
+    header's content."""
     from transformers import AutoConfig
 
     root = os.path.join(os.path.expanduser(cache_dir or "~/.cache/llmserve"), _METADATA_DIR)
-    target = os.path.join(root, _header_key(path, fields_end, names))
+    target = os.path.join(root, _header_key(path, header.fields_end, list(header.tensors)))
     if os.path.isfile(os.path.join(target, "config.json")):
         return target
     log.info("reading the GGUF metadata and tokenizer of %s once (later starts read the cache %s)",
              os.path.basename(path), target)
-    config, tokenizer = read_gguf(path, AutoConfig, "reading GGUF metadata and tokenizer of")
+    drop = _misread(header)
+    if drop is None:
+        config, tokenizer = read_gguf(path, AutoConfig, "reading GGUF metadata and tokenizer of")
+    else:  # transformers reads a copy of the header without the keys it fails on
+        with tempfile.TemporaryDirectory() as tmp:
+            copy = os.path.join(tmp, os.path.basename(path))
+            header.header_copy(copy, drop)
+            config, tokenizer = read_gguf(copy, AutoConfig, "reading GGUF metadata and tokenizer of")
     def write(tmp: str) -> None:
         config.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
@@ -170,7 +192,7 @@ class _File:
         from .native import gguf_ops
 
         self.ops = gguf_ops
-        header = _open(path)
+        header = self.header = _open(path)
         self.data_offset, self.architecture, self.tensors = header.data_offset, header.architecture, header.tensors
         self.fields_end = header.fields_end
         self.fields = header.fields
@@ -243,12 +265,12 @@ def load_native(model_cfg: ModelConfig, path: str, bf16_matmul: bool = False) ->
     source = model_cfg.model
     _, name = _resolve_source(source)
     gguf_file = _File(path)
-    meta = metadata_dir(path, gguf_file.fields_end, list(gguf_file.tensors), model_cfg.cache_dir)
+    meta = metadata_dir(path, gguf_file.header, model_cfg.cache_dir)
     model_config = AutoConfig.from_pretrained(meta)
-    _config_from_header(model_config, gguf_file)
+    config_from_header(model_config, gguf_file)
     tokenizer = load_tokenizer(model_cfg, meta, name)
     model = _skeleton(model_config)
-    _rope_factors(model, gguf_file)
+    rope_factors(model, gguf_file)
     parts = _map_weights(model, model_config, gguf_file, gguf_file.architecture == "llama", bf16_matmul)
     parts.parameters = sum(math.prod(t.shape) for t in gguf_file.tensors.values())
     parts.weight_bytes = sum(t.data.nbytes for t in gguf_file.tensors.values())
@@ -266,72 +288,6 @@ def load_native(model_cfg: ModelConfig, path: str, bf16_matmul: bool = False) ->
         chat_template=getattr(tokenizer, "chat_template", None), dtype=torch.float32, device=torch.device("cpu"),
     )
     return lm, parts
-
-
-def _rope_factors(model: Any, f: _File) -> None:
-    """Llama 3.1+ files carry their RoPE scaling as ``rope_freqs.weight``, one divisor per
-    frequency (llama.cpp's converter computes them from the config's llama3 factors), and no
-    metadata key transformers' mapping would read: the rotary embedding's frequencies are divided
-    by them here, which is the llama3 rule (``inv_freq / factor`` where the wavelength is long,
-    untouched where short, interpolated between)."""
-    if "rope_freqs.weight" not in f:
-        return
-    factors = f.vector("rope_freqs.weight")
-    rotary = model.get_decoder().rotary_emb
-    if factors.numel() != rotary.inv_freq.numel() or not bool((factors > 0).all()):
-        raise ConfigError(f"GGUF tensor rope_freqs.weight has {factors.numel()} values where the rotary embedding "
-                          f"has {rotary.inv_freq.numel()} frequencies (or a divisor is not positive)")
-    done: set[int] = set()
-    for name in ("inv_freq", "original_inv_freq"):  # often one tensor under two names: divided once
-        t = getattr(rotary, name, None)
-        if isinstance(t, torch.Tensor) and t.data_ptr() not in done:
-            done.add(t.data_ptr())
-            t.div_(factors.to(t.dtype))
-
-
-def _config_from_header(config: Any, f: _File) -> None:
-    """What transformers' GGUF mapping leaves out of ``config``, read from the file's header as
-    llama.cpp reads it: the head size (``attention.key_length``: Qwen3's is 128 whatever the
-    hidden size, and the mapping leaves it at its config class's default) and Gemma 3's query
-    scale, local RoPE base, RoPE scaling, logit softcapping and sliding-window pattern."""
-    arch, fields = f.architecture, f.fields
-    key, value = (fields.get(f"{arch}.attention.{n}_length") for n in ("key", "value"))
-    if key is not None and value is not None and int(value) != int(key):
-        raise ConfigError(f"GGUF file has keys of {key} and values of {value} values a head; the paged KV cache "
-                          "holds heads of one size")
-    if key is not None:
-        config.head_dim = int(key)
-    if arch == "llama" and fields.get("llama.expert_count"):
-        raise ConfigError(f"GGUF file is a Mixtral-style llama with {fields['llama.expert_count']} experts, which "
-                          "this loader does not read; serve the model's safetensors (Mixtral runs on the fused "
-                          "forward from them)")
-    if arch == "qwen3moe":  # read as llama.cpp reads a qwen3moe file: every layer sparse, weights renormalised
-        if (size := fields.get("qwen3moe.expert_feed_forward_length")) is not None:
-            config.moe_intermediate_size = int(size)
-        config.norm_topk_prob, config.mlp_only_layers, config.decoder_sparse_step = True, [], 1
-    if arch != "gemma3":
-        return
-    layers = int(config.num_hidden_layers)
-    # The file carries no query scale: llama.cpp scales the 62-layer (27B) model by hidden / heads
-    # and every other one by the head size.
-    config.query_pre_attn_scalar = (config.hidden_size // config.num_attention_heads if layers == 62
-                                    else config.head_dim)
-    rope = config.rope_parameters
-    if (local := fields.get("gemma3.rope.freq_base_swa")) is not None:
-        rope["sliding_attention"]["rope_theta"] = float(local)
-    factor = fields.get("gemma3.rope.scaling.factor")
-    if fields.get("gemma3.rope.scaling.type") == "linear" and factor and float(factor) != 1.0:
-        rope["full_attention"].update(rope_type="linear", factor=float(factor))  # global layers only
-    cap = fields.get("gemma3.final_logit_softcapping")
-    config.final_logit_softcapping = float(cap) if cap else None
-    if "gemma3.attention.sliding_window_pattern" in fields:
-        period = fields["gemma3.attention.sliding_window_pattern"]
-        if not isinstance(period, int) or period < 1:
-            raise ConfigError("GGUF file gives its own per-layer sliding-window pattern, which this loader does not "
-                              "read; serve it with --no-torch-gguf-native")
-        config.layer_types = ["sliding_attention" if (i + 1) % period else "full_attention" for i in range(layers)]
-    if not fields.get("gemma3.attention.sliding_window"):  # no window: every layer global, as llama.cpp runs it
-        config.layer_types = ["full_attention"] * layers
 
 
 class _Mapper:
@@ -379,23 +335,51 @@ class _Mapper:
         progress.advance(len(names))
         return lin
 
+    def expert_biases(self, name: str, count: int, size: int) -> list[torch.Tensor | None]:
+        """Each expert's bias of the 3-D tensor ``name`` (``[count, size]`` as ``ffn_*_exps.bias``),
+        or Nones where the file has none."""
+        if name not in self.f:
+            return [None] * count
+        values = self.f.vector(name)
+        if values.numel() != count * size:
+            raise ConfigError(f"GGUF tensor {name} has {values.numel()} values; {count} experts of {size} need "
+                              f"{count * size} (the file is inconsistent)")
+        return list(values.view(count, size))
+
     def experts(self, blk: str) -> dict[str, Any]:
-        """A sparse layer's router and its experts' gate-and-up and down products."""
+        """A sparse layer's router and its experts' gate-and-up and down products (biased where
+        the file has biases: gpt-oss)."""
         cfg, f = self.cfg, self.f
-        count, inter, hidden = int(cfg.num_experts), int(cfg.moe_intermediate_size), int(cfg.hidden_size)
+        gpt_oss = cfg.model_type == "gpt_oss"
+        count = int(cfg.num_local_experts if gpt_oss else cfg.num_experts)
+        inter = int(cfg.intermediate_size if gpt_oss else cfg.moe_intermediate_size)
+        hidden = int(cfg.hidden_size)
         gate, up = (f.experts(self.need(f"{blk}ffn_{p}_exps.weight"), count, inter, hidden) for p in ("gate", "up"))
         down = f.experts(self.need(f"{blk}ffn_down_exps.weight"), count, hidden, inter)
-        out = {"router": self.linear([blk + "ffn_gate_inp.weight"]),
-               "gate_up": [self.product([g, u], None, blk + "ffn_gate_exps") for g, u in zip(gate, up)],
-               "down": [self.product([d], None, blk + "ffn_down_exps") for d in down]}
+        gate_b, up_b = (self.expert_biases(f"{blk}ffn_{p}_exps.bias", count, inter) for p in ("gate", "up"))
+        down_b = self.expert_biases(f"{blk}ffn_down_exps.bias", count, hidden)
+        router_b = f.vector(blk + "ffn_gate_inp.bias") if blk + "ffn_gate_inp.bias" in f else None
+        gate_up = [self.product([g, u], None if gb is None else torch.cat((gb, ub)), blk + "ffn_gate_exps")
+                   for g, u, gb, ub in zip(gate, up, gate_b, up_b)]
+        out = {"router": self.linear([blk + "ffn_gate_inp.weight"], bias=router_b, shapes=[(count, hidden)]),
+               "gate_up": gate_up,
+               "down": [self.product([d], b, blk + "ffn_down_exps") for d, b in zip(down, down_b)]}
         progress.advance(2)  # with the router: the seven matrices a dense layer counts
         return out
 
     def layer(self, i: int, dec: Any, permuted: bool) -> dict[str, Any]:
         """Decoder layer ``i``'s linears (its norms and biases filled into ``dec``)."""
         f, blk, attn = self.f, f"blk.{i}.", dec.self_attn
-        for module, tensor in (_SANDWICH_NORMS if hasattr(dec, "pre_feedforward_layernorm") else _NORMS).items():
+        norms = (_SANDWICH_NORMS if hasattr(dec, "pre_feedforward_layernorm")
+                 else _POST_NORMS if self.f.architecture == "gpt-oss" else _NORMS)
+        for module, tensor in norms.items():
             self.fill(getattr(dec, module), f"{blk}{tensor}.weight")
+        if hasattr(attn, "sinks"):  # gpt-oss: one logit per query head
+            sinks = f.vector(self.need(f"{blk}attn_sinks.weight"))
+            if sinks.numel() != self.heads:
+                raise ConfigError(f"GGUF tensor {blk}attn_sinks.weight has {sinks.numel()} values for {self.heads} "
+                                  "attention heads (the file is inconsistent)")
+            _parameter(attn, "sinks", sinks)
         for norm in ("q_norm", "k_norm"):  # Qwen3's and Gemma 3's per-head norms (head_dim values each)
             if hasattr(attn, norm):
                 self.fill(getattr(attn, norm), f"{blk}attn_{norm}.weight")
@@ -416,7 +400,8 @@ class _Mapper:
         q_out, kv_out = self.heads * head_dim, self.kv_heads * head_dim
         out = {"qkv": self.linear([w["q"], w["k"], w["v"]], qk_rows, qkv_bias,
                                   [(q_out, hidden), (kv_out, hidden), (kv_out, hidden)]),
-               "o": self.linear([w["o"]], shapes=[(hidden, q_out)])}
+               "o": self.linear([w["o"]], bias=f.vector(w["o"][:-len("weight")] + "bias")
+                                if w["o"][:-len("weight")] + "bias" in f else None, shapes=[(hidden, q_out)])}
         if moe_parts(dec.mlp) is not None:
             return out | self.experts(blk)
         inter = int(self.cfg.intermediate_size)

@@ -350,10 +350,10 @@ def load_model(model_cfg: ModelConfig) -> LoadedModel:
         raise load_error(source, exc) from None
     check_modules(model, shown, unverified or str(getattr(hf_config, "model_type", "?")))
     text_cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    if getattr(text_cfg, "attn_logit_softcapping", None) or any(hasattr(m, "sinks") for m in model.modules()):
+    if getattr(text_cfg, "attn_logit_softcapping", None):
         # Refuse here rather than fail inside the first request's forward.
-        raise ConfigError(f"{type(model).__name__} uses attention softcapping or attention sinks, which the "
-                          "torch backend's paged attention does not support yet")
+        raise ConfigError(f"{type(model).__name__} uses attention softcapping, which the torch backend's paged "
+                          "attention does not support yet")
     model.set_attn_implementation(ATTN_IMPL)
     if getattr(model.config, "_attn_implementation", None) != ATTN_IMPL:
         raise ConfigError(f"{type(model).__name__} does not use transformers' attention interface")

@@ -1,9 +1,10 @@
-"""The mixture-of-experts feed-forward of the fused forward (Qwen3-MoE, Mixtral): a router picks
-each row's top-k experts as the model defines it (softmax in fp32 over every expert, the top k,
-renormalised to sum to one where the model says so), the step's rows are grouped by expert with
-one sort, and each expert that any row picked runs one gate-and-up and one down product over
-its rows only; the results are scaled by the routing weights and summed into the rows in
-ascending expert order, as transformers' loop sums them.
+"""The mixture-of-experts feed-forward of the fused forward (Qwen3-MoE, Mixtral, gpt-oss): a
+router picks each row's top-k experts as the model defines it (softmax in fp32 over every
+expert, the top k, renormalised to sum to one where the model says so; or gpt-oss's top k of
+the logits, then a softmax over those k), the step's rows are grouped by expert with one sort,
+and each expert that any row picked runs one gate-and-up and one down product over its rows
+only; the results are scaled by the routing weights and summed into the rows in ascending
+expert order, as transformers' loop sums them.
 
 The experts' weights are whatever linears the caller gives: the model's own 3-D tensors sliced
 per expert (views, or packed for the native kernel), or a GGUF file's blocks per expert, which
@@ -12,6 +13,7 @@ stay in the memory-mapped file, so an expert no token picks never becomes reside
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -23,14 +25,16 @@ class MoEFeedForward:
     """``x [T, hidden] -> [T, hidden]``: the routed experts' outputs, weighted and summed."""
 
     def __init__(self, router: Linear, gate_up: list[Linear], down: list[Linear], top_k: int, normalize: bool,
-                 act: Callable[[torch.Tensor], torch.Tensor]) -> None:
+                 act: Callable[[torch.Tensor], torch.Tensor], softmax_first: bool = True) -> None:
         """``router``: hidden -> one logit per expert; ``gate_up[e]``: hidden -> [gate | up] of
         expert e; ``down[e]``: its intermediate -> hidden; ``act``: the gated activation of a
-        ``[T, 2 * I]`` gate-and-up tensor (``silu_mul``)."""
+        ``[T, 2 * I]`` gate-and-up tensor (``silu_mul``); ``softmax_first``: softmax over every
+        expert, then the top k (renormalised when ``normalize``), else the top k logits and a
+        softmax over them (gpt-oss)."""
         if len(gate_up) != len(down) or not 0 < top_k <= len(gate_up):
             raise ValueError(f"{len(gate_up)} experts' gate-and-up, {len(down)} down projections and top {top_k}")
         self.router, self.gate_up, self.down = router, gate_up, down
-        self.top_k, self.normalize, self.act = top_k, normalize, act
+        self.top_k, self.normalize, self.act, self.softmax_first = top_k, normalize, act, softmax_first
         self.num_experts = len(gate_up)
         # How many rows each expert has served since load (the router's choices; tests and the
         # memory check read it).
@@ -38,7 +42,11 @@ class MoEFeedForward:
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each row's experts ``[T, k]`` and their weights ``[T, k]`` (in ``x``'s dtype)."""
-        probs = torch.softmax(self.router(x).float(), dim=-1)
+        logits = self.router(x)
+        if not self.softmax_first:  # gpt-oss: its router's order and dtype
+            top, experts = torch.topk(logits, self.top_k, dim=-1)
+            return experts, torch.softmax(top, dim=-1).to(x.dtype)
+        probs = torch.softmax(logits.float(), dim=-1)
         weights, experts = torch.topk(probs, self.top_k, dim=-1)
         if self.normalize:
             weights /= weights.sum(dim=-1, keepdim=True)
@@ -63,22 +71,80 @@ class MoEFeedForward:
         return out
 
 
-def moe_parts(mlp: Any) -> tuple[Any, Any] | None:
-    """``(router, experts)`` of a transformers sparse-MoE block whose experts are 3-D tensors
-    (``gate_up_proj [E, 2I, H]``, ``down_proj [E, H, I]``, no biases) and whose router is a
-    top-k softmax over a bias-free linear; None for any other feed-forward."""
+def clamped_swiglu(gu: torch.Tensor, alpha: float, limit: float, interleaved: bool) -> torch.Tensor:
+    """gpt-oss's expert activation of a ``[T, 2 * I]`` gate-and-up tensor -> ``[T, I]``: the gate
+    clamped from above and the up part to ``[-limit, limit]``, ``(up + 1) * gate * sigmoid(alpha *
+    gate)``, in transformers' order of operations. ``interleaved``: gate and up alternate along
+    the row (the checkpoint's layout); else the gate is the first half (llama.cpp's files)."""
+    inter = gu.shape[-1] // 2
+    gate, up = (gu[:, 0::2], gu[:, 1::2]) if interleaved else (gu[:, :inter], gu[:, inter:])
+    gate = gate.clamp(max=limit)
+    up = up.clamp(min=-limit, max=limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+
+
+@dataclass(frozen=True)
+class SparseParts:
+    """A transformers sparse-MoE block the fused forward runs, and how its parts are laid out."""
+
+    router: Any                 # the routing module: ``weight [E, hidden]`` (and ``bias`` where ``biases``)
+    experts: Any                # 3-D ``gate_up_proj`` and ``down_proj`` (and their ``_bias``)
+    top_k: int
+    softmax_first: bool         # softmax over every expert, then the top k (else gpt-oss's top k, then softmax)
+    normalize: bool             # the top-k weights renormalised (softmax-first routers)
+    transposed: bool            # matrices stored input-major: gate_up ``[E, hidden, 2I]``, down ``[E, I, hidden]``
+    biases: bool                # router and experts carry biases
+    clamp: tuple[float, float] | None  # gpt-oss's clamped SwiGLU (alpha, limit), its gate and up interleaved
+
+    def gate_up_weight(self, e: int) -> torch.Tensor:
+        """Expert ``e``'s gate-and-up matrix as ``[2I, hidden]`` (a view)."""
+        w = self.experts.gate_up_proj[e]
+        return w.t() if self.transposed else w
+
+    def down_weight(self, e: int) -> torch.Tensor:
+        """Expert ``e``'s down matrix as ``[hidden, I]`` (a view)."""
+        w = self.experts.down_proj[e]
+        return w.t() if self.transposed else w
+
+    def bias(self, name: str, e: int) -> torch.Tensor | None:
+        return getattr(self.experts, f"{name}_bias")[e] if self.biases else None
+
+
+def _is_3d(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and t.dim() == 3
+
+
+def moe_parts(mlp: Any) -> SparseParts | None:
+    """The parts of a transformers sparse-MoE block whose experts are 3-D tensors and whose
+    router is one of the two known kinds: a bias-free linear with a softmax over every expert
+    then the top k (Qwen3-MoE, Mixtral, OLMoE: ``gate`` + ``experts``, gate and up as halves),
+    or gpt-oss's biased linear with the top k then a softmax (``router`` + ``experts``, biased
+    experts stored input-major, gate and up interleaved, a clamped SwiGLU); None for any other
+    feed-forward."""
     children = {n for n, _ in mlp.named_children()}
-    if children != {"gate", "experts"}:
+    experts = getattr(mlp, "experts", None)
+    if experts is None or not (_is_3d(getattr(experts, "gate_up_proj", None))
+                               and _is_3d(getattr(experts, "down_proj", None))):
         return None
-    router, experts = mlp.gate, mlp.experts
-    if not (hasattr(router, "weight") and hasattr(router, "top_k") and getattr(router, "bias", None) is None):
-        return None
-    gu, down = getattr(experts, "gate_up_proj", None), getattr(experts, "down_proj", None)
-    if not (isinstance(gu, torch.Tensor) and isinstance(down, torch.Tensor) and gu.dim() == 3 and down.dim() == 3):
-        return None
-    if any(hasattr(experts, b) for b in ("gate_up_proj_bias", "down_proj_bias")):
-        return None
-    return router, experts
+    if children == {"gate", "experts"}:
+        router = mlp.gate
+        if not (hasattr(router, "weight") and hasattr(router, "top_k") and getattr(router, "bias", None) is None):
+            return None
+        if any(hasattr(experts, b) for b in ("gate_up_proj_bias", "down_proj_bias")):
+            return None
+        if getattr(experts, "is_transposed", False) or not getattr(experts, "is_concatenated", True):
+            return None
+        return SparseParts(router, experts, int(router.top_k), True, normalizes(router), False, False, None)
+    if children == {"router", "experts"} and type(experts).__name__ == "GptOssExperts":
+        router = mlp.router
+        if not (type(router).__name__ == "GptOssTopKRouter" and getattr(router, "bias", None) is not None
+                and all(isinstance(b := getattr(experts, name, None), torch.Tensor) and b.dim() == 2
+                        for name in ("gate_up_proj_bias", "down_proj_bias"))
+                and getattr(experts, "is_transposed", False) and not getattr(experts, "is_concatenated", True)):
+            return None
+        return SparseParts(router, experts, int(router.top_k), False, False, True, True,
+                           (float(experts.alpha), float(experts.limit)))
+    return None
 
 
 def normalizes(router: Any) -> bool:

@@ -104,7 +104,7 @@ class TorchBackend(Backend):
                     # A copy: the weight is usually tied to the input embedding, which keeps its layout.
                     self._packed_head = packed_linear(self._lm_head.weight, self._lm_head.bias,
                                                       opts.compact_weights)
-            self._kernel = self._kernel_ops(lm.device)
+            self._kernel = self._kernel_ops(lm.device, model)
             if self._kernel and ops is None:
                 from .cuda.ops import KernelOps
 
@@ -214,9 +214,13 @@ class TorchBackend(Backend):
         log.info("execution plan: %s", self.plan())
         return num_blocks
 
-    def _kernel_ops(self, device: torch.device) -> bool:
-        """The KV cache goes through the Triton operators: CUDA, the option on, Triton importable."""
+    def _kernel_ops(self, device: torch.device, model: Any) -> bool:
+        """The KV cache goes through the Triton operators: CUDA, the option on, Triton importable,
+        and no attention sinks (gpt-oss: the torch attention applies them, the operators do not)."""
         if device.type != "cuda" or not self.options.triton_attention:
+            return False
+        if any(isinstance(getattr(m, "sinks", None), torch.Tensor) for m in model.modules()):
+            log.info("attention sinks: decode and prefill attention run in torch, not the Triton operators")
             return False
         if importlib.util.find_spec("triton") is None:
             log.warning("Triton is not installed: decode attention uses torch's SDPA over gathered blocks")

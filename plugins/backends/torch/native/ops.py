@@ -43,6 +43,17 @@ def _attention_shapes(q: torch.Tensor, out: torch.Tensor, pool: torch.Tensor, wh
     return q_row, q_head, out_row, H, two_kvh // 2, D, nblocks, bs
 
 
+def _sinks_ptr(sinks: torch.Tensor | None, H: int, what: str) -> int | None:
+    """The address of ``sinks`` (one fp32 attention-sink logit per query head, contiguous, on the
+    CPU), checked; None (a NULL pointer: no sinks) when there are none."""
+    if sinks is None:
+        return None
+    if (sinks.dtype != torch.float32 or sinks.shape != (H,) or not sinks.is_contiguous()
+            or sinks.device.type != "cpu"):
+        raise ValueError(f"{what}: sinks must be a contiguous fp32 CPU tensor of shape [{H}] (one per query head)")
+    return sinks.data_ptr()
+
+
 def _pool_fits(pool: torch.Tensor, D: int) -> bool:
     """A contiguous CPU pool of fp32 (or bf16) rows of D, or of int8 rows of D codes and their
     scales (``attention.row_width``)."""
@@ -59,21 +70,24 @@ def decode_kernel(int8: bool = False) -> DecodeKernel | None:
     if lib is None:
         return None
     cfn = bind(lib, "paged_decode_q8" if int8 else "paged_decode_f32", INT, PTR, I64, I64, *[PTR] * 4, I64,
-               *[I64] * 7, F32, I64, INT)
+               *[I64] * 7, F32, I64, PTR, INT)
     pool_dtype = torch.int8 if int8 else torch.float32
 
     def paged_decode(q: torch.Tensor, blocks_view: torch.Tensor, tables: torch.Tensor, ctx: torch.Tensor,
-                     out: torch.Tensor, scale: float, window: int | None) -> None:
+                     out: torch.Tensor, scale: float, window: int | None, sinks: torch.Tensor | None = None) -> None:
         """``q``/``out [nd, H, D]`` (any row and head strides for q, e.g. a view of a fused QKV
         output; ``out`` with contiguous rows), ``blocks_view [2*kvh, nblocks, bs, D]``,
-        ``tables [nd * max_blocks]`` and ``ctx [nd]`` (int64), all on the CPU."""
+        ``tables [nd * max_blocks]`` and ``ctx [nd]`` (int64), all on the CPU. ``sinks [H]``
+        (fp32, contiguous; None: none): per query head an attention-sink logit (gpt-oss), one more
+        term of the softmax's denominator that has no value row."""
         q_row, q_head, out_row, H, kvh, D, nblocks, bs = _attention_shapes(q, out, blocks_view, "paged_decode")
         if blocks_view.dtype != pool_dtype:
             raise ValueError(f"paged_decode: this kernel reads a {pool_dtype} pool")
+        sinks_ptr = _sinks_ptr(sinks, H, "paged_decode")
         nd = q.shape[0]
         rc = cfn(q.data_ptr(), q_row, q_head, blocks_view.data_ptr(), tables.data_ptr(), ctx.data_ptr(),
                  out.data_ptr(), out_row, nd, H, kvh, D, nblocks, bs, tables.numel() // max(nd, 1),
-                 scale, window or 0, torch.get_num_threads())
+                 scale, window or 0, sinks_ptr, torch.get_num_threads())
         if rc != 0:
             raise MemoryError("the decode-attention kernel could not allocate its scratch memory")
 
@@ -90,21 +104,24 @@ def prefill_kernel() -> Callable[..., None] | None:
     if lib is None:
         return None
     cfn = bind(lib, "paged_prefill", INT, PTR, I64, I64, PTR, INT, PTR, I64, PTR, PTR, PTR, I64, PTR,
-               *[I64] * 6, F32, I64, INT)
+               *[I64] * 6, F32, I64, PTR, INT)
 
     def paged_prefill(q: torch.Tensor, blocks_view: torch.Tensor, plan: "PrefillPlan", out: torch.Tensor,
-                      scale: float, window: int | None) -> None:
+                      scale: float, window: int | None, sinks: torch.Tensor | None = None) -> None:
         """Prompt-chunk rows of ``out [T, H, D]`` (contiguous heads and rows) from ``q [T, H, D]``
         (any row and head strides, e.g. a view of a fused QKV output; fp32) attending through
         ``plan``'s block tables to ``blocks_view [2*kvh, nblocks, bs, D]`` (fp32 or bf16; int8
-        rows are wider: codes and scales)."""
+        rows are wider: codes and scales). ``sinks [H]`` (fp32, contiguous; None: none): per
+        query head an attention-sink logit (gpt-oss), one more term of the softmax's denominator
+        that has no value row."""
         q_row, q_head, out_row, H, kvh, D, nblocks, bs = _attention_shapes(q, out, blocks_view, "paged_prefill")
         if plan.rows_end > q.shape[0] or plan.max_block >= nblocks or plan.block_size != bs:
             raise ValueError("paged_prefill: the plan does not fit this step")
+        sinks_ptr = _sinks_ptr(sinks, H, "paged_prefill")
         rc = cfn(q.data_ptr(), q_row, q_head, blocks_view.data_ptr(), PREFILL_POOL_DTYPES[blocks_view.dtype],
                  plan.tables.data_ptr(), plan.width, plan.rows.data_ptr(), plan.lens.data_ptr(),
                  plan.starts.data_ptr(), plan.count, out.data_ptr(), out_row, H, kvh, D, nblocks, bs,
-                 scale, window or 0, torch.get_num_threads())
+                 scale, window or 0, sinks_ptr, torch.get_num_threads())
         if rc != 0:
             raise MemoryError("the prefill-attention kernel could not allocate its scratch memory")
 

@@ -4,6 +4,7 @@
 #ifndef LLMSERVE_ATTN_AVX2_H
 #define LLMSERVE_ATTN_AVX2_H
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "vec_math.h"
@@ -45,8 +46,11 @@ static inline void score_rows(const float *restrict qg, const float *restrict k,
     }
 }
 
-/* In-place softmax of n scores. */
-static void softmax_avx2(float *restrict sc, int64_t n) {
+/* In-place softmax of n scores. ``sink`` (NULL: none) points at an attention sink's logit: one
+ * more term of the denominator, with no value row (gpt-oss), so the weights sum to less than 1.
+ * It takes part in the maximum too, which keeps every exponent <= 0 (exp_nonpos) and the sum
+ * exact however far the sink lies above the scores. */
+static void softmax_avx2(float *restrict sc, int64_t n, const float *sink) {
     __m256 vmx = _mm256_set1_ps(-INFINITY);
     int64_t j = 0;
     for (; j + 8 <= n; j += 8) vmx = _mm256_max_ps(vmx, _mm256_loadu_ps(sc + j));
@@ -54,6 +58,7 @@ static void softmax_avx2(float *restrict sc, int64_t n) {
     _mm256_storeu_ps(buf, vmx);
     for (int i = 0; i < 8; i++) mx = buf[i] > mx ? buf[i] : mx;
     for (int64_t i = j; i < n; i++) mx = sc[i] > mx ? sc[i] : mx;
+    if (sink != NULL) mx = *sink > mx ? *sink : mx;
     vmx = _mm256_set1_ps(mx);
     __m256 vsum = _mm256_setzero_ps();
     for (j = 0; j + 8 <= n; j += 8) {
@@ -70,6 +75,8 @@ static void softmax_avx2(float *restrict sc, int64_t n) {
             sum += buf[i];
         }
     }
+    /* the sink's term through the same exp as the scores' (lane 0 of a broadcast) */
+    if (sink != NULL) sum += _mm256_cvtss_f32(exp_nonpos(_mm256_set1_ps(*sink - mx)));
     const float inv = 1.0f / sum;
     const __m256 vinv = _mm256_set1_ps(inv);
     for (j = 0; j + 8 <= n; j += 8) _mm256_storeu_ps(sc + j, _mm256_mul_ps(_mm256_loadu_ps(sc + j), vinv));

@@ -28,7 +28,7 @@ typedef int (*write_kv_fn)(const float *k, int64_t k_row, int64_t k_head, const 
 typedef int (*decode_fn)(const float *q, int64_t q_row, int64_t q_head, const void *kv, const int64_t *tables,
                          const int64_t *ctx, float *out, int64_t out_row, int64_t nd, int64_t H, int64_t kvh,
                          int64_t D, int64_t nblocks, int64_t bs, int64_t max_blocks, float scale, int64_t window,
-                         int nthreads);
+                         const float *sinks, int nthreads);
 
 typedef struct {
     norm_fn norm;
@@ -94,7 +94,7 @@ int decoder_step_f32(const Kernels *k, const Model *m, const Layer *layers, cons
                         L->pool) != 0)
             return -1;
         if (k->decode(w->qkv, width, D, L->pool, tables, ctx, w->attn, H * D, T, H, kvh, D, nblocks, bs, max_blocks,
-                      L->scale, L->window, nthreads) != 0)
+                      L->scale, L->window, NULL, nthreads) != 0) /* no attention sinks on this path */
             return -2;
         L->o_fn(w->attn, L->o, L->o_bias, w->o, T, hid, H * D, nthreads);
         if (L->post_attn) k->norm(w->o, NULL, L->post_attn, w->o, T, hid, L->post_eps, nthreads); /* in place */

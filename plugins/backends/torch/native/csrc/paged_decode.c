@@ -13,7 +13,9 @@
  * so queries can be read in place from a fused QKV projection. ``tables`` is
  * ``[nd, max_blocks]`` block ids and ``ctx`` the number of positions each sequence attends to
  * (its last query sits at position ctx - 1). ``window`` > 0 keeps only the last ``window``
- * positions (sliding-window attention); 0 means full attention.
+ * positions (sliding-window attention); 0 means full attention. ``sinks`` (NULL: none) holds
+ * one attention-sink logit per query head (gpt-oss): an extra term of that head's softmax
+ * denominator with no value row, exp(sink - m) next to the scores' exp(s_j - m).
  *
  * With AVX2 + FMA and a head size that is a multiple of 8 the hot loops are written with
  * intrinsics (eight key rows scored at once, a vector exp for the softmax, value sums for up
@@ -30,9 +32,10 @@
 #endif
 
 /* One (sequence, KV head) pair: positions start..L-1 of the keys at kbase and the values at
- * vbase (blocks of bs rows of D floats, found through table) for G query heads. */
+ * vbase (blocks of bs rows of D floats, found through table) for G query heads, whose sink
+ * logits are sink[0..G) (sink NULL: no sinks). */
 typedef struct {
-    const float *q, *kbase, *vbase;
+    const float *q, *kbase, *vbase, *sink;
     const int64_t *table;
     int64_t start, L, q_head;
     float *out;
@@ -55,9 +58,10 @@ static void attend_one_portable(const Item *it, int64_t G, int64_t D, int64_t bs
     }
     for (int64_t g = 0; g < G; g++) {
         float *s = scores + g * n;
-        float mx = -INFINITY;
+        /* A sink joins the maximum and the sum but gets no weight of its own. */
+        float mx = it->sink != NULL ? it->sink[g] : -INFINITY;
         for (int64_t j = 0; j < n; j++) mx = s[j] > mx ? s[j] : mx;
-        float sum = 0.0f;
+        float sum = it->sink != NULL ? expf(it->sink[g] - mx) : 0.0f;
         for (int64_t j = 0; j < n; j++) {
             s[j] = expf(s[j] - mx);
             sum += s[j];
@@ -168,7 +172,7 @@ static void attend_one_avx2(const Item *it, int64_t G, int64_t D, int64_t bs, fl
         }
         pos += take;
     }
-    for (int64_t g = 0; g < G; g++) softmax_avx2(scores + g * n, n);
+    for (int64_t g = 0; g < G; g++) softmax_avx2(scores + g * n, n, it->sink != NULL ? it->sink + g : NULL);
     for (int64_t g0 = 0; g0 < G; g0 += 3) {
         const int64_t gc = G - g0 < 3 ? G - g0 : 3;
         for (int64_t d0 = 0; d0 < D; d0 += 32) {
@@ -200,12 +204,14 @@ static void attend_one_avx2(const Item *it, int64_t G, int64_t D, int64_t bs, fl
 
 static Item make_item(const float *q, int64_t q_row, int64_t q_head, const float *kv, const int64_t *tables,
                       const int64_t *ctx, float *out, int64_t out_row, int64_t kvh, int64_t G, int64_t D,
-                      int64_t nblocks, int64_t bs, int64_t max_blocks, int64_t window, int64_t item) {
+                      int64_t nblocks, int64_t bs, int64_t max_blocks, int64_t window, const float *sinks,
+                      int64_t item) {
     const int64_t s = item / kvh, h = item % kvh, L = ctx[s];
     Item it = {
         .q = q + s * q_row + h * G * q_head,
         .kbase = kv + h * nblocks * bs * D,
         .vbase = kv + (kvh + h) * nblocks * bs * D,
+        .sink = sinks != NULL ? sinks + h * G : NULL,
         .table = tables + s * max_blocks,
         .start = (window > 0 && L > window) ? L - window : 0,
         .L = L,
@@ -218,7 +224,8 @@ static Item make_item(const float *q, int64_t q_row, int64_t q_head, const float
 /* Returns 0, or -1 when scratch memory could not be allocated (out is then incomplete). */
 int paged_decode_f32(const float *q, int64_t q_row, int64_t q_head, const void *pool, const int64_t *tables,
                      const int64_t *ctx, float *out, int64_t out_row, int64_t nd, int64_t H, int64_t kvh, int64_t D,
-                     int64_t nblocks, int64_t bs, int64_t max_blocks, float scale, int64_t window, int nthreads) {
+                     int64_t nblocks, int64_t bs, int64_t max_blocks, float scale, int64_t window,
+                     const float *sinks, int nthreads) {
     const float *kv = (const float *)pool;
     const int64_t G = H / kvh, items = nd * kvh;
     int failed = 0;
@@ -232,13 +239,13 @@ int paged_decode_f32(const float *q, int64_t q_row, int64_t q_head, const void *
         for (int64_t i = 0; i < items; i++) {
             if (scores == NULL) continue;
             const Item it = make_item(q, q_row, q_head, kv, tables, ctx, out, out_row, kvh, G, D, nblocks, bs,
-                                      max_blocks, window, i);
+                                      max_blocks, window, sinks, i);
 #ifdef HAVE_AVX2
             if (D % 8 == 0) {
                 /* A static schedule hands each thread a contiguous run of items: the next one
                  * is usually this thread's (at the run's end it is the other's; harmless). */
                 const Item next = i + 1 < items ? make_item(q, q_row, q_head, kv, tables, ctx, out, out_row, kvh,
-                                                            G, D, nblocks, bs, max_blocks, window, i + 1)
+                                                            G, D, nblocks, bs, max_blocks, window, sinks, i + 1)
                                                 : it;
                 Ahead ahead;
                 ahead_init(&ahead, i + 1 < items ? &next : NULL, bs, D, 2 * (it.L - it.start));

@@ -50,12 +50,15 @@ static void rows_to_f32(const int8_t *src, int64_t rows, int64_t D, float *restr
         }
 }
 
-static void softmax_rows(float *s, int64_t n) {
+/* In-place softmax of n scores; ``sink`` (NULL: none) is an attention sink's logit, a term of
+ * the denominator that gets no weight (paged_decode.c). */
+static void softmax_rows(float *s, int64_t n, const float *sink) {
 #ifdef HAVE_AVX2
-    softmax_avx2(s, n);
+    softmax_avx2(s, n, sink);
 #else
-    float mx = -INFINITY, sum = 0.0f;
+    float mx = sink != NULL ? *sink : -INFINITY;
     for (int64_t j = 0; j < n; j++) mx = s[j] > mx ? s[j] : mx;
+    float sum = sink != NULL ? expf(*sink - mx) : 0.0f;
     for (int64_t j = 0; j < n; j++) sum += (s[j] = expf(s[j] - mx));
     for (int64_t j = 0; j < n; j++) s[j] /= sum;
 #endif
@@ -73,10 +76,11 @@ static inline void add_scaled(float *restrict o, float p, const float *restrict 
 }
 
 /* One (sequence, KV head) item: positions start .. L - 1 for the G query heads at q (stride
- * q_head), output rows at out (stride D). ``scores``: G * n floats; ``rows``: bs * D floats. */
+ * q_head), output rows at out (stride D), their sink logits at sink[0..G) (NULL: none).
+ * ``scores``: G * n floats; ``rows``: bs * D floats. */
 static void attend_item(const float *q, int64_t q_head, const int8_t *kbase, const int8_t *vbase,
                         const int64_t *table, int64_t start, int64_t L, float *out, int64_t G, int64_t D, int64_t bs,
-                        float scale, float *restrict scores, float *restrict rows) {
+                        float scale, const float *sink, float *restrict scores, float *restrict rows) {
     const int64_t n = L - start, rb = row_bytes(D);
     for (int64_t pos = start; pos < L;) {
         const int64_t off = pos % bs, take = (bs - off < L - pos) ? bs - off : L - pos;
@@ -98,7 +102,7 @@ static void attend_item(const float *q, int64_t q_head, const int8_t *kbase, con
         pos += take;
     }
     for (int64_t g = 0; g < G; g++) {
-        softmax_rows(scores + g * n, n);
+        softmax_rows(scores + g * n, n, sink != NULL ? sink + g : NULL);
         memset(out + g * D, 0, sizeof(float) * (size_t)D);
     }
     for (int64_t pos = start; pos < L;) {
@@ -110,11 +114,12 @@ static void attend_item(const float *q, int64_t q_head, const int8_t *kbase, con
     }
 }
 
-/* paged_decode_f32's contract over an int8 pool (rows of row_bytes(D)). Returns 0, or -1 when
- * scratch memory could not be allocated (out is then incomplete). */
+/* paged_decode_f32's contract over an int8 pool (rows of row_bytes(D)), sinks included. Returns
+ * 0, or -1 when scratch memory could not be allocated (out is then incomplete). */
 int paged_decode_q8(const float *q, int64_t q_row, int64_t q_head, const void *kv, const int64_t *tables,
                     const int64_t *ctx, float *out, int64_t out_row, int64_t nd, int64_t H, int64_t kvh, int64_t D,
-                    int64_t nblocks, int64_t bs, int64_t max_blocks, float scale, int64_t window, int nthreads) {
+                    int64_t nblocks, int64_t bs, int64_t max_blocks, float scale, int64_t window,
+                    const float *sinks, int nthreads) {
     const int64_t G = H / kvh, items = nd * kvh, plane = nblocks * bs * row_bytes(D);
     const int8_t *pool = (const int8_t *)kv;
     int failed = 0;
@@ -128,8 +133,8 @@ int paged_decode_q8(const float *q, int64_t q_row, int64_t q_head, const void *k
             const int64_t s = i / kvh, h = i % kvh, L = ctx[s];
             const int64_t start = (window > 0 && L > window) ? L - window : 0;
             attend_item(q + s * q_row + h * G * q_head, q_head, pool + h * plane, pool + (kvh + h) * plane,
-                        tables + s * max_blocks, start, L, out + s * out_row + h * G * D, G, D, bs, scale, scores,
-                        scores + G * max_blocks * bs);
+                        tables + s * max_blocks, start, L, out + s * out_row + h * G * D, G, D, bs, scale,
+                        sinks != NULL ? sinks + h * G : NULL, scores, scores + G * max_blocks * bs);
         }
         free(scores);
     }

@@ -20,6 +20,10 @@
  * of them written (the chunk's own keys and values are stored before this runs). Query head j
  * of row t starts at ``q + t * q_row + j * q_head``, its output at ``out + t * out_row + j * D``.
  * ``window`` > 0 is sliding-window attention (key k seen by query p when p - window < k <= p).
+ * ``sinks`` (NULL: none) holds one attention-sink logit per query head (gpt-oss): a term of the
+ * head's softmax denominator with no value row. A row's online softmax starts from it (running
+ * maximum = the sink, running sum = exp(0) = 1, output 0) instead of from nothing, which the
+ * folds below then rescale like any earlier key tile.
  */
 #include <math.h>
 #include <stdint.h>
@@ -42,6 +46,7 @@ typedef struct {
     const void *kv;
     int kv_dtype;
     const int64_t *tables, *rows, *lens, *starts;
+    const float *sinks; /* [H] or NULL */
     int64_t width;
     float *out;
     int64_t out_row, kvh, G, D, nblocks, bs, window, bq, mp, row_bytes;
@@ -317,7 +322,12 @@ static void attend_tile(const Plan *p, int64_t seg, int64_t tile, int64_t h, Scr
         for (int64_t d = 0; d < D; d++) w->qs[r * D + d] = src[d] * p->scale;
     }
     memset(w->o, 0, sizeof(float) * (size_t)(mp * D));
-    for (int64_t r = 0; r < mp; r++) w->m[r] = -INFINITY, w->l[r] = 0.0f;
+    for (int64_t r = 0; r < mp; r++) { /* row r is head h * G + r % G (padding rows too) */
+        if (p->sinks != NULL)
+            w->m[r] = p->sinks[h * G + r % G], w->l[r] = 1.0f;
+        else
+            w->m[r] = -INFINITY, w->l[r] = 0.0f;
+    }
     const int64_t kbeg = (p->window > 0 && first - p->window + 1 > 0) ? first - p->window + 1 : 0;
     for (int64_t k0 = kbeg; k0 <= last; k0 += KT) {
         const int64_t nk = last - k0 + 1 < KT ? last - k0 + 1 : KT;
@@ -376,13 +386,13 @@ static int heavier_first(const void *a, const void *b) {
 int paged_prefill(const float *q, int64_t q_row, int64_t q_head, const void *kv, int kv_dtype, const int64_t *tables,
                   int64_t width, const int64_t *rows, const int64_t *lens, const int64_t *starts, int64_t nseg,
                   float *out, int64_t out_row, int64_t H, int64_t kvh, int64_t D, int64_t nblocks, int64_t bs,
-                  float scale, int64_t window, int nthreads) {
+                  float scale, int64_t window, const float *sinks, int nthreads) {
     const int64_t G = H / kvh;
     /* About ROWS query rows per item: enough to reuse each packed key tile many times, few
      * enough to keep the item's scratch in L2 and to give every thread work on short chunks. */
     const int64_t bq = G >= ROWS ? 1 : (ROWS + G - 1) / G, mp = (bq * G + MR - 1) / MR * MR;
     Plan p = {.q = q, .q_row = q_row, .q_head = q_head, .kv = kv, .kv_dtype = kv_dtype, .tables = tables,
-              .rows = rows, .lens = lens, .starts = starts, .width = width, .out = out, .out_row = out_row,
+              .rows = rows, .lens = lens, .starts = starts, .sinks = sinks, .width = width, .out = out, .out_row = out_row,
               .kvh = kvh, .G = G, .D = D, .nblocks = nblocks, .bs = bs, .window = window, .bq = bq, .mp = mp,
               .row_bytes = kv_dtype == KV_F32 ? 4 * D : kv_dtype == KV_BF16 ? 2 * D : D + 4 * ((D + 31) / 32),
               .scale = scale};
