@@ -15,6 +15,7 @@ pytest.importorskip("gguf")
 from llmserve.config import ServerConfig
 from llmserve.engine.backend import KVCacheSpec, StepItem
 from llmserve.errors import ConfigError
+from llmserve.plugins.backends.torch.loader import hf_directory
 from llmserve.plugins.backends.torch.options import TorchOptions
 from llmserve.plugins.backends.torch.runner import TorchBackend
 
@@ -43,8 +44,9 @@ BATCH_MAX_REL_ERR, BATCH_MIN_AGREE = 0.2, 0.97
 
 @pytest.fixture(scope="module")
 def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """One metadata cache for the tiny files that differ only in their tensors' types: their
-    config and tokenizer are converted once (the cache key leaves the types out)."""
+    """One metadata cache for the module's tiny files: files that differ only in their tensors'
+    types share an entry (the cache key leaves the types out), and the tokenizer, the same in
+    every file, is converted once."""
     return str(tmp_path_factory.mktemp("shared-cache"))
 
 
@@ -151,33 +153,43 @@ def test_bf16_matmul_logits_stay_near_transformers(types: tuple[str, ...], tmp_p
     assert agree >= BATCH_MIN_AGREE and err < BATCH_MAX_REL_ERR, (agree, err)
 
 
-def test_qwen2_with_biases_and_a_tied_head(tmp_path) -> None:
+def test_qwen2_with_biases_and_a_tied_head(tmp_path, shared_cache) -> None:
     path = str(tmp_path / "tiny-qwen2.gguf")
     gguf_writer.write_tiny_gguf(path, "qwen2", "Q4_K", tied=True, overrides={
         "blk.0.attn_v.weight": "Q6_K", "blk.1.ffn_down.weight": "Q6_K", "token_embd.weight": "Q8_0"})
     ids = sequence(40, seed=1)
-    backend = make_backend(path, str(tmp_path / "cache"))
+    backend = make_backend(path, shared_cache)
     assert "weights=gguf:q4_k,q6_k,q8_0" in backend.plan()
     agree, err = compare(native_logits(backend, ids, prefill=20), reference_logits(path, ids))
     assert agree >= 0.99 and err < MAX_REL_ERR, (agree, err)
 
 
-def test_qwen3_with_head_norms_and_a_head_size_of_its_own(tmp_path) -> None:
+def test_qwen3_with_head_norms_and_a_head_size_of_its_own(tmp_path, shared_cache) -> None:
     """Qwen3: RMSNorm of every query and key head before RoPE, and 8 heads of 64 on a hidden size
-    of 256 (the head size read from ``attention.key_length``), in prefill and the native step."""
+    of 256 (the head size read from ``attention.key_length``), in prefill and the native step;
+    and the same file through the fp32 conversion (CUDA, bf16, ``--no-torch-gguf-native``), whose
+    config transformers alone would give its class's default head size (128)."""
     path = str(tmp_path / "tiny-qwen3.gguf")
     gguf_writer.write_tiny_gguf(path, "qwen3", "Q4_K", heads=8, kv_heads=4, head_dim=64, overrides={
         "blk.0.attn_v.weight": "Q6_K", "blk.1.attn_output.weight": "Q8_0", "output.weight": "Q6_K"})
     ids = sequence(40, seed=2)
-    backend = make_backend(path, str(tmp_path / "cache"))
+    backend = make_backend(path, shared_cache)
     plan = backend.plan()
     assert "weights=gguf:q4_k,q6_k,q8_0" in plan and "native_step=on" in plan, plan
     assert backend._fused.head_dim == 64 and backend._fused.layers[0].q_norm is not None
-    agree, err = compare(native_logits(backend, ids, prefill=20), reference_logits(path, ids))
+    want = reference_logits(path, ids)
+    agree, err = compare(native_logits(backend, ids, prefill=20), want)
+    assert agree >= 0.99 and err < MAX_REL_ERR, (agree, err)
+    from transformers import AutoModelForCausalLM
+
+    converted = AutoModelForCausalLM.from_pretrained(hf_directory(path, shared_cache)).float().eval()
+    assert converted.config.head_dim == 64
+    with torch.no_grad():
+        agree, err = compare(converted(torch.tensor([ids])).logits[0], want)
     assert agree >= 0.99 and err < MAX_REL_ERR, (agree, err)
 
 
-def test_gemma3_with_sandwich_norms_gelu_and_local_and_global_layers(tmp_path) -> None:
+def test_gemma3_with_sandwich_norms_gelu_and_local_and_global_layers(tmp_path, shared_cache) -> None:
     """Gemma 3 as llama.cpp writes it: norms stored as 1 + weight, four a layer, q/k norms, GELU,
     scaled embeddings, five sliding-window layers (window 8, RoPE base 10000) and one global
     (base 1e6), a tied head; through a 40-token prompt that crosses the window."""
@@ -185,7 +197,7 @@ def test_gemma3_with_sandwich_norms_gelu_and_local_and_global_layers(tmp_path) -
     gguf_writer.write_tiny_gguf(path, "gemma3", "Q4_K", layers=6, tied=True, overrides={
         "blk.0.attn_v.weight": "Q6_K", "blk.5.ffn_down.weight": "Q8_0", "token_embd.weight": "Q8_0"})
     ids = sequence(40, seed=3)
-    backend = make_backend(path, str(tmp_path / "cache"))
+    backend = make_backend(path, shared_cache)
     plan = backend.plan()
     assert "weights=gguf:q4_k,q6_k,q8_0" in plan and "native_step=on" in plan, plan
     fused = backend._fused
@@ -236,6 +248,8 @@ def test_gpt_oss_with_sinks_biased_experts_and_alternating_windows(tmp_path, sha
     agree, err = compare(native_logits(backend, ids, prefill=20), reference_logits(path, ids))
     assert agree >= 0.99 and err < MAX_REL_ERR, (agree, err)
     assert int((fused.layers[1].moe.hits > 0).sum()) > 2  # the routers spread the tokens
+    with pytest.raises(ConfigError, match=r"^tiny-gpt-oss\.gguf is a gpt-oss GGUF, which transformers' GGUF"):
+        hf_directory(path, shared_cache)  # the conversion path: transformers misreads its metadata
 
 
 def test_an_expert_count_that_does_not_match_is_refused(tmp_path, shared_cache) -> None:
@@ -248,7 +262,7 @@ def test_an_expert_count_that_does_not_match_is_refused(tmp_path, shared_cache) 
         make_backend(path, shared_cache)
 
 
-def test_llama3_rope_scaling_from_the_rope_freqs_tensor(tmp_path) -> None:
+def test_llama3_rope_scaling_from_the_rope_freqs_tensor(tmp_path, shared_cache) -> None:
     """Llama 3.1+ files carry their RoPE scaling only as ``rope_freqs.weight``: served as
     transformers serves the config's llama3 scaling. The original context is set short so most
     frequencies are scaled within the prompt (with the file's divisors ignored, the logits part)."""
@@ -256,39 +270,42 @@ def test_llama3_rope_scaling_from_the_rope_freqs_tensor(tmp_path) -> None:
     path = str(tmp_path / "llama31.gguf")
     gguf_writer.write_tiny_gguf(path, "llama", "Q8_0", llama3_rope=scaling)
     ids = sequence(40, seed=5)
-    backend = make_backend(path, str(tmp_path / "cache"))
+    backend = make_backend(path, shared_cache)
     got = native_logits(backend, ids, prefill=24)
     agree, err = compare(got, reference_logits(path, ids, rope_scaling=scaling))
     assert agree >= 0.99 and err < MAX_REL_ERR, (agree, err)
     _, unscaled_err = compare(got, reference_logits(path, ids))
     assert unscaled_err > 20 * MAX_REL_ERR, "the scaling made no difference: the test would not see it missing"
+    # transformers' conversion would drop the divisors: that path refuses the file.
+    with pytest.raises(ConfigError, match=r"^llama31\.gguf stores its RoPE scaling as the rope_freqs\.weight"):
+        hf_directory(path, shared_cache)
 
 
-def test_a_mixtral_style_llama_file_is_refused_in_one_line(tmp_path) -> None:
+def test_a_mixtral_style_llama_file_is_refused_in_one_line(tmp_path, shared_cache) -> None:
     path = str(tmp_path / "mixtral.gguf")
     gguf_writer.write_tiny_gguf(path, "llama", "Q8_0", layers=1, uint_fields={"llama.expert_count": 8})
     with pytest.raises(ConfigError, match="Mixtral-style llama with 8 experts") as info:
-        make_backend(path, str(tmp_path / "cache"))
+        make_backend(path, shared_cache)
     assert "\n" not in str(info.value)
 
 
-def test_a_projection_of_the_wrong_size_is_refused(tmp_path) -> None:
+def test_a_projection_of_the_wrong_size_is_refused(tmp_path, shared_cache) -> None:
     import numpy as np
 
     path = str(tmp_path / "bad-up.gguf")
     gguf_writer.write_tiny_gguf(path, "llama", "Q8_0", layers=1, replace={"blk.0.ffn_up.weight":
                                                                          np.zeros((448, 256), np.float32)})
     with pytest.raises(ConfigError, match=r"blk\.0\.ffn_up\.weight is 448 x 256; .* has 512 x 256"):
-        make_backend(path, str(tmp_path / "cache"))
+        make_backend(path, shared_cache)
 
 
-def test_a_qwen3_file_with_a_misshapen_head_norm_is_refused(tmp_path) -> None:
+def test_a_qwen3_file_with_a_misshapen_head_norm_is_refused(tmp_path, shared_cache) -> None:
     import numpy as np
 
     path = str(tmp_path / "bad.gguf")
     gguf_writer.write_tiny_gguf(path, "qwen3", "Q8_0", replace={"blk.1.attn_k_norm.weight": np.ones(32, np.float32)})
     with pytest.raises(ConfigError, match=r"blk\.1\.attn_k_norm\.weight has 32 values .* has 64"):
-        make_backend(path, str(tmp_path / "cache"))
+        make_backend(path, shared_cache)
 
 
 def test_start_writes_no_converted_copy_and_caches_the_metadata(tmp_path, caplog) -> None:
@@ -297,10 +314,19 @@ def test_start_writes_no_converted_copy_and_caches_the_metadata(tmp_path, caplog
     cache = tmp_path / "cache"
     first = make_backend(path, str(cache))
     assert not (cache / "converted").exists()
-    entries = os.listdir(cache / "gguf-metadata")
-    assert len(entries) == 1 and os.path.isfile(cache / "gguf-metadata" / entries[0] / "tokenizer.json")
+    root = cache / "gguf-metadata"
+    entries = sorted(os.listdir(root))
+    assert len(entries) == 2 and "tokenizers" in entries  # the file's entry, and its tokenizer's
+    entry = next(e for e in entries if e != "tokenizers")
+    assert os.path.isfile(root / entry / "tokenizer.json") and os.path.isfile(root / entry / "config.json")
     second = make_backend(path, str(cache))
-    assert os.listdir(cache / "gguf-metadata") == entries  # the same content: the same entry
+    assert sorted(os.listdir(root)) == entries  # the same content: the same entry
+    # Other metadata with the same tokenizer (another quantization's file_type, another size of
+    # the family): an entry of its own, the tokenizer converted once.
+    other = str(tmp_path / "other.gguf")
+    gguf_writer.write_tiny_gguf(other, "llama", "Q8_0", layers=1)
+    assert make_backend(other, str(cache)).info.vocab_size == 49152
+    assert len(os.listdir(root)) == 3 and len(os.listdir(root / "tokenizers")) == 1
     assert first.info.chat_template == second.info.chat_template and "im_start" in second.info.chat_template
     assert second.info.eos_token_ids == [2] and second.info.vocab_size == 49152
     assert second.info.tokenizer.decode(second.info.tokenizer("Hello there")["input_ids"]) == "Hello there"
@@ -317,7 +343,7 @@ def test_switch_off_keeps_the_conversion(tmp_path) -> None:
     assert os.listdir(tmp_path / "cache" / "converted")
 
 
-def test_an_unserved_tensor_type_is_one_line_config_error(tmp_path) -> None:
+def test_an_unserved_tensor_type_is_one_line_config_error(tmp_path, shared_cache) -> None:
     import numpy as np
 
     path = str(tmp_path / "tiny-iq2.gguf")
@@ -345,7 +371,7 @@ def test_an_unserved_tensor_type_is_one_line_config_error(tmp_path) -> None:
     w.write_tensors_to_file()
     w.close()
     with pytest.raises(ConfigError) as info:
-        make_backend(str(tmp_path / "iq2.gguf"), str(tmp_path / "cache"))
+        make_backend(str(tmp_path / "iq2.gguf"), shared_cache)
     message = str(info.value)
     assert "\n" not in message and "blk.0.ffn_up.weight" in message and "IQ2_XXS" in message
 

@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 from llmserve.plugins.backends.torch.native import build
 from llmserve.plugins.backends.torch.native import ops as kernels
 from llmserve.plugins.backends.torch.fused import TorchOps
+from backends.test_prefill_kernel import reference as reference_prefill
 
 
 @pytest.fixture()
@@ -221,33 +222,8 @@ def test_int8_decode_and_prefill_with_sinks_match_the_dequantized_reference(kvh,
     table = tables[i, :-(-L // bs)].tolist()
     chunk_q = torch.randn(L - start, kvh * G, D, generator=torch.Generator().manual_seed(5))
     got = run_prefill(prefill, chunk_q, pool, [(0, L - start, start, table)], bs, window, sinks)
-    torch.testing.assert_close(got.double(), prefill_reference(chunk_q, deq, [(0, L - start, start, table)], bs,
+    torch.testing.assert_close(got.double(), reference_prefill(chunk_q, deq, [(0, L - start, start, table)], bs,
                                                                scale, window, sinks), atol=1e-5, rtol=1e-5)
-
-
-def prefill_reference(q, pool, chunks, bs, scale, window, sinks):
-    """Each chunk's rows attending causally (and windowed) to positions 0 .. its last, read through
-    its block table, in float64; ``sinks [H]`` (or None) as a last softmax column, then dropped."""
-    T, H, D = q.shape
-    kvh = pool.shape[0] // 2
-    G = H // kvh
-    out = torch.zeros(T, H, D, dtype=torch.float64)
-    pool = pool.double()
-    for row, n, start, table in chunks:
-        pos = torch.arange(start + n)
-        blk, off = torch.tensor(table)[pos // bs], pos % bs
-        keys, vals = pool[:kvh, blk, off], pool[kvh:, blk, off]
-        q_pos, k_pos = torch.arange(start, start + n)[:, None], pos[None, :]
-        allowed = k_pos <= q_pos
-        if window:
-            allowed &= k_pos > q_pos - window
-        for h in range(H):
-            scores = (q[row:row + n, h].double() @ keys[h // G].T * scale).masked_fill(~allowed, float("-inf"))
-            if sinks is not None:
-                scores = torch.cat((scores, sinks[h].double().expand(n, 1)), -1)
-            weights = torch.softmax(scores, -1)
-            out[row:row + n, h] = (weights[:, :-1] if sinks is not None else weights) @ vals[h // G]
-    return out
 
 
 def run_prefill(fn, q, pool, chunks, bs, window, sinks=None):
@@ -281,10 +257,10 @@ def test_prefill_with_sinks_matches_reference(kvh, G, D, bs, window, dtype) -> N
     q = torch.randn(row, kvh * G, D, generator=gen)
     sinks = sink_logits(kvh * G, seed=D)
     got = run_prefill(fn, q, pool, chunks, bs, window, sinks)
-    want = prefill_reference(q, pool, chunks, bs, D ** -0.5, window, sinks)
+    want = reference_prefill(q, pool, chunks, bs, D ** -0.5, window, sinks)
     torch.testing.assert_close(got.double(), want, atol=2e-6, rtol=1e-5)
     plain = run_prefill(fn, q, pool, chunks, bs, window)
-    torch.testing.assert_close(plain.double(), prefill_reference(q, pool, chunks, bs, D ** -0.5, window, None),
+    torch.testing.assert_close(plain.double(), reference_prefill(q, pool, chunks, bs, D ** -0.5, window, None),
                                atol=2e-6, rtol=1e-5)
     assert torch.equal(run_prefill(fn, q, pool, chunks, bs, window, torch.full((kvh * G,), float("-inf"))), plain)
     with pytest.raises(ValueError):

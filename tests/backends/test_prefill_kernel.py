@@ -20,9 +20,10 @@ def kernel():
     return fn
 
 
-def reference(q, pool, chunks, bs, scale, window):
+def reference(q, pool, chunks, bs, scale, window, sinks=None):
     """Each chunk's rows: attention of its queries (positions start ..) over positions 0 .. its
-    last, causal (and windowed), in float64, keys and values read through its block table."""
+    last, causal (and windowed), in float64, keys and values read through its block table;
+    ``sinks [H]`` (or None) as a last softmax column, then dropped."""
     T, H, D = q.shape
     kvh = pool.shape[0] // 2
     G = H // kvh
@@ -38,7 +39,10 @@ def reference(q, pool, chunks, bs, scale, window):
             allowed &= k_pos > q_pos - window
         for h in range(H):
             scores = (q[row:row + n, h].double() @ keys[h // G].T * scale).masked_fill(~allowed, float("-inf"))
-            out[row:row + n, h] = torch.softmax(scores, -1) @ vals[h // G]
+            if sinks is not None:
+                scores = torch.cat((scores, sinks[h].double().expand(n, 1)), -1)
+            weights = torch.softmax(scores, -1)
+            out[row:row + n, h] = (weights[:, :-1] if sinks is not None else weights) @ vals[h // G]
     return out
 
 

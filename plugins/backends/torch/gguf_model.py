@@ -17,11 +17,9 @@ converted fp32 copy of ``loader.py``.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import os
-import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -35,15 +33,14 @@ from llmserve import ConfigError
 
 from .gguf_config import config_from_header, rope_factors
 from .gguf_file import GGUFFile
+from .gguf_metadata import metadata_dir
 from .moe import moe_parts
-from .loader import (LoadedModel, publish_dir, _eos_ids, _resolve_source, load_error, load_tokenizer, read_gguf,
-                     resolve_device, resolve_dtype)
+from .loader import (LoadedModel, _eos_ids, _resolve_source, load_error, load_tokenizer, resolve_device, resolve_dtype)
 
 log = logging.getLogger("llmserve.backend.torch")
 
 # GGUF architectures the fused decoder runs (llama.cpp files Mistral models as "llama").
 ARCHITECTURES = {"llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "gpt-oss"}
-_METADATA_DIR = "gguf-metadata"
 # transformers' projection name -> the GGUF tensor name within block N.
 _PROJECTIONS = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output",
                 "gate": "ffn_gate", "up": "ffn_up", "down": "ffn_down"}
@@ -118,64 +115,6 @@ def prepare(path: str, cache_dir: str | None) -> None:
     cache its config and tokenizer."""
     f = _File(path)
     metadata_dir(path, f.header, cache_dir)
-
-
-def _header_key(path: str, fields_end: int, names: list[str]) -> str:
-    """sha256 of what transformers derives the config and tokenizer from: the metadata's bytes,
-    the tensors' names (tied embeddings are read from them; their types and offsets are not
-    read, so files that differ only in how their tensors are quantized share one entry) and the
-    transformers version that converts them."""
-    import transformers
-
-    digest = hashlib.sha256(transformers.__version__.encode())
-    digest.update("\n".join(sorted(names)).encode())
-    with open(path, "rb") as fh:
-        remaining = fields_end
-        while remaining > 0:
-            chunk = fh.read(min(remaining, 1 << 20))
-            if not chunk:
-                break
-            digest.update(chunk)
-            remaining -= len(chunk)
-    return digest.hexdigest()[:24]
-
-
-def _misread(header: GGUFFile) -> Callable[[str], bool] | None:
-    """The metadata keys transformers' GGUF reading fails on, for a file that has them: it reads
-    each ``gpt-oss.rope.scaling.*`` value from the key's length field and raises on the number
-    (``config_from_header`` reads those keys itself)."""
-    prefix = "gpt-oss.rope.scaling."
-    if header.architecture == "gpt-oss" and any(key.startswith(prefix) for key in header.fields):
-        return lambda key: key.startswith(prefix)
-    return None
-
-
-def metadata_dir(path: str, header: GGUFFile, cache_dir: str | None) -> str:
-    """A directory with the config and tokenizer transformers derives from the GGUF metadata
-    (``header``: the file's), converted on first use and cached under ``cache_dir`` by the
-    header's content."""
-    from transformers import AutoConfig
-
-    root = os.path.join(os.path.expanduser(cache_dir or "~/.cache/llmserve"), _METADATA_DIR)
-    target = os.path.join(root, _header_key(path, header.fields_end, list(header.tensors)))
-    if os.path.isfile(os.path.join(target, "config.json")):
-        return target
-    log.info("reading the GGUF metadata and tokenizer of %s once (later starts read the cache %s)",
-             os.path.basename(path), target)
-    drop = _misread(header)
-    if drop is None:
-        config, tokenizer = read_gguf(path, AutoConfig, "reading GGUF metadata and tokenizer of")
-    else:  # transformers reads a copy of the header without the keys it fails on
-        with tempfile.TemporaryDirectory() as tmp:
-            copy = os.path.join(tmp, os.path.basename(path))
-            header.header_copy(copy, drop)
-            config, tokenizer = read_gguf(copy, AutoConfig, "reading GGUF metadata and tokenizer of")
-    def write(tmp: str) -> None:
-        config.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-
-    publish_dir(target, write)
-    return target
 
 
 def _permutation(rows: int, heads: int) -> torch.Tensor:

@@ -136,23 +136,44 @@ def _gguf_cache_key(path: str) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()[:20]
 
 
-def _refuse_split(path: str) -> None:
-    """transformers reads one GGUF file: a split model's other parts would be left out."""
+_NATIVE_ONLY = ("--device cpu, float32, the CPU kernels on and --torch-gguf-native: the default on a CPU")
+
+
+def _gguf_header(path: str) -> Any:
+    """The GGUF header of ``path`` read for the conversion's checks, or None when it is not a
+    GGUF this reader understands (the conversion then says what is wrong). transformers reads
+    one file, so a split model (its other parts would be left out) is refused here, and so is
+    what its conversion would get wrong: a Llama 3.1+ file's RoPE scaling, which it stores only
+    as ``rope_freqs.weight`` (transformers ignores it: positions past the original context
+    would rotate wrong), and gpt-oss, whose RoPE metadata transformers misreads."""
     from .gguf_file import GGUFFile
 
     try:
-        count = int(GGUFFile(path, _part=1).fields.get("split.count") or 1)
+        header = GGUFFile(path, _part=1)
     except (ValueError, OSError):
-        return  # not a GGUF this reader understands: the conversion says what is wrong
+        return None
+    name = os.path.basename(path)
+    count = int(header.fields.get("split.count") or 1)
     if count > 1:
-        raise ConfigError(f"{os.path.basename(path)} is the first of {count} parts of a split GGUF model, which "
-                          "llmserve reads only on its native CPU path (llama/qwen2 files, --device cpu, float32): "
-                          "serve it there, or merge the parts into one file (llama.cpp's `llama-gguf-split --merge`)")
+        raise ConfigError(f"{name} is the first of {count} parts of a split GGUF model, which llmserve reads only on "
+                          f"its native CPU path ({_NATIVE_ONLY}): serve it there, or merge the parts into one file "
+                          "(llama.cpp's `llama-gguf-split --merge`)")
+    if "rope_freqs.weight" in header.tensors:
+        raise ConfigError(f"{name} stores its RoPE scaling as the rope_freqs.weight tensor, which transformers' GGUF "
+                          "conversion ignores (its answers would go wrong with the position): serve it on the native "
+                          f"CPU path ({_NATIVE_ONLY}), or serve the model's Hugging Face directory")
+    if header.architecture == "gpt-oss":
+        raise ConfigError(f"{name} is a gpt-oss GGUF, which transformers' GGUF conversion cannot read: serve it on "
+                          f"the native CPU path ({_NATIVE_ONLY}), or serve the model's Hugging Face directory")
+    return header
 
 
 def _convert_gguf(path: str, cache_root: str) -> str:
-    """Return an HF directory holding the dequantized GGUF, converting it on first use."""
-    _refuse_split(path)
+    """Return an HF directory holding the dequantized GGUF, converting it on first use; the
+    config is the one transformers reads, corrected from the header as the native path reads
+    it (``gguf_config.config_from_header``: Qwen3's head size, Qwen3-MoE's expert size, Gemma 3's
+    query scale and local RoPE)."""
+    header = _gguf_header(path)
     from transformers import AutoModelForCausalLM
 
     target = os.path.join(cache_root, "converted", _gguf_cache_key(path))
@@ -162,7 +183,15 @@ def _convert_gguf(path: str, cache_root: str) -> str:
     log.info("converting GGUF %s once (later starts read the cache %s; `llmserve warmup` does it ahead)",
              os.path.basename(path), target)
     t0 = time.monotonic()
-    model, tokenizer = read_gguf(path, AutoModelForCausalLM, "converting GGUF")
+    config = None
+    if header is not None:
+        from transformers import AutoConfig
+
+        from .gguf_config import config_from_header
+
+        config, _ = read_gguf(path, AutoConfig, "reading GGUF metadata of", tokenizer=False)
+        config_from_header(config, header)
+    model, tokenizer = read_gguf(path, AutoModelForCausalLM, "converting GGUF", config=config)
     # The weights are plain dequantized tensors now; drop the GGUF marker so they can be saved.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
@@ -176,20 +205,23 @@ def _convert_gguf(path: str, cache_root: str) -> str:
     return target
 
 
-def read_gguf(path: str, model_class: Any, phase: str) -> tuple[Any, Any]:
+def read_gguf(path: str, model_class: Any, phase: str, config: Any = None,
+              tokenizer: bool = True) -> tuple[Any, Any]:
     """What transformers reads from the GGUF file ``path``: ``model_class.from_pretrained`` (a
-    model or a config) and the tokenizer, under the progress line ``phase`` and the file's name;
-    a failure is ``load_error``'s one line."""
+    model, built from ``config`` when given, or a config; None without ``model_class``) and the
+    tokenizer (None without ``tokenizer``), under the progress line ``phase`` and the file's
+    name; a failure is ``load_error``'s one line."""
     from transformers import AutoTokenizer
 
     folder, fname = os.path.split(os.path.abspath(path))
+    given = {"config": config} if config is not None else {}
     with progress.phase(f"{phase} {fname}"), quiet_bars():
         try:
-            model = model_class.from_pretrained(folder, gguf_file=fname)
-            tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=fname)
+            model = model_class.from_pretrained(folder, gguf_file=fname, **given) if model_class else None
+            tok = AutoTokenizer.from_pretrained(folder, gguf_file=fname) if tokenizer else None
         except (OSError, ValueError, KeyError, NotImplementedError) as exc:
             raise load_error(path, exc) from None
-    return model, tokenizer
+    return model, tok
 
 
 def publish_dir(target: str, write: Callable[[str], None]) -> None:
