@@ -40,6 +40,10 @@ BF16_MAX_REL_ERR, BF16_MIN_AGREE = 0.1, 0.99
 # Decode batches (5 to 32 rows) round each weight to bf16. A random tiny model has near ties
 # (and its random K-quant blocks amplify errors), so a few positions pick another top token.
 BATCH_MAX_REL_ERR, BATCH_MIN_AGREE = 0.2, 0.97
+# gguf_int8_decode: decode steps round each 32 activations to int8 (about 0.4% of their largest);
+# against the exact kernels, logits move by about 1% of the largest (up to ~10% where the random
+# K-quant blocks amplify it), and near ties of the random tiny model pick another top token.
+INT8_MAX_REL_ERR, INT8_MIN_AGREE = 0.2, 0.9
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +55,9 @@ def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def make_backend(path: str, cache: str, num_blocks: int = 32, **options: object) -> TorchBackend:
+    """A backend serving ``path`` natively; the exact kernels unless ``options`` turn the int8
+    decode path (the default of a server) back on."""
+    options.setdefault("gguf_int8_decode", False)
     backend = TorchBackend(ServerConfig(model=path, dtype="float32", device="cpu", max_model_len=None,
                                         cache_dir=cache), TorchOptions(**options))
     backend.info = backend.load()
@@ -151,6 +158,25 @@ def test_bf16_matmul_logits_stay_near_transformers(types: tuple[str, ...], tmp_p
     results = [compare(g, want[10:]) for g, want in zip(got, reference_logits(path, *seqs))]
     agree, err = sum(a for a, _ in results) / len(results), max(e for _, e in results)
     assert agree >= BATCH_MIN_AGREE and err < BATCH_MAX_REL_ERR, (agree, err)
+
+
+def test_decode_steps_take_int8_activations_by_default(tmp_path, shared_cache) -> None:
+    """The server's default (``gguf_int8_decode``): decode steps of Q4_K, Q6_K and Q8_0 weights
+    multiply int8-quantized activations, the one-call native step included; a prefill (more
+    than 8 rows) stays exact bit for bit."""
+    path = str(tmp_path / "tiny-q4km.gguf")
+    gguf_writer.write_tiny_gguf(path, "llama", "Q4_K", overrides={
+        "blk.0.attn_v.weight": "Q6_K", "blk.1.ffn_down.weight": "Q6_K", "output.weight": "Q8_0"})
+    ids = sequence(40, seed=6)
+    fast = make_backend(path, shared_cache, gguf_int8_decode=True)
+    exact = make_backend(path, shared_cache)
+    assert "gguf_decode=int8" in fast.plan() and "native_step=on" in fast.plan()
+    assert "gguf_decode" not in exact.plan()
+    assert TorchOptions().gguf_int8_decode, "the int8 decode path is the default"
+    got, want = native_logits(fast, ids, prefill=20), native_logits(exact, ids, prefill=20)
+    assert torch.equal(got[0], want[0])  # the prefill step: exact kernels
+    agree, err = compare(got[1:], want[1:])
+    assert agree >= INT8_MIN_AGREE and 0 < err < INT8_MAX_REL_ERR, (agree, err)
 
 
 def test_qwen2_with_biases_and_a_tied_head(tmp_path, shared_cache) -> None:
@@ -378,12 +404,15 @@ def test_an_unserved_tensor_type_is_one_line_config_error(tmp_path, shared_cache
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-@pytest.mark.parametrize(("qtype", "bf16"), [("Q8_0", False), ("Q4_0", False), ("Q8_0", True)],
-                         ids=["Q8_0", "Q4_0", "Q8_0-bf16-matmul"])
-def test_requantized_smollm2_greedy_equals_transformers_generate(qtype: str, bf16: bool, tmp_path) -> None:
+@pytest.mark.parametrize(("qtype", "bf16", "int8"), [("Q8_0", False, False), ("Q4_0", False, True),
+                                                     ("Q8_0", True, False)],
+                         ids=["Q8_0-exact", "Q4_0-int8-decode", "Q8_0-bf16-matmul"])
+def test_requantized_smollm2_greedy_equals_transformers_generate(qtype: str, bf16: bool, int8: bool,
+                                                                  tmp_path) -> None:
     """The real SmolLM2 as Q8_0 and Q4_0: greedy continuations through the engine equal
-    transformers' generate on the weights dequantized from the same file (with
-    ``gguf_bf16_matmul`` too, whose batched steps round the weights to bf16)."""
+    transformers' generate on the weights dequantized from the same file: on the exact kernels,
+    on the default int8 decode path (activations rounded to int8 per 32) and with
+    ``gguf_bf16_matmul`` (whose batched steps round the weights to bf16)."""
 
     from engine.test_greedy_equality import MAX_NEW, PROMPTS, batched_greedy, run_engine
     from llmserve.plugins.backends.torch.native import gguf_ops
@@ -397,10 +426,12 @@ def test_requantized_smollm2_greedy_equals_transformers_generate(qtype: str, bf1
     path = str(tmp_path / f"smollm2.{qtype}.gguf")
     gguf_writer.requantize_embedded(path, qtype)
     backend = TorchBackend(ServerConfig(model=path, dtype="float32", device="cpu", max_model_len=1024,
-                                        cache_dir=str(tmp_path / "cache")), TorchOptions(gguf_bf16_matmul=bf16))
+                                        cache_dir=str(tmp_path / "cache")),
+                           TorchOptions(gguf_bf16_matmul=bf16, gguf_int8_decode=int8))
     info = backend.load()
     assert info.quantization == f"quantized as in the file: {qtype.lower()} 211 matrices"
     assert ("gguf_matmul=bf16-amx" in backend.plan()) == bf16
+    assert ("gguf_decode=int8" in backend.plan()) == int8
     ours, _ = run_engine((backend, info), PROMPTS)
     model = gguf_writer.reference_model(path)
     rows = batched_greedy(model, [info.tokenizer(p).input_ids for p in PROMPTS], info.tokenizer.eos_token_id,

@@ -66,6 +66,7 @@ class GGUFParts:
     parameters: int = 0                  # every tensor's element count, summed
     weight_bytes: int = 0                # every tensor's bytes in the file, summed
     bf16_matmul: bool = False            # batches multiply in bf16 on AMX tiles (gguf_ops.gguf_linear)
+    int8_decode: bool = False            # some linear quantizes decode activations to int8 (gguf_ops.gguf_linear)
     norms_shifted: bool = False          # norm weights stored as (1 + weight) (Gemma's, as llama.cpp writes them)
 
 
@@ -195,9 +196,11 @@ def _parameter(module: Any, name: str, value: torch.Tensor) -> None:
     setattr(module, name, torch.nn.Parameter(value, requires_grad=False))
 
 
-def load_native(model_cfg: ModelConfig, path: str, bf16_matmul: bool = False) -> tuple[LoadedModel, GGUFParts]:
+def load_native(model_cfg: ModelConfig, path: str, bf16_matmul: bool = False,
+                int8_decode: bool = False) -> tuple[LoadedModel, GGUFParts]:
     """The model of the GGUF file at ``path`` with its weights left in the file's quantization;
-    ``bf16_matmul``: the linears take the bf16 AMX path for batches (``gguf_ops.gguf_linear``)."""
+    ``bf16_matmul``: the linears take the bf16 AMX path for batches; ``int8_decode``: decode
+    steps quantize the activations to int8 (``gguf_ops.gguf_linear``)."""
     from transformers import AutoConfig
 
     t0 = time.monotonic()
@@ -210,7 +213,8 @@ def load_native(model_cfg: ModelConfig, path: str, bf16_matmul: bool = False) ->
     tokenizer = load_tokenizer(model_cfg, meta, name)
     model = _skeleton(model_config)
     rope_factors(model, gguf_file)
-    parts = _map_weights(model, model_config, gguf_file, gguf_file.architecture == "llama", bf16_matmul)
+    parts = _map_weights(model, model_config, gguf_file, gguf_file.architecture == "llama", bf16_matmul,
+                         int8_decode)
     parts.parameters = sum(math.prod(t.shape) for t in gguf_file.tensors.values())
     parts.weight_bytes = sum(t.data.nbytes for t in gguf_file.tensors.values())
     del gguf_file  # the reader and its fields; the tensors keep their own references to the mapping
@@ -233,8 +237,9 @@ class _Mapper:
     """Builds the GGUF linears of one file and fills the skeleton's small tensors from it, with
     the names llama.cpp's converter gives them (``blk.N.attn_q.weight``, ...)."""
 
-    def __init__(self, f: _File, cfg: Any, bf16: bool) -> None:
-        self.f, self.cfg, self.ops, self.bf16 = f, cfg, f.ops, bf16
+    def __init__(self, f: _File, cfg: Any, bf16: bool, int8: bool = False) -> None:
+        self.f, self.cfg, self.ops, self.bf16, self.int8 = f, cfg, f.ops, bf16, int8
+        self.int8_used = False  # some product took the int8 decode path
         self.types: list[str] = []  # each matrix's type, lower case
         self.heads = int(cfg.num_attention_heads)
         self.kv_heads = int(getattr(cfg, "num_key_value_heads", None) or self.heads)
@@ -254,10 +259,11 @@ class _Mapper:
 
     def product(self, quants: list[Any], bias: torch.Tensor | None, name: str) -> Any:
         self.types.extend(self.ops.SUPPORTED[q.qtype].lower() for q in quants)
-        lin = self.ops.gguf_linear(quants, bias, bf16=self.bf16)
+        lin = self.ops.gguf_linear(quants, bias, bf16=self.bf16, int8=self.int8)
         if lin is None:
             raise ConfigError(f"the native GGUF kernels cannot run {name}; serve this model with "
                               "--no-torch-gguf-native (an fp32 copy)")
+        self.int8_used |= lin.activations == "int8" and any(q.qtype in self.ops.INT8_TYPES for q in quants)
         return lin
 
     def linear(self, names: list[str], rows: list[torch.Tensor | None] | None = None,
@@ -348,9 +354,10 @@ class _Mapper:
                       "down": self.linear([w["down"]], shapes=[(hidden, inter)])}
 
 
-def _map_weights(model: Any, cfg: Any, f: _File, permuted: bool, bf16: bool = False) -> GGUFParts:
+def _map_weights(model: Any, cfg: Any, f: _File, permuted: bool, bf16: bool = False, int8: bool = False) -> GGUFParts:
     """Fill the skeleton's small tensors from ``f`` and build the GGUF linears (``permuted``:
-    Q and K rows in llama.cpp's rotary order, undone by a row map)."""
+    Q and K rows in llama.cpp's rotary order, undone by a row map; ``int8``: decode steps with
+    int8 activations, where bf16 tiles do not take them)."""
     ops = f.ops
     base = model.get_decoder()
     if bf16 and not ops.amx_available():
@@ -359,7 +366,7 @@ def _map_weights(model: Any, cfg: Any, f: _File, permuted: bool, bf16: bool = Fa
     elif not bf16 and ops.amx_available():
         log.info("this CPU has AMX tiles: --torch-gguf-bf16-matmul multiplies prefill and batches in bf16, "
                  "several times faster than the exact fp32 kernels (see docs/engine.md, GGUF models)")
-    mapper = _Mapper(f, cfg, bf16)
+    mapper = _Mapper(f, cfg, bf16, int8)
     n_layers = int(cfg.num_hidden_layers)
     with progress.phase("mapping GGUF weights", 7 * n_layers + 1, "matrices"):
         layers = [mapper.layer(i, dec, permuted) for i, dec in enumerate(base.layers)]
@@ -374,4 +381,4 @@ def _map_weights(model: Any, cfg: Any, f: _File, permuted: bool, bf16: bool = Fa
         return gguf_rows(embed_t, ids)
 
     return GGUFParts(layers=layers, embed=embed, head=head, types=mapper.types, bf16_matmul=bf16,
-                     norms_shifted=f.architecture in _SHIFTED_NORMS)
+                     int8_decode=mapper.int8_used, norms_shifted=f.architecture in _SHIFTED_NORMS)

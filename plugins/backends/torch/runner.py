@@ -75,7 +75,8 @@ class TorchBackend(Backend):
 
         gguf_path = native_gguf_path(self.config, opts)
         if gguf_path is not None:  # the file's own quantized weights; no fp32 copy
-            self.loaded, self._gguf = load_native(self.config.llm, gguf_path, bf16_matmul=opts.gguf_bf16_matmul)
+            self.loaded, self._gguf = load_native(self.config.llm, gguf_path, bf16_matmul=opts.gguf_bf16_matmul,
+                                                  int8_decode=opts.gguf_int8_decode)
             lm = self.loaded
         else:
             lm = self.loaded = self._load_model()
@@ -288,6 +289,7 @@ class TorchBackend(Backend):
                 f"panels=f32:{formats.count('f32')},q4:{formats.count('q4')},q8:{formats.count('q8')}"
                 + (f" weights=gguf:{','.join(sorted(set(self._gguf.types)))}" if self._gguf is not None else "")
                 + (" gguf_matmul=bf16-amx" if self._gguf is not None and self._gguf.bf16_matmul else "")
+                + (" gguf_decode=int8" if self._gguf is not None and self._gguf.int8_decode else "")
                 + (f" cuda_graphs={len(self._graphs.buckets)}" if self._graphs is not None else "")
                 + (f" WARNING=unverified-architecture:{lm.unverified}" if lm.unverified else ""))
 

@@ -14,6 +14,15 @@ fused forward and the one-call decode step (``step.py``) drive it like any packe
 of x on (prefill, batched decode), weights and activations are rounded to bf16 and multiplied
 on the tile unit with fp32 accumulation (``y`` then equals ``bf16(x) @ bf16(W).T`` up to
 summation order). Fewer rows, and CPUs without AMX, keep the exact fp32 kernel.
+
+``gguf_linear(..., int8=True)`` trades exactness for speed on decode steps instead (up to 8 rows
+of x, ``csrc/gguf_q8.h``): each row of x is quantized once per call to int8 in blocks of 32
+(``d = max|x| / 127``, ``q = x / d`` rounded to nearest, ties to even), and every Q8_0, Q4_0,
+Q5_0, Q4_K, Q5_K or Q6_K block is multiplied into it with integer dot products and the block's
+own fp32 scales, so ``y`` equals ``sum_b d_x[b] * (q_x[b] . dequantize(W)[b])`` up to fp32
+rounding (on random data the outputs stay within about 1% of ``max|y|`` of the exact ones).
+Parts of other types, and more rows, keep the exact kernel bit for bit. With both options, bf16
+wins where AMX is there.
 """
 
 from __future__ import annotations
@@ -32,6 +41,8 @@ _T = GGMLQuantizationType
 SUPPORTED: dict[int, str] = {int(t): t.name for t in (
     _T.F32, _T.F16, _T.BF16, _T.Q8_0, _T.Q4_0, _T.Q4_1, _T.Q5_0, _T.Q5_1, _T.Q2_K, _T.Q3_K, _T.Q4_K, _T.Q5_K,
     _T.Q6_K, _T.IQ4_NL, _T.IQ4_XS, _T.MXFP4)}
+# The types ``int8=True`` multiplies with int8 activations (``csrc/gguf_q8.h``); others stay exact.
+INT8_TYPES = frozenset(int(t) for t in (_T.Q8_0, _T.Q4_0, _T.Q5_0, _T.Q4_K, _T.Q5_K, _T.Q6_K))
 
 
 def _type_name(qtype: int) -> str:
@@ -105,12 +116,15 @@ class GGUFLinear:
     """``y = x @ W.T + bias`` for fp32 ``[M, K]`` CPU inputs with ``W`` the parts' quantized rows
     concatenated along N, read in their stored layout. ``kernel`` is the address of the C
     function (``decoder_step.c``'s ``linear_fn`` type) and ``packed`` the small descriptor of the
-    parts it takes as its weight pointer; ``format`` names the parts' types (``"q4_k+q6_k"``)."""
+    parts it takes as its weight pointer; ``format`` names the parts' types (``"q4_k+q6_k"``) and
+    ``activations`` the kernel's treatment of x: ``"fp32"`` (exact), ``"bf16"`` (AMX tiles from five
+    rows) or ``"int8"`` (quantized, up to eight rows)."""
 
-    __slots__ = ("_fn", "_parts", "kernel", "format", "packed", "bias", "out_features", "in_features")
+    __slots__ = ("_fn", "_parts", "kernel", "format", "activations", "packed", "bias", "out_features",
+                 "in_features")
 
     def __init__(self, lib: ctypes.CDLL | None, parts: list[QuantTensor], bias: torch.Tensor | None,
-                 bf16: bool = False) -> None:
+                 bf16: bool = False, int8: bool = False) -> None:
         self._parts = list(parts)  # keeps every part's bytes (and rows index) alive for the descriptor
         self.in_features = parts[0].shape[1]
         self.out_features = sum(p.shape[0] for p in parts)
@@ -126,7 +140,8 @@ class GGUFLinear:
                      p.shape[0], p.rows.data_ptr() if p.rows is not None else 0]
         self.packed = torch.tensor(desc, dtype=torch.int64)
         self.bias = bias.detach().to(torch.float32).contiguous() if bias is not None else None
-        entry = "gguf_linear_amx" if bf16 else "gguf_linear_f32"
+        self.activations = "bf16" if bf16 else "int8" if int8 else "fp32"
+        entry = f"gguf_linear_{'amx' if bf16 else 'q8' if int8 else 'f32'}"
         self._fn = bind(lib, entry, None, *[PTR] * 4, I64, I64, I64, ctypes.c_int) if lib else None
         self.kernel: int = ctypes.cast(self._fn, PTR).value if self._fn is not None else 0
 
@@ -162,10 +177,13 @@ def amx_available() -> bool:
     return _AMX[id(lib)]
 
 
-def gguf_linear(parts: list[QuantTensor], bias: torch.Tensor | None = None, bf16: bool = False) -> GGUFLinear | None:
+def gguf_linear(parts: list[QuantTensor], bias: torch.Tensor | None = None, bf16: bool = False,
+                int8: bool = False) -> GGUFLinear | None:
     """The parts (concatenated along N) as one linear layer, or None when the native library
     cannot be built here. ``bf16``: multiply five rows of x or more in bf16 on AMX tiles where
-    the CPU has them (``amx_available``), else ignored. Raises ``ValueError`` (one line) for a
+    the CPU has them (``amx_available``), else ignored. ``int8``: up to eight rows of x quantized
+    to int8 against the Q8_0 / Q4_0 / Q5_0 / Q4_K / Q5_K / Q6_K parts (see the module doc); where
+    ``bf16`` is granted too, bf16 wins. Raises ``ValueError`` (one line) for a
     type the kernels do not serve, K not a multiple of the block size, parts of different K, or
     a bias of the wrong shape."""
     if not parts:
@@ -178,7 +196,10 @@ def gguf_linear(parts: list[QuantTensor], bias: torch.Tensor | None = None, bf16
     if bias is not None and (bias.dim() != 1 or bias.shape[0] != n):
         raise ValueError(f"bias: expected [{n}], got {list(bias.shape)}")
     lib = _library()
-    return GGUFLinear(lib, parts, bias, bf16 and amx_available()) if lib is not None else None
+    if lib is None:
+        return None
+    tiles = bf16 and amx_available()
+    return GGUFLinear(lib, parts, bias, bf16=tiles, int8=int8 and not tiles)
 
 
 _ROWS_FN: dict[int, ctypes._CFuncPtr] = {}

@@ -21,11 +21,14 @@
  *    (6 x 16 in ymm registers, 12 x 16 in zmm with AVX-512; same bits) runs over the rows of x, so decoding is paid once per panel, not per row.
  * Opt-in (gguf_linear_amx, gguf_amx.h): bf16 products, on AMX tiles from five rows of x and from
  * the codes of Q4_K / Q6_K with AVX512-BF16 up to four rows; not bit-identical to the paths above.
+ * Opt-in as well (gguf_linear_q8, gguf_q8.h): up to 8 rows of x quantized to int8 per 32 and
+ * multiplied into Q8_0 / Q4_0 / Q5_0 / Q4_K / Q5_K / Q6_K codes with integer dot products (other
+ * types of the same call keep the exact path); not bit-identical either.
  * Threads split the outputs. The weight argument is a descriptor of segments (the parts of a
  * fused projection, each its own type, concatenated along N), written by gguf_ops.py.
  * The rest is in headers this file alone includes (one translation unit, so every helper still
  * inlines into the kernels): gguf_blocks.h (type numbers, block sizes, the descriptor),
- * gguf_simd.h (small SIMD helpers), gguf_decode.h (the per-type rebuild), gguf_amx.h.
+ * gguf_simd.h (small SIMD helpers), gguf_decode.h (the per-type rebuild), gguf_amx.h, gguf_q8.h.
  * Built at run time by build.py (gcc -O3 -march=native -fopenmp).
  */
 #if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
@@ -163,6 +166,23 @@ static inline __attribute__((always_inline)) void direct_unit(const int type, co
     }
 }
 
+/* Outputs n0 .. n0 + cnt - 1 of part sg (stored rows rw) for all M rows of x, GR at a time,
+ * into y (row stride ldy); b: their bias or NULL. Each group of GR rows prefetches the GR rows
+ * after it in its part (most often the rows this thread multiplies next). */
+static void direct_part(const Seg *sg, int64_t n0, int64_t cnt, const uint8_t *const *rw, const float *x, int64_t M,
+                        int64_t K, const float *b, float *y, int64_t ldy) {
+    const uint8_t *next[NR + GR];
+    const int64_t pfstep = K >= CK ? (sg->stride + K / CK - 1) / (K / CK) : 0;
+    for (int64_t i = 0; i < cnt + GR; i++) next[i] = seg_row(sg, n0 + GR + i < sg->n ? n0 + GR + i : sg->n - 1);
+    for (int64_t g = 0; g < cnt; g += GR) {
+        const int gc = (int)(cnt - g < GR ? cnt - g : GR);
+        const uint8_t *const *pf = n0 + g + GR < sg->n && pfstep ? next + g : NULL;
+#define DIRECT_UNIT(T) direct_unit(T, rw + g, gc, x, M, K, b ? b + g : NULL, y + g, ldy, pf, pfstep)
+        DISPATCH(sg->type, DIRECT_UNIT)
+#undef DIRECT_UNIT
+    }
+}
+
 /* ---- more rows: unpack 16 output rows into an fp32 panel [K][16], then the 6 x 16 kernel ---- */
 
 /* 16 stored rows (rw; rows past cnt repeat a valid one and are never stored) as the panel
@@ -225,18 +245,7 @@ void gguf_linear_f32(const float *x, const void *wp, const float *bias, float *y
             for (int64_t r = 0; r < unit; r++) rw[r] = seg_row(sg, n0 + (r < cnt ? r : 0));
             const float *b = bias ? bias + col : NULL;
             if (direct || panel == NULL) { /* few rows (or no scratch memory): from the blocks */
-                /* each group of GR rows prefetches the GR rows after it in its part (most often
-                 * the rows this thread multiplies next) */
-                const uint8_t *next[NR + GR];
-                const int64_t pfstep = K >= CK ? (sg->stride + K / CK - 1) / (K / CK) : 0;
-                for (int64_t i = 0; i < cnt + GR; i++) next[i] = seg_row(sg, n0 + GR + i < sg->n ? n0 + GR + i : sg->n - 1);
-                for (int64_t g = 0; g < cnt; g += GR) {
-                    const int gc = (int)(cnt - g < GR ? cnt - g : GR);
-                    const uint8_t *const *pf = n0 + g + GR < sg->n && pfstep ? next + g : NULL;
-#define DIRECT_UNIT(T) direct_unit(T, rw + g, gc, x, M, K, b ? b + g : NULL, y + col + g, N, pf, pfstep)
-                    DISPATCH(sg->type, DIRECT_UNIT)
-#undef DIRECT_UNIT
-                }
+                direct_part(sg, n0, cnt, rw, x, M, K, b, y + col, N);
                 continue;
             }
             const uint8_t *next[NR]; /* the next 16 rows of this part, fetched while these are unpacked */
@@ -252,5 +261,6 @@ void gguf_linear_f32(const float *x, const void *wp, const float *bias, float *y
     }
 }
 
-/* Last: it calls the fp32 kernel above when the tiles cannot be had. */
+/* Last: they call the fp32 kernel above where their own paths do not apply. */
 #include "gguf_amx.h"
+#include "gguf_q8.h"
