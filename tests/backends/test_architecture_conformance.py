@@ -314,6 +314,14 @@ def test_a_stateful_layer_kind_is_refused_whatever_the_model_type(tmp_path) -> N
     assert "conv layers keep a convolution state outside the KV cache" in line
 
 
+def test_gemma4_is_refused_whatever_the_flag_says(tmp_path) -> None:
+    """Its global layers' heads are wider than its sliding layers' and some layers reuse another's
+    keys and values: one pool of one head size would answer wrong, so it is refused before loading."""
+    path = tiny_dir_with(tmp_path, model_type="gemma4_text", architectures=["Gemma4ForCausalLM"])
+    line = refusal(path, allow_unverified_architecture=True)
+    assert "'gemma4_text'" in line and "two head sizes" in line
+
+
 def test_a_model_type_transformers_does_not_know_is_refused(tmp_path) -> None:
     path = tiny_dir_with(tmp_path, model_type="frobnicator", architectures=["FrobnicatorForCausalLM"])
     line = refusal(path, allow_unverified_architecture=True)

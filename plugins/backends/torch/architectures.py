@@ -89,6 +89,10 @@ UNSUPPORTED: dict[str, str] = {
                     "multi-head latent attention (keys and values of different head sizes), which the paged KV "
                     "cache does not hold"),
     **dict.fromkeys(("llama4", "llama4_text"), "chunked attention layers, which the paged attention does not mask"),
+    **dict.fromkeys(("gemma4", "gemma4_text"),
+                    "layers of two head sizes (its global layers' keys and values are wider than its sliding "
+                    "layers') and layers that reuse another layer's keys and values, which the paged KV cache "
+                    "does not hold"),
     "phimoe": "its attention does not pass its sliding window to the attention function, so the paged attention "
               "would attend past it",
 }

@@ -3,7 +3,7 @@
 A GGUF tensor's bytes are used as the file stores them (no fp32 copy, no repacking): each
 weight is rebuilt in fp32 exactly as ``gguf.quants.dequantize`` (and ggml) rebuilds it, and
 multiplied into fp32 activations with fp32 FMAs, so a result equals an fp32 matmul on the
-dequantized matrix up to summation order. Activations are never quantized.
+dequantized matrix up to summation order. On this exact path activations are never quantized.
 
 ``gguf_linear`` takes one or more parts concatenated along the outputs (a fused QKV whose q/k
 are Q4_K and v is Q6_K, a fused gate-and-up), each with its own type and an optional row
