@@ -55,9 +55,8 @@ def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def make_backend(path: str, cache: str, num_blocks: int = 32, **options: object) -> TorchBackend:
-    """A backend serving ``path`` natively; the exact kernels unless ``options`` turn the int8
-    decode path (the default of a server) back on."""
-    options.setdefault("gguf_int8_decode", False)
+    """A backend serving ``path`` natively (the exact kernels unless ``options`` turn the int8
+    decode path on)."""
     backend = TorchBackend(ServerConfig(model=path, dtype="float32", device="cpu", max_model_len=None,
                                         cache_dir=cache), TorchOptions(**options))
     backend.info = backend.load()
@@ -160,10 +159,10 @@ def test_bf16_matmul_logits_stay_near_transformers(types: tuple[str, ...], tmp_p
     assert agree >= BATCH_MIN_AGREE and err < BATCH_MAX_REL_ERR, (agree, err)
 
 
-def test_decode_steps_take_int8_activations_by_default(tmp_path, shared_cache) -> None:
-    """The server's default (``gguf_int8_decode``): decode steps of Q4_K, Q6_K and Q8_0 weights
-    multiply int8-quantized activations, the one-call native step included; a prefill (more
-    than 8 rows) stays exact bit for bit."""
+def test_decode_steps_take_int8_activations_when_asked(tmp_path, shared_cache) -> None:
+    """``gguf_int8_decode``: decode steps of Q4_K, Q6_K and Q8_0 weights multiply int8-quantized
+    activations, the one-call native step included; a prefill (more than 8 rows) stays exact
+    bit for bit."""
     path = str(tmp_path / "tiny-q4km.gguf")
     gguf_writer.write_tiny_gguf(path, "llama", "Q4_K", overrides={
         "blk.0.attn_v.weight": "Q6_K", "blk.1.ffn_down.weight": "Q6_K", "output.weight": "Q8_0"})
@@ -172,7 +171,7 @@ def test_decode_steps_take_int8_activations_by_default(tmp_path, shared_cache) -
     exact = make_backend(path, shared_cache)
     assert "gguf_decode=int8" in fast.plan() and "native_step=on" in fast.plan()
     assert "gguf_decode" not in exact.plan()
-    assert TorchOptions().gguf_int8_decode, "the int8 decode path is the default"
+    assert not TorchOptions().gguf_int8_decode, "opt-in: it changes the embedded model's greedy answers"
     got, want = native_logits(fast, ids, prefill=20), native_logits(exact, ids, prefill=20)
     assert torch.equal(got[0], want[0])  # the prefill step: exact kernels
     agree, err = compare(got[1:], want[1:])
@@ -411,7 +410,7 @@ def test_requantized_smollm2_greedy_equals_transformers_generate(qtype: str, bf1
                                                                   tmp_path) -> None:
     """The real SmolLM2 as Q8_0 and Q4_0: greedy continuations through the engine equal
     transformers' generate on the weights dequantized from the same file: on the exact kernels,
-    on the default int8 decode path (activations rounded to int8 per 32) and with
+    on the int8 decode path (activations rounded to int8 per 32) and with
     ``gguf_bf16_matmul`` (whose batched steps round the weights to bf16)."""
 
     from engine.test_greedy_equality import MAX_NEW, PROMPTS, batched_greedy, run_engine

@@ -40,11 +40,11 @@ class TorchOptions(BaseModel):
                                                       "product, of the weights in decode batches of 5-32, of the "
                                                       "activations of Q4_K/Q6_K in 1-4; prefill close to fp32. "
                                                       "Several times faster, not bit-identical; no AMX: ignored.")
-    gguf_int8_decode: bool = Field(True, description="Decode steps (up to 8 rows) of native GGUF weights quantize the "
-                                                     "activations to int8 per 32 values and multiply Q8_0, Q4_0, "
-                                                     "Q5_0, Q4_K, Q5_K and Q6_K blocks with integer dot products, as "
-                                                     "llama.cpp does (2-3x faster on Q4_K/Q6_K; outputs within ~1% "
-                                                     "of the exact ones); off: the exact fp32 rebuild everywhere.")
+    gguf_int8_decode: bool = Field(False, description="Decode steps (up to 8 rows) of native GGUF weights quantize the "
+                                                      "activations to int8 per 32 values and multiply Q8_0, Q4_0, "
+                                                      "Q5_0, Q4_K, Q5_K and Q6_K blocks with integer dot products, "
+                                                      "as llama.cpp does (2-3x faster on Q4_K/Q6_K; outputs within "
+                                                      "~1% of the exact ones); off: the exact fp32 rebuild.")
     triton_attention: bool = Field(True, description="On CUDA, write the KV cache and run decode attention with the "
                                                      "Triton kernels that read the paged cache in place (and graph "
                                                      "decode steps unless --enforce-eager); off: torch's SDPA over "

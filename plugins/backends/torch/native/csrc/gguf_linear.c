@@ -2,7 +2,7 @@
  * blocks in the file's own layout (no fp32 copy, no repacking).
  *
  * Numerics: each weight is rebuilt in fp32 exactly as gguf-py's ``quants.dequantize`` (and
- * ggml's dequantizer) rebuilds it, then multiplied into x with fp32 FMAs; x is never quantized.
+ * ggml's dequantizer) rebuilds it, then multiplied into x with fp32 FMAs; x is never quantized here (gguf_q8.h: the opt-in int8 decode path).
  * So y equals an fp32 matmul on the dequantized matrix up to summation order.
  *  - F32 as stored; F16 through F16C (exact); BF16 by a 16-bit shift.
  *  - Q8_0: d * q; Q4_0: d * (q - 8); Q5_0: d * (q - 16); Q4_1 / Q5_1: d * q + m.
