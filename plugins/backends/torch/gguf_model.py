@@ -345,8 +345,8 @@ class _Mapper:
         q_out, kv_out = self.heads * head_dim, self.kv_heads * head_dim
         out = {"qkv": self.linear([w["q"], w["k"], w["v"]], qk_rows, qkv_bias,
                                   [(q_out, hidden), (kv_out, hidden), (kv_out, hidden)]),
-               "o": self.linear([w["o"]], bias=f.vector(w["o"][:-len("weight")] + "bias")
-                                if w["o"][:-len("weight")] + "bias" in f else None, shapes=[(hidden, q_out)])}
+               "o": self.linear([w["o"]], bias=f.vector(o_bias) if (o_bias := blk + "attn_output.bias") in f else None,
+                                shapes=[(hidden, q_out)])}
         if moe_parts(dec.mlp) is not None:
             return out | self.experts(blk)
         inter = int(self.cfg.intermediate_size)
