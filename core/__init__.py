@@ -24,7 +24,7 @@ hookimpl = pluggy.HookimplMarker("llmserve")
 _EXPORTS = {
     # records that the register_* hooks return
     **dict.fromkeys(("ProtocolSpec", "BackendSpec", "ToolParserSpec", "ReasoningParserSpec",
-                     "GuidedDecoderSpec"), "llmserve.hooks.records"),
+                     "GuidedDecoderSpec", "ProposerSpec"), "llmserve.hooks.records"),
     "PluginManager": "llmserve.hooks.manager",
     # dialects: the contract, the kit every route uses, and the one chat turn
     "Protocol": "llmserve.server.protocol",
@@ -57,8 +57,10 @@ _EXPORTS = {
     "EngineLoop": "llmserve.engine.loop",
     # backends
     **dict.fromkeys(("Backend", "ModelInfo", "KVCacheSpec", "StepItem", "StepResult"), "llmserve.engine.backend"),
+    # speculative decoding: what a register_proposers plugin implements
+    **dict.fromkeys(("Proposer", "DraftRequest"), "llmserve.engine.speculation"),
     # configuration and commands
-    **dict.fromkeys(("ServerConfig", "ModelConfig", "load_options"), "llmserve.config"),
+    **dict.fromkeys(("ServerConfig", "ModelConfig", "SpeculativeConfig", "load_options"), "llmserve.config"),
     **dict.fromkeys(("CONFIG_OPTION", "PanelCommand", "fail", "resolve_config", "with_config_options"),
                     "llmserve.cli"),
     # parsers

@@ -62,6 +62,8 @@ class SamplingParams(BaseModel):
     logprob_token_ids: list[int] | None = Field(
         None, min_length=1, max_length=MAX_LOGPROBS,
         description="The alternatives reported per sampled token are these tokens, instead of the best ones.")
+    speculative: bool = Field(True, description="False: decode without speculative proposals even when the "
+                                                "server has them on (the output is the same either way).")
 
     @field_validator("logit_bias")
     @classmethod

@@ -100,7 +100,7 @@ def test_backend_options_cli_over_env_over_yaml_over_default(tmp_path, monkeypat
     options = plugin_options(config, Registry.collect(PluginManager().load(autoload=False)))["torch"]
     assert options.model_dump() == {"fused_forward": False, "cpu_kernels": True, "native_step": True,
                                     "compact_weights": False, "cpu_matmul_decode": True, "gguf_native": True,
-                                    "gguf_bf16_matmul": False, "gguf_int8_decode": False,
+                                    "gguf_bf16_matmul": False, "gguf_decode_activations": "auto",
                                     "triton_attention": True, "threads": 2}
 
 

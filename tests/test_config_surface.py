@@ -36,6 +36,7 @@ SAMPLES = {
     "num_kv_blocks": "99",
     "kv_cache_memory_fraction": "0.5", "kv_cache_dtype": "float16", "max_num_seqs": "5",
     "max_num_batched_tokens": "4096", "enable_prefix_caching": "false", "enable_chunked_prefill": "false",
+    "speculative_config": '{"method": "ngram", "num_speculative_tokens": 3}',
     "enforce_eager": "true", "tensor_parallel_size": "2", "max_concurrent_requests": "9",
     "max_waiting_requests": "11", "max_waiting_tokens": "1000", "max_prompt_chars": "5000", "max_logprobs": "3",
     "max_stop_strings": "4", "max_stop_chars": "100", "strict_max_tokens": "true", "request_timeout": "12.5",

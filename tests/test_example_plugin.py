@@ -29,7 +29,7 @@ def test_plugins_json_lists_the_installed_package(installed):
     acme = rows["acme"]
     assert acme["source"] == "entrypoint"
     assert acme["distribution"] == "llmserve-acme" and acme["version"] == "0.2.0"
-    assert acme["contributes"] == {"protocol": ["acme"], "tool_parser": ["acme"]}
+    assert acme["contributes"] == {"protocol": ["acme"], "tool_parser": ["acme"], "proposer": ["acme-replay"]}
     text = run_cli("plugins", env=installed).stdout
     assert "acme  [entrypoint]  llmserve-acme 0.2.0" in text
 
@@ -59,3 +59,31 @@ def test_the_example_tool_parser_through_the_registry(installed, monkeypatch):
     assert out.content == "hello\n"
     assert [(c.name, json.loads(c.arguments)) for c in out.tool_calls + end.tool_calls] == [
         ("get_weather", {"city": "Paris"})]
+
+
+def test_the_example_proposer_speculates_in_process(monkeypatch):
+    """The test kit of docs/writing-a-plugin.md for a proposer: the echo backend repeats its
+    prompt, acme-replay proposes exactly that, and the server's counters show the proposals
+    verified and kept; the output is the prompt, as without speculation."""
+    from fastapi.testclient import TestClient
+
+    from llmserve import PluginManager, build_server
+    from llmserve.config import load_config
+
+    monkeypatch.syspath_prepend(str(EXAMPLE_PLUGIN))
+    config, _ = load_config({"backend": "echo", "plugins": [ECHO_PLUGIN, "llmserve_acme"],
+                             "speculative_config": {"method": "acme-replay", "num_speculative_tokens": 4}},
+                            environ={})
+    app, _ = build_server(config, PluginManager().load(autoload=False))
+    with TestClient(app, raise_server_exceptions=False) as client:
+        reply = client.post("/v1/completions", json={"model": "echo", "prompt": "speculate, then verify",
+                                                     "max_tokens": 40, "temperature": 0})
+        assert reply.status_code == 200 and reply.json()["choices"][0]["text"] == "speculate, then verify"
+        lines = client.get("/metrics").text.splitlines()
+    metrics = {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in lines
+               if line.startswith("vllm:spec_decode_num_")}
+    # 22 prompt tokens and EOS out: one sampled by the model in each of its 6 steps (the prompt's,
+    # then five verifying 4, 4, 4, 4 and 1 proposals, every one kept), 17 proposed.
+    assert metrics["vllm:spec_decode_num_drafts_total"] == 5
+    assert metrics["vllm:spec_decode_num_accepted_tokens_total"] == 17
+    assert metrics["vllm:spec_decode_num_draft_tokens_total"] == 17

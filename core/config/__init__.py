@@ -6,11 +6,12 @@ from llmserve.config.loading import (ALIASES, ENV_PREFIX, FIELDS, FLAG_ALIASES, 
                                      read_yaml, unknown_key_message, validation_message)
 from llmserve.config.sections import (SECTION_OF, SECTIONS, CacheConfig, GuidedConfig, LimitsConfig, ModelConfig,
                                       ParallelConfig, ParsingConfig, SchedulerConfig, Section, ServerConfig,
-                                      ServerHTTPConfig)
+                                      ServerHTTPConfig, SpeculativeConfig)
 
 __all__ = [
     "ALIASES", "ENV_PREFIX", "FIELDS", "FLAG_ALIASES", "SECTIONS", "SECTION_OF", "CacheConfig", "GuidedConfig",
     "LimitsConfig", "ModelConfig", "ParallelConfig", "ParsingConfig", "SchedulerConfig", "Section", "ServerConfig",
-    "ServerHTTPConfig", "_kind", "field_owner", "flag_name", "flat_values", "load_config", "load_options",
-    "option_env", "option_flag", "parse_text", "read_yaml", "unknown_key_message", "validation_message",
+    "ServerHTTPConfig", "SpeculativeConfig", "_kind", "field_owner", "flag_name", "flat_values", "load_config",
+    "load_options", "option_env", "option_flag", "parse_text", "read_yaml", "unknown_key_message",
+    "validation_message",
 ]

@@ -33,7 +33,7 @@ FIELDS = [
     "allow_unverified_architecture", "task", "cache_dir", "models", "models_dir", "serve_cached_models",
     "max_loaded_models", "idle_unload_seconds", "allow_pull",
     "block_size", "num_kv_blocks", "kv_cache_memory_fraction", "kv_cache_dtype", "max_num_seqs",
-    "max_num_batched_tokens", "enable_prefix_caching", "enable_chunked_prefill", "enforce_eager",
+    "max_num_batched_tokens", "enable_prefix_caching", "enable_chunked_prefill", "speculative_config", "enforce_eager",
     "tensor_parallel_size", "max_concurrent_requests", "max_waiting_requests", "max_waiting_tokens",
     "max_prompt_chars", "max_logprobs", "max_stop_strings", "max_stop_chars", "strict_max_tokens", "request_timeout",
     "sse_ping_interval",
@@ -242,11 +242,12 @@ def validation_message(exc: ValidationError, sources: dict[str, str] | None = No
             loc = loc[1:]
         name = loc[0] if loc else "?"
         where = f" (from {sources[name]})" if sources and name in sources else ""
-        msg = err["msg"]
+        msg = err["msg"].removeprefix("Value error, ")  # a validator's own message says what is wrong
         ctx = err.get("ctx") or {}
         if err["type"] == "literal_error" and "expected" in ctx:
             msg = f"must be one of {ctx['expected']}"
         got = err.get("input")
         shown = f", got {got!r}" if not isinstance(got, dict) else ""
-        parts.append(f"{name.replace('_', '-')}: {msg}{shown}{where}")
+        inner = "".join(f".{p}" for p in loc[1:])  # a key inside a structured setting (--speculative-config)
+        parts.append(f"{name.replace('_', '-')}{inner}: {msg}{shown}{where}")
     return "invalid configuration: " + "; ".join(parts)

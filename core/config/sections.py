@@ -89,13 +89,54 @@ class CacheConfig(Section):
     enable_prefix_caching: bool = Field(True, description="Reuse KV blocks of shared prompt prefixes.")
 
 
+class SpeculativeConfig(BaseModel):
+    """``--speculative-config``: how decode steps propose tokens for the model to verify.
+
+    ``method`` names a proposer (``llmserve plugins`` lists them; built in: ``ngram``, prompt
+    lookup). Keys beyond the common ones are the method's own: the proposer reads and checks
+    them (``model_extra``), so a key no method knows fails at start."""
+
+    model_config = ConfigDict(extra="allow", protected_namespaces=())
+
+    method: str = Field(description="The proposer: ngram (prompt lookup), or one a plugin adds.")
+    num_speculative_tokens: int = Field(4, ge=1, le=16, description=(
+        "Most tokens proposed per sequence and step."))
+    prompt_lookup_min: int = Field(2, ge=1, le=16, description="ngram: shortest suffix matched.")
+    prompt_lookup_max: int = Field(4, ge=1, le=16, description="ngram: longest suffix matched, tried first.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "SpeculativeConfig":
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(f"prompt_lookup_min ({self.prompt_lookup_min}) exceeds prompt_lookup_max "
+                             f"({self.prompt_lookup_max})")
+        return self
+
+
 class SchedulerConfig(Section):
-    """What one engine step may hold: sequences, tokens, and whether prompts are split."""
+    """What one engine step may hold: sequences, tokens, whether prompts are split and whether
+    decode steps speculate."""
 
     max_num_seqs: int = Field(64, ge=1, description="Most sequences in one engine step.")
     max_num_batched_tokens: int = Field(2048, ge=16, description=(
         "Token budget of one engine step (prefill chunks + decodes)."))
     enable_chunked_prefill: bool = Field(True, description="Split long prompts across engine steps.")
+    speculative_config: SpeculativeConfig | None = Field(None, description=(
+        "Speculative decoding, as JSON: {\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
+        "\"prompt_lookup_max\": 4}; the model verifies every proposed token, so the output is what it "
+        "would be without. Unset: no speculation."))
+
+    @field_validator("speculative_config", mode="before")
+    @classmethod
+    def _json_text(cls, value: Any) -> Any:
+        """A flag or a variable gives the JSON text; YAML gives the mapping itself."""
+        if isinstance(value, str):
+            import json
+
+            try:
+                value = json.loads(value) if value.strip() else None
+            except ValueError as exc:
+                raise ValueError(f"not valid JSON: {exc}") from None
+        return value
 
 
 class ParallelConfig(Section):

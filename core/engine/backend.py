@@ -82,6 +82,11 @@ class StepItem:
     ``prompt_logprob_targets`` (when not None) are the tokens at positions
     ``start_pos + 1 ...``: the backend returns their log-probabilities from the logits of
     the fed positions (one fewer than fed on the last prompt chunk).
+    The last ``num_draft_tokens`` fed tokens are proposals to verify (speculative decoding; only
+    for a backend whose ``verifies_drafts`` is True): the backend then samples at each of the
+    last ``num_draft_tokens + 1`` positions, each as if the proposals before it had been output
+    (``output_ids`` extended by them, for penalties and ``min_tokens``), and returns the first
+    sample as usual and the others in ``StepResult.draft_samples``.
     """
 
     seq_id: int
@@ -95,6 +100,7 @@ class StepItem:
     seed_offset: int = 0
     mask: LogitsMask | None = None
     prompt_logprob_targets: list[int] | None = None
+    num_draft_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -106,7 +112,9 @@ class StepResult:
     ``top`` its ``sampling.logprobs`` best alternatives (or, with ``sampling.logprob_token_ids``,
     those tokens' logprobs in that order). ``prompt_logprobs`` holds, per target,
     ``(logprob, top alternatives)``; ``prompt_ranks`` (optional) each target's rank in its
-    distribution (1 = most likely, ties counted).
+    distribution (1 = most likely, ties counted). ``draft_samples``: for an item with
+    ``num_draft_tokens``, the samples at the positions of its proposals, in order (each with its
+    own ``token_id``, ``logprob`` and ``top``).
     """
 
     seq_id: int
@@ -115,6 +123,7 @@ class StepResult:
     top: list[tuple[int, float]] | None = None
     prompt_logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
     prompt_ranks: list[int] | None = None
+    draft_samples: list["StepResult"] | None = None
 
 
 class Backend(ABC):
@@ -134,6 +143,10 @@ class Backend(ABC):
                 return [StepResult(i.seq_id, token_id=i.token_ids[-1]) if i.sample
                         else StepResult(i.seq_id) for i in batch]
     """
+
+    #: Whether ``step`` verifies proposed tokens (``StepItem.num_draft_tokens``); speculative
+    #: decoding is refused at start for a backend that does not.
+    verifies_drafts: bool = False
 
     def __init__(self, config: ServerConfig) -> None:
         self.config = config  # its sections: config.llm (the model), config.cache, config.scheduler, ...

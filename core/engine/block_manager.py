@@ -111,6 +111,17 @@ class BlockManager:
         seq.block_hashes.clear()
         seq.num_computed_tokens = 0
 
+    def trim(self, seq: Sequence) -> None:
+        """Give back the blocks past the ones ``seq``'s tokens need: those a step allocated for
+        proposed tokens that were not accepted (never hashed: nothing in them was computed)."""
+        keep = seq.num_blocks(self.block_size)
+        while len(seq.block_table) > keep:
+            block_id = seq.block_table.pop()
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self._free[block_id] = None
+
     def _evict(self, block: Block) -> None:
         if block.hash != -1:
             del self._hash_to_block[block.hash]

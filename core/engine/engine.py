@@ -14,7 +14,7 @@ import time
 from typing import Any, Callable
 
 from llmserve.config import CacheConfig, ServerConfig
-from llmserve.engine.backend import Backend, KVCacheSpec, ModelInfo, StepItem
+from llmserve.engine.backend import Backend, KVCacheSpec, ModelInfo, StepItem, StepResult
 from llmserve.engine.block_manager import BlockManager
 from llmserve.engine.budget import BudgetTracker
 from llmserve.engine.defaults import SamplingDefaults
@@ -32,6 +32,7 @@ from llmserve.engine.postprocess import (
 )
 from llmserve.engine.scheduler import ScheduledSeq, Scheduler
 from llmserve.engine.sequence import Sequence
+from llmserve.engine.speculation import DraftRequest, Proposer, SpecTracker, accept, room_for_drafts
 from llmserve.engine.stats import EngineObserver, EngineStats
 from llmserve.errors import ConfigError, GenerationError, InvalidRequestError, LLMServeError
 from llmserve.outputs import RequestOutput, Timings
@@ -74,7 +75,8 @@ class LLMEngine:
     """Owns the scheduler and block manager; drives a backend. Of the configuration it reads the
     scheduler, cache and limits sections, and the model section's sampling defaults."""
 
-    def __init__(self, backend: Backend, info: ModelInfo, config: ServerConfig) -> None:
+    def __init__(self, backend: Backend, info: ModelInfo, config: ServerConfig,
+                 proposer: Proposer | None = None) -> None:
         cache, scheduler = config.cache, config.scheduler
         self.backend = backend
         self.info = info
@@ -93,6 +95,9 @@ class LLMEngine:
         self.requests: dict[str, RequestState] = {}
         self.eos_ids = frozenset(info.eos_token_ids)
         self.stats = {"prompt_tokens": 0, "generation_tokens": 0, "steps": 0}
+        # Speculative decoding (engine.speculation): proposals verified by the backend's step.
+        self.proposer = proposer if info.task != "embed" else None
+        self.spec: SpecTracker | None = None
         if info.task == "embed":  # a pooling model: no KV cache, no decoding
             self.block_manager = BlockManager(1, self.block_size, False)
             self.scheduler = Scheduler(self.block_manager, 1, budget)
@@ -108,6 +113,12 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, self.block_size, cache.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=scheduler.max_num_seqs,
                                    max_num_batched_tokens=budget, enable_chunked_prefill=chunked)
+        if proposer is not None:
+            if not backend.verifies_drafts:
+                raise ConfigError(f"--speculative-config: the {type(backend).__name__} backend does not verify "
+                                  "proposed tokens; serve without speculative decoding")
+            spec = scheduler.speculative_config
+            self.spec = SpecTracker(spec.num_speculative_tokens if spec is not None else 4)
 
     def _init_kv_cache(self, cache: CacheConfig, fit: bool) -> int:
         """Have the backend allocate the KV pool; refuse a pool that cannot hold one request of
@@ -188,7 +199,7 @@ class LLMEngine:
             return
         for seq in state.seqs:
             self.scheduler.abort(seq)
-        self.backend.release([s.seq_id for s in state.seqs])
+        self._release([s.seq_id for s in state.seqs])
         self._count_finished(state, "error" if error is not None else reason,
                              sum(s.num_output_tokens for s in state.seqs))
         if error is not None:
@@ -216,7 +227,8 @@ class LLMEngine:
             prefix_queried_tokens=blocks.prefix_queried_tokens, prefix_hit_tokens=blocks.prefix_hit_tokens,
             preemptions=self.scheduler.num_preemptions_total, prompt_tokens=self.stats["prompt_tokens"],
             generation_tokens=self.stats["generation_tokens"], steps=self.stats["steps"],
-            block_size=self.block_size, prefix_caching=blocks.enable_prefix_caching, cache_dtype=self.cache_dtype)
+            block_size=self.block_size, prefix_caching=blocks.enable_prefix_caching, cache_dtype=self.cache_dtype,
+            **(self.spec.counters() if self.spec is not None else {}))
 
     def _count_finished(self, state: RequestState, reason: str, generated: int, now: float | None = None) -> None:
         """Record a finished request in the metrics, with its parameters (engine thread)."""
@@ -231,28 +243,23 @@ class LLMEngine:
         if self.embeds:
             self.stats["prompt_tokens"] += self.embeds.run(self.backend)
         now = time.time()
-        scheduled = self.scheduler.schedule()
-        for seq in self.scheduler.unschedulable:
-            self.abort(seq.request_id, error=InvalidRequestError(
-                "the request needs more KV-cache blocks than the server has; lower max_tokens or the prompt length",
-                param="max_tokens"))
+        if self.proposer is not None:
+            self._propose()
+        scheduled = self._schedule(now)
         if not scheduled:
             return
-        for sched in scheduled:  # queue time ends when a request first enters a batch
-            state = self.requests.get(sched.seq.request_id)
-            if state is not None and state.timings.scheduled is None:
-                state.timings.scheduled = now
         items = [self._item(s) for s in scheduled]
         self.faults.check_step(self.stats["steps"] + 1)
         results = self.backend.step(items)  # an exception here is fatal: the loop reports it
         self.stats["steps"] += 1
+        emitted = {i: self._verified(s, r) for i, (s, r) in enumerate(zip(scheduled, results)) if s.drafts}
         self.scheduler.on_step_done(scheduled)
         step_tokens = 0
         touched: dict[str, RequestState] = {}
         finished: list[Sequence] = []
         failed: set[str] = set()
         now = time.time()
-        for sched, result in zip(scheduled, results):
+        for i, (sched, result) in enumerate(zip(scheduled, results)):
             seq = sched.seq
             state = self.requests.get(seq.request_id)
             if state is None or seq.request_id in failed:
@@ -263,17 +270,22 @@ class LLMEngine:
                 self.faults.check_request(seq.request_id)
                 if result.prompt_logprobs is not None and not state.prompt_logprobs_done:
                     add_prompt_logprobs(state, sched, result)
-                if result.token_id is not None:
-                    if state.timings.first_token is None:
-                        state.timings.first_token = now
-                    self.stats["generation_tokens"] += 1
-                    # vllm:iteration_tokens_total counts as vLLM does: a sequence's whole prompt once, in the
-                    # step of its first token, plus every generated token. The total for a workload then does
-                    # not depend on how its prefills were chunked or what the prefix cache held at the time.
-                    step_tokens += 1 + (seq.num_prompt_tokens if seq.num_output_tokens == 0 else 0)
-                    if append_token(seq, result, self.eos_ids, self.max_model_len):
-                        finished.append(seq)
-                    touched[seq.request_id] = state
+                if result.token_id is None:
+                    continue
+                tokens = emitted.get(i, [result])
+                if state.timings.first_token is None:
+                    state.timings.first_token = now
+                touched[seq.request_id] = state
+                # vllm:iteration_tokens_total counts as vLLM does: a sequence's whole prompt once, in the
+                # step of its first token, plus every generated token. The total for a workload then does
+                # not depend on how its prefills were chunked or what the prefix cache held at the time.
+                step_tokens += seq.num_prompt_tokens if seq.num_output_tokens == 0 else 0
+                appended, done = self._append(seq, tokens)
+                step_tokens += appended
+                if done:
+                    finished.append(seq)
+                elif sched.drafts:
+                    self.scheduler.on_verified(seq, appended - 1)  # the proposals that stood have their KV too
             except Exception as exc:  # logged, the request fails alone
                 log.error("request %s failed: %s: %s", seq.request_id, type(exc).__name__, exc,
                           exc_info=not isinstance(exc, InjectedFault))
@@ -283,7 +295,7 @@ class LLMEngine:
         for seq in finished:
             self.scheduler.finish(seq)
         if finished:
-            self.backend.release([s.seq_id for s in finished])
+            self._release([s.seq_id for s in finished])
         for rid in failed:
             touched.pop(rid, None)
             self.abort(rid, error=request_failed())
@@ -293,6 +305,29 @@ class LLMEngine:
             except Exception:  # same isolation for assembling the event
                 log.exception("request %s failed while assembling its output", state.request.request_id)
                 self.abort(state.request.request_id, error=request_failed())
+
+    def _schedule(self, now: float) -> list[ScheduledSeq]:
+        """The scheduler's batch; what it can never hold fails, and queue time ends for the
+        requests that first enter a batch."""
+        scheduled = self.scheduler.schedule()
+        for seq in self.scheduler.unschedulable:
+            self.abort(seq.request_id, error=InvalidRequestError(
+                "the request needs more KV-cache blocks than the server has; lower max_tokens or the prompt length",
+                param="max_tokens"))
+        for sched in scheduled:
+            state = self.requests.get(sched.seq.request_id)
+            if state is not None and state.timings.scheduled is None:
+                state.timings.scheduled = now
+        return scheduled
+
+    def _append(self, seq: Sequence, tokens: list[StepResult]) -> tuple[int, bool]:
+        """Record ``tokens`` (one, or several from a verified step) in order until one finishes
+        the sequence: (tokens recorded, finished)."""
+        for n, token in enumerate(tokens, 1):
+            self.stats["generation_tokens"] += 1
+            if append_token(seq, token, self.eos_ids, self.max_model_len):
+                return n, True
+        return len(tokens), False
 
     def _item(self, sched: ScheduledSeq) -> StepItem:
         seq = sched.seq
@@ -304,12 +339,58 @@ class LLMEngine:
         budget = seq.state.budget
         if budget is not None and budget.forcing and sched.sample:
             mask = budget  # a spent thinking budget: the next token of its end marker, whatever the logits
+        fed = seq.token_ids[start: start + sched.num_tokens - len(sched.drafts)] + sched.drafts
         return StepItem(
-            seq_id=seq.seq_id, token_ids=seq.token_ids[start: start + sched.num_tokens], start_pos=start,
+            seq_id=seq.seq_id, token_ids=fed, start_pos=start, num_draft_tokens=len(sched.drafts),
             block_table=seq.block_table, sample=sched.sample, sampling=sp,
             prompt_ids=seq.prompt_token_ids if sp.repetition_penalty != 1.0 else [],
             output_ids=seq.output_token_ids, seed_offset=seq.index, mask=mask,
             prompt_logprob_targets=targets)
+
+    # -- speculative decoding ---------------------------------------------------------------
+    def _propose(self) -> None:
+        """Ask the proposer for the running sequences that decode this step (``Sequence.draft``):
+        not those under a logits mask or a thinking budget (their masks follow the tokens one by
+        one), nor before their first output token."""
+        assert self.proposer is not None and self.spec is not None
+        asks: list[tuple[Sequence, DraftRequest]] = []
+        for seq in self.scheduler.running:
+            seq.draft = []
+            if (seq.num_tokens - seq.num_computed_tokens != 1 or not seq.num_output_tokens or seq.mask is not None
+                    or seq.state.budget is not None or not seq.sampling.speculative):
+                continue
+            k = min(self.spec.k_for(seq.seq_id), room_for_drafts(seq, self.max_model_len))
+            if k > 0:
+                asks.append((seq, DraftRequest(seq.seq_id, seq.token_ids, k, seq.num_prompt_tokens)))
+        if not asks:
+            return
+        try:
+            drafts = self.proposer.propose([ask for _, ask in asks])
+        except Exception:  # a broken proposer costs its proposals, never a request
+            log.exception("the %s proposer failed; this step decodes without proposals", type(self.proposer).__name__)
+            return
+        vocab = self.info.vocab_size
+        for (seq, ask), draft in zip(asks, drafts):
+            seq.draft = [int(t) for t in draft[: ask.k] if 0 <= int(t) < vocab]
+
+    def _verified(self, sched: ScheduledSeq, result: StepResult) -> list[StepResult]:
+        """The tokens a verified step emits for ``sched``: its first sample, then one more per
+        proposal that the samples confirmed (``speculation.accept``)."""
+        assert self.spec is not None
+        samples = [result, *(result.draft_samples or [])]
+        if result.token_id is None or len(samples) != len(sched.drafts) + 1:
+            raise GenerationError(f"the backend returned {len(samples) - 1} draft samples for "
+                                  f"{len(sched.drafts)} proposed tokens")
+        n = accept(sched.drafts, [s.token_id for s in samples])
+        self.spec.record(sched.seq.seq_id, len(sched.drafts), n)
+        sched.num_tokens -= len(sched.drafts)  # on_step_done counts the newest token; on_verified the rest
+        return samples[: n + 1]
+
+    def _release(self, seq_ids: list[int]) -> None:
+        self.backend.release(seq_ids)
+        if self.proposer is not None and self.spec is not None:
+            self.proposer.release(seq_ids)
+            self.spec.forget(seq_ids)
 
     def _emit(self, state: RequestState) -> None:
         """Send ``state``'s new output; on its last event forget the request and count it."""

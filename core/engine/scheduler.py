@@ -6,7 +6,7 @@ Pure bookkeeping on Sequences and the BlockManager; the scheduler never sees a t
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from llmserve.engine.block_manager import BlockManager
 from llmserve.engine.sequence import Sequence, SequenceStatus
@@ -14,11 +14,13 @@ from llmserve.engine.sequence import Sequence, SequenceStatus
 
 @dataclass(slots=True)
 class ScheduledSeq:
-    """Feed ``seq.token_ids[start : start + num_tokens]`` with ``start = seq.num_computed_tokens``."""
+    """Feed ``seq.token_ids[start : start + num_tokens]`` with ``start = seq.num_computed_tokens``;
+    with ``drafts`` (proposed tokens, ``engine.speculation``), the newest token and then them."""
 
     seq: Sequence
     num_tokens: int
     sample: bool
+    drafts: list[int] = field(default_factory=list)
 
 
 def _rank(seq: Sequence) -> tuple[int, float, int]:
@@ -120,6 +122,10 @@ class Scheduler:
             if n <= 0:  # nothing new to feed (engine did not append yet): skip this step
                 i += 1
                 continue
+            if n == 1 and seq.draft and self._schedule_drafts(seq, budget, scheduled):
+                budget -= scheduled[seq.seq_id].num_tokens
+                i += 1
+                continue
             if n > budget:
                 if not self.enable_chunked_prefill:
                     i += 1
@@ -182,6 +188,25 @@ class Scheduler:
             budget -= n
 
         return list(scheduled.values())
+
+    def _schedule_drafts(self, seq: Sequence, budget: int, scheduled: dict[int, ScheduledSeq]) -> bool:
+        """Schedule ``seq``'s decode with its proposed tokens when the budget and free blocks
+        allow (never by preempting another sequence: proposals are optional); else drop them."""
+        drafts = seq.draft[: budget - 1]
+        seq.draft = []
+        if not drafts or not self.block_manager.allocate(seq, 1 + len(drafts)):
+            return False
+        scheduled[seq.seq_id] = ScheduledSeq(seq, 1 + len(drafts), True, drafts)
+        return True
+
+    def on_verified(self, seq: Sequence, accepted: int) -> None:
+        """After a step that verified proposals: ``accepted`` of them (appended since as output
+        tokens) have their KV in the cache too; the blocks held for the others go back."""
+        if seq.status is not SequenceStatus.RUNNING:  # finished or aborted: blocks are gone
+            return
+        seq.num_computed_tokens += accepted
+        self.block_manager.cache_computed_blocks(seq)
+        self.block_manager.trim(seq)
 
     def _preempt(self, seq: Sequence) -> None:
         """Preempt by recompute: drop the KV, keep the tokens, queue it again."""

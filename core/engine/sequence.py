@@ -36,7 +36,7 @@ class Sequence:
         "seq_id", "request_id", "index", "priority", "arrival",
         "token_ids", "num_prompt_tokens", "num_computed_tokens", "num_cached_tokens",
         "block_table", "block_hashes", "status", "sampling", "mask", "num_preemptions",
-        "state",
+        "state", "draft",
     )
 
     def __init__(
@@ -72,6 +72,7 @@ class Sequence:
         self.mask = mask
         self.num_preemptions = 0
         self.state: Any = None  # the engine's postprocess.SeqState (typed there: no import circle)
+        self.draft: list[int] = []  # tokens proposed for this step's verification (engine.speculation)
 
     # -- token views -----------------------------------------------------------------------
     @property

@@ -42,6 +42,10 @@ class EngineStats:
     block_size: int = 0                 # tokens per KV block (0: no model yet)
     prefix_caching: bool = False        # whether KV blocks of shared prefixes are reused
     cache_dtype: str = "auto"           # --kv-cache-dtype as configured
+    spec_drafts: int = 0                # decode steps of a sequence that verified proposed tokens
+    spec_draft_tokens: int = 0          # tokens proposed in them
+    spec_accepted_tokens: int = 0       # ... that the model's own samples confirmed
+    spec_accepted_per_pos: tuple[int, ...] = ()  # confirmed proposals by position (0: the first proposed)
 
     @property
     def kv_usage(self) -> float:

@@ -11,7 +11,7 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-Kind = Literal["protocol", "backend", "tool_parser", "reasoning_parser", "guided_decoder"]
+Kind = Literal["protocol", "backend", "tool_parser", "reasoning_parser", "guided_decoder", "proposer"]
 
 
 def resolve(target: str) -> Any:
@@ -108,3 +108,11 @@ class GuidedDecoderSpec(Contribution):
     """
 
     kind: Kind = field(default="guided_decoder", init=False)
+
+
+@dataclass(frozen=True)
+class ProposerSpec(Contribution):
+    """A speculative-decoding proposer. ``target`` is a ``llmserve.engine.speculation.Proposer``
+    subclass; ``--speculative-config '{"method": NAME, ...}'`` picks it by ``name``."""
+
+    kind: Kind = field(default="proposer", init=False)

@@ -15,9 +15,10 @@ HOOKS = {
     "tool_parser": "register_tool_parsers",
     "reasoning_parser": "register_reasoning_parsers",
     "guided_decoder": "register_guided_decoders",
+    "proposer": "register_proposers",
 }
 LABELS = {"protocol": "protocol", "backend": "backend", "tool_parser": "tool parser",
-          "reasoning_parser": "reasoning parser", "guided_decoder": "guided decoder"}
+          "reasoning_parser": "reasoning parser", "guided_decoder": "guided decoder", "proposer": "proposer"}
 
 
 @dataclass

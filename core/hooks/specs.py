@@ -18,8 +18,8 @@ import pluggy
 if TYPE_CHECKING:
     import typer
 
-    from llmserve.hooks.records import (BackendSpec, GuidedDecoderSpec, ProtocolSpec, ReasoningParserSpec,
-                                         ToolParserSpec)
+    from llmserve.hooks.records import (BackendSpec, GuidedDecoderSpec, ProposerSpec, ProtocolSpec,
+                                         ReasoningParserSpec, ToolParserSpec)
 
 hookspec = pluggy.HookspecMarker("llmserve")
 
@@ -102,6 +102,26 @@ def register_guided_decoders() -> "list[GuidedDecoderSpec]":
         def register_guided_decoders():
             return [GuidedDecoderSpec(name="acme-grammar", target="my_pkg.grammar:AcmeGrammarDecoder",
                                       description="GBNF grammars")]
+    """
+
+
+@hookspec
+def register_proposers() -> "list[ProposerSpec]":
+    """Contribute speculative-decoding proposers (guesses of the next tokens that the model verifies).
+
+    ``target`` names a ``llmserve.Proposer`` subclass. ``--speculative-config '{"method": NAME,
+    ...}'`` picks one by name; the server builds it once per model as ``cls(config, info)`` (the
+    ``SpeculativeConfig``, whose extra keys are the method's own settings, and the target's
+    ``ModelInfo``) and calls ``propose`` once per engine step with the sequences that may
+    speculate. Proposals cost time only: every proposed token is verified by the model, so the
+    output is what it would be without them.
+
+    Example::
+
+        @hookimpl
+        def register_proposers():
+            return [ProposerSpec(name="acme-lookup", target="my_pkg.lookup:AcmeLookup",
+                                 description="proposes from a phrase table")]
     """
 
 

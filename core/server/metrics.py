@@ -232,6 +232,16 @@ class Metrics(EngineObserver):
         counter("vllm:prefix_cache_hits_total", "Prompt tokens found in the prefix cache.", stats.prefix_hit_tokens)
         counter("vllm:num_preemptions_total", "Sequences preempted (KV blocks reclaimed, recomputed later).",
                 stats.preemptions)
+        if stats.spec_accepted_per_pos:  # speculative decoding is on
+            counter("vllm:spec_decode_num_drafts_total", "Decode steps of a sequence that verified proposed "
+                    "tokens.", stats.spec_drafts)
+            counter("vllm:spec_decode_num_draft_tokens_total", "Tokens proposed for verification.",
+                    stats.spec_draft_tokens)
+            counter("vllm:spec_decode_num_accepted_tokens_total", "Proposed tokens the model confirmed.",
+                    stats.spec_accepted_tokens)
+            counter("vllm:spec_decode_num_accepted_tokens_per_pos_total", "Proposed tokens the model confirmed, "
+                    "by position in the proposal (0: the first).",
+                    {str(i): n for i, n in enumerate(stats.spec_accepted_per_pos)}, "position")
         counter("vllm:prompt_tokens_total", "Prompt tokens of finished requests.", stats.prompt_tokens)
         counter("vllm:generation_tokens_total", "Generated tokens.", stats.generation_tokens)
         counter("vllm:request_success_total", "Finished requests by finish reason.", self.success, "finished_reason")

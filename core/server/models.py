@@ -158,8 +158,11 @@ class SlotLoader:
             model.tokenizer.chat_template = self.template
         if self.detect_parsers:  # the parsers the model's chat template points at
             slot.parsing = ParsingService.for_model(own.parsing, self.registry, model)
+        proposer = None
+        if (spec := own.scheduler.speculative_config) is not None:  # built before the pool: a refusal is cheap
+            proposer = self.registry.load("proposer", spec.method)(spec, model)
         with progress.phase("allocating the KV pool"):
-            engine = LLMEngine(backend, model, own)
+            engine = LLMEngine(backend, model, own, proposer)
         slot.model = model
         # Loading parses and frees a lot (tokenizer and GGUF metadata conversion, checkpoint
         # headers): hand those freed heap pages back now rather than after the first requests.

@@ -179,6 +179,8 @@ def prepare_server(config: ServerConfig, plugins: PluginManager) -> tuple[Any, S
             registry.get(kind, name)  # fail fast on a typo
     if config.guided.guided_decoding_backend != GuidedConfig.model_fields["guided_decoding_backend"].default:
         registry.get("guided_decoder", config.guided.guided_decoding_backend)  # an explicit choice must exist
+    if (speculative := config.scheduler.speculative_config) is not None:
+        registry.get("proposer", speculative.method)  # a typo fails before the model loads
     context = ServerContext(config=config, registry=registry, plugins=plugins)
     add_models(context)
     if not detected:

@@ -116,6 +116,10 @@ def ready_summary(context: "ServerContext", protocols: dict[str, Any], port: int
         kv, size = config.cache.kv_cache_dtype, config.cache.block_size  # kv auto: the model's compute dtype
         lines.append(f"  KV pool  {blocks} blocks x {size} tokens = {blocks * size} tokens "
                      f"in {info.dtype if kv == 'auto' else kv}")
+    spec = config.scheduler.speculative_config
+    if spec is not None and info is not None and info.task != "embed":
+        lines.append(f"  speculative decoding  {spec.method}, up to {spec.num_speculative_tokens} proposed tokens "
+                     "per sequence and step (acceptance: /metrics vllm:spec_decode_*)")
     others = [slot.name for slot in context.pool.slots if not slot.pinned]
     if others:
         lines.append(f"  models   {', '.join(others)} (loaded on their first request)")

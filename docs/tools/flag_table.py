@@ -2,6 +2,8 @@
 import json
 from typing import Literal, get_args, get_origin
 
+from pydantic import BaseModel
+
 from llmserve.config import ENV_PREFIX, FIELDS, FLAG_ALIASES, _kind, field_owner, flag_name
 
 
@@ -18,6 +20,8 @@ def type_of(field):
     if kind == "dict":
         return "`NAME=PREFIX` pairs"
     base = args[0] if args and get_origin(ann) is not None else ann
+    if isinstance(base, type) and issubclass(base, BaseModel):
+        return "JSON object"
     return {str: "string", int: "integer", float: "number", bool: "boolean"}[base]
 
 

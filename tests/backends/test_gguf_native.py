@@ -40,7 +40,7 @@ BF16_MAX_REL_ERR, BF16_MIN_AGREE = 0.1, 0.99
 # Decode batches (5 to 32 rows) round each weight to bf16. A random tiny model has near ties
 # (and its random K-quant blocks amplify errors), so a few positions pick another top token.
 BATCH_MAX_REL_ERR, BATCH_MIN_AGREE = 0.2, 0.97
-# gguf_int8_decode: decode steps round each 32 activations to int8 (about 0.4% of their largest);
+# gguf_decode_activations int8: decode steps round each 32 activations to int8 (about 0.4% of their largest);
 # against the exact kernels, logits move by about 1% of the largest (up to ~10% where the random
 # K-quant blocks amplify it), and near ties of the random tiny model pick another top token.
 INT8_MAX_REL_ERR, INT8_MIN_AGREE = 0.2, 0.9
@@ -55,8 +55,9 @@ def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def make_backend(path: str, cache: str, num_blocks: int = 32, **options: object) -> TorchBackend:
-    """A backend serving ``path`` natively (the exact kernels unless ``options`` turn the int8
-    decode path on)."""
+    """A backend serving ``path`` natively on the exact kernels, unless ``options`` name the
+    decode steps' activations (the default, auto, takes int8 for the K-quants these tests write)."""
+    options.setdefault("gguf_decode_activations", "fp32")
     backend = TorchBackend(ServerConfig(model=path, dtype="float32", device="cpu", max_model_len=None,
                                         cache_dir=cache), TorchOptions(**options))
     backend.info = backend.load()
@@ -159,19 +160,23 @@ def test_bf16_matmul_logits_stay_near_transformers(types: tuple[str, ...], tmp_p
     assert agree >= BATCH_MIN_AGREE and err < BATCH_MAX_REL_ERR, (agree, err)
 
 
-def test_decode_steps_take_int8_activations_when_asked(tmp_path, shared_cache) -> None:
-    """``gguf_int8_decode``: decode steps of Q4_K, Q6_K and Q8_0 weights multiply int8-quantized
-    activations, the one-call native step included; a prefill (more than 8 rows) stays exact
-    bit for bit."""
+@pytest.mark.parametrize("mode", ["auto", "int8"])
+def test_decode_steps_take_int8_activations(mode: str, tmp_path, shared_cache) -> None:
+    """``gguf_decode_activations``: decode steps of Q4_K and Q6_K weights (auto, the default) and
+    Q8_0 ones too (int8) multiply int8-quantized activations, the one-call native step included;
+    a prefill (more than 8 rows) stays exact bit for bit; auto leaves the Q8_0 head exact."""
     path = str(tmp_path / "tiny-q4km.gguf")
     gguf_writer.write_tiny_gguf(path, "llama", "Q4_K", overrides={
         "blk.0.attn_v.weight": "Q6_K", "blk.1.ffn_down.weight": "Q6_K", "output.weight": "Q8_0"})
     ids = sequence(40, seed=6)
-    fast = make_backend(path, shared_cache, gguf_int8_decode=True)
+    fast = make_backend(path, shared_cache, gguf_decode_activations=mode)
     exact = make_backend(path, shared_cache)
     assert "gguf_decode=int8" in fast.plan() and "native_step=on" in fast.plan()
     assert "gguf_decode" not in exact.plan()
-    assert not TorchOptions().gguf_int8_decode, "opt-in: it changes the embedded model's greedy answers"
+    assert TorchOptions().gguf_decode_activations == "auto"
+    # the Q8_0 output head: exact under auto, int8 when asked; the Q4_K/Q6_K layers int8 either way
+    assert fast._gguf.head.activations == ("int8" if mode == "int8" else "fp32")
+    assert {lin.activations for layer in fast._gguf.layers for lin in layer.values()} == {"int8"}
     got, want = native_logits(fast, ids, prefill=20), native_logits(exact, ids, prefill=20)
     assert torch.equal(got[0], want[0])  # the prefill step: exact kernels
     agree, err = compare(got[1:], want[1:])
@@ -426,7 +431,7 @@ def test_requantized_smollm2_greedy_equals_transformers_generate(qtype: str, bf1
     gguf_writer.requantize_embedded(path, qtype)
     backend = TorchBackend(ServerConfig(model=path, dtype="float32", device="cpu", max_model_len=1024,
                                         cache_dir=str(tmp_path / "cache")),
-                           TorchOptions(gguf_bf16_matmul=bf16, gguf_int8_decode=int8))
+                           TorchOptions(gguf_bf16_matmul=bf16, gguf_decode_activations="int8" if int8 else "fp32"))
     info = backend.load()
     assert info.quantization == f"quantized as in the file: {qtype.lower()} 211 matrices"
     assert ("gguf_matmul=bf16-amx" in backend.plan()) == bf16

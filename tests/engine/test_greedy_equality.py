@@ -101,7 +101,14 @@ def backend(model_dir):
     return be, info
 
 
-def run_engine(backend, prompts, passes=1, sequential=False, **cfg):
+def ngram(config, info):
+    """The built-in prompt-lookup proposer, as ``--speculative-config '{"method": "ngram"}'`` builds it."""
+    from llmserve.plugins.proposers.ngram import NgramProposer
+
+    return NgramProposer(config.scheduler.speculative_config, info)
+
+
+def run_engine(backend, prompts, passes=1, sequential=False, speculate=False, **cfg):
     from llmserve.engine.engine import LLMEngine
     from llmserve.request import PreparedRequest
     from llmserve.sampling import SamplingParams
@@ -113,8 +120,10 @@ def run_engine(backend, prompts, passes=1, sequential=False, **cfg):
                           max_num_seqs=cfg.pop("max_num_seqs", 32),
                           max_num_batched_tokens=cfg.pop("max_num_batched_tokens", 2048),
                           enable_prefix_caching=cfg.pop("enable_prefix_caching", True),
-                          enable_chunked_prefill=True, **cfg)
-    engine = LLMEngine(be, info, config)
+                          enable_chunked_prefill=True,
+                          speculative_config={"method": "ngram", "num_speculative_tokens": 4} if speculate else None,
+                          **cfg)
+    engine = LLMEngine(be, info, config, ngram(config, info) if speculate else None)
     results: dict[str, list[int]] = {}
     for n in range(passes):
         results = {}
@@ -178,3 +187,15 @@ def test_forced_preemption(backend, reference):
     results, engine = run_engine(backend, PROMPTS, num_kv_blocks=24, max_model_len=256)
     check(reference, results)
     assert engine.scheduler.num_preemptions_total > 0
+
+
+def test_speculative_decoding_equals_reference(backend, reference):
+    """Prompt-lookup proposals, verified by the model in the same batch: the same tokens, with
+    preemption too; the proposals that stood are what the counters say."""
+    results, engine = run_engine(backend, PROMPTS, speculate=True)
+    check(reference, results)
+    spec = engine.spec
+    assert spec.drafts > 0 and 0 < spec.accepted_tokens <= spec.draft_tokens
+    results, engine = run_engine(backend, PROMPTS, speculate=True, num_kv_blocks=24, max_model_len=256)
+    check(reference, results)
+    assert engine.scheduler.num_preemptions_total > 0 and engine.spec.accepted_tokens > 0

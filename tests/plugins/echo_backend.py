@@ -49,6 +49,7 @@ class EchoBackend(Backend):
     """
 
     step_delay = 0.0
+    verifies_drafts = True
 
     def load(self) -> ModelInfo:
         self.step_delay = float(os.environ.get("LLMSERVE_ECHO_STEP_DELAY", "0") or 0)
@@ -87,13 +88,20 @@ class EchoBackend(Backend):
             if not item.sample:
                 out.append(StepResult(item.seq_id, prompt_logprobs=prompt_lps))
                 continue
-            end = item.start_pos + len(item.token_ids)
-            fed = [self.slots[self._slot(item.block_table, p)] for p in range(end)]
-            n_out = len(item.output_ids)
-            prompt_len = len(fed) - n_out
-            token = fed[n_out] if n_out < prompt_len else EOS
-            out.append(StepResult(item.seq_id, token_id=token, logprob=-0.5, prompt_logprobs=prompt_lps,
-                                  top=[(token, -0.5)] if item.sampling and item.sampling.logprobs else None))
+            # One sample per position from the last fed token on: the proposals to verify
+            # (num_draft_tokens) are read as if output, as the contract says.
+            d = item.num_draft_tokens
+            samples = []
+            for j in range(d + 1):
+                end = item.start_pos + len(item.token_ids) - d + j
+                fed = [self.slots[self._slot(item.block_table, p)] for p in range(end)]
+                n_out = len(item.output_ids) + j
+                token = fed[n_out] if n_out < end - n_out else EOS
+                samples.append(StepResult(item.seq_id, token_id=token, logprob=-0.5,
+                                          top=[(token, -0.5)] if item.sampling and item.sampling.logprobs else None))
+            first = samples[0]
+            first.prompt_logprobs, first.draft_samples = prompt_lps, samples[1:] or None
+            out.append(first)
         return out
 
 

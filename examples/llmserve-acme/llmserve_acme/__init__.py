@@ -1,8 +1,8 @@
-"""The acme plugin: registers a protocol and a tool parser. Import-light on purpose:
-only records are built here; the implementations load when used."""
+"""The acme plugin: registers a protocol, a tool parser and a speculative-decoding proposer.
+Import-light on purpose: only records are built here; the implementations load when used."""
 
 from llmserve import hookimpl
-from llmserve import ProtocolSpec, ToolParserSpec
+from llmserve import ProposerSpec, ProtocolSpec, ToolParserSpec
 
 
 @hookimpl
@@ -16,3 +16,9 @@ def register_protocols():
 def register_tool_parsers():
     return [ToolParserSpec(name="acme", target="llmserve_acme.parser:AcmeToolParser",
                            description="CALL name {json} lines")]
+
+
+@hookimpl
+def register_proposers():
+    return [ProposerSpec(name="acme-replay", target="llmserve_acme.proposer:ReplayProposer",
+                         description="proposes that the output repeats the prompt")]

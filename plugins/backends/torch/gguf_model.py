@@ -197,10 +197,10 @@ def _parameter(module: Any, name: str, value: torch.Tensor) -> None:
 
 
 def load_native(model_cfg: ModelConfig, path: str, bf16_matmul: bool = False,
-                int8_decode: bool = False) -> tuple[LoadedModel, GGUFParts]:
+                activations: str = "fp32") -> tuple[LoadedModel, GGUFParts]:
     """The model of the GGUF file at ``path`` with its weights left in the file's quantization;
-    ``bf16_matmul``: the linears take the bf16 AMX path for batches; ``int8_decode``: decode
-    steps quantize the activations to int8 (``gguf_ops.gguf_linear``)."""
+    ``bf16_matmul``: the linears take the bf16 AMX path for batches; ``activations``: what
+    decode steps multiply (``TorchOptions.gguf_decode_activations``: int8, fp32 or auto)."""
     from transformers import AutoConfig
 
     t0 = time.monotonic()
@@ -214,7 +214,7 @@ def load_native(model_cfg: ModelConfig, path: str, bf16_matmul: bool = False,
     model = _skeleton(model_config)
     rope_factors(model, gguf_file)
     parts = _map_weights(model, model_config, gguf_file, gguf_file.architecture == "llama", bf16_matmul,
-                         int8_decode)
+                         activations)
     parts.parameters = sum(math.prod(t.shape) for t in gguf_file.tensors.values())
     parts.weight_bytes = sum(t.data.nbytes for t in gguf_file.tensors.values())
     del gguf_file  # the reader and its fields; the tensors keep their own references to the mapping
@@ -237,8 +237,8 @@ class _Mapper:
     """Builds the GGUF linears of one file and fills the skeleton's small tensors from it, with
     the names llama.cpp's converter gives them (``blk.N.attn_q.weight``, ...)."""
 
-    def __init__(self, f: _File, cfg: Any, bf16: bool, int8: bool = False) -> None:
-        self.f, self.cfg, self.ops, self.bf16, self.int8 = f, cfg, f.ops, bf16, int8
+    def __init__(self, f: _File, cfg: Any, bf16: bool, activations: str = "fp32") -> None:
+        self.f, self.cfg, self.ops, self.bf16, self.activations = f, cfg, f.ops, bf16, activations
         self.int8_used = False  # some product took the int8 decode path
         self.types: list[str] = []  # each matrix's type, lower case
         self.heads = int(cfg.num_attention_heads)
@@ -259,7 +259,11 @@ class _Mapper:
 
     def product(self, quants: list[Any], bias: torch.Tensor | None, name: str) -> Any:
         self.types.extend(self.ops.SUPPORTED[q.qtype].lower() for q in quants)
-        lin = self.ops.gguf_linear(quants, bias, bf16=self.bf16, int8=self.int8)
+        # auto: Q8_0 weights keep exact activations (a file's precise matrices; on the embedded
+        # SmolLM2 the output head, where int8 moved a near tie of its greedy answers).
+        int8 = self.activations == "int8" or (
+            self.activations == "auto" and all(q.qtype != self.ops.Q8_0 for q in quants))
+        lin = self.ops.gguf_linear(quants, bias, bf16=self.bf16, int8=int8)
         if lin is None:
             raise ConfigError(f"the native GGUF kernels cannot run {name}; serve this model with "
                               "--no-torch-gguf-native (an fp32 copy)")
@@ -354,10 +358,11 @@ class _Mapper:
                       "down": self.linear([w["down"]], shapes=[(hidden, inter)])}
 
 
-def _map_weights(model: Any, cfg: Any, f: _File, permuted: bool, bf16: bool = False, int8: bool = False) -> GGUFParts:
+def _map_weights(model: Any, cfg: Any, f: _File, permuted: bool, bf16: bool = False,
+                 activations: str = "fp32") -> GGUFParts:
     """Fill the skeleton's small tensors from ``f`` and build the GGUF linears (``permuted``:
-    Q and K rows in llama.cpp's rotary order, undone by a row map; ``int8``: decode steps with
-    int8 activations, where bf16 tiles do not take them)."""
+    Q and K rows in llama.cpp's rotary order, undone by a row map; ``activations``: what decode
+    steps multiply, ``load_native``'s)."""
     ops = f.ops
     base = model.get_decoder()
     if bf16 and not ops.amx_available():
@@ -366,7 +371,7 @@ def _map_weights(model: Any, cfg: Any, f: _File, permuted: bool, bf16: bool = Fa
     elif not bf16 and ops.amx_available():
         log.info("this CPU has AMX tiles: --torch-gguf-bf16-matmul multiplies prefill and batches in bf16, "
                  "several times faster than the exact fp32 kernels (see docs/engine.md, GGUF models)")
-    mapper = _Mapper(f, cfg, bf16, int8)
+    mapper = _Mapper(f, cfg, bf16, activations)
     n_layers = int(cfg.num_hidden_layers)
     with progress.phase("mapping GGUF weights", 7 * n_layers + 1, "matrices"):
         layers = [mapper.layer(i, dec, permuted) for i, dec in enumerate(base.layers)]

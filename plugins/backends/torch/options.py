@@ -9,7 +9,7 @@ sets ``env_prefix``. Import-light on purpose: the CLI reads this model to build 
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -40,11 +40,13 @@ class TorchOptions(BaseModel):
                                                       "product, of the weights in decode batches of 5-32, of the "
                                                       "activations of Q4_K/Q6_K in 1-4; prefill close to fp32. "
                                                       "Several times faster, not bit-identical; no AMX: ignored.")
-    gguf_int8_decode: bool = Field(False, description="Decode steps (up to 8 rows) of native GGUF weights quantize the "
-                                                      "activations to int8 per 32 values and multiply Q8_0, Q4_0, "
-                                                      "Q5_0, Q4_K, Q5_K and Q6_K blocks with integer dot products, "
-                                                      "as llama.cpp does (2-3x faster on Q4_K/Q6_K; outputs within "
-                                                      "~1% of the exact ones); off: the exact fp32 rebuild.")
+    gguf_decode_activations: Literal["auto", "int8", "fp32"] = Field(
+        "auto", description="What decode steps (up to 8 rows) of native GGUF weights multiply: int8 activations "
+                            "(rounded per 32 values, integer dot products as llama.cpp does: products 2-3x faster "
+                            "on Q4_K/Q6_K, outputs within ~1% of the exact ones) against Q4_0, Q5_0, Q4_K, Q5_K "
+                            "and Q6_K weights, and Q8_0 too ('int8'), or the exact fp32 activations everywhere "
+                            "('fp32'). auto: int8 except where a product has Q8_0 weights (a file's precise "
+                            "matrices, such as a small model's output head).")
     triton_attention: bool = Field(True, description="On CUDA, write the KV cache and run decode attention with the "
                                                      "Triton kernels that read the paged cache in place (and graph "
                                                      "decode steps unless --enforce-eager); off: torch's SDPA over "

@@ -4,6 +4,7 @@ engine step, and samples on the same device."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import logging
 import threading
@@ -47,6 +48,8 @@ class TorchBackend(Backend):
     the ``LLMSERVE_*`` variables and the defaults do, as ``TorchOptions.from_environ`` says.
     """
 
+    verifies_drafts = True  # step() samples at proposed tokens' positions (StepItem.num_draft_tokens)
+
     def __init__(self, config: ServerConfig, options: TorchOptions | None = None) -> None:
         super().__init__(config)
         self.options = options if options is not None else TorchOptions.from_environ()
@@ -76,7 +79,7 @@ class TorchBackend(Backend):
         gguf_path = native_gguf_path(self.config, opts)
         if gguf_path is not None:  # the file's own quantized weights; no fp32 copy
             self.loaded, self._gguf = load_native(self.config.llm, gguf_path, bf16_matmul=opts.gguf_bf16_matmul,
-                                                  int8_decode=opts.gguf_int8_decode)
+                                                  activations=opts.gguf_decode_activations)
             lm = self.loaded
         else:
             lm = self.loaded = self._load_model()
@@ -445,14 +448,20 @@ class TorchBackend(Backend):
         # Only the rows someone needs go through lm_head (vocab-sized matmul).
         rows: list[int] = []
         sample_at: list[int] = []
+        sampled: list[tuple[int, StepItem]] = []  # (batch index, the item as sampled at that row)
         plp_at: dict[int, int] = {}
         for i, it in enumerate(batch):
             if it.prompt_logprob_targets is not None:
                 plp_at[i] = len(rows)
                 rows += range(first_row[i], first_row[i] + len(it.prompt_logprob_targets))
             if it.sample:
-                sample_at.append(len(rows))
-                rows.append(first_row[i] + len(it.token_ids) - 1)
+                d = it.num_draft_tokens  # proposals to verify: one sample at each of their positions too
+                last = first_row[i] + len(it.token_ids) - 1
+                for j in range(d + 1):
+                    sample_at.append(len(rows))
+                    rows.append(last - d + j)
+                    sampled.append((i, it if j == 0 else dataclasses.replace(
+                        it, output_ids=[*it.output_ids, *it.token_ids[len(it.token_ids) - d:][:j]])))
         results = [StepResult(seq_id=it.seq_id) for it in batch]
         for i in plp_at:
             results[i].prompt_logprobs = []  # filled below when there are targets
@@ -463,12 +472,16 @@ class TorchBackend(Backend):
         else:
             logits = self._logits(hidden[torch.tensor(rows, device=hidden.device)])
 
-        sampled_items = [it for it in batch if it.sample]
-        if sampled_items:
+        if sampled:
             sel = logits if len(sample_at) == logits.shape[0] else logits[torch.tensor(sample_at, device=logits.device)]
-            outs = self.sampler.sample(sel, sampled_items)
-            for res, o in zip((r for r, it in zip(results, batch) if it.sample), outs):
-                res.token_id, res.logprob, res.top = o.token_id, o.logprob, o.top
+            outs = self.sampler.sample(sel, [it for _, it in sampled])
+            for (i, it), o in zip(sampled, outs):
+                res = results[i]
+                if res.token_id is None:
+                    res.token_id, res.logprob, res.top = o.token_id, o.logprob, o.top
+                else:  # the sample at a proposal's position
+                    res.draft_samples = (res.draft_samples or []) + [
+                        StepResult(seq_id=it.seq_id, token_id=o.token_id, logprob=o.logprob, top=o.top)]
         for i, start in plp_at.items():
             it = batch[i]
             targets = it.prompt_logprob_targets

@@ -63,6 +63,8 @@ def _pin(cores: list[int]) -> None:
 class TensorParallelBackend(TorchBackend):
     """``TorchBackend`` over one shard; rank 0 (the server's) also drives the workers."""
 
+    verifies_drafts = False  # the workers' logits rows (tp_worker.logit_rows) know one sample per item
+
     def __init__(self, config: ServerConfig, options: TorchOptions | None = None, rank: int = 0,
                  world: int | None = None) -> None:
         super().__init__(config, options)

@@ -75,7 +75,7 @@ def sampling_params(body: SamplingFields, max_tokens: int | None, logprobs: int 
         bad_words_token_ids=body.bad_words_token_ids, skip_special_tokens=body.skip_special_tokens,
         spaces_between_special_tokens=body.spaces_between_special_tokens, logprobs=logprobs,
         prompt_logprobs=prompt_logprobs, logprobs_mode=mode, allowed_token_ids=body.allowed_token_ids,
-        logprob_token_ids=chosen)
+        logprob_token_ids=chosen, speculative=body.speculative)
 
 
 def completion_sampling(body: CompletionRequest, vocab_size: int, cap: int = MAX_LOGPROBS) -> SamplingParams:

@@ -36,6 +36,7 @@ class SamplingFields(WireModel):
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool | None = None
     ignore_eos: bool | None = None
+    speculative: bool | None = None
     min_tokens: int | None = None
     max_tokens: int | None = None
     bad_words: list[str] | None = None
