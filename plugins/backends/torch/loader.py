@@ -347,15 +347,17 @@ def _resolve_source(model: str | None) -> tuple[str | None, str]:
 
 def load_model(model_cfg: ModelConfig) -> LoadedModel:
     """Load what the model section names onto its device with the paged attention wired in."""
+    # The source first: a path that does not exist fails before transformers' model classes load
+    # (seconds of imports).
+    source = model_cfg.model
+    gguf_path, name = _resolve_source(source)
+    path = os.path.abspath(gguf_path) if gguf_path else str(source)
+    hf_dir = hf_directory(source, model_cfg.cache_dir)
     from transformers import AutoConfig, AutoModelForCausalLM
 
     register_attention()
     device = resolve_device(model_cfg.device)
     trust = model_cfg.trust_remote_code
-    source = model_cfg.model
-    gguf_path, name = _resolve_source(source)
-    path = os.path.abspath(gguf_path) if gguf_path else str(source)
-    hf_dir = hf_directory(source, model_cfg.cache_dir)
     # A GGUF's converted weights are fp32 whatever the file held: only HF checkpoints keep theirs.
     dtype = resolve_dtype(model_cfg.dtype, device, None if gguf_path else checkpoint_dtype(hf_dir))
 
