@@ -199,3 +199,29 @@ def test_speculative_decoding_equals_reference(backend, reference):
     results, engine = run_engine(backend, PROMPTS, speculate=True, num_kv_blocks=24, max_model_len=256)
     check(reference, results)
     assert engine.scheduler.num_preemptions_total > 0 and engine.spec.accepted_tokens > 0
+
+
+def test_a_verifying_step_samples_each_position_as_plain_decoding_would(backend):
+    """The torch backend's side of the contract, with strong penalties: a step fed the newest
+    token and four proposals (the tokens plain decoding went on to pick) samples at each position
+    what plain decoding picked there, the proposals before it counted as output."""
+    from llmserve.engine.backend import KVCacheSpec, StepItem
+    from llmserve.sampling import SamplingParams
+
+    be, info = backend
+    be.init_kv_cache(KVCacheSpec(block_size=16, num_blocks=32))
+    sp = SamplingParams(temperature=0, repetition_penalty=1.5, frequency_penalty=2.0, presence_penalty=2.0)
+    prompt = info.tokenizer("1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2,").input_ids
+    table = list(range(8))
+    out = [be.step([StepItem(0, prompt, 0, table, sampling=sp, prompt_ids=prompt)])[0].token_id]
+    for _ in range(5):  # plain decoding, one token a step
+        out.append(be.step([StepItem(0, [out[-1]], len(prompt) + len(out) - 1, table, sampling=sp,
+                                     prompt_ids=prompt, output_ids=list(out))])[0].token_id)
+    verify = StepItem(0, out[:5], len(prompt), table, sampling=sp, prompt_ids=prompt, output_ids=out[:1],
+                      num_draft_tokens=4)
+    result = be.step([verify])[0]
+    assert [result.token_id, *(r.token_id for r in result.draft_samples)] == out[1:6]
+    # Without the proposals counted as output the penalties would have let the model repeat itself.
+    unpenalised = StepItem(0, out[:5], len(prompt), table, sampling=sp, prompt_ids=prompt, output_ids=out[:1])
+    logits = be.forward_logits([unpenalised])[0]
+    assert [int(t) for t in logits.argmax(-1)[:5]] != out[1:6]

@@ -324,25 +324,28 @@ class TorchBackend(Backend):
         pos: list[int] = []
         slots: list[int] = []
         first_row = [0] * len(batch)
-        decode = [i for i, it in enumerate(batch) if len(it.token_ids) == 1]
-        prefill = [i for i, it in enumerate(batch) if len(it.token_ids) > 1]
+        # Decode rows: one per single-token item, and one per token of an item verifying proposals
+        # (each attends to the positions up to its own, the tokens before it written in this step).
+        decode = [i for i, it in enumerate(batch) if len(it.token_ids) == it.num_draft_tokens + 1]
+        prefill = [i for i, it in enumerate(batch) if len(it.token_ids) != it.num_draft_tokens + 1]
         dec_blocks: list[int] = []
         dec_ctx: list[int] = []
         fresh: list[int] = []
-        max_blocks = max((batch[i].start_pos // bs + 1 for i in decode), default=0)
+        max_blocks = max(((batch[i].start_pos + len(batch[i].token_ids) - 1) // bs + 1 for i in decode), default=0)
         for i in decode:
             it = batch[i]
-            p, table = it.start_pos, it.block_table
+            table = it.block_table
             first_row[i] = len(ids)
-            ids.append(it.token_ids[0])
-            pos.append(p)
-            slots.append(table[p // bs] * bs + p % bs)
-            if p % bs == 0:
-                fresh.append(table[p // bs])
-            nb = p // bs + 1
-            dec_blocks += table[:nb]
-            dec_blocks += [null] * (max_blocks - nb)
-            dec_ctx.append(p + 1)
+            for p, token in enumerate(it.token_ids, it.start_pos):
+                ids.append(token)
+                pos.append(p)
+                slots.append(table[p // bs] * bs + p % bs)
+                if p % bs == 0:
+                    fresh.append(table[p // bs])
+                nb = p // bs + 1
+                dec_blocks += table[:nb]
+                dec_blocks += [null] * (max_blocks - nb)
+                dec_ctx.append(p + 1)
         segments: list[PrefillSegment] = []
         cached: list[tuple[int, int, int, list[int]]] = []  # chunks continuing a prefix (kernel operators)
         native_chunks: list[tuple[int, int, int, list[int]]] = []  # every chunk (native CPU prefill kernel)
@@ -364,13 +367,14 @@ class TorchBackend(Backend):
             if s > 0:  # attends to cached positions: gather the sequence's blocks
                 blocks = torch.tensor(table[: (s + n - 1) // bs + 1], dtype=torch.long).to(device, non_blocking=True)
             segments.append(PrefillSegment(row=first_row[i], n=n, start=s, blocks=blocks))
-        if len(dec_blocks) and len(dec_blocks) != len(decode) * max_blocks:
+        rows = len(dec_ctx)
+        if len(dec_blocks) and len(dec_blocks) != rows * max_blocks:
             raise ValueError("a decode item's block_table is shorter than its context")
 
         def t(values: list[int]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.long).to(device, non_blocking=True)
 
-        meta = StepMetadata(slot_mapping=t(slots), num_decode=len(decode), prefills=segments,
+        meta = StepMetadata(slot_mapping=t(slots), num_decode=rows, prefills=segments,
                             prefill_plan=cache.plan_prefill(native_chunks))
         if cached:
             width = max(len(c[3]) for c in cached)
@@ -380,10 +384,10 @@ class TorchBackend(Backend):
         if fresh:
             meta.fresh_blocks = t(fresh)
         if decode and cache.kernel_ops:
-            meta.decode_table = torch.tensor(dec_blocks, dtype=torch.int32).view(len(decode), max_blocks).to(
+            meta.decode_table = torch.tensor(dec_blocks, dtype=torch.int32).view(rows, max_blocks).to(
                 device, non_blocking=True)
             meta.decode_ctx = torch.tensor(dec_ctx, dtype=torch.int32).to(device, non_blocking=True)
-            meta.segments = cache.decode_segments(len(decode))
+            meta.segments = cache.decode_segments(rows)
         elif decode:
             meta.decode_blocks, meta.decode_ctx, meta.decode_max_blocks = t(dec_blocks), t(dec_ctx), max_blocks
         return t(ids), t(pos), meta, first_row
