@@ -12,8 +12,10 @@ on a disagreement the sample is distributed as p without the proposal, renormali
 rejection-sampling residual of a one-point proposal).
 
 Per sequence the number proposed adapts: one more than were accepted last time (up to the
-configured ``num_speculative_tokens``), so a sequence whose proposals miss costs one extra
-position per step, and one whose proposals hold grows back by one per step.
+configured ``num_speculative_tokens``), so one whose proposals hold grows back by one per step;
+and a pass whose proposals all missed makes the sequence decode plainly for the next 2, then 4,
+8, ... 64 steps (while the misses continue in a row), since a verifying pass costs more than a
+plain step even when nothing is kept (free text, where lookups match by chance).
 """
 
 from __future__ import annotations
@@ -83,12 +85,19 @@ class SpecTracker:
     def __init__(self, max_k: int) -> None:
         self.max_k = max_k
         self._k: dict[int, int] = {}
+        self._rest: dict[int, tuple[int, int]] = {}  # seq -> (plain steps still to go, passes missed in a row)
         self.drafts = 0
         self.draft_tokens = 0
         self.accepted_tokens = 0
         self.accepted_at = [0] * max_k  # accepted proposals by position (0: the first proposed)
 
     def k_for(self, seq_id: int) -> int:
+        """How many tokens to ask the proposer for this step (0: decode plainly; each call while
+        a sequence rests counts one of its plain steps)."""
+        left, missed = self._rest.get(seq_id, (0, 0))
+        if left > 0:
+            self._rest[seq_id] = (left - 1, missed)
+            return 0
         return self._k.get(seq_id, self.max_k)
 
     def record(self, seq_id: int, proposed: int, accepted: int) -> None:
@@ -98,10 +107,13 @@ class SpecTracker:
         for i in range(accepted):
             self.accepted_at[i] += 1
         self._k[seq_id] = min(self.max_k, accepted + 1)
+        missed = self._rest.get(seq_id, (0, 0))[1] + 1 if accepted == 0 else 0
+        self._rest[seq_id] = (min(2 ** missed, 64) if missed else 0, missed)
 
     def forget(self, seq_ids: list[int]) -> None:
         for seq_id in seq_ids:
             self._k.pop(seq_id, None)
+            self._rest.pop(seq_id, None)
 
     def counters(self) -> dict[str, Any]:
         """``EngineStats``' speculation fields, as they are now."""

@@ -96,6 +96,26 @@ def test_accept_keeps_proposals_up_to_the_first_disagreement() -> None:
     assert accept([], [3]) == 0
 
 
+def test_proposal_length_follows_acceptance_and_misses_back_off() -> None:
+    from llmserve.engine.speculation import SpecTracker
+
+    spec = SpecTracker(4)
+    assert spec.k_for(1) == 4
+    spec.record(1, 4, 2)
+    assert spec.k_for(1) == 3  # one more than accepted
+    spec.record(1, 3, 0)  # a miss: two plain steps, then one proposed
+    assert [spec.k_for(1) for _ in range(3)] == [0, 0, 1]
+    spec.record(1, 1, 0)  # a second miss in a row: four plain steps
+    assert [spec.k_for(1) for _ in range(5)] == [0, 0, 0, 0, 1]
+    spec.record(1, 1, 1)  # kept: the misses are forgotten
+    assert spec.k_for(1) == 2
+    for _ in range(10):
+        spec.record(1, 1, 0)
+    assert [spec.k_for(1) for _ in range(65)].count(0) == 64  # at most 64 plain steps
+    spec.forget([1])
+    assert spec.k_for(1) == 4 and spec.drafts == 14 and spec.accepted_tokens == 3
+
+
 def test_outputs_equal_decoding_without_speculation() -> None:
     """Texts, token ids, finish reasons (stop strings, stop ids, max_tokens, EOS) and logprobs are
     those of plain decoding, in fewer steps; some proposals stood and some did not."""
