@@ -99,7 +99,7 @@ class SpeculativeConfig(BaseModel):
     model_config = ConfigDict(extra="allow", protected_namespaces=())
 
     method: str = Field(description="The proposer: ngram (prompt lookup), or one a plugin adds.")
-    num_speculative_tokens: int = Field(4, ge=1, le=16, description=(
+    num_speculative_tokens: int = Field(3, ge=1, le=16, description=(
         "Most tokens proposed per sequence and step."))
     prompt_lookup_min: int = Field(2, ge=1, le=16, description="ngram: shortest suffix matched.")
     prompt_lookup_max: int = Field(4, ge=1, le=16, description="ngram: longest suffix matched, tried first.")

@@ -11,8 +11,10 @@ target's distribution at every kept position (a proposal is kept with probabilit
 on a disagreement the sample is distributed as p without the proposal, renormalised: the
 rejection-sampling residual of a one-point proposal).
 
-Per sequence the number proposed adapts: one more than were accepted last time (up to the
-configured ``num_speculative_tokens``), so one whose proposals hold grows back by one per step;
+Per sequence the number proposed adapts: one at first, then one more than were accepted last
+time (up to the configured ``num_speculative_tokens``), so one whose proposals hold grows by one
+per step (a verifying step costs more per token proposed than the tokens it keeps at a low
+acceptance: bench/spec_cost.py);
 and a pass whose proposals all missed makes the sequence decode plainly for the next 2, then 4,
 8, ... 64 steps (while the misses continue in a row), since a verifying pass costs more than a
 plain step even when nothing is kept (free text, where lookups match by chance).
@@ -98,7 +100,7 @@ class SpecTracker:
         if left > 0:
             self._rest[seq_id] = (left - 1, missed)
             return 0
-        return self._k.get(seq_id, self.max_k)
+        return self._k.get(seq_id, 1)
 
     def record(self, seq_id: int, proposed: int, accepted: int) -> None:
         self.drafts += 1

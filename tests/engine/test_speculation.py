@@ -100,7 +100,9 @@ def test_proposal_length_follows_acceptance_and_misses_back_off() -> None:
     from llmserve.engine.speculation import SpecTracker
 
     spec = SpecTracker(4)
-    assert spec.k_for(1) == 4
+    assert spec.k_for(1) == 1  # one at first
+    spec.record(1, 1, 1)
+    assert spec.k_for(1) == 2
     spec.record(1, 4, 2)
     assert spec.k_for(1) == 3  # one more than accepted
     spec.record(1, 3, 0)  # a miss: two plain steps, then one proposed
@@ -113,7 +115,7 @@ def test_proposal_length_follows_acceptance_and_misses_back_off() -> None:
         spec.record(1, 1, 0)
     assert [spec.k_for(1) for _ in range(65)].count(0) == 64  # at most 64 plain steps
     spec.forget([1])
-    assert spec.k_for(1) == 4 and spec.drafts == 14 and spec.accepted_tokens == 3
+    assert spec.k_for(1) == 1 and spec.drafts == 15 and spec.accepted_tokens == 4
 
 
 def test_outputs_equal_decoding_without_speculation() -> None:
