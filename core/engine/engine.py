@@ -13,7 +13,7 @@ import math
 import time
 from typing import Any, Callable
 
-from llmserve.config import CacheConfig, ServerConfig
+from llmserve.config import CacheConfig, ServerConfig, SpeculativeConfig
 from llmserve.engine.backend import Backend, KVCacheSpec, ModelInfo, StepItem, StepResult
 from llmserve.engine.block_manager import BlockManager
 from llmserve.engine.budget import BudgetTracker
@@ -117,8 +117,8 @@ class LLMEngine:
             if not backend.verifies_drafts:
                 raise ConfigError(f"--speculative-config: the {type(backend).__name__} backend does not verify "
                                   "proposed tokens; serve without speculative decoding")
-            spec = scheduler.speculative_config
-            self.spec = SpecTracker(spec.num_speculative_tokens if spec is not None else 4)
+            spec = scheduler.speculative_config or SpeculativeConfig(method=type(proposer).__name__)
+            self.spec = SpecTracker(spec.num_speculative_tokens)
 
     def _init_kv_cache(self, cache: CacheConfig, fit: bool) -> int:
         """Have the backend allocate the KV pool; refuse a pool that cannot hold one request of
