@@ -103,10 +103,7 @@ class BlockManager:
         # Reverse order: the tail of a prefix is freed first, so it is evicted before the
         # head, which is the part other requests are most likely to share.
         for block_id in reversed(seq.block_table):
-            block = self.blocks[block_id]
-            block.ref_count -= 1
-            if block.ref_count == 0:
-                self._free[block_id] = None
+            self._unref(block_id)
         seq.block_table.clear()
         seq.block_hashes.clear()
         seq.num_computed_tokens = 0
@@ -116,11 +113,13 @@ class BlockManager:
         proposed tokens that were not accepted (never hashed: nothing in them was computed)."""
         keep = seq.num_blocks(self.block_size)
         while len(seq.block_table) > keep:
-            block_id = seq.block_table.pop()
-            block = self.blocks[block_id]
-            block.ref_count -= 1
-            if block.ref_count == 0:
-                self._free[block_id] = None
+            self._unref(seq.block_table.pop())
+
+    def _unref(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            self._free[block_id] = None
 
     def _evict(self, block: Block) -> None:
         if block.hash != -1:

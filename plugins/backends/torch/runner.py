@@ -484,8 +484,10 @@ class TorchBackend(Backend):
                 if res.token_id is None:
                     res.token_id, res.logprob, res.top = o.token_id, o.logprob, o.top
                 else:  # the sample at a proposal's position
-                    res.draft_samples = (res.draft_samples or []) + [
-                        StepResult(seq_id=it.seq_id, token_id=o.token_id, logprob=o.logprob, top=o.top)]
+                    if res.draft_samples is None:
+                        res.draft_samples = []
+                    res.draft_samples.append(StepResult(seq_id=it.seq_id, token_id=o.token_id, logprob=o.logprob,
+                                                        top=o.top))
         for i, start in plp_at.items():
             it = batch[i]
             targets = it.prompt_logprob_targets
