@@ -36,7 +36,7 @@ PANELS: dict[str, str] = {
     "block_size": ENGINE, "num_kv_blocks": ENGINE, "kv_cache_memory_fraction": ENGINE, "kv_cache_dtype": ENGINE,
     "max_num_seqs": ENGINE,
     "max_num_batched_tokens": ENGINE, "enable_prefix_caching": ENGINE, "enable_chunked_prefill": ENGINE,
-    "speculative_config": ENGINE, "enforce_eager": ENGINE,
+    "speculative_config": ENGINE, "spec_draft_model": ENGINE, "spec_draft_n_max": ENGINE, "enforce_eager": ENGINE,
     # limits and lifecycle
     "max_concurrent_requests": LIMITS, "max_waiting_requests": LIMITS, "max_waiting_tokens": LIMITS,
     "max_prompt_chars": LIMITS, "max_logprobs": LIMITS, "max_stop_strings": LIMITS, "max_stop_chars": LIMITS,

@@ -33,7 +33,8 @@ FIELDS = [
     "allow_unverified_architecture", "task", "cache_dir", "models", "models_dir", "serve_cached_models",
     "max_loaded_models", "idle_unload_seconds", "allow_pull",
     "block_size", "num_kv_blocks", "kv_cache_memory_fraction", "kv_cache_dtype", "max_num_seqs",
-    "max_num_batched_tokens", "enable_prefix_caching", "enable_chunked_prefill", "speculative_config", "enforce_eager",
+    "max_num_batched_tokens", "enable_prefix_caching", "enable_chunked_prefill", "speculative_config",
+    "spec_draft_model", "spec_draft_n_max", "enforce_eager",
     "tensor_parallel_size", "max_concurrent_requests", "max_waiting_requests", "max_waiting_tokens",
     "max_prompt_chars", "max_logprobs", "max_stop_strings", "max_stop_chars", "strict_max_tokens", "request_timeout",
     "sse_ping_interval",
@@ -54,6 +55,8 @@ ALIASES = {"plugin": "plugins", "allowed_origins": "cors_allow_origins", "allowe
 # Other spellings of a field's flag (vLLM's names for the same settings): field -> flags.
 FLAG_ALIASES = {field: ["--" + key.replace("_", "-")] for key, field in ALIASES.items() if field != "plugins"}
 FLAG_ALIASES["tensor_parallel_size"] = ["-tp"]  # vLLM's short spelling
+FLAG_ALIASES["spec_draft_model"] = ["-md", "--model-draft"]  # llama.cpp's other spellings
+FLAG_ALIASES["spec_draft_n_max"] = ["--draft-max"]
 
 
 def flag_name(field: str) -> str:

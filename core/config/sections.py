@@ -124,6 +124,33 @@ class SchedulerConfig(Section):
         "Speculative decoding, as JSON: {\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
         "\"prompt_lookup_max\": 4}; the model verifies every proposed token, so the output is what it "
         "would be without. Unset: no speculation."))
+    spec_draft_model: str | None = Field(None, description=(
+        "A draft model for speculative decoding (a path or Hugging Face id; it must share the model's "
+        "tokenizer): short for --speculative-config '{\"method\": \"draft\", \"model\": ...}', as llama.cpp "
+        "spells it."))
+    spec_draft_n_max: int | None = Field(None, ge=1, le=16, description=(
+        "Most tokens proposed per sequence and step: the speculative config's num_speculative_tokens, as "
+        "llama.cpp spells it."))
+
+    @model_validator(mode="after")
+    def _draft_flags(self) -> "SchedulerConfig":
+        """llama.cpp's spellings fold into ``speculative_config``."""
+        spec = self.speculative_config
+        if self.spec_draft_model is not None:
+            if spec is None:
+                spec = SpeculativeConfig(method="draft", model=self.spec_draft_model)
+            elif spec.method != "draft" or (spec.model_extra or {}).get("model", self.spec_draft_model) \
+                    != self.spec_draft_model:
+                raise ValueError("spec-draft-model names a draft model while speculative-config says otherwise; "
+                                 "give one of them")
+            else:
+                spec = spec.model_copy(update={"model": self.spec_draft_model})
+        if self.spec_draft_n_max is not None:
+            if spec is None:
+                raise ValueError("spec-draft-n-max needs a method: --spec-draft-model or --speculative-config")
+            spec = spec.model_copy(update={"num_speculative_tokens": self.spec_draft_n_max})
+        self.speculative_config = spec
+        return self
 
     @field_validator("speculative_config", mode="before")
     @classmethod

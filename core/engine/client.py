@@ -326,6 +326,8 @@ class EngineClient:
         self.loop.stop()
         self.loop.join(timeout=10)
         self.engine.backend.close()
+        if self.engine.proposer is not None:
+            self.engine.proposer.close()
 
 
 class _Progress:

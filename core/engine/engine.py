@@ -119,6 +119,7 @@ class LLMEngine:
                                   "proposed tokens; serve without speculative decoding")
             spec = scheduler.speculative_config or SpeculativeConfig(method=type(proposer).__name__)
             self.spec = SpecTracker(spec.num_speculative_tokens)
+            proposer.reserve(num_blocks, self.block_size, budget)
 
     def _init_kv_cache(self, cache: CacheConfig, fit: bool) -> int:
         """Have the backend allocate the KV pool; refuse a pool that cannot hold one request of

@@ -24,12 +24,18 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence as Seq
+from typing import TYPE_CHECKING, Any, Callable, Sequence as Seq
 
 if TYPE_CHECKING:
     from llmserve.config import SpeculativeConfig
-    from llmserve.engine.backend import ModelInfo
+    from llmserve.engine.backend import Backend, ModelInfo
     from llmserve.engine.sequence import Sequence
+
+#: The third argument of a proposer whose ``ProposerSpec`` says ``loads_model``: loads the model
+#: a name or path points at (as MODEL does: a directory, a .gguf file or a Hugging Face id, fetched
+#: when missing) on the server's backend, dtype and device, for the model's context length, and
+#: returns its backend (weights loaded, no KV pool yet: see ``Proposer.reserve``) and ``ModelInfo``.
+LoadModel = Callable[[str], "tuple[Backend, ModelInfo]"]
 
 
 @dataclass(slots=True)
@@ -51,10 +57,12 @@ class Proposer(ABC):
     Built once per model as ``cls(config, info)``: ``config`` is the server's
     ``SpeculativeConfig`` (the method's own settings are its fields, unknown keys are refused
     at start), ``info`` the target model's ``ModelInfo`` (its tokenizer, vocabulary and context
-    length). Called on the engine thread only, once per step, with every sequence that may
-    speculate; a wrong guess costs time, never correctness, since the target verifies every
-    token. Raise ``llmserve.errors.ConfigError`` from ``__init__`` for a setting or model the
-    proposer cannot work with: the server then refuses to start, with that message.
+    length). A proposer that runs a model of its own (``ProposerSpec(loads_model=True)``) is built
+    as ``cls(config, info, load)``, ``load`` a ``LoadModel``. Called on the engine thread only,
+    once per step, with every sequence that may speculate; a wrong guess costs time, never
+    correctness, since the target verifies every token. Raise ``llmserve.errors.ConfigError``
+    from ``__init__`` or ``reserve`` for a setting or model the proposer cannot work with: the
+    server then refuses to start, with that message.
     """
 
     def __init__(self, config: "SpeculativeConfig", info: "ModelInfo") -> None:
@@ -65,9 +73,19 @@ class Proposer(ABC):
     def propose(self, requests: list[DraftRequest]) -> list[list[int]]:
         """Up to ``request.k`` token ids per request (fewer or none where nothing fits)."""
 
+    def reserve(self, num_blocks: int, block_size: int, step_tokens: int) -> None:
+        """Called once, after the model's KV pool is sized (``num_blocks`` of ``block_size``
+        tokens) and before the first step; ``step_tokens`` is the engine's token budget per step.
+        A proposer with a model of its own allocates that model's cache here."""
+        return None  # optional: a proposer without a cache has nothing to allocate
+
     def release(self, seq_ids: list[int]) -> None:
-        """Forget per-sequence state of sequences that left (finished, aborted, preempted)."""
+        """Forget per-sequence state of sequences that left (finished, aborted, failed)."""
         return None  # optional: a stateless proposer has nothing to forget
+
+    def close(self) -> None:
+        """Free what the proposer holds (a model's memory); called once at shutdown."""
+        return None  # optional
 
 
 def accept(drafts: Seq[int], samples: Seq[int | None]) -> int:

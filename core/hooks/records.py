@@ -113,6 +113,9 @@ class GuidedDecoderSpec(Contribution):
 @dataclass(frozen=True)
 class ProposerSpec(Contribution):
     """A speculative-decoding proposer. ``target`` is a ``llmserve.engine.speculation.Proposer``
-    subclass; ``--speculative-config '{"method": NAME, ...}'`` picks it by ``name``."""
+    subclass; ``--speculative-config '{"method": NAME, ...}'`` picks it by ``name``. With
+    ``loads_model`` it runs a model of its own and is built with a third argument, a
+    ``llmserve.engine.speculation.LoadModel`` that loads one as the server loads its own."""
 
+    loads_model: bool = False
     kind: Kind = field(default="proposer", init=False)

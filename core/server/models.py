@@ -160,7 +160,10 @@ class SlotLoader:
             slot.parsing = ParsingService.for_model(own.parsing, self.registry, model)
         proposer = None
         if (spec := own.scheduler.speculative_config) is not None:  # built before the pool: a refusal is cheap
-            proposer = self.registry.load("proposer", spec.method)(spec, model)
+            entry = self.registry.get("proposer", spec.method)
+            cls = self.registry.load("proposer", spec.method)
+            proposer = (cls(spec, model, self._draft_loader(own, model)) if getattr(entry.record, "loads_model", False)
+                        else cls(spec, model))
         with progress.phase("allocating the KV pool"):
             engine = LLMEngine(backend, model, own, proposer)
         slot.model = model
@@ -169,6 +172,26 @@ class SlotLoader:
         if (trim := heap_trimmer()) is not None:
             trim()
         return engine
+
+    def _draft_loader(self, own: "ServerConfig", target: Any) -> Any:
+        """The ``LoadModel`` a model-running proposer gets: another model on ``own``'s backend,
+        dtype and device, for the target's context length (fetched as MODEL is when missing)."""
+        from llmserve.models.resolve import apply_resolved, plan_config_model
+
+        def load(name: str) -> tuple[Any, Any]:
+            config = own.model_copy(deep=True)
+            config.llm = own.llm.model_copy(update={
+                "model": name, "revision": None, "served_model_name": [], "tokenizer": None, "seed": None,
+                "generation_config": "vllm", "max_model_len": target.max_model_len, "task": "generate"})
+            config.scheduler.speculative_config = None
+            source = plan_config_model(config.llm)
+            if source is not None:
+                apply_resolved(config.llm, source.resolve())
+            backend = self._backend(config)
+            with progress.phase(f"loading the draft model {name}"):
+                return backend, backend.load()
+
+        return load
 
     def load(self, slot: ModelSlot) -> None:
         """Load ``slot``'s model (fetching it first when it is a Hub id not yet cached) and start its

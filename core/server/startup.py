@@ -118,7 +118,9 @@ def ready_summary(context: "ServerContext", protocols: dict[str, Any], port: int
                      f"in {info.dtype if kv == 'auto' else kv}")
     spec = config.scheduler.speculative_config
     if spec is not None and info is not None and info.task != "embed":
-        lines.append(f"  speculative decoding  {spec.method}, up to {spec.num_speculative_tokens} proposed tokens "
+        draft = (spec.model_extra or {}).get("model")
+        method = f"{spec.method} ({draft})" if draft else spec.method
+        lines.append(f"  speculative decoding  {method}, up to {spec.num_speculative_tokens} proposed tokens "
                      "per sequence and step (acceptance: /metrics vllm:spec_decode_*)")
     others = [slot.name for slot in context.pool.slots if not slot.pinned]
     if others:

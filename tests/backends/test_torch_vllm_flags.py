@@ -80,3 +80,26 @@ def test_seed_makes_unseeded_requests_reproducible_across_restarts(tiny_dir):
         with_own = complete(client, seed=99)
     with serve(model=tiny_dir, seed=1234) as client:
         assert complete(client, seed=99) == with_own  # a request's own seed is its own
+
+
+def counter(metrics: str, name: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith(name))
+
+
+def test_a_draft_model_speculates_and_one_of_another_vocabulary_is_refused(tiny_dir):
+    """vLLM's ``--speculative-config '{"method": "draft", "model": ...}'`` through the server's own
+    loader: the tiny model as its own draft proposes what it then picks (every proposal stands,
+    the answer is the plain one); the embedded SmolLM2 as the draft is refused at start."""
+    from llmserve.plugins.backends.torch.loader import embedded_model_path
+
+    body = {"model": "m", "prompt": "t5 t6 t7", "max_tokens": 16, "temperature": 0, "ignore_eos": True}
+    with serve(model=tiny_dir) as client:
+        plain = client.post("/v1/completions", json=body).json()["choices"][0]["text"]
+    with serve(model=tiny_dir, speculative_config={"method": "draft", "model": tiny_dir}) as client:
+        reply = client.post("/v1/completions", json=body).json()["choices"][0]["text"]
+        metrics = client.get("/metrics").text
+    assert reply == plain
+    proposed = counter(metrics, "vllm:spec_decode_num_draft_tokens_total")
+    assert proposed > 8 and counter(metrics, "vllm:spec_decode_num_accepted_tokens_total") == proposed
+    with pytest.raises(ConfigError, match="the draft model .* has another vocabulary than .*; a draft must share"):
+        serve(model=tiny_dir, speculative_config={"method": "draft", "model": embedded_model_path()})

@@ -101,14 +101,48 @@ def backend(model_dir):
     return be, info
 
 
-def ngram(config, info):
-    """The built-in prompt-lookup proposer, as ``--speculative-config '{"method": "ngram"}'`` builds it."""
+class Wrong:
+    """A draft backend whose choices are wrong where they are a multiple of five (a fifth of
+    them: each one's proposal is rejected and the draft's cache must drop it)."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def step(self, batch):
+        results = self.inner.step(batch)
+        for r in results:
+            if r.token_id is not None and r.token_id % 5 == 0:
+                r.token_id += 1
+        return results
+
+
+@pytest.fixture(scope="module")
+def draft_backend():
+    """The embedded GGUF, the file the fp32 model was converted from, loaded again as a draft
+    model: its greedy choices are the model's, but for the ones ``Wrong`` alters."""
+    from llmserve.plugins.backends.torch.loader import embedded_model_path
+    from llmserve.plugins.backends.torch.runner import TorchBackend
+
+    be = TorchBackend(ServerConfig(model=embedded_model_path(), device="cpu", max_model_len=1024))
+    return Wrong(be), be.load()
+
+
+def proposer(config, info, draft=None):
+    """The built-in proposer ``--speculative-config`` names: ``ngram`` (prompt lookup), or
+    ``draft`` with ``draft`` as the model its loader returns."""
+    from llmserve.plugins.proposers.draft import DraftModelProposer
     from llmserve.plugins.proposers.ngram import NgramProposer
 
-    return NgramProposer(config.scheduler.speculative_config, info)
+    spec = config.scheduler.speculative_config
+    if spec.method == "draft":
+        return DraftModelProposer(spec, info, lambda name: draft)
+    return NgramProposer(spec, info)
 
 
-def run_engine(backend, prompts, passes=1, sequential=False, speculate=False, **cfg):
+def run_engine(backend, prompts, passes=1, sequential=False, speculate=False, draft=None, **cfg):
     from llmserve.engine.engine import LLMEngine
     from llmserve.request import PreparedRequest
     from llmserve.sampling import SamplingParams
@@ -121,9 +155,11 @@ def run_engine(backend, prompts, passes=1, sequential=False, speculate=False, **
                           max_num_batched_tokens=cfg.pop("max_num_batched_tokens", 2048),
                           enable_prefix_caching=cfg.pop("enable_prefix_caching", True),
                           enable_chunked_prefill=True,
-                          speculative_config={"method": "ngram", "num_speculative_tokens": 4} if speculate else None,
+                          speculative_config=({"method": "draft", "model": "embedded"} if draft
+                                              else {"method": "ngram"}) | {"num_speculative_tokens": 4}
+                          if speculate else None,
                           **cfg)
-    engine = LLMEngine(be, info, config, ngram(config, info) if speculate else None)
+    engine = LLMEngine(be, info, config, proposer(config, info, draft) if speculate else None)
     results: dict[str, list[int]] = {}
     for n in range(passes):
         results = {}
@@ -199,6 +235,22 @@ def test_speculative_decoding_equals_reference(backend, reference):
     results, engine = run_engine(backend, PROMPTS, speculate=True, num_kv_blocks=24, max_model_len=256)
     check(reference, results)
     assert engine.scheduler.num_preemptions_total > 0 and engine.spec.accepted_tokens > 0
+
+
+def test_a_draft_model_proposing_equals_reference(backend, draft_backend, reference):
+    """A draft model proposes (a fifth of its choices wrong): the same tokens, with chunked
+    prefill and with preemption too; most proposals stand, some do not, and the draft's pool is
+    whole again once the sequences left."""
+    results, engine = run_engine(backend, PROMPTS, speculate=True, draft=draft_backend, max_num_batched_tokens=64)
+    check(reference, results)
+    spec = engine.spec
+    assert spec.accepted_tokens > spec.draft_tokens / 2 and spec.accepted_tokens < spec.draft_tokens
+    assert engine.proposer.num_free_blocks == 256
+    results, engine = run_engine(backend, PROMPTS, speculate=True, draft=draft_backend, num_kv_blocks=24,
+                                 max_model_len=256)
+    check(reference, results)
+    assert engine.scheduler.num_preemptions_total > 0 and engine.spec.accepted_tokens > 0
+    assert engine.proposer.num_free_blocks == 24
 
 
 def test_a_verifying_step_samples_each_position_as_plain_decoding_would(backend):

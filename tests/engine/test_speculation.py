@@ -19,6 +19,7 @@ from llmserve.engine.backend import StepItem, StepResult
 from llmserve.engine.engine import LLMEngine
 from llmserve.engine.speculation import DraftRequest, Proposer, accept
 from llmserve.errors import ConfigError
+from llmserve.plugins.proposers.draft import DraftModelProposer
 from llmserve.plugins.proposers.ngram import NgramProposer
 from llmserve.request import PreparedRequest
 from llmserve.sampling import SamplingParams
@@ -210,6 +211,20 @@ def test_malformed_speculative_configs_are_refused(given, message) -> None:
     assert message in str(info.value) and "\n" not in str(info.value).strip()
 
 
+def test_llama_cpp_draft_flags_fold_into_the_speculative_config() -> None:
+    from llmserve.config import load_config
+
+    config, _ = load_config({"spec_draft_model": "org/draft", "spec_draft_n_max": 5}, environ={})
+    spec = config.scheduler.speculative_config
+    assert (spec.method, spec.model_extra, spec.num_speculative_tokens) == ("draft", {"model": "org/draft"}, 5)
+    config, _ = load_config({"speculative_config": '{"method": "draft"}'}, environ={"LLMSERVE_SPEC_DRAFT_MODEL": "d"})
+    assert config.scheduler.speculative_config.model_extra == {"model": "d"}
+    with pytest.raises(ConfigError, match="spec-draft-model names a draft model while speculative-config says"):
+        load_config({"speculative_config": NGRAM, "spec_draft_model": "org/draft"}, environ={})
+    with pytest.raises(ConfigError, match="spec-draft-n-max needs a method"):
+        load_config({"spec_draft_n_max": 4}, environ={})
+
+
 def test_a_method_setting_it_does_not_know_and_a_backend_that_cannot_verify() -> None:
     with pytest.raises(ConfigError, match="the ngram method has no setting 'model'"):
         make_engine({**NGRAM, "model": "draft-model"})
@@ -219,6 +234,81 @@ def test_a_method_setting_it_does_not_know_and_a_backend_that_cannot_verify() ->
 
     with pytest.raises(ConfigError, match="does not verify proposed tokens"):
         make_engine(backend_cls=NoVerify)
+
+
+def follow(ids: list[int]) -> int:
+    """The next token of ``Recurrence``'s model after ``ids``: a letter that depends on the last
+    three tokens and the length."""
+    return 97 + (sum(ids[-3:]) + 7 * len(ids)) % 26
+
+
+class Recurrence(EchoBackend):
+    """A draft model whose choice is ``follow`` of the tokens in its KV slots (not of the tokens
+    it is told about), so a proposal made from a stale cache shows; it records what it forgets."""
+
+    def load(self):
+        self.forgotten: list[int] = []
+        return super().load()
+
+    def step(self, batch: list[StepItem]) -> list[StepResult]:
+        out = []
+        for item in batch:
+            for i, tok in enumerate(item.token_ids):
+                self.slots[self._slot(item.block_table, item.start_pos + i)] = tok
+            cached = [self.slots[self._slot(item.block_table, p)] for p in range(item.start_pos + len(item.token_ids))]
+            out.append(StepResult(item.seq_id, token_id=follow(cached) if item.sample else None))
+        return out
+
+    def release(self, seq_ids: list[int]) -> None:
+        self.forgotten += seq_ids
+
+
+def draft_proposer(num_blocks: int, step_tokens: int, **settings) -> tuple[DraftModelProposer, Recurrence]:
+    config = ServerConfig(block_size=4, max_model_len=64)
+    info = EchoBackend(config).load()
+    draft = Recurrence(config)
+    proposer = DraftModelProposer(SpeculativeConfig(method="draft", model="recurrence", **settings), info,
+                                  lambda name: (draft, draft.load()))
+    proposer.reserve(num_blocks, 4, step_tokens)
+    return proposer, draft
+
+
+def test_the_draft_model_proposes_from_a_cache_that_follows_each_sequence() -> None:
+    """Three sequences grow as verification would grow them (some proposals stand, then the
+    model's own token): every proposal is what the draft model says after the sequence's real
+    tokens, a prompt longer than the step's budget is fed over several steps first, a pool too
+    small for all of them takes the blocks of the one used longest ago, and every block comes
+    back once the sequences leave."""
+    proposer, draft = draft_proposer(num_blocks=20, step_tokens=12)
+    rng = random.Random(7)
+    seqs = {0: list(b"a prompt of twenty-two"), 1: list(b"short"), 2: list(b"mid-sized one")}
+    proposed = caught_up = 0
+    for _ in range(40):
+        asked = [s for s in seqs if len(seqs[s]) < 56 and rng.random() < 0.8]
+        wants = [DraftRequest(s, list(seqs[s]), rng.randint(1, 4), 5) for s in asked]
+        for ask, got in zip(wants, proposer.propose(wants)):
+            ids = seqs[ask.seq_id]
+            expect: list[int] = []
+            while len(expect) < len(got):
+                expect.append(follow(ids + expect))
+            assert got == expect and len(got) in (0, ask.k)
+            proposed += len(got)
+            caught_up += not got
+            stood = rng.randint(0, len(got))
+            ids += got[:stood] + [rng.randrange(32, 127)]
+    assert proposed > 60 and caught_up > 0 and draft.forgotten  # proposals, catch-ups and evictions
+    proposer.release(list(seqs))
+    assert proposer.num_free_blocks == 20 and sorted(set(draft.forgotten)) == [0, 1, 2]
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({}, 'the draft method needs "model"'),
+    ({"model": "recurrence", "prompt_lookup": 3}, "the draft method has no setting 'prompt_lookup'"),
+])
+def test_a_draft_method_without_its_model_or_with_a_setting_it_does_not_know(settings, message) -> None:
+    info = EchoBackend(ServerConfig()).load()
+    with pytest.raises(ConfigError, match=message):
+        DraftModelProposer(SpeculativeConfig(method="draft", **settings), info, lambda name: None)
 
 
 class MarkovBackend(EchoBackend):
@@ -319,7 +409,8 @@ def test_served_with_the_openai_client_streams_the_same_text(server_process) -> 
 
 @pytest.mark.parametrize(("value", "message"), [
     ('{"method": "ngram", ', "error: invalid configuration: speculative-config: not valid JSON"),
-    ('{"method": "nope"}', "error: unknown proposer 'nope'; available: ngram"),
+    ('{"method": "nope"}', "error: unknown proposer 'nope'; available: draft, ngram"),
+    ('{"method": "draft"}', "the draft method needs \"model\""),
     ('{"method": "ngram", "num_speculative_tokens": 99}', "speculative-config.num_speculative_tokens: Input should be"),
 ])
 def test_bad_speculative_configs_stop_the_server_in_one_line(value: str, message: str) -> None:
@@ -357,7 +448,7 @@ def test_a_plugin_contributes_a_proposer_through_register_proposers(tmp_path) ->
         f"    return [ProposerSpec(name='repeat-last', target='{Countdown.__module__}:Countdown')]\n")
     pm = PluginManager().load([(str(plugin), "cli")], autoload=False)
     registry = Registry.collect(pm)
-    assert registry.names("proposer") == ["ngram", "repeat-last"]
+    assert registry.names("proposer") == ["draft", "ngram", "repeat-last"]
     assert registry.load("proposer", "repeat-last") is Countdown
     config, _ = load_config({"backend": "echo", "plugins": [ECHO_PLUGIN, str(plugin)],
                              "speculative_config": {"method": "repeat-last"}}, environ={})

@@ -39,6 +39,9 @@ class ByteTokenizer:
     def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
         return [chr(i) if i < 256 else "</s>" for i in ids]
 
+    def get_vocab(self) -> dict[str, int]:
+        return {t: i for i, t in enumerate(self.convert_ids_to_tokens(list(range(257))))}
+
 
 class EchoBackend(Backend):
     """Keeps a token-level "KV cache" in block slots, so prefix hits and block tables are exercised.
