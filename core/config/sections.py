@@ -101,6 +101,10 @@ class SpeculativeConfig(BaseModel):
     method: str = Field(description="The proposer: ngram (prompt lookup), or one a plugin adds.")
     num_speculative_tokens: int = Field(3, ge=1, le=16, description=(
         "Most tokens proposed per sequence and step."))
+    disable_by_batch_size: int | None = Field(None, ge=1, description=(
+        "No proposals in a step with more sequences running than this (vLLM's key; default: the method's own: "
+        "ngram none, draft 1 on a CPU and none on CUDA): where a step's cost grows with its rows, proposals "
+        "cost more than they save in a large batch."))
     prompt_lookup_min: int = Field(2, ge=1, le=16, description="ngram: shortest suffix matched.")
     prompt_lookup_max: int = Field(4, ge=1, le=16, description="ngram: longest suffix matched, tried first.")
 

@@ -98,6 +98,7 @@ class LLMEngine:
         # Speculative decoding (engine.speculation): proposals verified by the backend's step.
         self.proposer = proposer if info.task != "embed" else None
         self.spec: SpecTracker | None = None
+        self.spec_max_batch: int | None = None  # no proposals above this many running sequences
         if info.task == "embed":  # a pooling model: no KV cache, no decoding
             self.block_manager = BlockManager(1, self.block_size, False)
             self.scheduler = Scheduler(self.block_manager, 1, budget)
@@ -119,6 +120,7 @@ class LLMEngine:
                                   "proposed tokens; serve without speculative decoding")
             spec = scheduler.speculative_config or SpeculativeConfig(method=type(proposer).__name__)
             self.spec = SpecTracker(spec.num_speculative_tokens)
+            self.spec_max_batch = spec.disable_by_batch_size or proposer.max_batch
             proposer.reserve(num_blocks, self.block_size, budget)
 
     def _init_kv_cache(self, cache: CacheConfig, fit: bool) -> int:
@@ -355,8 +357,11 @@ class LLMEngine:
         one), nor before their first output token."""
         assert self.proposer is not None and self.spec is not None
         asks: list[tuple[Sequence, DraftRequest]] = []
+        crowded = self.spec_max_batch is not None and len(self.scheduler.running) > self.spec_max_batch
         for seq in self.scheduler.running:
             seq.draft = []
+            if crowded:
+                continue
             if (seq.num_tokens - seq.num_computed_tokens != 1 or not seq.num_output_tokens or seq.mask is not None
                     or seq.state.budget is not None or not seq.sampling.speculative):
                 continue

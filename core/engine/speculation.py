@@ -65,6 +65,9 @@ class Proposer(ABC):
     server then refuses to start, with that message.
     """
 
+    #: The default of ``disable_by_batch_size`` for this method (None: speculate at any batch).
+    max_batch: int | None = None
+
     def __init__(self, config: "SpeculativeConfig", info: "ModelInfo") -> None:
         self.config = config
         self.info = info

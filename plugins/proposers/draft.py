@@ -3,8 +3,8 @@
 The draft runs on the server's backend with a KV pool of its own, as many tokens as the model's
 pool (allocated beside it at start). Per sequence it keeps the tokens its cache holds; each step
 it first feeds what the sequence gained since (the target's newest token and the proposals that
-stood; the whole prompt the first time, in chunks within the step's token budget), which gives
-its first proposal, then one decode step per further proposal, every sequence in one batch. A
+stood, as decode rows; the whole prompt the first time, in chunks within the step's token
+budget), which gives its first proposal, then one decode step per further proposal, every sequence in one batch. A
 rejected proposal's KV is simply overwritten next step: the cache is kept up to the first token
 that differs from the sequence's own.
 
@@ -24,6 +24,7 @@ from llmserve import (ConfigError, DraftRequest, KVCacheSpec, ModelInfo, Propose
                       StepItem)
 
 SETTINGS = ("model",)
+SHORT_FEED = 9  # tokens fed as decode rows at most (the newest and up to 8 that stood)
 GREEDY = SamplingParams(temperature=0.0)
 
 
@@ -52,6 +53,7 @@ def same_vocabulary(ours: Any, theirs: Any) -> str | None:
 class DraftModelProposer(Proposer):
     """vLLM's ``{"method": "draft", "model": ...}`` (llama.cpp's ``--model-draft``)."""
 
+
     def __init__(self, config: SpeculativeConfig, info: ModelInfo, load: Any) -> None:
         super().__init__(config, info)
         extra = dict(config.model_extra or {})
@@ -71,6 +73,10 @@ class DraftModelProposer(Proposer):
             raise ConfigError(f"--speculative-config: the draft model {name} has another vocabulary than "
                               f"{info.name} ({differs}); a draft must share the model's tokenizer")
         self.name = name
+        # On a CPU a step's cost grows with its rows (it is compute-bound past one sequence), and
+        # the draft's steps cost more than their proposals save from two sequences on
+        # (docs/benchmarks.md); a GPU step costs about the same for 1 row as for 64.
+        self.max_batch = None if self.draft.device == "cuda" else 1
         self.eos = frozenset(info.eos_token_ids)
         self._seqs: dict[int, _Seq] = {}
         self._free: list[int] = []
@@ -102,7 +108,12 @@ class DraftModelProposer(Proposer):
             if not chunk or not self._room(st, keep + len(chunk) + (req.k - 1 if done else 0)):
                 continue
             budget -= len(chunk)
-            first.append((i, req, st, StepItem(req.seq_id, chunk, keep, st.blocks, sample=done, sampling=GREEDY)))
+            # A short feed (the newest token after the proposals that stood) goes as decode rows,
+            # the backend's cheap path, by asking it to "verify" all but the last token: its
+            # sample after the last one is the first proposal, the others are not needed.
+            rows = len(chunk) - 1 if done and 1 < len(chunk) <= SHORT_FEED and self.backend.verifies_drafts else 0
+            first.append((i, req, st, StepItem(req.seq_id, chunk, keep, st.blocks, sample=done, sampling=GREEDY,
+                                               num_draft_tokens=rows)))
             st.tokens.extend(chunk)
             st.confirmed = len(st.tokens)
         if not first:
@@ -110,6 +121,8 @@ class DraftModelProposer(Proposer):
         results = self.backend.step([item for *_, item in first])
         going = []
         for (i, req, st, item), result in zip(first, results):
+            if item.num_draft_tokens and result.draft_samples:
+                result = result.draft_samples[-1]
             if item.sample and result.token_id is not None:
                 out[i].append(int(result.token_id))
                 going.append((i, req, st))

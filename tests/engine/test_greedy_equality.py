@@ -114,8 +114,9 @@ class Wrong:
     def step(self, batch):
         results = self.inner.step(batch)
         for r in results:
-            if r.token_id is not None and r.token_id % 5 == 0:
-                r.token_id += 1
+            for sample in (r, *(r.draft_samples or ())):
+                if sample.token_id is not None and sample.token_id % 5 == 0:
+                    sample.token_id += 1
         return results
 
 
@@ -155,8 +156,8 @@ def run_engine(backend, prompts, passes=1, sequential=False, speculate=False, dr
                           max_num_batched_tokens=cfg.pop("max_num_batched_tokens", 2048),
                           enable_prefix_caching=cfg.pop("enable_prefix_caching", True),
                           enable_chunked_prefill=True,
-                          speculative_config=({"method": "draft", "model": "embedded"} if draft
-                                              else {"method": "ngram"}) | {"num_speculative_tokens": 4}
+                          speculative_config=({"method": "draft", "model": "embedded", "disable_by_batch_size": 64}
+                                              if draft else {"method": "ngram"}) | {"num_speculative_tokens": 4}
                           if speculate else None,
                           **cfg)
     engine = LLMEngine(be, info, config, proposer(config, info, draft) if speculate else None)

@@ -3,6 +3,7 @@ accounting, and the sampled distribution (echo backend and a small Markov model)
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import sys
@@ -225,6 +226,25 @@ def test_llama_cpp_draft_flags_fold_into_the_speculative_config() -> None:
         load_config({"spec_draft_n_max": 4}, environ={})
 
 
+def test_no_proposals_while_more_sequences_run_than_disable_by_batch_size() -> None:
+    """vLLM's ``disable_by_batch_size``: four prompts that echo the same length run together
+    past the limit of three (nothing proposed), two stay under it; the draft method's own
+    default on a CPU is one sequence."""
+    counts = {}
+    for n in (4, 2):
+        engine = make_engine({**NGRAM, "disable_by_batch_size": 3})
+        outputs: dict = {}
+        prompt = list(b"abcabcabcabcabc")  # four fit one step's budget: they start together
+        for i in range(n):
+            submit(engine, f"r{i}", prompt, outputs, max_tokens=15)
+        drain(engine)
+        assert all(o["ids"] == prompt for o in outputs.values())
+        counts[n] = engine.spec.drafts
+    assert counts[4] == 0 and counts[2] > 0
+    proposer, _ = draft_proposer(num_blocks=20, step_tokens=12)
+    assert proposer.max_batch == 1
+
+
 def test_a_method_setting_it_does_not_know_and_a_backend_that_cannot_verify() -> None:
     with pytest.raises(ConfigError, match="the ngram method has no setting 'model'"):
         make_engine({**NGRAM, "model": "draft-model"})
@@ -244,7 +264,8 @@ def follow(ids: list[int]) -> int:
 
 class Recurrence(EchoBackend):
     """A draft model whose choice is ``follow`` of the tokens in its KV slots (not of the tokens
-    it is told about), so a proposal made from a stale cache shows; it records what it forgets."""
+    it is told about), so a proposal made from a stale cache, or from the wrong position of a
+    feed, shows; it records what it forgets."""
 
     def load(self):
         self.forgotten: list[int] = []
@@ -255,8 +276,15 @@ class Recurrence(EchoBackend):
         for item in batch:
             for i, tok in enumerate(item.token_ids):
                 self.slots[self._slot(item.block_table, item.start_pos + i)] = tok
-            cached = [self.slots[self._slot(item.block_table, p)] for p in range(item.start_pos + len(item.token_ids))]
-            out.append(StepResult(item.seq_id, token_id=follow(cached) if item.sample else None))
+            end = item.start_pos + len(item.token_ids)
+            cached = [self.slots[self._slot(item.block_table, p)] for p in range(end)]
+            if not item.sample:
+                out.append(StepResult(item.seq_id))
+                continue
+            # As the contract says: a sample at each of the last num_draft_tokens + 1 positions.
+            d = item.num_draft_tokens
+            samples = [StepResult(item.seq_id, token_id=follow(cached[:end - d + j])) for j in range(d + 1)]
+            out.append(dataclasses.replace(samples[0], draft_samples=samples[1:] or None))
         return out
 
     def release(self, seq_ids: list[int]) -> None:
