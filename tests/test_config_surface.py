@@ -54,7 +54,10 @@ SAMPLES = {
     "enable_auto_tool_choice": "true", "tool_parser_plugin": "p.q", "reasoning_parser": "qwen3",
     "reasoning_effort_budgets": "low=512,high=8192", "reasoning_budget_message": "Time is up.",
     "guided_decoding_backend": "outlines", "guided_compile_timeout": "3", "guided_max_bytes": "1024",
-    "guided_max_depth": "8", "guided_max_items": "64", "log_level": "debug", "uvicorn_log_level": "trace",
+    "guided_max_depth": "8", "guided_max_items": "64", "allowed_media_domains": "images.example,*.cdn.example",
+    "allowed_media_networks": "10.0.0.0/8", "media_allow_http": "true", "allowed_local_media_path": "/media",
+    "max_image_bytes": "2048", "max_image_pixels": "1000000", "max_images_per_request": "3",
+    "media_fetch_timeout": "4.5", "media_max_redirects": "2", "log_level": "debug", "uvicorn_log_level": "trace",
     "disable_uvicorn_access_log": "false", "plugins": "a.b",
 }
 

@@ -18,10 +18,10 @@ from pydantic_core import PydanticUndefined
 MODEL, ENGINE, LIMITS, SERVER = "Model", "Engine", "Limits and lifecycle", "Server"
 SECURITY, TEMPLATES, TOOLS, GUIDED = "Security", "Chat templates and outputs", "Tools and parsers", "Guided decoding"
 PLUGINS, LOGGING, BACKEND_PANEL, SCALE = "Plugins", "Logging", "Backend options", "Scale-out"
-GENERAL = "General"
+GENERAL, MEDIA = "General", "Images in requests"
 
 # Panels in the order --help shows them.
-ORDER = [GENERAL, MODEL, ENGINE, LIMITS, SERVER, SECURITY, TEMPLATES, TOOLS, GUIDED, PLUGINS, LOGGING,
+ORDER = [GENERAL, MODEL, ENGINE, LIMITS, SERVER, SECURITY, MEDIA, TEMPLATES, TOOLS, GUIDED, PLUGINS, LOGGING,
          BACKEND_PANEL, SCALE]
 
 PANELS: dict[str, str] = {
@@ -53,6 +53,10 @@ PANELS: dict[str, str] = {
     "ssl_ca_certs": SECURITY, "ssl_cert_reqs": SECURITY, "cors_allow_origins": SECURITY,
     "cors_allow_credentials": SECURITY, "cors_allow_methods": SECURITY, "cors_allow_headers": SECURITY,
     "allowed_origins": SECURITY,
+    # images in requests
+    "allowed_media_domains": MEDIA, "allowed_media_networks": MEDIA, "media_allow_http": MEDIA,
+    "allowed_local_media_path": MEDIA, "max_image_bytes": MEDIA, "max_image_pixels": MEDIA,
+    "max_images_per_request": MEDIA, "media_fetch_timeout": MEDIA, "media_max_redirects": MEDIA,
     # chat templates and what outputs carry
     "chat_template": TEMPLATES, "chat_template_render_timeout": TEMPLATES, "trust_request_chat_template": TEMPLATES,
     "return_tokens_as_token_ids": TEMPLATES, "enable_force_include_usage": TEMPLATES,

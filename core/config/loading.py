@@ -46,7 +46,10 @@ FIELDS = [
     "return_tokens_as_token_ids", "enable_force_include_usage", "trust_request_chat_template", "tool_call_parser",
     "enable_auto_tool_choice", "tool_parser_plugin", "reasoning_parser", "reasoning_effort_budgets",
     "reasoning_budget_message", "guided_decoding_backend",
-    "guided_compile_timeout", "guided_max_bytes", "guided_max_depth", "guided_max_items", "log_level",
+    "guided_compile_timeout", "guided_max_bytes", "guided_max_depth", "guided_max_items",
+    "allowed_media_domains", "allowed_media_networks", "media_allow_http", "allowed_local_media_path",
+    "max_image_bytes", "max_image_pixels", "max_images_per_request", "media_fetch_timeout", "media_max_redirects",
+    "log_level",
     "uvicorn_log_level", "disable_uvicorn_access_log", "plugins"
 ]
 # YAML keys that are spelled differently from the field.

@@ -13,16 +13,13 @@ from typing import TYPE_CHECKING, Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from llmserve.config.base import Section
+from llmserve.config.media import MediaConfig
+
 
 # Reasoning effort -> thinking budget in tokens (--reasoning-effort-budgets overrides levels).
 EFFORT_BUDGETS: dict[str, int] = {"none": 0, "minimal": 256, "low": 1024, "medium": 4096, "high": 16384,
                                   "xhigh": 32768}
-
-
-class Section(BaseModel):
-    """A group of settings; its field names are the settings' own (flat) names."""
-
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
 
 class ModelConfig(Section):
@@ -389,7 +386,7 @@ MODEL_ENTRY_KEYS = frozenset({"model", "served_model_name", "revision", "dtype",
 SECTIONS: dict[str, type[Section]] = {
     "llm": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig, "parallel": ParallelConfig,
     "limits": LimitsConfig, "http": ServerHTTPConfig, "parsing": ParsingConfig, "guided": GuidedConfig,
-    "router": RouterConfig,
+    "router": RouterConfig, "media": MediaConfig,
 }
 # Setting -> the section attribute that holds it (the settings outside sections are ServerConfig's own).
 SECTION_OF: dict[str, str] = {field: name for name, model in SECTIONS.items() for field in model.model_fields}
@@ -417,6 +414,7 @@ class ServerConfig(BaseModel):
     parsing: ParsingConfig = Field(default_factory=ParsingConfig)
     guided: GuidedConfig = Field(default_factory=GuidedConfig)
     router: RouterConfig = Field(default_factory=RouterConfig)
+    media: MediaConfig = Field(default_factory=MediaConfig)
     # The process's own settings: every process logs, and plugins load before any section is read.
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
     plugins: list[str] = Field(default_factory=list, description=(
