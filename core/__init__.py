@@ -43,7 +43,10 @@ _EXPORTS = {
     "merge_scrapes": "llmserve.server.metrics",
     **dict.fromkeys(("TokenText", "chat_logprobs", "clamp_logprob"), "llmserve.text.logprob_shapes"),
     **dict.fromkeys(("build_server", "setup_logging"), "llmserve.server.serve"),
-    **dict.fromkeys(("render_chat", "message_text", "arguments_as_object"), "llmserve.text.chat_template"),
+    **dict.fromkeys(("render_chat", "message_text", "message_content", "content_text", "arguments_as_object"),
+                    "llmserve.text.chat_template"),
+    # images in requests: the one internal image part, made from each dialect's form
+    **dict.fromkeys(("ImagePart", "image_from_url", "image_from_base64"), "llmserve.media.parts"),
     "IncrementalDetokenizer": "llmserve.text.detokenizer",
     # the engine's request and output types, and its client
     **dict.fromkeys(("GenerateRequest", "PreparedRequest", "RequestPolicy", "ReasoningBudget",

@@ -12,6 +12,7 @@ import base64
 import binascii
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from llmserve.errors import InvalidRequestError
 
@@ -31,7 +32,7 @@ class ImagePart:
     detail: str | None = None
 
 
-def image_from_base64(text: str, param: str, max_bytes: int, mime: str | None = None) -> ImagePart:
+def image_from_base64(text: Any, param: str, max_bytes: int, mime: str | None = None) -> ImagePart:
     """An inline image given as base64 text (Anthropic's and Ollama's form); its size is checked
     before it is decoded."""
     if not isinstance(text, str) or not text:
@@ -48,7 +49,7 @@ def image_from_base64(text: str, param: str, max_bytes: int, mime: str | None = 
     return ImagePart(param=param, data=data, mime=mime)
 
 
-def image_from_url(url: str, param: str, max_bytes: int, detail: str | None = None) -> ImagePart:
+def image_from_url(url: Any, param: str, max_bytes: int, detail: str | None = None) -> ImagePart:
     """An image given by URL (OpenAI's ``image_url.url``, Anthropic's url source): a ``data:`` URL
     is decoded now; http, https and file URLs are kept for the fetcher, which applies the server's
     rules (``llmserve.media.fetch``)."""

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from llmserve.errors import InvalidRequestError
 from llmserve.guided import GuidedSpec
+from llmserve.media.parts import ImagePart
 from llmserve.parsing.service import Chains
 from llmserve.parsing.tool_choice import ToolPlan
 from llmserve.request import GenerateRequest, PreparedRequest, ReasoningBudget, RequestPolicy
@@ -49,6 +50,8 @@ class ChatTurn:
     the reasoning there, under a reasoning parser that declares its ``end_marker``; none:
     unlimited). ``truncate`` cuts the prompt's ids (vLLM's ``truncate_prompt_tokens``).
     ``no_template``, when given, is the refusal for a model without a chat template.
+    ``images`` are the request's images in order (``llmserve.media.parts.ImagePart``, each naming
+    its field); the messages hold an ``{"type": "image"}`` part where each one was.
 
     ``policy`` is the dialect's ``RequestPolicy``: the field prompt errors name (``messages``),
     its names for the sampling fields, and its length policy (``reject`` as OpenAI, ``cap`` as
@@ -80,6 +83,7 @@ class ChatTurn:
     policy: RequestPolicy = CHAT
     priority: int = 5
     no_template: str | None = None
+    images: list[ImagePart] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +102,7 @@ async def prepare_chat(context: "ServerContext", turn: ChatTurn) -> PreparedChat
     naming the field). Everything that grows with the prompt runs in a tokenizer thread."""
     engine = context.engine
     assert engine is not None, "the loading gate lets no chat request through before the model"
+    refuse_images(engine.info, turn)
     plan = context.parsing.plan(turn.tools, turn.tool_choice, turn.parallel_tool_calls)
     spec = turn.constraint
     if plan.schema is not None:
@@ -130,8 +135,18 @@ async def count_chat_tokens(context: "ServerContext", turn: ChatTurn, tools: lis
     """The prompt tokens of ``turn`` rendered with ``tools`` offered (a token-counting route:
     no plan, no server flags), counted off the event loop."""
     assert context.engine is not None
+    refuse_images(context.engine.info, turn)
     _, ids = await context.engine.in_worker(_prompt, context, turn, tools)
     return len(ids)
+
+
+def refuse_images(info: Any, turn: ChatTurn) -> None:
+    """A 400 naming the first image of a turn that has images (parsed and checked by the dialect,
+    ``llmserve.media.parts``): no model is given images yet."""
+    if turn.images:
+        why = ("the served model takes text only" if "image" not in info.input_modalities
+               else "the engine does not pass images to a model yet")
+        raise InvalidRequestError(f"images are not supported: {why}", param=turn.images[0].param)
 
 
 def _prompt(context: "ServerContext", turn: ChatTurn,

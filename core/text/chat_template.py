@@ -24,7 +24,7 @@ TOOLS_WARNING = ("tools-not-in-prompt: the chat template left the request's tool
 _tools_warning_logged = False  # the log line comes once per server; the header on every such response
 
 __all__ = ["MAX_RENDER_CHARS", "TemplateTooCostly", "render_chat", "render_template", "compile_template",
-           "message_text", "template_kwargs_for", "RESERVED_TEMPLATE_KWARGS"]
+           "message_text", "message_content", "content_text", "template_kwargs_for", "RESERVED_TEMPLATE_KWARGS"]
 
 #: ``chat_template_kwargs`` keys a request may not set: arguments of the rendering call itself
 #: in other servers (``tokenize``, ``chat_template``, ``return_dict``... of transformers'
@@ -52,6 +52,43 @@ def message_text(content: Any, index: int) -> str | None:
             raise InvalidRequestError(f"messages[{index}].content: only text content parts are supported",
                                       param=f"messages.{index}.content")
     return "\n".join(parts)
+
+
+def message_content(content: Any, index: int, images: list[Any], max_image_bytes: int) -> Any:
+    """OpenAI content with its ``image_url`` parts taken out into ``images`` (``ImagePart``s, each
+    naming its field): text when the message has no image, else the parts as vision models'
+    chat templates take them (``{"type": "text", "text": ...}`` and ``{"type": "image"}``)."""
+    if content is None or isinstance(content, str):
+        return content
+    from llmserve.media.parts import image_from_url
+
+    parts: list[dict[str, Any]] = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        where = f"messages.{index}.content.{j}"
+        if kind == "text" and isinstance(part.get("text"), str):
+            parts.append({"type": "text", "text": part["text"]})
+        elif kind == "image_url":
+            value = part.get("image_url")
+            url, detail = (value.get("url"), value.get("detail")) if isinstance(value, dict) else (value, None)
+            if detail not in (None, "auto", "low", "high"):
+                raise InvalidRequestError(f"{where}.image_url.detail: must be auto, low or high",
+                                          param=f"{where}.image_url.detail")
+            images.append(image_from_url(url, f"{where}.image_url", max_image_bytes, detail))
+            parts.append({"type": "image"})
+        else:
+            raise InvalidRequestError(f"messages[{index}].content: only text and image_url content parts are "
+                                      "supported", param=where)
+    if any(p["type"] == "image" for p in parts):
+        return parts
+    return "\n".join(p["text"] for p in parts)
+
+
+def content_text(content: Any) -> str:
+    """The text of chat-template content: a string, or the text parts of a list joined by newlines."""
+    if isinstance(content, list):
+        return "\n".join(p["text"] for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return content or ""
 
 
 def arguments_as_object(call: Any) -> None:

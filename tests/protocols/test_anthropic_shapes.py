@@ -225,7 +225,7 @@ def test_max_tokens_past_the_context_window_is_capped(client):
      "messages.0.content.0"),
     ({"messages": [{"role": "tool", "content": "x"}]}, "messages.0.role"),
     ({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "base64"}}]}]},
-     "messages.0.content.0: image"),
+     "messages.0.content.0.source.media_type"),
     ({"messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]}, "document"),
     ({"messages": [{"role": "user", "content": [{"type": "audio"}]}]}, "unknown content block type"),
     ({"messages": [{"role": "user", "content": [{"text": "no type"}]}]}, "messages.0.content.0"),

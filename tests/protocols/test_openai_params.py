@@ -74,7 +74,7 @@ CHAT_ONLY = [
     ({"messages": []}, "messages"),
     ({"messages": [{"content": "x"}]}, "messages.0.role"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
-     "messages.0.content"),
+     "messages.0.content.0.image_url"),
     ({"logprobs": "x"}, "logprobs"),
     ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ({"logprobs": True, "top_logprobs": -1}, "top_logprobs"),

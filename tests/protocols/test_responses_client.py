@@ -240,7 +240,8 @@ def test_cut_by_max_output_tokens_is_incomplete(client):
 BAD = [
     ({"input": [{"type": "message", "role": "tool", "content": "x"}]}, "input.0.role"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]}]},
-     "input.0.content.0.type"),
+     "input.0.content.0.image_url"),
+    ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}, "input.0.content.0.type"),
     ({"input": [{"type": "computer_call_output", "call_id": "c", "output": {}}]}, "input.0.type"),
     ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, "input.0.call_id"),
     ({"input": "hi", "tools": [{"type": 7}]}, "tools.0.type"),

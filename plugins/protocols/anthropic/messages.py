@@ -21,6 +21,7 @@ from llmserve import first_call_only
 from llmserve import ToolPlan
 from llmserve import PreparedRequest
 from llmserve import ChatTurn, count_chat_tokens, prepare_chat
+from llmserve import ImagePart
 from llmserve import STREAM_HEADERS, in_band_errors, sse
 
 from . import params
@@ -45,8 +46,10 @@ class Messages:
     def turn(self, body: CountTokensRequest, **fields: Any) -> ChatTurn:
         """The request in the core's terms (``prepare_chat`` plans, renders and tokenizes it)."""
         prefill = params.is_prefill(body)
-        messages = params.chat_messages(body, drop_billing=self.p.opts.billing_header == "drop")
-        return ChatTurn(messages=messages, add_generation_prompt=not prefill,
+        images: list[ImagePart] = []
+        messages = params.chat_messages(body, drop_billing=self.p.opts.billing_header == "drop", images=images,
+                                        max_image_bytes=self.p.context.config.media.max_image_bytes)
+        return ChatTurn(messages=messages, add_generation_prompt=not prefill, images=images,
                         continue_final_message=prefill, template_kwargs=params.template_kwargs(body), **fields)
 
     async def count_tokens(self, body: CountTokensRequest) -> Response:

@@ -5,7 +5,9 @@
 History is turned into the message shape chat templates know (the OpenAI one): ``system`` and
 text blocks become ``content``; an assistant's ``tool_use`` blocks its ``tool_calls`` (arguments
 as an object) and its ``thinking`` blocks ``reasoning_content``; each ``tool_result`` becomes a
-``role: "tool"`` message. Image and document blocks are refused with a 400 naming the block.
+``role: "tool"`` message; a user message's ``image`` blocks (base64 or url sources) become the
+request's images (``llmserve.media.parts``), ``{"type": "image"}`` parts where they were.
+Document blocks are refused with a 400 naming the block.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import json
 from typing import Any
 
 from llmserve import InvalidRequestError
+from llmserve import ImagePart, image_from_base64, image_from_url
 from llmserve import GuidedSpec
 from llmserve import AUTO_FLAGS
 from llmserve import effort_budget
@@ -23,7 +26,7 @@ from llmserve import SamplingParams
 
 from .wire import BILLING_PREFIX, CountTokensRequest, MessagesRequest
 
-UNSUPPORTED_BLOCKS = {"image": "image", "document": "document (PDF or text source)",
+UNSUPPORTED_BLOCKS = {"document": "document (PDF or text source)",
                       "search_result": "search result", "container_upload": "container upload"}
 # output_config keys this server reads; any other is refused rather than silently dropped,
 # since it may constrain the output.
@@ -41,8 +44,8 @@ def _block_type(block: Any, where: str) -> str:
     if not isinstance(kind, str):
         raise InvalidRequestError(f"{where}: a content block must be an object with a string `type`", param=where)
     if kind in UNSUPPORTED_BLOCKS:
-        raise InvalidRequestError(f"{where}: {UNSUPPORTED_BLOCKS[kind]} blocks are not supported: this server "
-                                  f"serves a text-only model; send text blocks", param=where)
+        raise InvalidRequestError(f"{where}: {UNSUPPORTED_BLOCKS[kind]} blocks are not supported by this server; "
+                                  f"send text blocks", param=where)
     return kind
 
 
@@ -83,11 +86,34 @@ def _tool_result_text(block: dict[str, Any], where: str) -> str:
     return _joined_text(content, f"{where}.content", "tool results may hold text blocks only")
 
 
-def chat_messages(body: CountTokensRequest, drop_billing: bool = False) -> list[dict[str, Any]]:
+IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
+
+
+def _image(block: dict[str, Any], where: str, max_bytes: int) -> ImagePart:
+    """An ``image`` block's source as the request's image part."""
+    source = block.get("source")
+    kind = source.get("type") if isinstance(source, dict) else None
+    if kind == "base64":
+        assert isinstance(source, dict)
+        mime = source.get("media_type")
+        if mime not in IMAGE_TYPES:
+            raise InvalidRequestError(f"{where}.source.media_type: must be one of {', '.join(IMAGE_TYPES)}",
+                                      param=f"{where}.source.media_type")
+        return image_from_base64(source.get("data"), f"{where}.source.data", max_bytes, mime)
+    if kind == "url":
+        assert isinstance(source, dict)
+        return image_from_url(source.get("url"), f"{where}.source.url", max_bytes)
+    raise InvalidRequestError(f"{where}.source: an image needs a source of type base64 or url",
+                              param=f"{where}.source")
+
+
+def chat_messages(body: CountTokensRequest, drop_billing: bool = False, images: list[ImagePart] | None = None,
+                  max_image_bytes: int = 0) -> list[dict[str, Any]]:
     """The conversation as chat-template messages (system first). ``system`` messages inside
     ``messages`` (their text blocks only) are folded into that one system message, after the
     ``system`` field, in order: chat templates take a system message first, if anywhere.
-    ``drop_billing``: the ``anthropic:`` option ``billing_header: drop`` (see ``system_text``)."""
+    ``drop_billing``: the ``anthropic:`` option ``billing_header: drop`` (see ``system_text``).
+    User messages' image blocks go to ``images`` (refused when it is None)."""
     out: list[dict[str, Any]] = []
     systems = [system_text(body.system, drop_billing)]
     systems += [system_text(m.content, drop_billing) if isinstance(m.content, str) else
@@ -102,6 +128,7 @@ def chat_messages(body: CountTokensRequest, drop_billing: bool = False) -> list[
             continue
         blocks = [{"type": "text", "text": message.content}] if isinstance(message.content, str) else message.content
         texts: list[str] = []
+        parts: list[dict[str, Any]] = []  # texts and images in order, for a message with images
         thinking: list[str] = []
         calls: list[dict[str, Any]] = []
         results: list[dict[str, Any]] = []
@@ -110,6 +137,12 @@ def chat_messages(body: CountTokensRequest, drop_billing: bool = False) -> list[
             kind = _block_type(block, where)
             if kind == "text":
                 texts.append(_text(block.get("text"), f"{where}.text"))
+                parts.append({"type": "text", "text": texts[-1]})
+            elif kind == "image":
+                if message.role != "user" or images is None:
+                    raise InvalidRequestError(f"{where}: image blocks belong in user messages", param=where)
+                images.append(_image(block, where, max_image_bytes))
+                parts.append({"type": "image"})
             elif kind in ("tool_use", "thinking", "redacted_thinking") and message.role != "assistant":
                 raise InvalidRequestError(f"{where}: {kind} blocks belong in assistant messages", param=where)
             elif kind == "tool_use":
@@ -137,17 +170,23 @@ def chat_messages(body: CountTokensRequest, drop_billing: bool = False) -> list[
                                           f"tool_use, tool_result, thinking and redacted_thinking)", param=where)
         out.extend(results)  # tool results answer the previous turn: before this turn's text
         if message.role == "assistant":
-            msg: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts)}
-            if calls:
-                msg["tool_calls"] = calls
-            if thinking:
-                msg["reasoning_content"] = "\n".join(thinking)
-            out.append(msg)
+            out.append(_assistant(texts, calls, thinking))
+        elif len(parts) > len(texts):  # images among the texts: the parts, as vision templates take them
+            out.append({"role": "user", "content": parts})
         elif texts or not results:
             out.append({"role": "user", "content": "\n".join(texts)})
     if not any(m["role"] != "system" for m in out):
         raise InvalidRequestError("messages: at least one user or assistant message is required", param="messages")
     return out
+
+
+def _assistant(texts: list[str], calls: list[dict[str, Any]], thinking: list[str]) -> dict[str, Any]:
+    msg: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts)}
+    if calls:
+        msg["tool_calls"] = calls
+    if thinking:
+        msg["reasoning_content"] = "\n".join(thinking)
+    return msg
 
 
 def is_prefill(body: CountTokensRequest) -> bool:

@@ -21,11 +21,12 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from llmserve import ChainMaker
 from llmserve import PreparedRequest
 from llmserve import ChatTurn, effort_budget, prepare_chat
+from llmserve import ImagePart
 from llmserve import STREAM_HEADERS, dumps, in_band_errors
 
 from . import params
 from .params import created_at, durations, guided_spec, invalid, resolve_model, think_mode
-from .prompts import NO_TEMPLATE, generate_prompt, template_messages
+from .prompts import NO_TEMPLATE, generate_prompt, ollama_images, template_messages
 from .wire import ChatRequest
 from .wire import GenerateRequest as OllamaGenerate
 
@@ -113,18 +114,18 @@ class Generation:
         if body.tools and not parsing.auto_tools:
             raise invalid(f'"{model}" does not support tools: start the server with --enable-auto-tool-choice and '
                           f'--tool-call-parser{parsing.why_no_auto}', "tools")
-        messages, continue_last = template_messages(body.messages)
+        images: list[ImagePart] = []
+        messages, continue_last = template_messages(body.messages, images, self.ctx.config.media.max_image_bytes)
         turn = self._turn(body, request_id, think, "messages", messages=messages, tools=body.tools or None,
                           add_generation_prompt=not continue_last, continue_final_message=continue_last,
-                          no_template=NO_TEMPLATE)
+                          no_template=NO_TEMPLATE, images=images)
         prepared = await prepare_chat(self.ctx, turn)
         return await self._answer(Run("chat", model, body.stream is not False, prepared.request,
                                       prepared.chains.make))
 
     async def generate(self, body: OllamaGenerate, request_id: str | None) -> Response:
         model = self._start(body, "generate")
-        if body.images:
-            raise invalid("images are not supported: the served model takes text only", "images")
+        images = ollama_images(body.images, "images", self.ctx.config.media.max_image_bytes) if body.images else []
         if body.suffix:
             raise invalid("suffix (fill-in-the-middle) is not supported by this server", "suffix")
         if not body.prompt and not body.context:
@@ -136,7 +137,8 @@ class Generation:
             text, special = generate_prompt(tokenizer, body, params.template_kwargs(body.think), timeout)
             return text, special and not body.context  # a continuation: the history already starts the sequence
 
-        turn = self._turn(body, request_id, think, "prompt", render=render, prefix_ids=list(body.context or []))
+        turn = self._turn(body, request_id, think, "prompt", render=render, prefix_ids=list(body.context or []),
+                          images=images)
         prepared = await prepare_chat(self.ctx, turn)
         return await self._answer(Run("generate", model, body.stream is not False, prepared.request,
                                       prepared.chains.make, return_context=not body.raw))

@@ -13,6 +13,7 @@ import re
 from typing import Any
 
 from llmserve import InvalidRequestError
+from llmserve import ImagePart, image_from_base64
 from llmserve import arguments_as_object, render_chat
 
 from .wire import GenerateRequest, Message
@@ -23,18 +24,29 @@ _FIELDS = ("System", "Prompt", "Response")
 NO_TEMPLATE = "the served model has no chat template: use /api/generate with raw set to true"
 
 
-def template_messages(messages: list[Message]) -> tuple[list[dict[str, Any]], bool]:
+def ollama_images(images: Any, param: str, max_bytes: int) -> list[ImagePart]:
+    """Ollama's ``images`` (base64 strings) as the request's image parts."""
+    if not isinstance(images, list):
+        raise InvalidRequestError(f"{param}: must be a list of base64 strings", param=param)
+    return [image_from_base64(image, f"{param}.{k}", max_bytes) for k, image in enumerate(images)]
+
+
+def template_messages(messages: list[Message], images: list[ImagePart],
+                      max_image_bytes: int) -> tuple[list[dict[str, Any]], bool]:
     """The chat template's messages, and whether to continue the last one (an assistant
-    message with text and no calls is continued, as Ollama does, instead of answered)."""
+    message with text and no calls is continued, as Ollama does, instead of answered). A
+    message's ``images`` go to ``images``; its content is then the image parts, then its text."""
     out: list[dict[str, Any]] = []
     for i, m in enumerate(messages):
         if m.role not in ROLES:
             raise InvalidRequestError(f"messages[{i}].role must be one of {', '.join(ROLES)}; got {m.role[:20]!r}",
                                       param=f"messages.{i}.role")
+        content: Any = m.content or ""
         if m.images:
-            raise InvalidRequestError("images are not supported: the served model takes text only",
-                                      param=f"messages.{i}.images")
-        msg: dict[str, Any] = {"role": m.role, "content": m.content or ""}
+            found = ollama_images(m.images, f"messages.{i}.images", max_image_bytes)
+            images.extend(found)
+            content = [{"type": "image"} for _ in found] + [{"type": "text", "text": content}]
+        msg: dict[str, Any] = {"role": m.role, "content": content}
         if m.thinking:
             msg["reasoning_content"] = m.thinking
         if m.tool_calls:

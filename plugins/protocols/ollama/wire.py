@@ -112,7 +112,7 @@ class GenerateRequest(_Generation):
     template: str | None = Field(None, description="A Go template: .System, .Prompt, .Response, if/else/end.")
     context: list[int] | None = Field(None, description="Token ids of the previous exchange (from `context`).")
     raw: bool | None = Field(None, description="Send the prompt as is: no template.")
-    images: list[Any] | None = Field(None, description="Not supported: the model takes text only.")
+    images: list[Any] | None = Field(None, description="Base64 images (docs/images.md); a text-only model answers 400.")
 
 
 class EmbedRequest(WireModel):

@@ -14,7 +14,7 @@ from llmserve import ToolPlan
 from llmserve import ChatTurn, effort_budget, prepare_chat
 from llmserve import SSE_DONE, STREAM_HEADERS, sse
 from llmserve import to_error
-from llmserve import arguments_as_object, message_text
+from llmserve import arguments_as_object, content_text, message_content
 from llmserve import chat_logprobs
 
 from .deltas import REASONING_KEYS, openai_delta
@@ -52,14 +52,15 @@ class Chat(Endpoint):
             turn.prompt_ids = list(body.prompt_token_ids)
             return turn
         messages = []
+        cap = ctx.config.media.max_image_bytes
         for i, m in enumerate(body.messages):
             msg = m.model_dump(exclude_none=True)
-            msg["content"] = message_text(m.content, i) or ""
+            msg["content"] = message_content(m.content, i, turn.images, cap) or ""
             for call in msg.get("tool_calls") or []:
                 arguments_as_object(call)
             messages.append(msg)
         if body.disable_chat_template:
-            turn.text = "\n".join(m["content"] for m in messages)
+            turn.text = "\n".join(content_text(m["content"]) for m in messages)
         else:
             turn.messages = messages
         return turn

@@ -126,7 +126,7 @@ class Create:
             raise InvalidRequestError("input: required (a string or a list of items)", param="input")
         items = ([{"type": "message", "role": "user", "content": body.input}] if isinstance(body.input, str)
                  else list(body.input or []))
-        conv = Conversation()
+        conv = Conversation(ctx.config.media.max_image_bytes)
         if body.instructions:
             conv.messages.append({"role": "system", "content": body.instructions})
         conv.add_items(history, param="previous_response_id")
@@ -146,7 +146,7 @@ class Create:
                         parallel_tool_calls=body.parallel_tool_calls, constraint=text_format_spec(body),
                         forced_words="tool_choice required or a named function",
                         template_kwargs={"reasoning_effort": effort} if effort else None, reasoning_budget=budget,
-                        policy=POLICY)
+                        policy=POLICY, images=conv.images)
         prepared = await prepare_chat(ctx, turn)
         return Prepared(body, model, owner, history, items, prepared.plan, prepared.chains.make, prepared.request,
                         namespaces, TokenText(ctx.engine.tokenizer) if want_logprobs else None)

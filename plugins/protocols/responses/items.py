@@ -4,7 +4,8 @@
 
 - ``message`` (``type`` optional): roles user, system, developer (rendered as system: chat
   templates know no developer role) and assistant; content a string or ``input_text`` /
-  ``output_text`` / ``refusal`` parts. Images, files and audio are refused.
+  ``output_text`` / ``refusal`` parts, and ``input_image`` parts (an ``image_url``: a ``data:``
+  URL, or a URL the server's media rules allow) in user messages. Files and audio are refused.
 - ``function_call``: an assistant message with ``tool_calls`` (consecutive calls, and calls
   right after an assistant message, join that message, as chat templates expect).
 - ``function_call_output``: a ``tool`` message answering ``call_id``.
@@ -20,6 +21,7 @@ import logging
 from typing import Any
 
 from llmserve import InvalidRequestError
+from llmserve import ImagePart, image_from_url
 from llmserve import arguments_as_object
 
 log = logging.getLogger("llmserve.responses")
@@ -28,13 +30,15 @@ ROLES = {"user": "user", "system": "system", "developer": "system", "assistant":
 TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
 
 
-def part_text(content: Any, param: str) -> str:
-    """A message's content (a string or a list of text parts) as one string."""
+def part_text(content: Any, param: str, images: list[ImagePart] | None = None, max_image_bytes: int = 0) -> Any:
+    """A message's content (a string or a list of parts) as one string; with ``images`` (a user
+    message), its ``input_image`` parts go there and the content is the list of text and
+    ``{"type": "image"}`` parts that vision models' chat templates take."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise InvalidRequestError(f"{param}: must be a string or a list of content parts", param=param)
-    texts = []
+    parts: list[dict[str, Any]] = []
     for i, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         where = f"{param}.{i}"
@@ -42,21 +46,33 @@ def part_text(content: Any, param: str) -> str:
             value = part.get("refusal" if kind == "refusal" else "text")
             if not isinstance(value, str):
                 raise InvalidRequestError(f"{where}.text: must be a string", param=f"{where}.text")
-            texts.append(value)
+            parts.append({"type": "text", "text": value})
+        elif kind == "input_image" and images is not None:
+            if part.get("image_url") is None and part.get("file_id") is not None:
+                raise InvalidRequestError(f"{where}.file_id: this server keeps no files; send the image as "
+                                          "image_url", param=f"{where}.file_id")
+            detail = part.get("detail")
+            if detail not in (None, "auto", "low", "high"):
+                raise InvalidRequestError(f"{where}.detail: must be auto, low or high", param=f"{where}.detail")
+            images.append(image_from_url(part.get("image_url"), f"{where}.image_url", max_image_bytes, detail))
+            parts.append({"type": "image"})
         elif kind in ("input_image", "input_file", "input_audio", "image_url"):
-            raise InvalidRequestError(f"{where}: content type '{kind}' is not supported by this server "
-                                      "(text only)", param=f"{where}.type")
+            raise InvalidRequestError(f"{where}: content type '{kind}' is not supported here", param=f"{where}.type")
         else:
             raise InvalidRequestError(f"{where}: unknown content part type {json.dumps(kind)[:40]}",
                                       param=f"{where}.type")
-    return "".join(texts)
+    if any(p["type"] == "image" for p in parts):
+        return parts
+    return "".join(p["text"] for p in parts)
 
 
 class Conversation:
     """Builds the chat messages of a request from its instructions and input items."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_image_bytes: int = 0) -> None:
         self.messages: list[dict[str, Any]] = []
+        self.images: list[ImagePart] = []  # the user messages' input_image parts, in order
+        self.max_image_bytes = max_image_bytes
         self._reasoning: list[str] = []
         self._names: dict[str, str] = {}  # call_id -> function name, for tool messages
 
@@ -88,7 +104,8 @@ class Conversation:
                                       f"got {json.dumps(role)[:40]}", param=f"{where}.role")
         if "content" not in item:
             raise InvalidRequestError(f"{where}.content: required", param=f"{where}.content")
-        text = part_text(item["content"], f"{where}.content")
+        images = self.images if role == "user" else None
+        text = part_text(item["content"], f"{where}.content", images, self.max_image_bytes)
         message: dict[str, Any] = {"role": ROLES[role], "content": text}
         if role == "assistant":
             self._take_reasoning(message)
