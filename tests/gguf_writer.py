@@ -30,12 +30,17 @@ def embedded_gguf() -> str:
 
 
 @functools.lru_cache(maxsize=1)
-def tokenizer_fields() -> dict[str, Any]:
-    """The embedded GGUF's ``tokenizer.ggml.*`` fields and chat template, as Python values."""
+def _embedded_reader() -> Any:
+    """The embedded GGUF parsed once per process (decoding its vocabulary takes seconds)."""
     import gguf
 
-    reader = gguf.GGUFReader(embedded_gguf())
-    return {k: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.")}
+    return gguf.GGUFReader(embedded_gguf())
+
+
+@functools.lru_cache(maxsize=1)
+def tokenizer_fields() -> dict[str, Any]:
+    """The embedded GGUF's ``tokenizer.ggml.*`` fields and chat template, as Python values."""
+    return {k: f.contents() for k, f in _embedded_reader().fields.items() if k.startswith("tokenizer.")}
 
 
 def _write_tokenizer(w: Any) -> None:
@@ -232,15 +237,20 @@ def reference_model(path: str, rope_scaling: dict[str, Any] | None = None) -> An
     import gguf
     import torch
 
-    reader = gguf.GGUFReader(path)
-    arch = reader.fields["general.architecture"].contents()
+    from llmserve.plugins.backends.torch.gguf_file import GGUFFile
+
+    # The server's lean reader: gguf.GGUFReader decodes the 49k-token vocabulary (9 s here).
+    file = GGUFFile(path)
+    arch = file.architecture
 
     def field(key: str, default: Any = None) -> Any:
-        f = reader.fields.get(f"{arch}.{key}")
-        return f.contents() if f is not None else default
+        value = file.fields.get(f"{arch}.{key}")
+        return default if value is None else value
 
-    values = {t.name: np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
-              for t in reader.tensors}
+    values = {name: np.asarray(gguf.quants.dequantize(t.data.reshape(int(np.prod(t.shape[1:])), -1),
+                                                      gguf.GGMLQuantizationType(t.tensor_type)),
+                               dtype=np.float32).reshape(tuple(reversed(t.shape)))
+              for name, t in file.tensors.items()}
     values.pop("rope_freqs.weight", None)  # the reference takes its RoPE scaling from ``rope_scaling``
     heads = field("attention.head_count")
     kv_heads = field("attention.head_count_kv", heads)
@@ -439,7 +449,7 @@ def requantize_embedded(path: str, qtype: str) -> None:
     (Q8_0, Q4_0, ...), same metadata."""
     import gguf
 
-    reader = gguf.GGUFReader(embedded_gguf())
+    reader = _embedded_reader()
     w = gguf.GGUFWriter(path, "llama")
     for key, field in reader.fields.items():
         if key.startswith("GGUF.") or key == "general.architecture":

@@ -150,7 +150,8 @@ class SchedulerConfig(Section):
             if spec is None:
                 raise ValueError("spec-draft-n-max needs a method: --spec-draft-model or --speculative-config")
             spec = spec.model_copy(update={"num_speculative_tokens": self.spec_draft_n_max})
-        self.speculative_config = spec
+        if spec is not self.speculative_config:  # assigned only when folded: the fields set stay what was given
+            self.speculative_config = spec
         return self
 
     @field_validator("speculative_config", mode="before")
