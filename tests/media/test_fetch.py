@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import ipaddress
 import os
 import struct
 import threading
@@ -19,7 +20,7 @@ import pytest
 
 from llmserve.config.media import MediaConfig
 from llmserve.errors import InvalidRequestError
-from llmserve.media.fetch import Fetcher
+from llmserve.media.fetch import Fetcher, _allowed_address
 from llmserve.media.image import decode_image, load_images
 from llmserve.media.parts import image_from_base64, image_from_url
 
@@ -153,8 +154,12 @@ def test_hosts_schemes_and_non_public_addresses_are_refused(server):
     strict = fetcher(allowed_media_networks=[])
     assert "resolves to 127.0.0.1, which is not a public address" in refusal(strict, server + "/img.png")
     assert "not a public address" in refusal(strict, f"http://localhost:{port}/img.png")
+    # IPv6 forms that carry a loopback IPv4 address (mapped, 6to4) are judged by that address; a
+    # machine without IPv6 refuses the URL at resolution instead, which is a refusal too.
+    assert not any(_allowed_address(ipaddress.ip_address(a), []) for a in ("::ffff:127.0.0.1", "2002:7f00:1::"))
+    assert _allowed_address(ipaddress.ip_address("::ffff:127.0.0.1"), [ipaddress.ip_network("127.0.0.1/32")])
     mapped = fetcher(allowed_media_networks=[], allowed_media_domains=["::ffff:127.0.0.1"])
-    assert "not a public address" in refusal(mapped, f"http://[::ffff:127.0.0.1]:{port}/img.png")
+    refusal(mapped, f"http://[::ffff:127.0.0.1]:{port}/img.png")  # refused, whichever way
 
 
 @pytest.mark.parametrize("target", ["http://127.0.0.2:{port}/img.png", "http://169.254.169.254/latest/meta-data/",
