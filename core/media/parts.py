@@ -49,10 +49,18 @@ def image_from_base64(text: Any, param: str, max_bytes: int, mime: str | None = 
     return ImagePart(param=param, data=data, mime=mime)
 
 
-def image_from_url(url: Any, param: str, max_bytes: int, detail: str | None = None) -> ImagePart:
+DETAILS = (None, "auto", "low", "high")
+
+
+def image_from_url(url: Any, param: str, max_bytes: int, detail: Any = None,
+                   detail_param: str | None = None) -> ImagePart:
     """An image given by URL (OpenAI's ``image_url.url``, Anthropic's url source): a ``data:`` URL
     is decoded now; http, https and file URLs are kept for the fetcher, which applies the server's
-    rules (``llmserve.media.fetch``)."""
+    rules (``llmserve.media.fetch``). OpenAI's ``detail`` (field ``detail_param``, by default
+    ``param.detail``) must be auto, low or high."""
+    if detail not in DETAILS:
+        where = detail_param or f"{param}.detail"
+        raise InvalidRequestError(f"{where}: must be auto, low or high", param=where)
     if not isinstance(url, str) or not url.strip():
         raise InvalidRequestError("an image URL must be a non-empty string", param=param)
     head = _DATA_URL.match(url)

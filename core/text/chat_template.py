@@ -71,9 +71,6 @@ def message_content(content: Any, index: int, images: list[Any], max_image_bytes
         elif kind == "image_url":
             value = part.get("image_url")
             url, detail = (value.get("url"), value.get("detail")) if isinstance(value, dict) else (value, None)
-            if detail not in (None, "auto", "low", "high"):
-                raise InvalidRequestError(f"{where}.image_url.detail: must be auto, low or high",
-                                          param=f"{where}.image_url.detail")
             images.append(image_from_url(url, f"{where}.image_url", max_image_bytes, detail))
             parts.append({"type": "image"})
         else:

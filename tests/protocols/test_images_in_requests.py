@@ -76,6 +76,7 @@ def test_an_image_to_a_text_only_model_is_a_400_naming_its_field(echo_app, reque
     (openai_chat({"url": "ftp://images.example/cat.png"}), "must be a data: URL, or an http(s) or file URL"),
     (openai_chat({"url": "data:image/png," + B64}), "must be base64"),
     (responses(None, file_id="file-1"), "keeps no files"),
+    (responses(DATA_URL, detail="ultra"), "input.0.content.1.detail: must be auto, low or high"),
     (anthropic({"type": "base64", "media_type": "image/tiff", "data": B64}), "media_type: must be one of"),
     (anthropic({"type": "file", "file_id": "f"}), "source of type base64 or url"),
     (ollama_chat(["%%%"]), "not valid base64"),

@@ -51,10 +51,8 @@ def part_text(content: Any, param: str, images: list[ImagePart] | None = None, m
             if part.get("image_url") is None and part.get("file_id") is not None:
                 raise InvalidRequestError(f"{where}.file_id: this server keeps no files; send the image as "
                                           "image_url", param=f"{where}.file_id")
-            detail = part.get("detail")
-            if detail not in (None, "auto", "low", "high"):
-                raise InvalidRequestError(f"{where}.detail: must be auto, low or high", param=f"{where}.detail")
-            images.append(image_from_url(part.get("image_url"), f"{where}.image_url", max_image_bytes, detail))
+            images.append(image_from_url(part.get("image_url"), f"{where}.image_url", max_image_bytes,
+                                         part.get("detail"), detail_param=f"{where}.detail"))
             parts.append({"type": "image"})
         elif kind in ("input_image", "input_file", "input_audio", "image_url"):
             raise InvalidRequestError(f"{where}: content type '{kind}' is not supported here", param=f"{where}.type")
