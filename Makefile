@@ -77,10 +77,14 @@ install: $(STAMP)
 serve: install
 	$(BIN)/llmserve serve $(ARGS)
 
+# Test workers (pytest-xdist), one module each at a time so a module's server fixture starts once;
+# tests/conftest.py gives each worker one compute thread and a port range of its own.
+TEST_WORKERS ?= 2
+
 # The four venvs are independent: build them side by side (mostly download time), then test.
 test: $(CHROMIUM)
 	$(MAKE) --no-print-directory -j4 $(STAMP) $(AIPERF) $(LMEVAL) $(RAY) $(AGENTS)
-	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/pytest -q --durations=25 $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/pytest -q --durations=25 -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 bench: install
 	$(BIN)/python bench/serve_bench.py $(ARGS)

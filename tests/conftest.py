@@ -21,16 +21,40 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 # its standard library are first imported (torch may do that early), so it is set before anything.
 if shutil.which("nvidia-smi") is None:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# Under pytest-xdist (`make test` runs two workers on the CI's two cores) each worker and the servers
+# it starts compute on one thread: two workers of two threads each on two cores make every kernel's
+# barrier wait for a descheduled thread, slower than one worker alone. The kernels' split over
+# threads is held to the single-threaded result by tests/backends/test_kernel_threads.py.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if WORKER:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 ROOT = Path(__file__).resolve().parent.parent
 ECHO_PLUGIN = str(ROOT / "tests" / "plugins" / "echo_backend.py")
 EXAMPLE_PLUGIN = ROOT / "examples" / "llmserve-acme"
 
 
+def _ports() -> Iterator[int]:
+    """Under xdist, a range of ports per worker, below the kernel's ephemeral range: a port
+    another worker was handed cannot be handed out again before its server binds it."""
+    base = 20000 + 1000 * int(WORKER.removeprefix("gw"))
+    while True:
+        yield from range(base, base + 1000)
+
+
+_WORKER_PORTS = _ports() if WORKER.removeprefix("gw").isdigit() else None
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port nothing listens on now."""
+    for _ in range(1000 if _WORKER_PORTS else 1):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", next(_WORKER_PORTS) if _WORKER_PORTS else 0))
+            except OSError:  # taken, or closing (TIME_WAIT): the next one
+                continue
+            return s.getsockname()[1]
+    raise RuntimeError("no free port in this worker's range")
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
