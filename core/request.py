@@ -7,6 +7,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping, Protocol
 
+from llmserve.media.inputs import MediaInput
 from llmserve.sampling import SamplingParams
 
 
@@ -67,6 +68,7 @@ class GenerateRequest:
     add_special_tokens: bool = True
     mask_factory: Any = None  # Callable[[], LogitsMask] | None
     reasoning_budget: ReasoningBudget | None = None
+    media: tuple[MediaInput, ...] = ()  # the prompt's images, expanded (``llmserve.media.inputs``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +111,8 @@ class PreparedRequest:
 
     ``sampling.max_tokens`` is always set (the room the prompt leaves when the client gave
     none); ``capped`` says the ``cap`` policy cut a larger one to that room. ``reasoning_budget``:
-    the thinking budget the engine enforces, if any.
+    the thinking budget the engine enforces, if any. ``media``: the prompt's images, each where
+    its expansion sits in ``prompt_token_ids``.
     """
 
     request_id: str
@@ -121,6 +124,7 @@ class PreparedRequest:
     mask_factory: Any = None  # Callable[[], LogitsMask] | None
     capped: bool = False
     reasoning_budget: ReasoningBudget | None = None
+    media: tuple[MediaInput, ...] = ()
 
 
 def deadline_after(seconds: float | None) -> float | None:

@@ -37,9 +37,11 @@ class ModelInfo:
     quantization: str | None = None  # how the weights are stored when not plainly in ``dtype``
     num_parameters: int | None = None  # weights in the model, when the backend knows without a directory to read
     weight_bytes: int | None = None    # bytes its weights take as served (e.g. a GGUF's quantized tensors)
-    # What requests may send it, as served (``/v1/models`` reports it): text only until images are
-    # served; a backend that serves a vision model's images says ("text", "image").
+    # What requests may send it, as served (``/v1/models`` reports it): a backend that serves a
+    # vision model's images says ("text", "image") and sets ``media``.
     input_modalities: tuple[str, ...] = TEXT_ONLY
+    # How prompts' images become the model's input (``llmserve.media.inputs.MediaProcessor``).
+    media: Any = None
 
     def __post_init__(self) -> None:
         # A model is refused at load when its own chat template is a template-injection
@@ -87,6 +89,9 @@ class StepItem:
     last ``num_draft_tokens + 1`` positions, each as if the proposals before it had been output
     (``output_ids`` extended by them, for penalties and ``min_tokens``), and returns the first
     sample as usual and the others in ``StepResult.draft_samples``.
+    ``media`` are the prompt's images whose expansion meets the fed positions
+    (``llmserve.media.inputs.MediaInput``, made by the backend's own ``ModelInfo.media``): the
+    backend feeds their embeddings at their placeholders' positions instead of the tokens'.
     """
 
     seq_id: int
@@ -101,6 +106,7 @@ class StepItem:
     mask: LogitsMask | None = None
     prompt_logprob_targets: list[int] | None = None
     num_draft_tokens: int = 0
+    media: tuple[Any, ...] = ()
 
 
 @dataclass(slots=True)

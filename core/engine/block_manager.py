@@ -12,19 +12,24 @@ from collections.abc import Iterable, Iterator, Sequence as Seq
 from dataclasses import dataclass
 
 from llmserve.engine.sequence import Sequence
+from llmserve.media.inputs import MediaInput, block_key
 
 ROOT_HASH = 0  # parent hash of block 0; real hashes are unsigned 64-bit so -1 can mean "none"
 
 
-def hash_block(parent_hash: int, token_ids: Seq[int]) -> int:
-    """Deterministic 64-bit hash of (parent block hash, tokens of this block).
+def hash_block(parent_hash: int, token_ids: Seq[int], extra: bytes = b"") -> int:
+    """Deterministic 64-bit hash of (parent block hash, tokens of this block, ``extra``: the
+    digests of the images in its positions, ``llmserve.media.inputs.block_key``).
 
     Chaining the parent makes a block's hash identify the whole prefix up to its end, so a
-    hit on block i implies the KV of every earlier position is identical too.
+    hit on block i implies the KV of every earlier position is identical too; an image's digest
+    in its first block changes the hash of every block after it.
     """
     h = hashlib.blake2b(digest_size=8)
     h.update(parent_hash.to_bytes(8, "little"))
     h.update(array("q", token_ids).tobytes())
+    if extra:
+        h.update(extra)
     return int.from_bytes(h.digest(), "little")
 
 
@@ -136,7 +141,7 @@ class BlockManager:
         touch ``seq.num_computed_tokens`` or the hit counters (see ``record_prefix_query``).
         """
         assert not seq.block_table, f"match_prefix on {seq} which already has blocks"
-        for block_id, h in self._cached_blocks(seq.token_ids):
+        for block_id, h in self._cached_blocks(seq.token_ids, seq.media):
             block = self.blocks[block_id]
             if block.ref_count == 0:
                 del self._free[block_id]
@@ -145,13 +150,13 @@ class BlockManager:
             seq.block_hashes.append(h)
         return len(seq.block_table) * self.block_size
 
-    def peek_prefix(self, token_ids: Seq[int]) -> int:
-        """How many leading tokens of ``token_ids`` a request admitted now would find cached
-        (what ``match_prefix`` would take), taking nothing. It only reads, so the server may ask
-        from its own thread; a block evicted meanwhile makes the answer an estimate."""
-        return sum(1 for _ in self._cached_blocks(token_ids)) * self.block_size
+    def peek_prefix(self, token_ids: Seq[int], media: Seq[MediaInput] = ()) -> int:
+        """How many leading tokens of ``token_ids`` (with images ``media``) a request admitted now
+        would find cached (what ``match_prefix`` would take), taking nothing. It only reads, so the
+        server may ask from its own thread; a block evicted meanwhile makes the answer an estimate."""
+        return sum(1 for _ in self._cached_blocks(token_ids, media)) * self.block_size
 
-    def _cached_blocks(self, token_ids: Seq[int]) -> Iterator[tuple[int, int]]:
+    def _cached_blocks(self, token_ids: Seq[int], media: Seq[MediaInput] = ()) -> Iterator[tuple[int, int]]:
         """(block id, hash) of each cached block holding the leading full blocks of ``token_ids``."""
         if not self.enable_prefix_caching:
             return
@@ -161,7 +166,7 @@ class BlockManager:
         parent = ROOT_HASH
         for i in range((len(token_ids) - 1) // bs):
             tokens = tuple(token_ids[i * bs : (i + 1) * bs])
-            h = hash_block(parent, tokens)
+            h = hash_block(parent, tokens, block_key(media, i, bs) if media else b"")
             block_id = self._hash_to_block.get(h)
             # Token check: a hash match alone could be a collision, which would silently
             # reuse someone else's KV.
@@ -188,7 +193,7 @@ class BlockManager:
         for i in range(len(seq.block_hashes), num_full):
             parent = seq.block_hashes[i - 1] if i else ROOT_HASH
             tokens = tuple(seq.block_tokens(i, bs))
-            h = hash_block(parent, tokens)
+            h = hash_block(parent, tokens, block_key(seq.media, i, bs) if seq.media else b"")
             seq.block_hashes.append(h)  # the chain continues even if we cannot register
             if h in self._hash_to_block:
                 # Another sequence computed the same prefix concurrently (or a collision):

@@ -16,7 +16,7 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import AsyncIterator, Callable, TypeVar
+from typing import Any, AsyncIterator, Callable, TypeVar
 
 from llmserve.engine.engine import LLMEngine
 from llmserve.engine.loop import EngineLoop
@@ -44,7 +44,7 @@ class EngineClient:
         self.max_model_len = engine.max_model_len
         self.limits = engine.limits
         self.preparer = Preparer(self._tokenize, engine.info.vocab_size, engine.max_model_len, engine.limits,
-                                 engine.defaults)
+                                 engine.defaults, media=engine.info.media)
         self._tokenize_pool = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="llmserve-tokenize")
         self.refusal: LLMServeError | None = None  # set when shutdown aborted everything
         self.loop = EngineLoop(engine)
@@ -301,10 +301,11 @@ class EngineClient:
         except EngineDeadError:
             pass
 
-    def cached_prefix(self, token_ids: list[int]) -> int:
-        """How many leading prompt tokens the prefix cache holds now (an estimate: the blocks may be
-        evicted before the request is admitted; its final usage says what was reused)."""
-        return self.engine.block_manager.peek_prefix(token_ids)
+    def cached_prefix(self, token_ids: list[int], media: tuple[Any, ...] = ()) -> int:
+        """How many leading prompt tokens (with images ``media``) the prefix cache holds now (an
+        estimate: the blocks may be evicted before the request is admitted; its final usage says
+        what was reused)."""
+        return self.engine.block_manager.peek_prefix(token_ids, media)
 
     async def check_idle(self) -> bool:
         """Run the engine's idle invariant check on the engine thread (for tests)."""

@@ -35,6 +35,7 @@ from llmserve.engine.sequence import Sequence
 from llmserve.engine.speculation import DraftRequest, Proposer, SpecTracker, accept, room_for_drafts
 from llmserve.engine.stats import EngineObserver, EngineStats
 from llmserve.errors import ConfigError, GenerationError, InvalidRequestError, LLMServeError
+from llmserve.media.inputs import overlapping
 from llmserve.outputs import RequestOutput, Timings
 from llmserve.request import PreparedRequest
 from llmserve.text.token_floor import max_token_span
@@ -173,7 +174,7 @@ class LLMEngine:
         seqs = []
         for j in range(sp.num_sequences):
             seq = Sequence(request.request_id, prompt_ids, sp, index=j, priority=request.priority,
-                           arrival=arrival, mask=masks[j])
+                           arrival=arrival, mask=masks[j], media=request.media)
             seq.state = SeqState.new(self.tokenizer, prompt_ids, sp, max_tokens)
             if request.reasoning_budget is not None:
                 seq.state.budget = BudgetTracker(request.reasoning_budget)
@@ -343,7 +344,7 @@ class LLMEngine:
         if budget is not None and budget.forcing and sched.sample:
             mask = budget  # a spent thinking budget: the next token of its end marker, whatever the logits
         fed = seq.token_ids[start: start + sched.num_tokens - len(sched.drafts)] + sched.drafts
-        return StepItem(
+        return StepItem(media=overlapping(seq.media, start, start + len(fed)) if seq.media else (),
             seq_id=seq.seq_id, token_ids=fed, start_pos=start, num_draft_tokens=len(sched.drafts),
             block_table=seq.block_table, sample=sched.sample, sampling=sp,
             prompt_ids=seq.prompt_token_ids if sp.repetition_penalty != 1.0 else [],

@@ -14,6 +14,7 @@ from typing import Any, Callable
 from llmserve.engine.defaults import SamplingDefaults
 from llmserve.engine.limits import RequestLimits
 from llmserve.errors import ContextLengthError, InvalidRequestError
+from llmserve.media.inputs import check_placeholders
 from llmserve.request import REJECT, GenerateRequest, PreparedRequest, RequestPolicy
 from llmserve.sampling import SamplingParams
 
@@ -22,8 +23,9 @@ class Preparer:
     """Turns ``GenerateRequest``s into ``PreparedRequest``s for one served model."""
 
     def __init__(self, tokenize: Callable[[str, bool], list[int]], vocab_size: int, max_model_len: int,
-                 limits: RequestLimits, defaults: SamplingDefaults) -> None:
+                 limits: RequestLimits, defaults: SamplingDefaults, media: Any = None) -> None:
         self.tokenize = tokenize
+        self.media = media  # the model's MediaProcessor, when it takes images
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.limits = limits
@@ -45,6 +47,8 @@ class Preparer:
         self.check_limits(request, policy)
         if request.prompt_token_ids is not None:
             ids = list(request.prompt_token_ids)
+        elif request.media:
+            raise ValueError("a request with images gives its prompt as token ids (the images' expansion)")
         else:
             ids = self.tokenize(request.prompt or "", request.add_special_tokens)
         limit = self._limit(len(ids), policy)
@@ -54,6 +58,8 @@ class Preparer:
             bad = sampling.bad_words_token_ids + self._bad_words_ids(sampling.bad_words)
             sampling = sampling.model_copy(update={"bad_words_token_ids": bad, "bad_words": []})
         self.validate(ids, sampling, policy)
+        if self.media is not None:
+            check_placeholders(ids, request.media, self.media.placeholder_id, policy.prompt)
         capped = False
         asked = sampling.max_tokens
         if asked is None or asked > room:
@@ -67,7 +73,7 @@ class Preparer:
         return PreparedRequest(request_id=request.request_id, prompt=request.prompt, prompt_token_ids=tuple(ids),
                                sampling=sampling, priority=request.priority, deadline=request.deadline,
                                mask_factory=request.mask_factory, capped=capped,
-                               reasoning_budget=request.reasoning_budget)
+                               reasoning_budget=request.reasoning_budget, media=request.media)
 
     def _rejects(self, policy: RequestPolicy) -> bool:
         """Whether ``policy`` refuses a ``max_tokens`` over the room (``fit``: the server decides)."""

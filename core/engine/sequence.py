@@ -30,13 +30,15 @@ class Sequence:
     scheduler feeds ``token_ids[num_computed_tokens:]`` (or a chunk of it) next.
     ``block_hashes`` is the prefix-cache hash chain of the leading full, computed blocks
     (owned by the BlockManager). ``state`` belongs to the engine loop (detokenizer etc.).
+    ``media``: the prompt's images (``llmserve.media.inputs.MediaInput``), where each one's
+    expansion sits in the prompt.
     """
 
     __slots__ = (
         "seq_id", "request_id", "index", "priority", "arrival",
         "token_ids", "num_prompt_tokens", "num_computed_tokens", "num_cached_tokens",
         "block_table", "block_hashes", "status", "sampling", "mask", "num_preemptions",
-        "state", "draft",
+        "state", "draft", "media",
     )
 
     def __init__(
@@ -49,6 +51,7 @@ class Sequence:
         priority: int = 5,
         arrival: float | None = None,
         mask: LogitsMask | None = None,
+        media: tuple[Any, ...] = (),
     ) -> None:
         if not prompt_token_ids:
             raise ValueError("a sequence needs at least one prompt token")
@@ -73,6 +76,7 @@ class Sequence:
         self.num_preemptions = 0
         self.state: Any = None  # the engine's postprocess.SeqState (typed there: no import circle)
         self.draft: list[int] = []  # tokens proposed for this step's verification (engine.speculation)
+        self.media = media
 
     # -- token views -----------------------------------------------------------------------
     @property

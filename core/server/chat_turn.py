@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from llmserve.errors import InvalidRequestError
 from llmserve.guided import GuidedSpec
+from llmserve.media.inputs import MediaInput
 from llmserve.media.parts import ImagePart
 from llmserve.parsing.service import Chains
 from llmserve.parsing.tool_choice import ToolPlan
@@ -102,7 +103,7 @@ async def prepare_chat(context: "ServerContext", turn: ChatTurn) -> PreparedChat
     naming the field). Everything that grows with the prompt runs in a tokenizer thread."""
     engine = context.engine
     assert engine is not None, "the loading gate lets no chat request through before the model"
-    refuse_images(engine.info, turn)
+    images = await turn_images(context, turn)
     plan = context.parsing.plan(turn.tools, turn.tool_choice, turn.parallel_tool_calls)
     spec = turn.constraint
     if plan.schema is not None:
@@ -115,7 +116,7 @@ async def prepare_chat(context: "ServerContext", turn: ChatTurn) -> PreparedChat
     chains = context.parsing.chains(engine.tokenizer, plan, constrained=mask_factory is not None,
                                     reasoning=turn.reasoning, template_kwargs=turn.template_kwargs,
                                     native=spec is not None and spec.kind == "structure" and plan.schema is not None)
-    request = await engine.in_worker(_request, context, turn, plan, chains, mask_factory)
+    request = await engine.in_worker(_request, context, turn, plan, chains, mask_factory, images)
     return PreparedChat(request, plan, chains)
 
 
@@ -135,27 +136,33 @@ async def count_chat_tokens(context: "ServerContext", turn: ChatTurn, tools: lis
     """The prompt tokens of ``turn`` rendered with ``tools`` offered (a token-counting route:
     no plan, no server flags), counted off the event loop."""
     assert context.engine is not None
-    refuse_images(context.engine.info, turn)
-    _, ids = await context.engine.in_worker(_prompt, context, turn, tools)
+    images = await turn_images(context, turn)
+    _, ids, _ = await context.engine.in_worker(_prompt, context, turn, tools, images)
     return len(ids)
 
 
-def refuse_images(info: Any, turn: ChatTurn) -> None:
-    """A 400 naming the first image of a turn that has images (parsed and checked by the dialect,
-    ``llmserve.media.parts``): no model is given images yet."""
-    if turn.images:
-        why = ("the served model takes text only" if "image" not in info.input_modalities
-               else "the engine does not pass images to a model yet")
-        raise InvalidRequestError(f"images are not supported: {why}", param=turn.images[0].param)
+async def turn_images(context: "ServerContext", turn: ChatTurn) -> list[Any]:
+    """The turn's images, fetched under the server's rules and decoded (``llmserve.media``), or a
+    400 naming the first one when the served model takes text only."""
+    if not turn.images:
+        return []
+    info = context.engine.info if context.engine is not None else None
+    if info is None or info.media is None or "image" not in info.input_modalities:
+        raise InvalidRequestError("images are not supported: the served model takes text only",
+                                  param=turn.images[0].param)
+    from llmserve.media.image import load_images
+
+    return await load_images(turn.images, context.config.media)
 
 
-def _prompt(context: "ServerContext", turn: ChatTurn,
-            tools: list[dict[str, Any]] | None) -> tuple[str | None, list[int]]:
-    """The prompt's text (None when given as ids) and token ids. In a tokenizer thread."""
+def _prompt(context: "ServerContext", turn: ChatTurn, tools: list[dict[str, Any]] | None,
+            images: list[Any]) -> tuple[str | None, list[int], tuple[MediaInput, ...]]:
+    """The prompt's text (None when given as ids), token ids and images (each expanded into the
+    model's placeholders by its ``ModelInfo.media``). In a tokenizer thread."""
     engine = context.engine
     assert engine is not None
     if turn.prompt_ids is not None:
-        return None, list(turn.prompt_ids)
+        return None, list(turn.prompt_ids), ()
     special = turn.add_special_tokens
     if turn.render is not None:
         text, special = turn.render()
@@ -173,24 +180,40 @@ def _prompt(context: "ServerContext", turn: ChatTurn,
                            timeout=cfg.parsing.chat_template_render_timeout)
     if turn.truncate is None:  # the whole prompt must fit: one too long for any tokenization is refused now
         engine.limits.check_fits(text, turn.policy.prompt)
-    ids = engine.encode(text, special, param=turn.policy.prompt) if text else []
-    return text, [*turn.prefix_ids, *ids]
+    ids = [*turn.prefix_ids, *(engine.encode(text, special, param=turn.policy.prompt) if text else [])]
+    if not images:
+        return text, ids, ()
+    ids, media = engine.info.media.expand(ids, images, turn.images[0].param)
+    return text, ids, media
 
 
 def _request(context: "ServerContext", turn: ChatTurn, plan: ToolPlan, chains: Chains,
-             mask_factory: Any) -> PreparedRequest:
+             mask_factory: Any, images: list[Any]) -> PreparedRequest:
     """The prepared engine request of ``turn``: tokenized, fitted to the room the prompt leaves
     under the dialect's policy and validated, once. In a tokenizer thread."""
     engine = context.engine
     assert engine is not None
-    text, ids = _prompt(context, turn, plan.offered)
+    text, ids, media = _prompt(context, turn, plan.offered, images)
     if turn.truncate is not None:
-        text, ids = None, turn.truncate(ids)
+        kept = turn.truncate(ids)
+        media = _truncated(media, len(ids) - len(kept), turn)
+        text, ids = None, kept
     request = GenerateRequest(prompt=text, prompt_token_ids=ids, sampling=chains.keep_markers(turn.sampling),
                               request_id=turn.request_id, priority=turn.priority, add_special_tokens=False,
-                              mask_factory=mask_factory,
+                              mask_factory=mask_factory, media=media,
                               reasoning_budget=_budget(context, turn, chains, text, ids))
     return engine.prepare(request, turn.policy)
+
+
+def _truncated(media: tuple[MediaInput, ...], cut: int, turn: ChatTurn) -> tuple[MediaInput, ...]:
+    """The images of a prompt whose first ``cut`` tokens were dropped: a cut into an image is a
+    400 (its embeddings cannot be split from their placeholders)."""
+    if not cut or not media:
+        return media
+    if media[0].start < cut:
+        raise InvalidRequestError("the prompt truncation would cut into an image: keep more tokens or send fewer "
+                                  "images", param=turn.images[0].param)
+    return tuple(m.shifted(-cut) for m in media)
 
 
 def _budget(context: "ServerContext", turn: ChatTurn, chains: Chains, text: str | None,

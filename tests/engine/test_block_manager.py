@@ -117,7 +117,7 @@ def test_hit_revives_a_free_cached_block():
 
 
 def test_forced_hash_collision_is_caught_by_token_check(monkeypatch):
-    monkeypatch.setattr(bm_module, "hash_block", lambda parent, tokens: 42)
+    monkeypatch.setattr(bm_module, "hash_block", lambda parent, tokens, extra=b"": 42)
     bm = BlockManager(num_blocks=16, block_size=4)
     a = make_seq([1, 2, 3, 4, 5, 6, 7, 8, 9])
     compute_all(bm, a)
@@ -253,3 +253,29 @@ def test_check_invariants_detects_corruption():
     bm.blocks[seq.block_table[0]].hash = 1234
     with pytest.raises(AssertionError, match="hash"):
         bm.check_invariants()
+
+
+def test_an_image_in_a_block_keys_it_and_every_block_after_it() -> None:
+    """Two prompts of the same tokens whose image differs share the blocks before the image and
+    none from the block holding its first token on; the same image finds them all."""
+    from llmserve.media.inputs import MediaInput
+
+    bm = BlockManager(num_blocks=32, block_size=4)
+    tokens = list(range(100, 118))  # five blocks: 4 full ones can be matched (the last token stays)
+
+    def run(digest: str) -> Sequence:
+        seq = Sequence("r", tokens, media=(MediaInput(digest, 6, 11),))  # positions 6-10: blocks 1 and 2
+        bm.match_prefix(seq)
+        return seq
+
+    first = run("cat")
+    assert first.block_table == []
+    bm.allocate(first, len(tokens))
+    first.num_computed_tokens = len(tokens)
+    bm.cache_computed_blocks(first)
+    assert bm.peek_prefix(tokens, first.media) == 16
+    other = run("dog")
+    assert other.block_table == first.block_table[:1]  # the text before the image only
+    assert bm.peek_prefix(tokens) == 4  # the same tokens without the image: the first block only
+    again = run("cat")
+    assert again.block_table == first.block_table[:4]

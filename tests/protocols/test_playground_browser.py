@@ -107,6 +107,7 @@ def test_chat_streams_and_shows_reasoning_and_tool_calls(server_process, browser
     assert browser.title == "llmserve playground"
     wait(browser).until(EC.text_to_be_present_in_element((By.ID, "model"), "echo"))
     wait(browser).until(EC.text_to_be_present_in_element((By.ID, "metrics"), "KV cache"))
+    assert not browser.find_element(By.ID, "attach").is_displayed()  # a text-only model: no image button
 
     # Plain text: seen growing while it streams, then whole, with its timings.
     # (deepseek_r1 reads output without </think> as all reasoning: the echoed reply closes its thinking.)
@@ -230,3 +231,37 @@ def test_real_model_forced_tool_call_and_json_schema_mode(smollm_server, browser
     assert set(answer) == {"city", "country"} and all(isinstance(v, str) for v in answer.values())
     assert "tokens/s" in reply.find_element(By.CSS_SELECTOR, ".stats").text
     screenshot(browser, tmp_path, "playground-smollm2")
+
+
+def test_an_image_attached_in_the_page_reaches_a_vision_model(server_process, browser, tmp_path, tmp_path_factory):
+    """A tiny generated SmolVLM-shaped model (tests/vision_model.py): the page offers its image
+    button, the picture goes as an image_url part, and the greedy answer is transformers' own."""
+    import vision_model
+
+    path = vision_model.model_dir(tmp_path_factory)
+    question, picture = "What is in the picture?", tmp_path / "picture.png"
+    picture.write_bytes(vision_model.png(1))
+    want = vision_model.reference_generate(path, f"<|im_start|>User:<image>{question}<end_of_utterance>\nAssistant:",
+                                           [vision_model.picture(1)], 6)
+    server = server_process(path, "--dtype", "float32", "--served-model-name", "tiny-vlm", "--log-level", "warning")
+    browser.get(server.url + "/")
+    wait(browser).until(EC.text_to_be_present_in_element((By.ID, "model"), "tiny-vlm"))
+    wait(browser).until(lambda d: d.find_element(By.ID, "attach").is_displayed())
+    for field, value in (("temperature", "0"), ("max-tokens", "6")):
+        box = browser.find_element(By.ID, field)
+        box.clear()
+        box.send_keys(value)
+    chooser = browser.find_element(By.ID, "image-file")
+    browser.execute_script("arguments[0].hidden = false;", chooser)  # what the Image button opens
+    chooser.send_keys(str(picture))
+    wait(browser).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#attachments img.thumb"))
+    send(browser, question)
+    reply = finished_reply(browser, 1)
+    assert browser.find_elements(By.CSS_SELECTOR, ".msg.user img.thumb")  # the picture shows in the question
+    assert not browser.find_elements(By.CSS_SELECTOR, "#attachments img.thumb")  # and left the composer
+    from transformers import AutoTokenizer
+
+    assert reply.find_element(By.CSS_SELECTOR, ".content").text.strip() == AutoTokenizer.from_pretrained(
+        path).decode(want, skip_special_tokens=True).strip()
+    assert not browser.find_element(By.ID, "error").is_displayed()
+

@@ -63,6 +63,13 @@ VERIFIED: dict[str, str] = {
                "YaRN",
 }
 
+# Vision-language models whose image path (vision.py) tests/backends/test_vision_models.py verifies
+# against transformers' forward with images; their language model must be a verified one too.
+VISION: dict[str, str] = {
+    "idefics3": "SmolVLM-256M/500M and Idefics3: image tiles with row markers and a global image, a pixel-shuffle "
+                "projector, a Llama language model",
+}
+
 # The families whose layers keep a state beside (or instead of) keys and values: the paged KV cache
 # has no place for it, prefix caching and batching would mix it up, and the answers come out wrong.
 # model_type -> the layers and the state they keep.
@@ -188,7 +195,7 @@ def check_config(config: Any, source: str, allow_unverified: bool) -> str | None
         raise _refuse(source, arch, why)
     if getattr(text_cfg, "v_head_dim", None) is not None or getattr(text_cfg, "kv_lora_rank", None):
         raise _refuse(source, arch, UNSUPPORTED["deepseek_v3"])
-    if arch in VERIFIED:
+    if arch in VERIFIED or (arch in VISION and archs[-1] in VERIFIED):
         return None
     if not allow_unverified:
         raise ConfigError(f"model {source!r} is a {arch!r} model, an architecture the torch backend has not verified "
@@ -216,6 +223,8 @@ def markdown_table() -> str:
     for arch, note in sorted(VERIFIED.items()):
         how = "fused forward; transformers' forward verified too" if arch in FUSED else "transformers' forward"
         rows.append(f"| `{arch}` | {how} | {note or 'a plain decoder'} |")
+    for arch, note in sorted(VISION.items()):
+        rows.append(f"| `{arch}` | images and text; its language model as above | {note} |")
     refused = {**{a: f"{why} outside the KV cache" for a, why in STATEFUL.items()}, **UNSUPPORTED}
     for arch, why in sorted(refused.items()):
         rows.append(f"| `{arch}` | refused | {why} |")

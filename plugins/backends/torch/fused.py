@@ -425,12 +425,15 @@ class FusedDecoder:
         return self._native[1]
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: PagedKVCache,
-                meta: StepMetadata) -> torch.Tensor:
-        """``input_ids``/``positions`` ``[T]`` -> final hidden states ``[T, hidden]``; writes the KV."""
+                meta: StepMetadata, images: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """``input_ids``/``positions`` ``[T]`` -> final hidden states ``[T, hidden]``; writes the KV.
+        ``images``: (rows, features) fed instead of those rows' token embeddings (a vision model's)."""
         T = input_ids.shape[0]
         H, kvh, D = self.heads, self.kv_heads, self.head_dim
         q_end, k_end = H * D, (H + kvh) * D
         h = self.embed(input_ids)
+        if images is not None:
+            h[images[0]] = images[1].to(h.dtype)
         table = self.rope_table
         ropes = {kind: (table[kind][0][positions], table[kind][1][positions]) if table is not None
                  else self._rotary(h, positions, kind) for kind in self.rope_kinds}

@@ -24,6 +24,7 @@ from llmserve import ConfigError, refuse_injected_templates
 
 from .architectures import check_config, check_config_file, check_modules
 from .attention import ATTN_IMPL, register_attention
+from .vision import is_vision_config, load_processor
 
 log = logging.getLogger("llmserve.backend.torch")
 
@@ -48,6 +49,7 @@ class LoadedModel:
     dtype: torch.dtype
     device: torch.device
     unverified: str | None = None   # the architecture, when served with --allow-unverified-architecture
+    processor: Any = None           # a vision-language model's transformers processor (vision.py)
 
 
 def embedded_model_path() -> str:
@@ -374,12 +376,19 @@ def load_model(model_cfg: ModelConfig) -> LoadedModel:
                     "from transformers'", name, unverified)
 
     tokenizer = load_tokenizer(model_cfg, hf_dir, name)
+    # A vision-language model loads whole (vision tower, projector, language model) with its processor.
+    model_class: Any = AutoModelForCausalLM
+    processor = None
+    if is_vision_config(hf_config):
+        from transformers import AutoModelForImageTextToText
+
+        model_class, processor = AutoModelForImageTextToText, load_processor(hf_dir, trust)
     t0 = time.monotonic()
     # On CUDA let accelerate place weights straight on the GPU instead of staging them in RAM.
     placement = {"device_map": str(device)} if device.type == "cuda" else {}
     try:
         with progress.phase(f"loading {name}"), quiet_bars():
-            model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=dtype, trust_remote_code=trust, **placement)
+            model = model_class.from_pretrained(hf_dir, dtype=dtype, trust_remote_code=trust, **placement)
     except (OSError, ValueError, KeyError) as exc:
         raise load_error(source, exc) from None
     check_modules(model, shown, unverified or str(getattr(hf_config, "model_type", "?")))
@@ -388,8 +397,11 @@ def load_model(model_cfg: ModelConfig) -> LoadedModel:
         # Refuse here rather than fail inside the first request's forward.
         raise ConfigError(f"{type(model).__name__} uses attention softcapping, which the torch backend's paged "
                           "attention does not support yet")
-    model.set_attn_implementation(ATTN_IMPL)
-    if getattr(model.config, "_attn_implementation", None) != ATTN_IMPL:
+    # The paged attention for the language model; a vision tower attends over its own patches (SDPA).
+    subs = getattr(model.config, "sub_configs", None) or {}
+    model.set_attn_implementation({"": ATTN_IMPL, **{k: ATTN_IMPL if k == "text_config" else "sdpa" for k in subs}}
+                                  if processor is not None else ATTN_IMPL)
+    if getattr(text_cfg, "_attn_implementation", None) != ATTN_IMPL:
         raise ConfigError(f"{type(model).__name__} does not use transformers' attention interface")
     model.to(device).eval()
     model.requires_grad_(False)
@@ -412,6 +424,7 @@ def load_model(model_cfg: ModelConfig) -> LoadedModel:
         dtype=dtype,
         device=device,
         unverified=unverified,
+        processor=processor,
     )
 
 

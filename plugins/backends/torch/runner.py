@@ -17,12 +17,14 @@ from llmserve import ServerConfig
 from llmserve import Backend, KVCacheSpec, ModelInfo, StepItem, StepResult
 from llmserve import ConfigError
 
-from .attention import PagedKVCache, PrefillSegment, StepMetadata, kv_cache_dtype, step_context
+from .attention import PagedKVCache, StepMetadata, kv_cache_dtype, step_context
 from .cpu_threads import set_cpu_threads
 from .fused import FusedDecoder
 from .loader import LoadedModel, load_model
 from .options import TorchOptions
 from .sampler import Sampler, ranked_prompt_logprobs
+from .step_batch import pack_batch
+from .vision import VisionInputs
 
 log = logging.getLogger("llmserve.backend.torch")
 
@@ -64,6 +66,7 @@ class TorchBackend(Backend):
         self._native = False  # native CPU kernels apply (CPU, fp32, options.cpu_kernels)
         self._gguf: Any = None  # a GGUF file's own weights (gguf_model.GGUFParts) on the native GGUF path
         self._graphs: Any = None  # cuda.graphs.DecodeGraphs when decode steps replay CUDA graphs
+        self.vision: VisionInputs | None = None  # a vision-language model's image path
         self._kernel = False  # the KV cache and the fused forward go through cuda/ops.py's operators
         self.steps = 0  # steps run (with ``_graphs.replayed``: the share of graphed steps)
 
@@ -128,6 +131,7 @@ class TorchBackend(Backend):
         self._logit_scale = getattr(cfg, "logit_scale", None)
         if getattr(cfg, "logits_scaling", None):  # Granite divides its logits by this instead
             self._logit_scale = 1.0 / float(cfg.logits_scaling)
+        self.vision = VisionInputs.build(model, lm.processor, lm.tokenizer, lm.device) if lm.processor else None
         self.sampler = Sampler(lm.vocab_size, lm.eos_token_ids, lm.device)
         if ops is not None:
             self.sampler.greedy_kernel = ops.greedy
@@ -137,6 +141,7 @@ class TorchBackend(Backend):
             dtype=str(lm.dtype).removeprefix("torch."), device=lm.device.type, quantization=self._stored_as(),
             num_parameters=self._gguf.parameters if self._gguf is not None else None,
             weight_bytes=self._gguf.weight_bytes if self._gguf is not None else None,
+            input_modalities=("text", "image") if self.vision is not None else ("text",), media=self.vision,
         )
 
     def _load_model(self) -> LoadedModel:
@@ -313,85 +318,6 @@ class TorchBackend(Backend):
         return self.loaded
 
     # ------------------------------------------------------------------ step
-    def _metadata(self, batch: list[StepItem]) -> tuple[torch.Tensor, torch.Tensor, StepMetadata, list[int]]:
-        """Pack the batch (decode items first, then prefill chunks) into flat CPU lists, then tensors.
-
-        Returns input ids, positions, the attention metadata and each item's first packed row.
-        """
-        cache, device = self.cache, self.loaded.device
-        bs, null = cache.block_size, cache.null_block
-        ids: list[int] = []
-        pos: list[int] = []
-        slots: list[int] = []
-        first_row = [0] * len(batch)
-        # Decode rows: one per single-token item, and one per token of an item verifying proposals
-        # (each attends to the positions up to its own, the tokens before it written in this step).
-        decode = [i for i, it in enumerate(batch) if len(it.token_ids) == it.num_draft_tokens + 1]
-        prefill = [i for i, it in enumerate(batch) if len(it.token_ids) != it.num_draft_tokens + 1]
-        dec_blocks: list[int] = []
-        dec_ctx: list[int] = []
-        fresh: list[int] = []
-        max_blocks = max(((batch[i].start_pos + len(batch[i].token_ids) - 1) // bs + 1 for i in decode), default=0)
-        for i in decode:
-            it = batch[i]
-            table = it.block_table
-            first_row[i] = len(ids)
-            for p, token in enumerate(it.token_ids, it.start_pos):
-                ids.append(token)
-                pos.append(p)
-                slots.append(table[p // bs] * bs + p % bs)
-                if p % bs == 0:
-                    fresh.append(table[p // bs])
-                nb = p // bs + 1
-                dec_blocks += table[:nb]
-                dec_blocks += [null] * (max_blocks - nb)
-                dec_ctx.append(p + 1)
-        segments: list[PrefillSegment] = []
-        cached: list[tuple[int, int, int, list[int]]] = []  # chunks continuing a prefix (kernel operators)
-        native_chunks: list[tuple[int, int, int, list[int]]] = []  # every chunk (native CPU prefill kernel)
-        for i in prefill:
-            it = batch[i]
-            n, s, table = len(it.token_ids), it.start_pos, it.block_table
-            first_row[i] = len(ids)
-            ids += it.token_ids
-            pos += range(s, s + n)
-            slots += [table[p // bs] * bs + p % bs for p in range(s, s + n)]
-            fresh += table[-(-s // bs): (s + n - 1) // bs + 1]  # blocks whose slot 0 is written now
-            blocks = None
-            if cache.prefill_kernel is not None:  # the native kernel reads every chunk's context in place
-                native_chunks.append((first_row[i], n, s, table[: (s + n - 1) // bs + 1]))
-                continue
-            if s > 0 and cache.kernel_ops:  # the prefill operator reads the cached prefix in place
-                cached.append((first_row[i], n, s, table[: (s + n - 1) // bs + 1]))
-                continue
-            if s > 0:  # attends to cached positions: gather the sequence's blocks
-                blocks = torch.tensor(table[: (s + n - 1) // bs + 1], dtype=torch.long).to(device, non_blocking=True)
-            segments.append(PrefillSegment(row=first_row[i], n=n, start=s, blocks=blocks))
-        rows = len(dec_ctx)
-        if len(dec_blocks) and len(dec_blocks) != rows * max_blocks:
-            raise ValueError("a decode item's block_table is shorter than its context")
-
-        def t(values: list[int]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.long).to(device, non_blocking=True)
-
-        meta = StepMetadata(slot_mapping=t(slots), num_decode=rows, prefills=segments,
-                            prefill_plan=cache.plan_prefill(native_chunks))
-        if cached:
-            width = max(len(c[3]) for c in cached)
-            meta.cached_prefill = tuple(torch.tensor(v, dtype=torch.int32).to(device, non_blocking=True) for v in (
-                [c[3] + [null] * (width - len(c[3])) for c in cached], [c[0] for c in cached],
-                [c[1] for c in cached], [c[2] for c in cached])) + (max(c[1] for c in cached),)
-        if fresh:
-            meta.fresh_blocks = t(fresh)
-        if decode and cache.kernel_ops:
-            meta.decode_table = torch.tensor(dec_blocks, dtype=torch.int32).view(rows, max_blocks).to(
-                device, non_blocking=True)
-            meta.decode_ctx = torch.tensor(dec_ctx, dtype=torch.int32).to(device, non_blocking=True)
-            meta.segments = cache.decode_segments(rows)
-        elif decode:
-            meta.decode_blocks, meta.decode_ctx, meta.decode_max_blocks = t(dec_blocks), t(dec_ctx), max_blocks
-        return t(ids), t(pos), meta, first_row
-
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         head = self._lm_head
         if self._packed_head is not None:
@@ -419,13 +345,20 @@ class TorchBackend(Backend):
             raise RuntimeError("TorchBackend.init_kv_cache() has not been called")
         if any(not it.token_ids for it in batch):
             raise ValueError("every StepItem must feed at least one token")
-        input_ids, positions, meta, first_row = self._metadata(batch)
+        input_ids, positions, meta, first_row = pack_batch(self.cache, self.loaded.device, batch)
         if meta.fresh_blocks is not None:
             self.cache.zero_blocks(meta.fresh_blocks)
+        # Image features where a prompt's images sit (vision.py), in place of those tokens' embeddings.
+        images = self.vision.embeddings(batch, first_row) if self.vision and any(it.media for it in batch) else None
         if self._fused is not None:
-            return self._fused.forward(input_ids, positions, self.cache, meta), first_row
+            return self._fused.forward(input_ids, positions, self.cache, meta, images), first_row
+        fed: dict[str, torch.Tensor] = {"input_ids": input_ids[None]}
+        if images is not None:
+            embeds = self._decoder.get_input_embeddings()(input_ids)
+            embeds[images[0]] = images[1].to(embeds.dtype)
+            fed = {"inputs_embeds": embeds[None]}
         with step_context(self.cache, meta):
-            out = self._decoder(input_ids=input_ids[None], position_ids=positions[None], use_cache=False)
+            out = self._decoder(**fed, position_ids=positions[None], use_cache=False)
         return out[0][0], first_row
 
     @torch.inference_mode()
@@ -441,7 +374,7 @@ class TorchBackend(Backend):
         if not batch:
             return []
         self.steps += 1
-        if self._graphs is not None and self._graphs.fits(batch):
+        if self._graphs is not None and self._graphs.fits(batch) and not any(it.media for it in batch):
             outs = self.sampler.sample(self._graphs.run(batch), batch)
             return [StepResult(seq_id=it.seq_id, token_id=o.token_id, logprob=o.logprob, top=o.top)
                     for it, o in zip(batch, outs)]

@@ -32,6 +32,7 @@ from . import tp_shard, tp_worker
 from .loader import LoadedModel, hf_directory, load_model
 from .options import TorchOptions
 from .runner import TorchBackend
+from .vision import is_vision_config
 
 log = logging.getLogger("llmserve.backend.torch.tp")
 
@@ -187,7 +188,11 @@ class TensorParallelBackend(TorchBackend):
             # GGUF files go through the converted (dequantized) directory: each rank slices plain tensors.
             hf_dir = hf_directory(source, self.config.llm.cache_dir)
             cfg = AutoConfig.from_pretrained(hf_dir, trust_remote_code=self.config.llm.trust_remote_code)
-            tp_shard.check(tp_shard.text_config(cfg), self.world, f"model {os.path.basename(str(source or hf_dir))!r}")
+            name = os.path.basename(str(source or hf_dir))
+            tp_shard.check(tp_shard.text_config(cfg), self.world, f"model {name!r}")
+            if is_vision_config(cfg):  # the worker ranks' steps carry no images
+                raise ConfigError(f"model {name!r} reads images, which tensor parallel does not serve yet: serve it "
+                                  "with --tensor-parallel-size 1")
             if not self.options.fused_forward:
                 raise ConfigError("--tensor-parallel-size needs the fused forward (--torch-fused-forward)")
         try:

@@ -98,7 +98,7 @@ class Messages:
         prompt_tokens = len(req.prompt_token_ids or [])
         # The prompt tokens the prefix cache holds now (Claude Code reads them here); the final
         # usage in message_delta says what was reused.
-        cached = self.p.context.engine.cached_prefix(list(req.prompt_token_ids or []))
+        cached = self.p.context.engine.cached_prefix(list(req.prompt_token_ids or []), req.media)
         start = {**head, "content": [], "stop_reason": None, "stop_sequence": None,
                  "usage": _usage(Usage(prompt_tokens=prompt_tokens, cached_tokens=cached))}
         yield event("message_start", message=start)

@@ -167,6 +167,8 @@ class ModelCard:
             caps.append("tools")
         if parsing.reasoning_parser:
             caps.append("thinking")
+        if "image" in self.info.input_modalities:  # Ollama's word for a model that reads images
+            caps.append("vision")
         return caps
 
     def model_info(self) -> dict[str, Any]:

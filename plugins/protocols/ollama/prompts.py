@@ -115,7 +115,9 @@ def go_template(source: str, values: dict[str, str]) -> str:
 
 def generate_prompt(tokenizer: Any, body: GenerateRequest, kwargs: dict[str, Any],
                     timeout: float) -> tuple[str, bool]:
-    """``(prompt text, whether the tokenizer should add its special tokens)`` of a generate body."""
+    """``(prompt text, whether the tokenizer should add its special tokens)`` of a generate body.
+    Through the chat template, the body's ``images`` come first in the user message, as Ollama
+    places them; a raw or templated prompt holds the model's own placeholders itself."""
     prompt, system = body.prompt or "", body.system or ""
     if body.raw:
         return prompt, True
@@ -123,6 +125,9 @@ def generate_prompt(tokenizer: Any, body: GenerateRequest, kwargs: dict[str, Any
         return go_template(body.template, {"System": system, "Prompt": prompt}), False
     if not getattr(tokenizer, "chat_template", None):  # a base model: the text is the prompt
         return (system + "\n\n" + prompt if system else prompt), True
-    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    content: Any = prompt
+    if body.images:
+        content = [*({"type": "image"} for _ in body.images), {"type": "text", "text": prompt}]
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": content}]
     return render_chat(tokenizer, messages, add_generation_prompt=True, template_kwargs=kwargs,
                        timeout=timeout), False

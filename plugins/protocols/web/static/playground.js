@@ -58,6 +58,10 @@
       return r.json().then(function (body) {
         modelId = body.data && body.data.length ? body.data[0].id : null;
         $("model").textContent = "model: " + (modelId || "none");
+        // Images only for a model that reads them (its card's input_modalities say "image").
+        var arch = body.data && body.data.length ? body.data[0].architecture : null;
+        readsImages = !!(arch && (arch.input_modalities || []).indexOf("image") >= 0);
+        $("attach").hidden = !readsImages;
       });
     }).catch(function () { $("model").textContent = "model: unreachable"; });
   }
@@ -168,11 +172,44 @@
     return node;
   }
 
-  function addMessage(role, text) {
+  // -- images attached to the next message (data: URLs, sent as image_url parts) --------------------
+  var readsImages = false;
+  var attachments = [];
+
+  function showAttachments() {
+    var box = $("attachments");
+    box.textContent = "";
+    box.hidden = !attachments.length;
+    attachments.forEach(function (url, i) {
+      var img = element("img", "thumb");
+      img.src = url;
+      img.alt = "attached image " + (i + 1) + " (click to remove)";
+      img.title = "click to remove";
+      img.addEventListener("click", function () { attachments.splice(i, 1); showAttachments(); });
+      box.appendChild(img);
+    });
+  }
+
+  function attach(files) {
+    Array.prototype.forEach.call(files, function (file) {
+      if (!/^image\//.test(file.type)) { return; }
+      var reader = new FileReader();
+      reader.onload = function () { attachments.push(reader.result); showAttachments(); };
+      reader.readAsDataURL(file);
+    });
+  }
+
+  function addMessage(role, text, images) {
     var hint = $("hint");
     if (hint) { hint.remove(); }
     var box = element("div", "msg " + role);
     box.appendChild(element("div", "role", role));
+    (images || []).forEach(function (url) {
+      var img = element("img", "thumb");
+      img.src = url;
+      img.alt = "image sent";
+      box.appendChild(img);
+    });
     var view = { box: box, reasoning: null, content: element("div", "content", text || ""), calls: {} };
     box.appendChild(view.content);
     $("transcript").appendChild(box);
@@ -241,9 +278,13 @@
   function send(text) {
     showError("");
     var body;
-    history.push({ role: "user", content: text });
+    var images = attachments;
+    var parts = images.map(function (url) { return { type: "image_url", image_url: { url: url } }; });
+    history.push({ role: "user", content: images.length ? parts.concat([{ type: "text", text: text }]) : text });
     try { body = requestBody(); } catch (e) { history.pop(); showError(e.message); return; }
-    var question = addMessage("user", text);
+    attachments = [];
+    showAttachments();
+    var question = addMessage("user", text, images);
     var view = addMessage("assistant", "");
     var t = { sent: performance.now(), first: null, end: null, chunks: 0, usage: null, finish: null };
     var content = "";
@@ -309,6 +350,7 @@
         view.box.remove();
         question.box.remove();
         if (!$("prompt").value) { $("prompt").value = text; }
+        if (!attachments.length) { attachments = images; showAttachments(); }
         showError(err.message);
         if (/API key/.test(err.message)) { $("api-key").focus(); }
       })
@@ -329,9 +371,17 @@
     }
   });
   $("stop").addEventListener("click", function () { if (controller) { controller.abort(); } });
+  $("attach").addEventListener("click", function () { $("image-file").click(); });
+  $("image-file").addEventListener("change", function () { attach(this.files); this.value = ""; });
+  $("prompt").addEventListener("paste", function (event) {
+    var files = event.clipboardData ? event.clipboardData.files : null;
+    if (readsImages && files && files.length) { attach(files); }
+  });
   $("clear").addEventListener("click", function () {
     if (controller) { controller.abort(); }
     history = [];
+    attachments = [];
+    showAttachments();
     $("transcript").textContent = "";
     showError("");
   });

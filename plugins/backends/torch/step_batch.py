@@ -1,0 +1,90 @@
+"""Packing one engine step for the torch backend's forward: decode rows first, then prefill
+chunks, into flat input ids, positions and the paged attention's metadata."""
+
+from __future__ import annotations
+
+import torch
+
+from llmserve import StepItem
+
+from .attention import PagedKVCache, PrefillSegment, StepMetadata
+
+
+def pack_batch(cache: PagedKVCache, device: torch.device,
+               batch: list[StepItem]) -> tuple[torch.Tensor, torch.Tensor, StepMetadata, list[int]]:
+    """Pack the batch (decode items first, then prefill chunks) into flat CPU lists, then tensors.
+
+    Returns input ids, positions, the attention metadata and each item's first packed row.
+    """
+    bs, null = cache.block_size, cache.null_block
+    ids: list[int] = []
+    pos: list[int] = []
+    slots: list[int] = []
+    first_row = [0] * len(batch)
+    # Decode rows: one per single-token item, and one per token of an item verifying proposals
+    # (each attends to the positions up to its own, the tokens before it written in this step).
+    decode = [i for i, it in enumerate(batch) if len(it.token_ids) == it.num_draft_tokens + 1]
+    prefill = [i for i, it in enumerate(batch) if len(it.token_ids) != it.num_draft_tokens + 1]
+    dec_blocks: list[int] = []
+    dec_ctx: list[int] = []
+    fresh: list[int] = []
+    max_blocks = max(((batch[i].start_pos + len(batch[i].token_ids) - 1) // bs + 1 for i in decode), default=0)
+    for i in decode:
+        it = batch[i]
+        table = it.block_table
+        first_row[i] = len(ids)
+        for p, token in enumerate(it.token_ids, it.start_pos):
+            ids.append(token)
+            pos.append(p)
+            slots.append(table[p // bs] * bs + p % bs)
+            if p % bs == 0:
+                fresh.append(table[p // bs])
+            nb = p // bs + 1
+            dec_blocks += table[:nb]
+            dec_blocks += [null] * (max_blocks - nb)
+            dec_ctx.append(p + 1)
+    segments: list[PrefillSegment] = []
+    cached: list[tuple[int, int, int, list[int]]] = []  # chunks continuing a prefix (kernel operators)
+    native_chunks: list[tuple[int, int, int, list[int]]] = []  # every chunk (native CPU prefill kernel)
+    for i in prefill:
+        it = batch[i]
+        n, s, table = len(it.token_ids), it.start_pos, it.block_table
+        first_row[i] = len(ids)
+        ids += it.token_ids
+        pos += range(s, s + n)
+        slots += [table[p // bs] * bs + p % bs for p in range(s, s + n)]
+        fresh += table[-(-s // bs): (s + n - 1) // bs + 1]  # blocks whose slot 0 is written now
+        blocks = None
+        if cache.prefill_kernel is not None:  # the native kernel reads every chunk's context in place
+            native_chunks.append((first_row[i], n, s, table[: (s + n - 1) // bs + 1]))
+            continue
+        if s > 0 and cache.kernel_ops:  # the prefill operator reads the cached prefix in place
+            cached.append((first_row[i], n, s, table[: (s + n - 1) // bs + 1]))
+            continue
+        if s > 0:  # attends to cached positions: gather the sequence's blocks
+            blocks = torch.tensor(table[: (s + n - 1) // bs + 1], dtype=torch.long).to(device, non_blocking=True)
+        segments.append(PrefillSegment(row=first_row[i], n=n, start=s, blocks=blocks))
+    rows = len(dec_ctx)
+    if len(dec_blocks) and len(dec_blocks) != rows * max_blocks:
+        raise ValueError("a decode item's block_table is shorter than its context")
+
+    def t(values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long).to(device, non_blocking=True)
+
+    meta = StepMetadata(slot_mapping=t(slots), num_decode=rows, prefills=segments,
+                        prefill_plan=cache.plan_prefill(native_chunks))
+    if cached:
+        width = max(len(c[3]) for c in cached)
+        meta.cached_prefill = tuple(torch.tensor(v, dtype=torch.int32).to(device, non_blocking=True) for v in (
+            [c[3] + [null] * (width - len(c[3])) for c in cached], [c[0] for c in cached],
+            [c[1] for c in cached], [c[2] for c in cached])) + (max(c[1] for c in cached),)
+    if fresh:
+        meta.fresh_blocks = t(fresh)
+    if decode and cache.kernel_ops:
+        meta.decode_table = torch.tensor(dec_blocks, dtype=torch.int32).view(rows, max_blocks).to(
+            device, non_blocking=True)
+        meta.decode_ctx = torch.tensor(dec_ctx, dtype=torch.int32).to(device, non_blocking=True)
+        meta.segments = cache.decode_segments(rows)
+    elif decode:
+        meta.decode_blocks, meta.decode_ctx, meta.decode_max_blocks = t(dec_blocks), t(dec_ctx), max_blocks
+    return t(ids), t(pos), meta, first_row

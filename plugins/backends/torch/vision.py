@@ -1,0 +1,167 @@
+"""Vision-language models on the torch backend.
+
+A prompt's images reach the language model in three steps, each where it belongs:
+- ``expand`` (the server's ``MediaProcessor``, in a tokenizer thread): the model's own
+  transformers processor turns each image into its pixel inputs and the token string that stands
+  for it (tiles, row markers and the repeated image token for Idefics3/SmolVLM; the repeated pad
+  token for Qwen-VL); the one placeholder the chat template rendered is replaced by that string.
+- ``features`` (the engine thread, inside a step): the vision tower and its projector encode an
+  image once; the encoder cache keeps the result by the image's digest, so a later turn that sends
+  the same image again (every turn of a chat resends its history) does not encode it again.
+- ``embeddings`` (the same step): for each item, the rows of the packed step that hold one of an
+  image's tokens get the image's features instead of the token's embedding; a prefill chunk that
+  covers part of an image gets just those rows.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from llmserve import InvalidRequestError, MediaInput, StepItem, image_digest
+
+log = logging.getLogger("llmserve.backend.torch")
+
+#: Bytes of encoded images the encoder cache keeps (least recently used first out).
+ENCODER_CACHE_BYTES = 256 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class ImageInputs:
+    """One image as the model's vision tower takes it (``MediaInput.data``): the processor's
+    tensors, and the positions (absolute, in the prompt) its features go to, in order."""
+
+    tensors: dict[str, torch.Tensor]
+    positions: torch.Tensor
+
+
+class VisionInputs:
+    """The ``MediaProcessor`` of a vision-language model, and the encoder behind it."""
+
+    def __init__(self, model: Any, processor: Any, tokenizer: Any, device: torch.device) -> None:
+        self.model = model
+        self.processor = processor
+        self.device = device
+        self.placeholder = str(processor.image_token)
+        self.placeholder_id = int(tokenizer.convert_tokens_to_ids(self.placeholder))
+        config = model.config
+        image_id = getattr(config, "image_token_id", None)
+        if image_id is None:
+            image_id = getattr(config, "image_token_index", None)
+        # The token whose positions take the features: the placeholder itself unless the config says.
+        self.image_token_id = int(image_id) if image_id is not None else self.placeholder_id
+        self._unused = {"input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids",
+                        *getattr(processor, "unused_input_names", ())}
+        self._cache: OrderedDict[str, torch.Tensor] = OrderedDict()
+        self._cache_bytes = 0  # the cache is the engine thread's alone: no lock
+        self.hits = 0    # images found in the encoder cache
+        self.encoded = 0  # images run through the vision tower
+
+    @classmethod
+    def build(cls, model: Any, processor: Any, tokenizer: Any, device: torch.device) -> "VisionInputs | None":
+        """The model's image path, or None (logged) when its processor names no image token."""
+        if processor is None or not getattr(processor, "image_token", None):
+            log.warning("the processor of this vision model names no image token: serving text only")
+            return None
+        if not hasattr(model, "get_image_features"):
+            log.warning("%s has no image encoder transformers can call: serving text only", type(model).__name__)
+            return None
+        return cls(model, processor, tokenizer, device)
+
+    # -------------------------------------------------------------- tokenizer thread
+    def expand(self, prompt_ids: list[int], images: Sequence[Any],
+               param: str) -> tuple[list[int], tuple[MediaInput, ...]]:
+        where = [i for i, t in enumerate(prompt_ids) if t == self.placeholder_id]
+        if len(where) != len(images):
+            raise InvalidRequestError(f"the prompt has {len(where)} image placeholders ({self.placeholder}) for "
+                                      f"{len(images)} images", param=param)
+        out: list[int] = []
+        media: list[MediaInput] = []
+        last = 0
+        for at, image in zip(where, images):
+            out += prompt_ids[last:at]
+            ids, tensors = self._process(image, param)
+            positions = torch.tensor([len(out) + k for k, t in enumerate(ids) if t == self.image_token_id])
+            data = ImageInputs(tensors, positions)
+            media.append(MediaInput(image_digest(image), len(out), len(out) + len(ids), data))
+            out += ids
+            last = at + 1
+        out += prompt_ids[last:]
+        return out, tuple(media)
+
+    def _process(self, image: Any, param: str) -> tuple[list[int], dict[str, torch.Tensor]]:
+        """The token ids that stand for ``image`` and its pixel inputs, by the model's processor."""
+        try:
+            enc = self.processor(text=[self.placeholder], images=[image], return_tensors="pt",
+                                 add_special_tokens=False)
+        except (ValueError, TypeError, OSError) as exc:
+            raise InvalidRequestError(f"the model's image processor cannot read the image ({exc})",
+                                      param=param) from None
+        ids = [int(t) for t in enc["input_ids"][0]]
+        tensors = {k: v for k, v in enc.items() if k not in self._unused and isinstance(v, torch.Tensor)}
+        return ids, tensors
+
+    # -------------------------------------------------------------- engine thread
+    def features(self, item: MediaInput) -> torch.Tensor:
+        """``[image tokens, hidden]``: the image's features, from the encoder cache or the vision tower."""
+        cached = self._cache.get(item.digest)
+        if cached is not None:
+            self._cache.move_to_end(item.digest)
+            self.hits += 1
+            return cached
+        data: ImageInputs = item.data
+        inputs = {k: v.to(self.device) for k, v in data.tensors.items()}
+        out = self.model.get_image_features(**inputs, return_dict=True)
+        pooled = out.pooler_output
+        feats = torch.cat([f.reshape(-1, f.shape[-1]) for f in pooled]) if isinstance(pooled, (list, tuple)) else (
+            pooled.reshape(-1, pooled.shape[-1]))
+        if feats.shape[0] != data.positions.numel():
+            raise RuntimeError(f"the vision tower gave {feats.shape[0]} image tokens for {data.positions.numel()} "
+                               "placeholders")
+        self.encoded += 1
+        self._cache[item.digest] = feats
+        self._cache_bytes += feats.numel() * feats.element_size()
+        while self._cache_bytes > ENCODER_CACHE_BYTES and len(self._cache) > 1:
+            _, old = self._cache.popitem(last=False)
+            self._cache_bytes -= old.numel() * old.element_size()
+        return feats
+
+    def embeddings(self, batch: list[StepItem], first_row: list[int]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(rows of the packed step, their image features) for every image token fed this step."""
+        rows: list[torch.Tensor] = []
+        values: list[torch.Tensor] = []
+        for it, row in zip(batch, first_row):
+            lo, hi = it.start_pos, it.start_pos + len(it.token_ids)
+            for item in it.media:
+                positions = item.data.positions
+                inside = (positions >= lo) & (positions < hi)
+                if not bool(inside.any()):
+                    continue
+                rows.append(positions[inside] - lo + row)
+                values.append(self.features(item)[inside.to(self.device)])
+        if not rows:
+            return None
+        return torch.cat(rows).to(self.device), torch.cat(values)
+
+
+def load_processor(model_dir: str, trust_remote_code: bool) -> Any:
+    """The model's transformers processor, or None (logged) when its folder has none."""
+    from transformers import AutoProcessor
+
+    try:
+        return AutoProcessor.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, KeyError, ImportError) as exc:
+        log.warning("the image processor of %s cannot be loaded (%s): serving text only", model_dir, exc)
+        return None
+
+
+def is_vision_config(config: Any) -> bool:
+    """Whether transformers loads this config as an image-text-to-text model with a vision tower."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+    return getattr(config, "vision_config", None) is not None and (
+        getattr(config, "model_type", None) in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)

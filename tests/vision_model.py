@@ -1,0 +1,130 @@
+"""Tiny generated vision-language models for the image path's tests: a SmolVLM-256M-shaped
+Idefics3 (SigLIP-style vision tower, pixel-shuffle projector, a Llama language model) with random
+weights, saved with its processor as transformers saves a Hub checkpoint.
+
+The tokenizer is SmolLM2's (the embedded model's), with the image tokens SmolVLM adds
+(``<image>``, ``<fake_token_around_image>``, ``<global-img>``, ``<row_R_col_C>``) and its chat
+template's format (``User:<image>text<end_of_utterance>``). The image processor keeps SmolVLM's
+settings (tiles of ``max_image_size`` after resizing the longest edge to ``size``, then a global
+image), scaled down so a test image makes a few small tiles: 64-pixel tiles of 16-pixel patches,
+a pixel shuffle of 2, so each tile becomes 4 image tokens.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from typing import Any
+
+# SmolVLM's chat template, in its format: a role, a colon, the message's parts (an image as
+# the processor's placeholder), the end of the utterance.
+CHAT_TEMPLATE = (
+    "<|im_start|>{% for message in messages %}{{ message['role'] | capitalize }}"
+    "{% if message['content'] is string %}: {{ message['content'] }}"
+    "{% else %}{% if message['content'][0]['type'] == 'image' %}:{% else %}: {% endif %}"
+    "{% for part in message['content'] %}{% if part['type'] == 'text' %}{{ part['text'] }}"
+    "{% elif part['type'] == 'image' %}<image>{% endif %}{% endfor %}{% endif %}<end_of_utterance>\n"
+    "{% endfor %}{% if add_generation_prompt %}Assistant:{% endif %}")
+IMAGE_TOKENS = ["<fake_token_around_image>", "<image>", "<global-img>", "<end_of_utterance>",
+                *(f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7))]
+# Shapes: ``tiny`` for the tests (64-pixel tiles of 16-pixel patches and a pixel shuffle of 2: 4
+# image tokens per tile); ``smolvlm-256m`` is SmolVLM-256M-Instruct's (SigLIP base at 512 pixels,
+# a shuffle of 4: 64 tokens per tile; SmolLM2-135M's language model), for bench/vision_bench.py.
+SHAPES: dict[str, dict[str, Any]] = {
+    "tiny": {"tile": 64, "longest": 128, "scale": 2,
+             "vision": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2},
+             "text": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+                      "num_key_value_heads": 2}},
+    "smolvlm-256m": {"tile": 512, "longest": 2048, "scale": 4,
+                     "vision": {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,
+                                "num_attention_heads": 12},
+                     "text": {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+                              "num_attention_heads": 9, "num_key_value_heads": 3}},
+}
+
+
+def write_idefics3(path: str, seed: int = 0, shape: str = "tiny") -> str:
+    """An Idefics3 checkpoint of ``shape`` (random weights) with its processor in ``path``;
+    returns ``path``."""
+    import torch
+    from transformers import AutoTokenizer, Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor
+    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+
+    from llmserve.plugins.backends.torch.loader import hf_directory
+
+    tokenizer = AutoTokenizer.from_pretrained(hf_directory(None))  # SmolLM2's, converted from the embedded GGUF
+    tokenizer.add_special_tokens({"additional_special_tokens": IMAGE_TOKENS})
+    tokenizer.chat_template = CHAT_TEMPLATE
+    dims = SHAPES[shape]
+    tile, scale = dims["tile"], dims["scale"]
+    images = Idefics3ImageProcessorPil(size={"longest_edge": dims["longest"]}, max_image_size={"longest_edge": tile})
+    processor = Idefics3Processor(image_processor=images, tokenizer=tokenizer,
+                                  image_seq_len=(tile // 16) ** 2 // scale ** 2, chat_template=CHAT_TEMPLATE)
+    config = Idefics3Config(
+        vision_config={**dims["vision"], "image_size": tile, "patch_size": 16},
+        text_config={"model_type": "llama", **dims["text"], "vocab_size": len(tokenizer),
+                     "max_position_embeddings": 8192, "tie_word_embeddings": True,
+                     "eos_token_id": tokenizer.convert_tokens_to_ids("<end_of_utterance>")},
+        scale_factor=scale, image_token_id=tokenizer.convert_tokens_to_ids("<image>"), tie_word_embeddings=True)
+    torch.manual_seed(seed)
+    model = Idefics3ForConditionalGeneration(config).eval()
+    # Larger than the default init (with which the tiny language model answers one token whatever
+    # it reads): an image moves the logits enough that two pictures get two greedy answers.
+    with torch.no_grad():
+        for p in model.model.connector.parameters():
+            p.mul_(8.0)
+        for name, p in model.model.text_model.named_parameters():
+            if name.endswith("proj.weight"):
+                p.mul_(4.0)
+    model.save_pretrained(path)
+    processor.save_pretrained(path)
+    return path
+
+
+def picture(seed: int, size: tuple[int, int] = (150, 100)) -> Any:
+    """A random RGB picture (``PIL.Image``) of ``size`` (width, height)."""
+    import numpy as np
+    from PIL import Image
+
+    pixels = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    return Image.fromarray(pixels)
+
+
+def png(seed: int, size: tuple[int, int] = (150, 100)) -> bytes:
+    """``picture(seed, size)`` as PNG bytes."""
+    out = io.BytesIO()
+    picture(seed, size).save(out, format="PNG")
+    return out.getvalue()
+
+
+def reference_logits(path: str, text: str, images: list[Any]) -> tuple[list[int], Any]:
+    """transformers' own forward over ``text`` (holding one ``<image>`` per image) with ``images``:
+    (the prompt's token ids as its processor expands them, the logits at every position)."""
+    import torch
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(path)
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
+    enc = processor(text=[text], images=[images] if images else None, return_tensors="pt", add_special_tokens=False)
+    with torch.no_grad():
+        out = model(**{k: v for k, v in enc.items() if k not in ("rows", "cols")})
+    return enc["input_ids"][0].tolist(), out.logits[0].float()
+
+
+def model_dir(tmp_path_factory: Any, name: str = "tiny-idefics3") -> str:
+    """A module's tiny Idefics3 folder (one per test module)."""
+    return write_idefics3(os.fspath(tmp_path_factory.mktemp(name)))
+
+
+def reference_generate(path: str, text: str, images: list[Any], n: int) -> list[int]:
+    """transformers' greedy ``generate`` over ``text`` with ``images``: the ``n`` new token ids."""
+    import torch
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(path)
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
+    enc = processor(text=[text], images=[images] if images else None, return_tensors="pt", add_special_tokens=False)
+    inputs = {k: v for k, v in enc.items() if k not in ("rows", "cols")}
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+    return out[0, enc["input_ids"].shape[1]:].tolist()
