@@ -27,6 +27,8 @@ from pathlib import Path
 
 import bench_args  # bench/bench_args.py: the script's folder is first on sys.path
 import httpx
+import llama_cpp
+from make_models import converter_requirements, run_quietly
 from serve_bench import free_port, start, stop
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -65,10 +67,32 @@ def encode_ms(path: str, size: tuple[int, int]) -> tuple[float, int]:
     return statistics.median(times) * 1000, int(feats.shape[0])
 
 
+def peer_files(tools: llama_cpp.LlamaCpp, path: str) -> tuple[Path, Path]:
+    """(text GGUF, mmproj GGUF) of the folder, converted by llama.cpp's converter when missing."""
+    out = Path(path).parent
+    text, mmproj = out / "smolvlm-256m-shape-F32.gguf", out / "mmproj-smolvlm-256m-shape-F32.gguf"
+    converter_requirements()
+    for target, extra in ((text, []), (mmproj, ["--mmproj"])):
+        if target.exists():
+            continue
+        # The converter names an mmproj file itself (an "mmproj-" prefix): convert into a folder of its own.
+        tmp = out / (target.name + ".partial")
+        tmp.mkdir(exist_ok=True)
+        cmd = [sys.executable, str(tools.converter), path, "--outfile", str(tmp / "out.gguf"), "--outtype", "f32",
+               *extra]
+        print("converting: " + " ".join(cmd), flush=True)
+        run_quietly(cmd, env=tools.converter_env())
+        (made,) = tmp.glob("*.gguf")
+        made.rename(target)
+        tmp.rmdir()
+    return text, mmproj
+
+
 def chat(url: str, content: list | str, max_tokens: int) -> tuple[float, float, int]:
     """(TTFT s, decode tok/s after the first token, prompt tokens) of one streamed chat."""
     body = {"model": "vlm", "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
-            "min_tokens": max_tokens, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+            "min_tokens": max_tokens, "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
+            "ignore_eos": True}
     t0 = time.perf_counter()
     first = last = None
     tokens = prompt = 0
@@ -93,44 +117,62 @@ def image_part(seed: int, size: tuple[int, int]) -> dict:
     return {"type": "image_url", "image_url": {"url": url}}
 
 
+def measure(name: str, cmd: list[str], url: str, port: int, log_dir: str, size: tuple[int, int],
+            requests: int, max_tokens: int) -> dict[str, list[tuple[float, float, int]]]:
+    """One server: started, warmed with one image, measured, stopped; with its time to ready."""
+    t0 = time.perf_counter()
+    proc = start(cmd, port, Path(log_dir) / f"vision-{name}.log", dict(os.environ),
+                 "/ready" if name == "llmserve" else "/health")
+    rows: dict[str, list[tuple[float, float, int]]] = {"ready": [(time.perf_counter() - t0, 0.0, 0)],
+                                                      "new image": [], "same image again": [], "text only": []}
+    try:
+        chat(url, [image_part(999, size), {"type": "text", "text": QUESTION}], 4)  # warm-up
+        for k in range(requests):
+            content = [image_part(k, size), {"type": "text", "text": QUESTION}]
+            rows["new image"].append(chat(url, content, max_tokens))
+            rows["same image again"].append(chat(url, content, max_tokens))
+            rows["text only"].append(chat(url, QUESTION, max_tokens))
+    finally:
+        stop(proc)
+    return rows
+
+
 def main() -> None:
     ap = bench_args.new_parser(__doc__)
     ap.add_argument("--image-size", default="1024x768", help="WIDTHxHEIGHT of the test pictures")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--requests", type=int, default=3, help="requests per measurement")
     ap.add_argument("--log-dir", default="bench/logs")
+    ap.add_argument("--skip-peer", action="store_true", help="llmserve alone")
+    ap.add_argument("--skip-encode", action="store_true", help="no in-process encode timing")
+    ap.add_argument("--llama-cpp", default=None, help="a llama.cpp build folder (default: found or built)")
     args = ap.parse_args()
     size = tuple(int(v) for v in args.image_size.split("x"))
     path = model_dir()
-    ms, image_tokens = encode_ms(path, size)
-    print(f"encode: {ms:.0f} ms for one {args.image_size} image ({image_tokens} image tokens)", flush=True)
-
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
+    if not args.skip_encode:
+        ms, image_tokens = encode_ms(path, size)
+        print(f"encode: {ms:.0f} ms for one {args.image_size} image ({image_tokens} image tokens)", flush=True)
     os.makedirs(args.log_dir, exist_ok=True)
-    cmd = [sys.executable, "-m", "llmserve", "serve", path, "--port", str(port), "--dtype", "float32",
-           "--served-model-name", "vlm", "--log-level", "warning"]
-    t0 = time.perf_counter()
-    proc = start(cmd, port, Path(args.log_dir) / "vision-llmserve.log", dict(os.environ))
-    ready = time.perf_counter() - t0
-    rows: dict[str, list[tuple[float, float, int]]] = {"new image": [], "same image again": [], "text only": []}
-    try:
-        chat(url, [image_part(999, size), {"type": "text", "text": QUESTION}], 4)  # warm-up
-        for k in range(args.requests):
-            content = [image_part(k, size), {"type": "text", "text": QUESTION}]
-            rows["new image"].append(chat(url, content, args.max_tokens))
-            rows["same image again"].append(chat(url, content, args.max_tokens))
-            rows["text only"].append(chat(url, QUESTION, args.max_tokens))
-    finally:
-        stop(proc)
-    print(f"\nSmolVLM-256M shape, fp32, CPU; {args.image_size} image ({image_tokens} image tokens), "
-          f"ready in {ready:.1f} s")
-    print("| request | prompt tokens | TTFT p50 (ms) | decode tok/s p50 |")
-    print("|---|---|---|---|")
-    for name, samples in rows.items():
-        ttft = statistics.median(s[0] for s in samples) * 1000
-        tps = statistics.median(s[1] for s in samples)
-        print(f"| {name} | {samples[0][2]} | {ttft:.0f} | {tps:.1f} |")
+    port = free_port()
+    servers = {"llmserve": [sys.executable, "-m", "llmserve", "serve", path, "--port", str(port), "--dtype", "float32",
+                            "--served-model-name", "vlm", "--log-level", "warning"]}
+    if not args.skip_peer:
+        tools = llama_cpp.ensure(args.llama_cpp, need_source=True)
+        text, mmproj = peer_files(tools, path)
+        servers["llama-server"] = [str(tools.server), "-m", str(text), "--mmproj", str(mmproj), "--port", str(port),
+                                   "-c", "4096", "--jinja", "-t", str(os.cpu_count() or 1)]
+    results = {name: measure(name, cmd, f"http://127.0.0.1:{port}", port, args.log_dir, size, args.requests,
+                             args.max_tokens) for name, cmd in servers.items()}
+    print(f"\nSmolVLM-256M shape, fp32, CPU; {args.image_size} images")
+    print("| server | request | prompt tokens | TTFT p50 (ms) | decode tok/s p50 |")
+    print("|---|---|---|---|---|")
+    for name, rows in results.items():
+        print(f"| {name} | time to ready | | {rows['ready'][0][0] * 1000:.0f} | |")
+        for what in ("new image", "same image again", "text only"):
+            samples = rows[what]
+            ttft = statistics.median(s[0] for s in samples) * 1000
+            tps = statistics.median(s[1] for s in samples)
+            print(f"| {name} | {what} | {samples[0][2]} | {ttft:.0f} | {tps:.1f} |")
 
 
 if __name__ == "__main__":

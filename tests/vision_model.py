@@ -62,7 +62,9 @@ def write_idefics3(path: str, seed: int = 0, shape: str = "tiny") -> str:
                                   image_seq_len=(tile // 16) ** 2 // scale ** 2, chat_template=CHAT_TEMPLATE)
     config = Idefics3Config(
         vision_config={**dims["vision"], "image_size": tile, "patch_size": 16},
-        text_config={"model_type": "llama", **dims["text"], "vocab_size": len(tokenizer),
+        # ``architectures`` as SmolVLM's checkpoints name their language model (llama.cpp's converter reads it).
+        text_config={"model_type": "llama", "architectures": ["LlamaForCausalLM"], **dims["text"],
+                     "vocab_size": len(tokenizer),
                      "max_position_embeddings": 8192, "tie_word_embeddings": True,
                      "eos_token_id": tokenizer.convert_tokens_to_ids("<end_of_utterance>")},
         scale_factor=scale, image_token_id=tokenizer.convert_tokens_to_ids("<image>"), tie_word_embeddings=True)

@@ -19,7 +19,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 import vision_model
-from conftest import ServerProcess
+from conftest import serving
 
 N = 6
 QUESTION = "What is in the picture?"
@@ -33,12 +33,9 @@ def path(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(scope="module")
 def server(path: str):
-    proc = ServerProcess(path, "--dtype", "float32", "--device", "cpu", "--served-model-name", "tiny-vlm",
-                         "--block-size", "16", "--log-level", "warning")
-    try:
-        yield proc.wait_ready(timeout=300)
-    finally:
-        proc.stop()
+    with serving(path, "--dtype", "float32", "--device", "cpu", "--served-model-name", "tiny-vlm", "--block-size",
+                 "16", "--log-level", "warning", timeout=300, clean_log=True) as proc:
+        yield proc
 
 
 @pytest.fixture(scope="module")
