@@ -107,8 +107,27 @@ def test_each_image_is_encoded_once(path: str) -> None:
     again = expand(backend, PROMPT + "It is noise.<end_of_utterance>\nUser:<image>And now?", [
         vision_model.picture(5), vision_model.picture(6)])
     assert again[1][0].digest == first[1][0].digest != again[1][1].digest
+    # Seen before: its expansion is remembered and the processor is skipped (no pixel inputs).
+    assert again[1][0].data.tensors is None and again[1][1].data.tensors is not None
     logits(backend, [again])
     assert (vision.encoded, vision.hits) == (2, 2)
+    assert again[1][1].data.tensors is None  # dropped once encoded: the features are cached
+
+
+def test_an_evicted_image_is_processed_and_encoded_again(path: str, monkeypatch) -> None:
+    """A picture seen before whose features left the encoder cache: the engine thread runs the
+    processor on the kept picture, and the logits are transformers' still."""
+    from llmserve.plugins.backends.torch import vision
+
+    backend = make_backend(path)
+    picture = vision_model.picture(7)
+    logits(backend, [expand(backend, PROMPT, [picture])])
+    monkeypatch.setattr(vision, "ENCODER_CACHE_BYTES", 0)  # every new entry evicts the older ones
+    logits(backend, [expand(backend, PROMPT, [vision_model.picture(8)])])
+    ids, media = expand(backend, PROMPT, [vision_model.picture(7)])
+    assert media[0].data.tensors is None and backend.vision.encoded == 2
+    assert_close(logits(backend, [(ids, media)])[0], vision_model.reference_logits(path, PROMPT, [picture])[1])
+    assert backend.vision.encoded == 3
 
 
 def test_placeholders_and_images_must_agree(path: str) -> None:

@@ -5,6 +5,8 @@ A prompt's images reach the language model in three steps, each where it belongs
   transformers processor turns each image into its pixel inputs and the token string that stands
   for it (tiles, row markers and the repeated image token for Idefics3/SmolVLM; the repeated pad
   token for Qwen-VL); the one placeholder the chat template rendered is replaced by that string.
+  A picture seen before (by digest) skips the processor (half a second for a SmolVLM picture of
+  13 tiles): its tokens are remembered, and its features are in the encoder cache.
 - ``features`` (the engine thread, inside a step): the vision tower and its projector encode an
   image once; the encoder cache keeps the result by the image's digest, so a later turn that sends
   the same image again (every turn of a chat resends its history) does not encode it again.
@@ -16,6 +18,7 @@ A prompt's images reach the language model in three steps, each where it belongs
 from __future__ import annotations
 
 import logging
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -28,14 +31,20 @@ log = logging.getLogger("llmserve.backend.torch")
 
 #: Bytes of encoded images the encoder cache keeps (least recently used first out).
 ENCODER_CACHE_BYTES = 256 << 20
+#: Pictures whose token expansion is remembered (a list of ids each).
+KNOWN_EXPANSIONS = 4096
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ImageInputs:
-    """One image as the model's vision tower takes it (``MediaInput.data``): the processor's
-    tensors, and the positions (absolute, in the prompt) its features go to, in order."""
+    """One image as the model takes it (``MediaInput.data``): the decoded picture, the
+    processor's tensors (None for a picture seen before, and dropped once encoded: the engine
+    thread runs the processor again only if the encoder cache no longer holds its features; a
+    13-tile picture's tensors are 41 MB, the picture itself 2.4 MB), and the positions (absolute,
+    in the prompt) its features go to, in order."""
 
-    tensors: dict[str, torch.Tensor]
+    image: Any
+    tensors: dict[str, torch.Tensor] | None
     positions: torch.Tensor
 
 
@@ -58,6 +67,8 @@ class VisionInputs:
                         *getattr(processor, "unused_input_names", ())}
         self._cache: OrderedDict[str, torch.Tensor] = OrderedDict()
         self._cache_bytes = 0  # the cache is the engine thread's alone: no lock
+        self._known: OrderedDict[str, list[int]] = OrderedDict()  # digest -> expansion (tokenizer threads)
+        self._known_lock = threading.Lock()
         self.hits = 0    # images found in the encoder cache
         self.encoded = 0  # images run through the vision tower
 
@@ -84,10 +95,20 @@ class VisionInputs:
         last = 0
         for at, image in zip(where, images):
             out += prompt_ids[last:at]
-            ids, tensors = self._process(image, param)
+            digest = image_digest(image)
+            with self._known_lock:
+                ids = self._known.get(digest)
+                if ids is not None:
+                    self._known.move_to_end(digest)
+            tensors = None
+            if ids is None:
+                ids, tensors = self._process(image, param)
+                with self._known_lock:
+                    self._known[digest] = ids
+                    while len(self._known) > KNOWN_EXPANSIONS:
+                        self._known.popitem(last=False)
             positions = torch.tensor([len(out) + k for k, t in enumerate(ids) if t == self.image_token_id])
-            data = ImageInputs(tensors, positions)
-            media.append(MediaInput(image_digest(image), len(out), len(out) + len(ids), data))
+            media.append(MediaInput(digest, len(out), len(out) + len(ids), ImageInputs(image, tensors, positions)))
             out += ids
             last = at + 1
         out += prompt_ids[last:]
@@ -114,7 +135,9 @@ class VisionInputs:
             self.hits += 1
             return cached
         data: ImageInputs = item.data
-        inputs = {k: v.to(self.device) for k, v in data.tensors.items()}
+        # A picture seen before comes without its pixel inputs: processed here, once more.
+        tensors = data.tensors if data.tensors is not None else self._process(data.image, "image")[1]
+        inputs = {k: v.to(self.device) for k, v in tensors.items()}
         out = self.model.get_image_features(**inputs, return_dict=True)
         pooled = out.pooler_output
         feats = torch.cat([f.reshape(-1, f.shape[-1]) for f in pooled]) if isinstance(pooled, (list, tuple)) else (
@@ -122,6 +145,7 @@ class VisionInputs:
         if feats.shape[0] != data.positions.numel():
             raise RuntimeError(f"the vision tower gave {feats.shape[0]} image tokens for {data.positions.numel()} "
                                "placeholders")
+        data.tensors = None  # the features are cached; the picture stays, should they be evicted
         self.encoded += 1
         self._cache[item.digest] = feats
         self._cache_bytes += feats.numel() * feats.element_size()
