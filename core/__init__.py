@@ -47,6 +47,7 @@ _EXPORTS = {
                     "llmserve.text.chat_template"),
     # images in requests: the one internal image part, made from each dialect's form
     **dict.fromkeys(("ImagePart", "image_from_url", "image_from_base64"), "llmserve.media.parts"),
+    "load_images": "llmserve.media.image",
     # images on their way to the model: a prompt's image as a backend expands it
     **dict.fromkeys(("MediaInput", "MediaProcessor", "image_digest"), "llmserve.media.inputs"),
     "IncrementalDetokenizer": "llmserve.text.detokenizer",

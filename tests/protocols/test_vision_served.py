@@ -1,9 +1,10 @@
 """A vision-language model served, driven by the clients people attach images with: the openai
 SDK (chat ``image_url`` parts and Responses ``input_image``), the anthropic SDK (``image``
-blocks) and the ollama client (``images``). A tiny generated SmolVLM-shaped model
-(``tests/vision_model.py``): each answer's tokens must be transformers' greedy ``generate`` on
-the same prompt and image; two prompts that differ only in the image get their own answers with
-the prefix cache on, and a turn resending an image reuses the cached prefix up to and past it.
+blocks), the ollama client (``images``) and TGI's client (Markdown images in ``inputs``). A
+tiny generated SmolVLM-shaped model (``tests/vision_model.py``): each answer's tokens must be
+transformers' greedy ``generate`` on the same prompt and image; two prompts that differ only in
+the image get their own answers with the prefix cache on, and a turn resending an image reuses
+the cached prefix up to and past it.
 """
 
 from __future__ import annotations
@@ -102,6 +103,23 @@ def test_ollama_chat_and_generate_images(server, want, path) -> None:
     generated = client.generate(model="tiny-vlm", prompt=QUESTION, images=[vision_model.png(1)], options=options)
     assert generated.response == decode(path, want[1])
     assert "vision" in client.show("tiny-vlm").capabilities
+
+
+def test_tgi_markdown_images_in_inputs(server, path) -> None:
+    """TGI's form: a Markdown image inside the raw prompt, at the place of the model's placeholder."""
+    from text_generation import Client
+    from text_generation.errors import ValidationError
+
+    client = Client(server.url, timeout=300)
+    image = f"![a picture]({data_url(2)})"
+    reply = client.generate(f"{image}{QUESTION}", max_new_tokens=N, decoder_input_details=True)
+    want = vision_model.reference_generate(path, f"<image>{QUESTION}", [vision_model.picture(2)], N)
+    assert [t.id for t in reply.details.tokens] == want
+    assert reply.details.prefill[0].text and len(reply.details.prefill) > 20  # the image's tokens count
+    with pytest.raises(ValidationError, match="truncate. would cut into an image"):
+        client.generate(f"{image}{QUESTION}", max_new_tokens=2, truncate=8)
+    with pytest.raises(ValidationError, match="not valid base64"):
+        client.generate(f"![](data:image/png;base64,%%%){QUESTION}", max_new_tokens=2)
 
 
 def test_models_list_says_it_reads_images(server) -> None:

@@ -10,8 +10,9 @@ from starlette.responses import JSONResponse, Response
 
 from llmserve import InvalidRequestError
 from llmserve import PreparedRequest
-from llmserve import STREAM_HEADERS, ErrorFormat, in_band_errors, sse
+from llmserve import STREAM_HEADERS, ErrorFormat, in_band_errors, load_images, sse
 
+from .images import placeholder_text, split_images
 from .params import POLICY, Plan, validate
 from .tokens import Sequence, TokenFactory
 from .wire import TGIGenerateRequest, TGIOptions
@@ -39,10 +40,16 @@ class Generate:
 
     async def _plan(self, body: TGIGenerateRequest, *, stream: bool, default_full_text: bool) -> Plan:
         engine = self.p.context.engine
+        text, images = body.inputs, []
         if isinstance(body.inputs, str):  # --max-prompt-chars at once, then tokenizing in a worker thread
             engine.limits.check_prompt(body.inputs, "inputs")
+            placeholder = placeholder_text(engine)
+            if placeholder is not None and "![" in body.inputs:  # Markdown images, for a model that reads them
+                media = self.p.context.config.media
+                text, parts = split_images(body.inputs, placeholder, media.max_image_bytes)
+                images = await load_images(parts, media) if parts else []
         plan = await engine.in_worker(validate, body, self.p.opts, engine, stream=stream,
-                                      default_full_text=default_full_text)
+                                      default_full_text=default_full_text, text=text, images=images)
         if plan.guided is not None:
             try:
                 plan.mask_factory = await self.p.context.guided.compile_async(plan.guided)

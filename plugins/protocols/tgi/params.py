@@ -43,6 +43,7 @@ class Plan:
     return_full_text: bool = False
     guided: GuidedSpec | None = None
     mask_factory: Any = None
+    media: tuple[Any, ...] = ()  # the images of ``inputs``, expanded into ``prompt_ids``
 
     @property
     def input_length(self) -> int:
@@ -57,7 +58,7 @@ class Plan:
             sampling = self.sampling.model_copy(update={"seed": seed})
             out.append(GenerateRequest(prompt_token_ids=list(self.prompt_ids), sampling=sampling,
                                        request_id=f"tgi-{base}" + (f"-{i}" if len(self.seeds) > 1 else ""),
-                                       mask_factory=self.mask_factory))
+                                       mask_factory=self.mask_factory, media=self.media))
         return out
 
 
@@ -159,12 +160,19 @@ def _parameters(body: TGIGenerateRequest, p: GenerateParameters, opts: TGIOption
 
 
 def _input(body: TGIGenerateRequest, p: GenerateParameters, opts: TGIOptions, engine: Any, max_total: int,
-           max_input: int) -> tuple[list[int], int]:
-    """validate_input: tokenize, truncate, then the length rules; (prompt ids, max_new_tokens)."""
+           max_input: int, text: str, images: list[Any]) -> tuple[list[int], int, tuple[Any, ...]]:
+    """validate_input: tokenize (``text``: the inputs with their images' placeholders), expand the
+    images, truncate, then the length rules; (prompt ids, max_new_tokens, images)."""
     add_special = body.add_special_tokens is not False
-    ids = engine.encode(body.inputs, add_special_tokens=add_special)
+    ids = engine.encode(text, add_special_tokens=add_special)
+    media: tuple[Any, ...] = ()
+    if images:
+        ids, media = engine.info.media.expand(ids, images, "inputs")
     if p.truncate is not None and len(ids) > p.truncate:
-        ids = ids[-p.truncate:]
+        cut = len(ids) - p.truncate
+        if media and media[0].start < cut:
+            raise invalid("`truncate` would cut into an image of `inputs`", "truncate")
+        ids, media = ids[-p.truncate:], tuple(m.shifted(-cut) for m in media)
     input_length = len(ids)
     if not ids:
         raise invalid("`inputs` cannot be empty", "inputs")
@@ -179,19 +187,21 @@ def _input(body: TGIGenerateRequest, p: GenerateParameters, opts: TGIOptions, en
                       f"tokens and {max_new_tokens} `max_new_tokens`", "max_new_tokens")
     if input_length > max_input:
         raise invalid(f"`inputs` must have less than {max_input} tokens. Given: {input_length}", "inputs")
-    return ids, max_new_tokens
+    return ids, max_new_tokens, media
 
 
 def validate(body: TGIGenerateRequest, opts: TGIOptions, engine: Any, *, stream: bool,
-             default_full_text: bool = False) -> Plan:
-    """Check ``body`` as TGI does and build the plan. Raises InvalidRequestError (-> 422)."""
+             default_full_text: bool = False, text: Any = None, images: list[Any] | None = None) -> Plan:
+    """Check ``body`` as TGI does and build the plan. Raises InvalidRequestError (-> 422).
+    ``text``/``images``: the inputs with their Markdown images taken out (``images.py``)."""
     p = body.parameters or GenerateParameters()
     max_total = engine.max_model_len
     max_input = min(opts.max_input_tokens or max_total - 1, max_total - 1)
     best_of = _server_rules(body, p, opts, stream)
     sampled, temperature, repetition_penalty, frequency_penalty, stop, top_n = _parameters(body, p, opts, best_of,
                                                                                             max_input)
-    ids, max_new_tokens = _input(body, p, opts, engine, max_total, max_input)
+    ids, max_new_tokens, media = _input(body, p, opts, engine, max_total, max_input,
+                                        body.inputs if text is None else text, images or [])
 
     guided = _grammar_spec(p.grammar) if p.grammar is not None else None
     details = bool(p.details) or bool(p.decoder_input_details)
@@ -212,4 +222,4 @@ def validate(body: TGIGenerateRequest, opts: TGIOptions, engine: Any, *, stream:
     full_text = default_full_text if p.return_full_text is None else p.return_full_text
     return Plan(inputs=body.inputs, prompt_ids=ids, sampling=sampling, best_of=best_of, sampled=sampled,
                 seeds=seeds, details=details, decoder_input_details=bool(p.decoder_input_details),
-                top_n_tokens=top_n, return_full_text=full_text, guided=guided)
+                top_n_tokens=top_n, return_full_text=full_text, guided=guided, media=media)
