@@ -96,8 +96,10 @@ class TorchBackend(Backend):
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         # Packing searches each matrix for lossless 4/8-bit panels: seconds per model, so it reports
         # (in weights, since one matrix, the head, may be a large part of them).
-        linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)] if opts.fused_forward else [
-            self._lm_head]
+        # (A vision model's tower is not packed: its language model and head are.)
+        scope = [self._decoder, self._lm_head] if lm.processor is not None else [model]
+        linears = [m for part in scope for m in part.modules() if isinstance(m, torch.nn.Linear)] if (
+            opts.fused_forward) else [self._lm_head]
         weights = sum(m.weight.numel() for m in linears if isinstance(m, torch.nn.Linear))
         packing = pack and self._gguf is None  # GGUF weights are used as the file stores them
         with progress.phase("packing weights", weights, "weights") if packing else contextlib.nullcontext():
