@@ -49,7 +49,8 @@ _EXPORTS = {
     **dict.fromkeys(("ImagePart", "image_from_url", "image_from_base64"), "llmserve.media.parts"),
     "load_images": "llmserve.media.image",
     # images on their way to the model: a prompt's image as a backend expands it
-    **dict.fromkeys(("MediaInput", "MediaProcessor", "image_digest"), "llmserve.media.inputs"),
+    **dict.fromkeys(("MediaInput", "MediaProcessor", "image_digest", "reads_images", "after_cut"),
+                    "llmserve.media.inputs"),
     "IncrementalDetokenizer": "llmserve.text.detokenizer",
     # the engine's request and output types, and its client
     **dict.fromkeys(("GenerateRequest", "PreparedRequest", "RequestPolicy", "ReasoningBudget",

@@ -38,7 +38,9 @@ class MediaProcessor(Protocol):
     loop), after the chat template rendered one placeholder per image and the text was tokenized.
     """
 
-    #: The placeholder token id the chat template's image parts tokenize to, one per image.
+    #: The placeholder the chat template's image parts render (its text, e.g. ``<image>``) and
+    #: the token id it tokenizes to, one per image.
+    placeholder: str
     placeholder_id: int
 
     def expand(self, prompt_ids: list[int], images: Sequence[Any],
@@ -48,6 +50,11 @@ class MediaProcessor(Protocol):
         A prompt whose placeholder count differs from the image count is an
         ``InvalidRequestError`` naming ``param``."""
         ...
+
+
+def reads_images(info: Any) -> bool:
+    """Whether the model a ``ModelInfo`` describes is served with its images."""
+    return info is not None and info.media is not None and "image" in info.input_modalities
 
 
 def image_digest(image: Any) -> str:
@@ -75,6 +82,19 @@ def check_placeholders(ids: Sequence[int], media: Sequence[MediaInput], placehol
         raise InvalidRequestError("the prompt holds the model's image placeholder token where no image was sent: "
                                   "attach the image (an image part of a message) instead of its placeholder",
                                   param=param)
+
+
+def after_cut(media: Sequence[MediaInput], cut: int, why: str, param: str) -> tuple[MediaInput, ...]:
+    """The images of a prompt whose first ``cut`` tokens were dropped (a truncation), where they now
+    sit; a cut into an image is a 400 (``why``, naming ``param``): its features cannot be split
+    from its placeholders."""
+    if not cut or not media:
+        return tuple(media)
+    if media[0].start < cut:
+        from llmserve.errors import InvalidRequestError
+
+        raise InvalidRequestError(why, param=param)
+    return tuple(m.shifted(-cut) for m in media)
 
 
 def block_key(media: Sequence[MediaInput], index: int, block_size: int) -> bytes:

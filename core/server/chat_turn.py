@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from llmserve.errors import InvalidRequestError
 from llmserve.guided import GuidedSpec
-from llmserve.media.inputs import MediaInput
+from llmserve.media.inputs import MediaInput, after_cut, reads_images
 from llmserve.media.parts import ImagePart
 from llmserve.parsing.service import Chains
 from llmserve.parsing.tool_choice import ToolPlan
@@ -146,8 +146,7 @@ async def turn_images(context: "ServerContext", turn: ChatTurn) -> list[Any]:
     400 naming the first one when the served model takes text only."""
     if not turn.images:
         return []
-    info = context.engine.info if context.engine is not None else None
-    if info is None or info.media is None or "image" not in info.input_modalities:
+    if not reads_images(context.engine.info if context.engine is not None else None):
         raise InvalidRequestError("images are not supported: the served model takes text only",
                                   param=turn.images[0].param)
     from llmserve.media.image import load_images
@@ -196,24 +195,14 @@ def _request(context: "ServerContext", turn: ChatTurn, plan: ToolPlan, chains: C
     text, ids, media = _prompt(context, turn, plan.offered, images)
     if turn.truncate is not None:
         kept = turn.truncate(ids)
-        media = _truncated(media, len(ids) - len(kept), turn)
+        media = after_cut(media, len(ids) - len(kept), "the prompt truncation would cut into an image: keep more "
+                          "tokens or send fewer images", turn.images[0].param if turn.images else turn.policy.prompt)
         text, ids = None, kept
     request = GenerateRequest(prompt=text, prompt_token_ids=ids, sampling=chains.keep_markers(turn.sampling),
                               request_id=turn.request_id, priority=turn.priority, add_special_tokens=False,
                               mask_factory=mask_factory, media=media,
                               reasoning_budget=_budget(context, turn, chains, text, ids))
     return engine.prepare(request, turn.policy)
-
-
-def _truncated(media: tuple[MediaInput, ...], cut: int, turn: ChatTurn) -> tuple[MediaInput, ...]:
-    """The images of a prompt whose first ``cut`` tokens were dropped: a cut into an image is a
-    400 (its embeddings cannot be split from their placeholders)."""
-    if not cut or not media:
-        return media
-    if media[0].start < cut:
-        raise InvalidRequestError("the prompt truncation would cut into an image: keep more tokens or send fewer "
-                                  "images", param=turn.images[0].param)
-    return tuple(m.shifted(-cut) for m in media)
 
 
 def _budget(context: "ServerContext", turn: ChatTurn, chains: Chains, text: str | None,

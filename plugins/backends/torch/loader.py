@@ -382,7 +382,7 @@ def load_model(model_cfg: ModelConfig) -> LoadedModel:
     if is_vision_config(hf_config):
         from transformers import AutoModelForImageTextToText
 
-        model_class, processor = AutoModelForImageTextToText, load_processor(hf_dir, trust)
+        model_class, processor = AutoModelForImageTextToText, load_processor(hf_dir, trust, tokenizer)
     t0 = time.monotonic()
     # On CUDA let accelerate place weights straight on the GPU instead of staging them in RAM.
     placement = {"device_map": str(device)} if device.type == "cuda" else {}

@@ -172,12 +172,13 @@ class VisionInputs:
         return torch.cat(rows).to(self.device), torch.cat(values)
 
 
-def load_processor(model_dir: str, trust_remote_code: bool) -> Any:
-    """The model's transformers processor, or None (logged) when its folder has none."""
+def load_processor(model_dir: str, trust_remote_code: bool, tokenizer: Any) -> Any:
+    """The model's transformers processor around ``tokenizer`` (the server's, loaded once), or
+    None (logged) when its folder has none."""
     from transformers import AutoProcessor
 
     try:
-        return AutoProcessor.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+        return AutoProcessor.from_pretrained(model_dir, trust_remote_code=trust_remote_code, tokenizer=tokenizer)
     except (OSError, ValueError, KeyError, ImportError) as exc:
         log.warning("the image processor of %s cannot be loaded (%s): serving text only", model_dir, exc)
         return None

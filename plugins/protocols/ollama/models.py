@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from llmserve import reads_images
+
 from .params import listed_name
 
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -167,7 +169,7 @@ class ModelCard:
             caps.append("tools")
         if parsing.reasoning_parser:
             caps.append("thinking")
-        if "image" in self.info.input_modalities:  # Ollama's word for a model that reads images
+        if reads_images(self.info):  # Ollama's word for a model that reads images
             caps.append("vision")
         return caps
 

@@ -10,9 +10,9 @@ from starlette.responses import JSONResponse, Response
 
 from llmserve import InvalidRequestError
 from llmserve import PreparedRequest
-from llmserve import STREAM_HEADERS, ErrorFormat, in_band_errors, load_images, sse
+from llmserve import STREAM_HEADERS, ErrorFormat, in_band_errors, load_images, reads_images, sse
 
-from .images import placeholder_text, split_images
+from .images import split_images
 from .params import POLICY, Plan, validate
 from .tokens import Sequence, TokenFactory
 from .wire import TGIGenerateRequest, TGIOptions
@@ -43,10 +43,9 @@ class Generate:
         text, images = body.inputs, []
         if isinstance(body.inputs, str):  # --max-prompt-chars at once, then tokenizing in a worker thread
             engine.limits.check_prompt(body.inputs, "inputs")
-            placeholder = placeholder_text(engine)
-            if placeholder is not None and "![" in body.inputs:  # Markdown images, for a model that reads them
+            if "![" in body.inputs and reads_images(engine.info):  # Markdown images, for a model that reads them
                 media = self.p.context.config.media
-                text, parts = split_images(body.inputs, placeholder, media.max_image_bytes)
+                text, parts = split_images(body.inputs, engine.info.media.placeholder, media.max_image_bytes)
                 images = await load_images(parts, media) if parts else []
         plan = await engine.in_worker(validate, body, self.p.opts, engine, stream=stream,
                                       default_full_text=default_full_text, text=text, images=images)

@@ -6,7 +6,6 @@ decodes under its media rules (docs/images.md); for a text-only model the text s
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from llmserve import ImagePart, image_from_url
 
@@ -23,10 +22,3 @@ def split_images(inputs: str, placeholder: str, max_bytes: int) -> tuple[str, li
 
     return _MARKDOWN_IMAGE.sub(take, inputs), parts
 
-
-def placeholder_text(engine: Any) -> str | None:
-    """The served model's image placeholder as text, or None for a text-only model."""
-    media = engine.info.media
-    if media is None or "image" not in engine.info.input_modalities:
-        return None
-    return str(engine.tokenizer.convert_ids_to_tokens(media.placeholder_id))

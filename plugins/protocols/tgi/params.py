@@ -13,6 +13,7 @@ from llmserve import InvalidRequestError
 from llmserve import GuidedSpec
 from llmserve import GenerateRequest, RequestPolicy
 from llmserve import SamplingParams
+from llmserve import after_cut
 
 from .wire import GenerateParameters, Grammar, TGIGenerateRequest, TGIOptions
 
@@ -169,10 +170,8 @@ def _input(body: TGIGenerateRequest, p: GenerateParameters, opts: TGIOptions, en
     if images:
         ids, media = engine.info.media.expand(ids, images, "inputs")
     if p.truncate is not None and len(ids) > p.truncate:
-        cut = len(ids) - p.truncate
-        if media and media[0].start < cut:
-            raise invalid("`truncate` would cut into an image of `inputs`", "truncate")
-        ids, media = ids[-p.truncate:], tuple(m.shifted(-cut) for m in media)
+        media = after_cut(media, len(ids) - p.truncate, "`truncate` would cut into an image of `inputs`", "truncate")
+        ids = ids[-p.truncate:]
     input_length = len(ids)
     if not ids:
         raise invalid("`inputs` cannot be empty", "inputs")
