@@ -42,6 +42,11 @@ class ModelInfo:
     input_modalities: tuple[str, ...] = TEXT_ONLY
     # How prompts' images become the model's input (``llmserve.media.inputs.MediaProcessor``).
     media: Any = None
+    # Bytes of one sequence's recurrent state, for a hybrid model whose layers keep a fixed-size
+    # state per sequence (linear attention, convolution, SSM) beside or instead of keys and values;
+    # non-zero: the engine asks for a state slot per running sequence (``KVCacheSpec.state_slots``),
+    # feeds each sequence's slot (``StepItem.state_slot``) and turns prefix caching off.
+    state_bytes: int = 0
 
     def __post_init__(self) -> None:
         # A model is refused at load when its own chat template is a template-injection
@@ -59,12 +64,16 @@ class KVCacheSpec:
     how many blocks it actually allocated. ``min_blocks`` is what one max-length request
     needs: the engine refuses to start with fewer (one check for every backend), so a
     backend need not repeat it; it may use the number to size a pool.
+    ``state_slots`` (a model with ``ModelInfo.state_bytes``): how many sequences' recurrent
+    states to allocate beside the blocks, slots ``0 .. state_slots - 1``, inside the same memory
+    (``memory_fraction`` covers both; with ``num_blocks`` the states come on top).
     """
 
     block_size: int
     num_blocks: int | None = None
     memory_fraction: float | None = None
     min_blocks: int = 1
+    state_slots: int = 0
 
 
 @dataclass(slots=True)
@@ -92,6 +101,9 @@ class StepItem:
     ``media`` are the prompt's images whose expansion meets the fed positions
     (``llmserve.media.inputs.MediaInput``, made by the backend's own ``ModelInfo.media``): the
     backend feeds their embeddings at their placeholders' positions instead of the tokens'.
+    ``state_slot`` (a hybrid model, ``KVCacheSpec.state_slots``): the slot holding the sequence's
+    recurrent state, read before and written after the fed tokens; the state starts empty when
+    ``start_pos`` is 0 (-1: the model keeps none).
     """
 
     seq_id: int
@@ -107,6 +119,7 @@ class StepItem:
     prompt_logprob_targets: list[int] | None = None
     num_draft_tokens: int = 0
     media: tuple[Any, ...] = ()
+    state_slot: int = -1
 
 
 @dataclass(slots=True)

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Iterator, Sequence as Seq
 from dataclasses import dataclass
 
 from llmserve.engine.sequence import Sequence
+from llmserve.engine.state_slots import StateSlots
 from llmserve.media.inputs import MediaInput, block_key
 
 ROOT_HASH = 0  # parent hash of block 0; real hashes are unsigned 64-bit so -1 can mean "none"
@@ -47,9 +48,15 @@ class BlockManager:
     Free blocks (ref_count 0) live in an LRU-ordered pool; cached ones stay registered in
     the hash table while free, so a later request can revive them. A cached block is only
     evicted when the pool hands it out for new content.
+
+    With ``state_slots`` (a hybrid model: layers that keep a fixed-size recurrent state per
+    sequence) a sequence also takes a state slot with its first blocks and gives it back with
+    them: admission waits for a slot as it waits for blocks, and every path that frees a
+    sequence's blocks (finish, abort, preemption) frees its slot.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 state_slots: int = 0) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
         self.num_blocks = num_blocks
@@ -62,6 +69,7 @@ class BlockManager:
         self._hash_to_block: dict[int, int] = {}
         self.prefix_queried_tokens = 0
         self.prefix_hit_tokens = 0
+        self.state_slots = StateSlots(state_slots) if state_slots else None
 
     # -- capacity ----------------------------------------------------------------------------
     @property
@@ -91,10 +99,15 @@ class BlockManager:
 
     # -- allocation --------------------------------------------------------------------------
     def allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
-        """Grow ``seq.block_table`` to hold ``num_new_tokens`` more; False (no change) if short."""
+        """Grow ``seq.block_table`` to hold ``num_new_tokens`` more (and give ``seq`` a state slot
+        when the model keeps one and it has none); False (no change) if short of either."""
         needed = self.blocks_needed(seq, num_new_tokens)
         if needed > len(self._free):
             return False
+        if self.state_slots is not None and seq.state_slot is None:
+            seq.state_slot = self.state_slots.acquire()
+            if seq.state_slot is None:
+                return False
         for _ in range(needed):
             block_id, _ = self._free.popitem(last=False)
             block = self.blocks[block_id]
@@ -109,6 +122,9 @@ class BlockManager:
         # head, which is the part other requests are most likely to share.
         for block_id in reversed(seq.block_table):
             self._unref(block_id)
+        if seq.state_slot is not None and self.state_slots is not None:
+            self.state_slots.release(seq.state_slot)
+        seq.state_slot = None
         seq.block_table.clear()
         seq.block_hashes.clear()
         seq.num_computed_tokens = 0
@@ -242,6 +258,10 @@ class BlockManager:
                 assert refs[b.block_id] == b.ref_count, (
                     f"block {b.block_id}: ref_count={b.ref_count} but {refs[b.block_id]} block-table refs"
                 )
+            if self.state_slots is not None:
+                self.state_slots.check([seq.state_slot for seq in seqs], expect_idle)
+        elif expect_idle and self.state_slots is not None:
+            self.state_slots.check([], expect_idle=True)
         if expect_idle:
             busy = [b.block_id for b in self.blocks if b.ref_count]
             assert not busy, f"expected every block free, still referenced: {busy[:20]}"

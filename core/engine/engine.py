@@ -105,17 +105,28 @@ class LLMEngine:
             self.scheduler = Scheduler(self.block_manager, 1, budget)
             return
         chunked = scheduler.enable_chunked_prefill
-        num_blocks = self._init_kv_cache(cache, fit=config.llm.max_model_len is None)
+        # A hybrid model keeps a recurrent state per running sequence: one slot each.
+        slots = scheduler.max_num_seqs if info.state_bytes else 0
+        num_blocks = self._init_kv_cache(cache, fit=config.llm.max_model_len is None, state_slots=slots)
         if self.max_model_len != info.max_model_len:  # the default context did not fit: shrunk to the pool
             info.max_model_len = self.max_model_len
             self.limits = RequestLimits.from_config(config.limits, self.max_model_len, max_token_span(self.tokenizer))
         if not chunked and budget < self.max_model_len:
             raise ConfigError(f"--max-num-batched-tokens ({budget}) must be at least the context length "
                               f"({self.max_model_len}) when chunked prefill is off")
-        self.block_manager = BlockManager(num_blocks, self.block_size, cache.enable_prefix_caching)
+        prefix = cache.enable_prefix_caching
+        if slots and prefix:
+            # A cached prefix gives back keys and values, not the recurrent state at its end.
+            log.info("prefix caching off: %s keeps a recurrent state per sequence (%.1f MiB), which the prefix "
+                     "cache does not hold", info.name, info.state_bytes / 2**20)
+            prefix = False
+        self.block_manager = BlockManager(num_blocks, self.block_size, prefix, state_slots=slots)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=scheduler.max_num_seqs,
                                    max_num_batched_tokens=budget, enable_chunked_prefill=chunked)
         if proposer is not None:
+            if slots:
+                raise ConfigError(f"--speculative-config: {info.name} keeps a recurrent state per sequence, which "
+                                  "cannot take back rejected proposals; serve it without speculative decoding")
             if not backend.verifies_drafts:
                 raise ConfigError(f"--speculative-config: the {type(backend).__name__} backend does not verify "
                                   "proposed tokens; serve without speculative decoding")
@@ -124,7 +135,7 @@ class LLMEngine:
             self.spec_max_batch = spec.disable_by_batch_size or proposer.max_batch
             proposer.reserve(num_blocks, self.block_size, budget)
 
-    def _init_kv_cache(self, cache: CacheConfig, fit: bool) -> int:
+    def _init_kv_cache(self, cache: CacheConfig, fit: bool, state_slots: int = 0) -> int:
         """Have the backend allocate the KV pool; refuse a pool that cannot hold one request of
         ``max_model_len`` tokens. The check lives here, not in each backend, so every backend
         gets it the same way. With ``fit`` (no --max-model-len given: the length is the model's
@@ -132,7 +143,8 @@ class LLMEngine:
         as llama.cpp's and Ollama's defaults do, rather than refusing to start."""
         min_blocks = math.ceil(self.max_model_len / self.block_size)
         spec = KVCacheSpec(block_size=self.block_size, num_blocks=cache.num_kv_blocks,
-                           memory_fraction=cache.kv_cache_memory_fraction, min_blocks=min_blocks)
+                           memory_fraction=cache.kv_cache_memory_fraction, min_blocks=min_blocks,
+                           state_slots=state_slots)
         num_blocks = self.backend.init_kv_cache(spec)
         if fit and 0 < num_blocks < min_blocks:
             held = num_blocks * self.block_size
@@ -232,6 +244,8 @@ class LLMEngine:
             preemptions=self.scheduler.num_preemptions_total, prompt_tokens=self.stats["prompt_tokens"],
             generation_tokens=self.stats["generation_tokens"], steps=self.stats["steps"],
             block_size=self.block_size, prefix_caching=blocks.enable_prefix_caching, cache_dtype=self.cache_dtype,
+            state_slots_used=blocks.state_slots.num_used if blocks.state_slots else 0,
+            state_slots_total=blocks.state_slots.num_slots if blocks.state_slots else 0,
             **(self.spec.counters() if self.spec is not None else {}))
 
     def _count_finished(self, state: RequestState, reason: str, generated: int, now: float | None = None) -> None:
@@ -349,7 +363,7 @@ class LLMEngine:
             block_table=seq.block_table, sample=sched.sample, sampling=sp,
             prompt_ids=seq.prompt_token_ids if sp.repetition_penalty != 1.0 else [],
             output_ids=seq.output_token_ids, seed_offset=seq.index, mask=mask,
-            prompt_logprob_targets=targets)
+            prompt_logprob_targets=targets, state_slot=-1 if seq.state_slot is None else seq.state_slot)
 
     # -- speculative decoding ---------------------------------------------------------------
     def _propose(self) -> None:

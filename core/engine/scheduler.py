@@ -39,8 +39,8 @@ class Scheduler:
         seq.append_token(tok)               # THEN: append each sampled token
         scheduler.finish(seq)               # for sequences that stopped
 
-    Waiting sequences hold no blocks (a failed admission gives its prefix hits back), so
-    when nothing runs the whole pool is free; that is what makes ``unschedulable`` sound.
+    Waiting sequences hold no blocks and no state slot (a failed admission gives its prefix hits
+    back), so when nothing runs the whole pool is free; that is what makes ``unschedulable`` sound.
     """
 
     def __init__(
@@ -243,7 +243,7 @@ class Scheduler:
             self.running.remove(seq)
         elif self._waiting.get(seq.seq_id) is seq:
             del self._waiting[seq.seq_id]  # heap entry goes stale, skipped on peek
-        if seq.block_table:
+        if seq.block_table or seq.state_slot is not None:
             self.block_manager.free(seq)
         seq.status = SequenceStatus.FINISHED
 
@@ -258,6 +258,7 @@ class Scheduler:
         for seq in self._waiting.values():
             assert seq.status is SequenceStatus.WAITING, f"{seq} in waiting queue"
             assert not seq.block_table, f"waiting {seq} holds blocks"
+            assert seq.state_slot is None, f"waiting {seq} holds state slot {seq.state_slot}"
         assert len(self.running) <= self.max_num_seqs, f"{len(self.running)} running > max_num_seqs"
         self.block_manager.check_invariants(seqs=self.running)
 

@@ -31,14 +31,15 @@ class Sequence:
     ``block_hashes`` is the prefix-cache hash chain of the leading full, computed blocks
     (owned by the BlockManager). ``state`` belongs to the engine loop (detokenizer etc.).
     ``media``: the prompt's images (``llmserve.media.inputs.MediaInput``), where each one's
-    expansion sits in the prompt.
+    expansion sits in the prompt. ``state_slot``: the slot of recurrent state it holds while it runs
+    (a hybrid model's; ``engine.state_slots``), None otherwise.
     """
 
     __slots__ = (
         "seq_id", "request_id", "index", "priority", "arrival",
         "token_ids", "num_prompt_tokens", "num_computed_tokens", "num_cached_tokens",
         "block_table", "block_hashes", "status", "sampling", "mask", "num_preemptions",
-        "state", "draft", "media",
+        "state", "draft", "media", "state_slot",
     )
 
     def __init__(
@@ -77,6 +78,7 @@ class Sequence:
         self.state: Any = None  # the engine's postprocess.SeqState (typed there: no import circle)
         self.draft: list[int] = []  # tokens proposed for this step's verification (engine.speculation)
         self.media = media
+        self.state_slot: int | None = None
 
     # -- token views -----------------------------------------------------------------------
     @property

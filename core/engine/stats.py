@@ -46,6 +46,8 @@ class EngineStats:
     spec_draft_tokens: int = 0          # tokens proposed in them
     spec_accepted_tokens: int = 0       # ... that the model's own samples confirmed
     spec_accepted_per_pos: tuple[int, ...] = ()  # confirmed proposals by position (0: the first proposed)
+    state_slots_used: int = 0           # recurrent-state slots held by running sequences (hybrid models)
+    state_slots_total: int = 0          # ... allocated (0: the model keeps no recurrent state)
 
     @property
     def kv_usage(self) -> float:

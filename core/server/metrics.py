@@ -227,6 +227,11 @@ class Metrics(EngineObserver):
         gauge("vllm:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0 to 1).", stats.kv_usage)
         gauge("vllm:gpu_cache_usage_perc", "Fraction of KV-cache blocks in use (0 to 1); older name of "
               "vllm:kv_cache_usage_perc.", stats.kv_usage)
+        if stats.state_slots_total:  # a hybrid model: recurrent states beside the KV blocks
+            gauge("llmserve:state_slots_used", "Recurrent-state slots held by running sequences (a hybrid "
+                  "model's linear-attention or convolution layers keep one per sequence).", stats.state_slots_used)
+            gauge("llmserve:state_slots_total", "Recurrent-state slots allocated beside the KV cache.",
+                  stats.state_slots_total)
         counter("vllm:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.",
                 stats.prefix_queried_tokens)
         counter("vllm:prefix_cache_hits_total", "Prompt tokens found in the prefix cache.", stats.prefix_hit_tokens)

@@ -29,6 +29,18 @@ def test_a_size_the_heads_do_not_take_is_refused_before_any_worker_starts(tiny_4
     assert not [p for p in psutil.Process().children() if "spawn" in " ".join(p.cmdline())]
 
 
+def test_a_hybrid_model_is_refused_before_any_worker_starts(tmp_path):
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
+    import hybrid_model
+
+    hybrid_model.write_hybrid("qwen3_5", str(tmp_path))
+    with pytest.raises(ConfigError, match="is a .qwen3_5_text. model; tensor parallel runs the Llama-style decoders"):
+        create(config(str(tmp_path), 2), TorchOptions()).load()
+
+
 def test_embedding_task_refuses_tensor_parallel():
     with pytest.raises(ConfigError, match="generation models"):
         create(config(None, 2, task="embed"), TorchOptions())

@@ -70,12 +70,21 @@ VISION: dict[str, str] = {
                 "projector, a Llama language model",
 }
 
-# The families whose layers keep a state beside (or instead of) keys and values: the paged KV cache
-# has no place for it, prefix caching and batching would mix it up, and the answers come out wrong.
+# Hybrid families served with a recurrent state per sequence beside the paged KV cache
+# (recurrent.py), each verified by tests/backends/test_hybrid_models.py against transformers:
+# model_type -> what its layers are. A multimodal checkpoint (Qwen3.5's) serves its language model.
+HYBRID: dict[str, str] = {
+    **dict.fromkeys(("qwen3_5", "qwen3_5_text"),
+                    "Gated DeltaNet layers (a recurrent state per sequence) with gated full attention, partial RoPE"),
+    **dict.fromkeys(("qwen3_5_moe", "qwen3_5_moe_text"),
+                    "Gated DeltaNet layers with gated full attention, mixture of experts with a shared expert"),
+    "qwen3_next": "Gated DeltaNet layers with gated full attention, mixture of experts with a shared expert",
+}
+
+# The families whose layers keep a state beside (or instead of) keys and values that the backend
+# does not hold yet: prefix caching and batching would mix it up, and the answers come out wrong.
 # model_type -> the layers and the state they keep.
 STATEFUL: dict[str, str] = {
-    **dict.fromkeys(("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next"),
-                    "Gated DeltaNet (linear attention) layers keep a recurrent state"),
     **dict.fromkeys(("qwen4_exp", "qwen4_exp_text", "kimi_linear", "olmo_hybrid", "bailing_hybrid", "lara_mini"),
                     "linear-attention layers keep a recurrent state"),
     **dict.fromkeys(("granitemoehybrid", "bamba", "nemotron_h", "jamba", "falcon_h1", "zamba", "zamba2", "mamba",
@@ -155,6 +164,8 @@ def check_config_file(model_dir: str, source: str) -> None:
         return
     for section in _sections(raw):
         arch = str(section.get("model_type") or raw.get("model_type") or "?")
+        if arch in HYBRID:
+            continue
         if arch in STATEFUL:
             raise _refuse(source, arch, f"its {STATEFUL[arch]} outside the KV cache, which the torch backend's paged "
                                         "KV cache cannot hold (it would answer with wrong tokens)")
@@ -190,6 +201,8 @@ def check_config(config: Any, source: str, allow_unverified: bool) -> str | None
         if arch in UNSUPPORTED:
             raise _refuse(source, arch, UNSUPPORTED[arch])
     arch = archs[0]
+    if all(a in HYBRID for a in archs):
+        return None
     kinds = [*(getattr(text_cfg, "layer_types", None) or []), *_cache_layer_kinds(text_cfg)]
     if why := layer_kind_refusal(kinds):
         raise _refuse(source, arch, why)
@@ -210,6 +223,8 @@ def check_modules(model: Any, source: str, arch: str) -> None:
     whose config does not say what their layers keep."""
     import torch
 
+    if arch in HYBRID:  # their convolutions' windows live in the state slots (recurrent.py)
+        return
     conv = next((name for name, m in model.named_modules() if isinstance(m, torch.nn.Conv1d)), None)
     if conv is not None:
         raise _refuse(source, arch, f"its layer {conv} is a convolution over the sequence, whose state lives "
@@ -225,6 +240,8 @@ def markdown_table() -> str:
         rows.append(f"| `{arch}` | {how} | {note or 'a plain decoder'} |")
     for arch, note in sorted(VISION.items()):
         rows.append(f"| `{arch}` | images and text; its language model as above | {note} |")
+    for arch, note in sorted(HYBRID.items()):
+        rows.append(f"| `{arch}` | transformers' forward; its recurrent layers on the state slots | {note} |")
     refused = {**{a: f"{why} outside the KV cache" for a, why in STATEFUL.items()}, **UNSUPPORTED}
     for arch, why in sorted(refused.items()):
         rows.append(f"| `{arch}` | refused | {why} |")

@@ -64,6 +64,9 @@ class PagedKVCache:
                  matmul_decode: bool = True, kernel_ops: bool = False) -> None:
         self.num_blocks, self.block_size = num_blocks, block_size
         self.kv_heads, self.head_dim = kv_heads, head_dim
+        # Model layer number -> pool layer, for a model whose other layers keep no keys and values
+        # (a hybrid's recurrent layers; ``recurrent.RecurrentStates.kv_layers``). None: the same.
+        self.layer_of: dict[int, int] | None = None
         if dtype == torch.int8 and not (native and device.type == "cpu" and not kernel_ops):
             raise ValueError("the int8 KV cache is read by the native CPU kernels only: it needs a CPU model "
                              "computing in float32 with the kernels on (elsewhere use --kv-cache-dtype bfloat16)")
@@ -199,6 +202,8 @@ class StepMetadata:
     cached_prefill: tuple[Any, ...] | None = None
     # Every prompt chunk, for the native CPU prefill kernel (``native.ops.PrefillPlan``; not in ``prefills``).
     prefill_plan: Any = None
+    # A hybrid model's recurrent layers: the step's state slots (``recurrent.StateStep``).
+    states: Any = None
     _decode_masks: dict[tuple[int | None, Any], torch.Tensor] = field(default_factory=dict)
 
     def decode_mask(self, window: int | None, block_size: int, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -383,7 +388,8 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
         # The loader refuses such models; this guards models that pass it per call only.
         raise RuntimeError("attention softcapping is not supported by the torch backend")
     sinks = kwargs.get("s_aux")  # gpt-oss's attention sinks
-    out = paged_attention(cache, meta, module.layer_idx, query[0].transpose(0, 1), key[0].transpose(0, 1),
+    layer = module.layer_idx if cache.layer_of is None else cache.layer_of[module.layer_idx]
+    out = paged_attention(cache, meta, layer, query[0].transpose(0, 1), key[0].transpose(0, 1),
                           value[0].transpose(0, 1), scaling, kwargs.get("sliding_window"),
                           sinks=None if sinks is None else sinks.detach())
     return out.unsqueeze(0), None

@@ -22,7 +22,7 @@ from llmserve import progress
 from llmserve import ModelConfig
 from llmserve import ConfigError, refuse_injected_templates
 
-from .architectures import check_config, check_config_file, check_modules
+from .architectures import HYBRID, check_config, check_config_file, check_modules
 from .attention import ATTN_IMPL, register_attention
 from .vision import is_vision_config, load_processor
 
@@ -379,7 +379,8 @@ def load_model(model_cfg: ModelConfig) -> LoadedModel:
     # A vision-language model loads whole (vision tower, projector, language model) with its processor.
     model_class: Any = AutoModelForCausalLM
     processor = None
-    if is_vision_config(hf_config):
+    # (A hybrid's checkpoint with a vision tower serves its language model: images are refused.)
+    if is_vision_config(hf_config) and getattr(hf_config, "model_type", None) not in HYBRID:
         from transformers import AutoModelForImageTextToText
 
         model_class, processor = AutoModelForImageTextToText, load_processor(hf_dir, trust, tokenizer)

@@ -22,6 +22,7 @@ from .cpu_threads import set_cpu_threads
 from .fused import FusedDecoder
 from .loader import LoadedModel, load_model
 from .options import TorchOptions
+from .recurrent import RecurrentStates, hybrid_shape, install
 from .sampler import Sampler, ranked_prompt_logprobs
 from .step_batch import pack_batch
 from .vision import VisionInputs
@@ -67,6 +68,8 @@ class TorchBackend(Backend):
         self._gguf: Any = None  # a GGUF file's own weights (gguf_model.GGUFParts) on the native GGUF path
         self._graphs: Any = None  # cuda.graphs.DecodeGraphs when decode steps replay CUDA graphs
         self.vision: VisionInputs | None = None  # a vision-language model's image path
+        self._hybrid: Any = None  # recurrent.hybrid_shape of a model with Gated DeltaNet layers
+        self.states: RecurrentStates | None = None  # their state slots, allocated with the KV cache
         self._kernel = False  # the KV cache and the fused forward go through cuda/ops.py's operators
         self.steps = 0  # steps run (with ``_graphs.replayed``: the share of graphed steps)
 
@@ -125,6 +128,12 @@ class TorchBackend(Backend):
         if self._gguf is not None and self._fused is None:
             raise ConfigError(f"the fused forward cannot run {lm.name}; serve it with --no-torch-gguf-native")
         self._num_layers = int(cfg.num_hidden_layers)
+        self._hybrid = hybrid_shape(model)
+        state_bytes = 0
+        if self._hybrid is not None:  # only the attention layers keep keys and values
+            install(model)
+            self._num_layers = len(self._hybrid[2])
+            state_bytes = RecurrentStates.bytes_per_slot(self._hybrid[0], len(self._hybrid[1]), lm.dtype)
         heads = int(cfg.num_attention_heads)
         self._kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
         self._head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
@@ -144,6 +153,7 @@ class TorchBackend(Backend):
             num_parameters=self._gguf.parameters if self._gguf is not None else None,
             weight_bytes=self._gguf.weight_bytes if self._gguf is not None else None,
             input_modalities=("text", "image") if self.vision is not None else ("text",), media=self.vision,
+            state_bytes=state_bytes,
         )
 
     def _load_model(self) -> LoadedModel:
@@ -195,6 +205,7 @@ class TorchBackend(Backend):
             raise ConfigError(str(exc)) from None
         per_block = PagedKVCache.bytes_per_block(self._num_layers, spec.block_size, self._kv_heads,
                                                  self._head_dim, kv_dtype)
+        states = self._init_states(spec.state_slots)
         if spec.num_blocks is not None:
             num_blocks = int(spec.num_blocks)
         else:
@@ -202,7 +213,12 @@ class TorchBackend(Backend):
                 free = torch.cuda.mem_get_info(lm.device)[0]
             else:
                 free = _available_cpu_memory()
-            num_blocks = int(free * float(spec.memory_fraction or 0.5)) // per_block
+            budget = int(free * float(spec.memory_fraction or 0.5))
+            if states > budget:
+                raise ConfigError(f"the recurrent states of {spec.state_slots} sequences take "
+                                  f"{states / 2**30:.2f} GiB, more than the cache's {budget / 2**30:.2f} GiB: lower "
+                                  "--max-num-seqs or raise --kv-cache-memory-fraction")
+            num_blocks = (budget - states) // per_block
         # Fewer than spec.min_blocks is refused by the engine, for every backend alike.
         try:
             self.cache = PagedKVCache(self._num_layers, num_blocks, spec.block_size, self._kv_heads,
@@ -216,6 +232,8 @@ class TorchBackend(Backend):
                 f"cannot allocate a KV cache of {num_blocks} blocks ({num_blocks * per_block / 2**30:.1f} GiB): "
                 f"{str(exc).splitlines()[0]}; use fewer KV blocks or a smaller --max-model-len"
             ) from None
+        if self.states is not None:
+            self.cache.layer_of = self.states.kv_layers
         log.info("KV cache: %d blocks x %d tokens (%.2f GiB, %s, %s)", num_blocks, spec.block_size,
                  num_blocks * per_block / 2**30, lm.device, str(kv_dtype).removeprefix("torch."))
         if self.cache.kernel_ops and lm.device.type == "cuda" and not self.config.llm.enforce_eager:
@@ -224,6 +242,23 @@ class TorchBackend(Backend):
             self.enable_decode_graphs(cuda_capture_in(torch.cuda.graph_pool_handle()))
         log.info("execution plan: %s", self.plan())
         return num_blocks
+
+    def _init_states(self, slots: int) -> int:
+        """Allocate the recurrent states of ``slots`` sequences (a hybrid model); their bytes."""
+        if self._hybrid is None:
+            return 0
+        lm = self._require_loaded()
+        if slots < 1:
+            raise ConfigError(f"{lm.name} keeps a recurrent state per sequence: the engine must ask for state slots")
+        shape, linear, attention = self._hybrid
+        size = slots * RecurrentStates.bytes_per_slot(shape, len(linear), lm.dtype)
+        try:
+            self.states = RecurrentStates(shape, linear, attention, slots, lm.dtype, lm.device)
+        except (RuntimeError, MemoryError) as exc:
+            raise ConfigError(f"cannot allocate the recurrent states of {slots} sequences ({size / 2**30:.2f} GiB): "
+                              f"{str(exc).splitlines()[0]}; lower --max-num-seqs") from None
+        log.info("recurrent states: %d slots x %d Gated DeltaNet layers (%.2f GiB)", slots, len(linear), size / 2**30)
+        return size
 
     def _kernel_ops(self, device: torch.device, model: Any) -> bool:
         """The KV cache goes through the Triton operators: CUDA, the option on, Triton importable,
@@ -301,6 +336,8 @@ class TorchBackend(Backend):
                 + (" gguf_matmul=bf16-amx" if self._gguf is not None and self._gguf.bf16_matmul else "")
                 + (" gguf_decode=int8" if self._gguf is not None and self._gguf.int8_decode else "")
                 + (f" cuda_graphs={len(self._graphs.buckets)}" if self._graphs is not None else "")
+                + (f" recurrent=gated-deltanet:{len(self._hybrid[1])}-layers,{self.states.slots}-slots"
+                   " prefix_caching=off(recurrent-state)" if self.states is not None and self._hybrid else "")
                 + (f" WARNING=unverified-architecture:{lm.unverified}" if lm.unverified else ""))
 
     def release(self, seq_ids: list[int]) -> None:
@@ -309,7 +346,7 @@ class TorchBackend(Backend):
 
     def close(self) -> None:
         device = self.loaded.device if self.loaded else None
-        self.cache = self.loaded = self.sampler = None
+        self.cache = self.loaded = self.sampler = self.states = None
         self._decoder = self._lm_head = self._fused = self._packed_head = self._ops = self._gguf = None
         if device is not None and device.type == "cuda":
             torch.cuda.empty_cache()
@@ -348,6 +385,8 @@ class TorchBackend(Backend):
         if any(not it.token_ids for it in batch):
             raise ValueError("every StepItem must feed at least one token")
         input_ids, positions, meta, first_row = pack_batch(self.cache, self.loaded.device, batch)
+        if self.states is not None:
+            meta.states = self.states.step(batch, first_row, meta.num_decode)
         if meta.fresh_blocks is not None:
             self.cache.zero_blocks(meta.fresh_blocks)
         # Image features where a prompt's images sit (vision.py), in place of those tokens' embeddings.

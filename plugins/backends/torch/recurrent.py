@@ -1,0 +1,172 @@
+"""Hybrid models on the paged engine: the recurrent state of their Gated DeltaNet layers, one slot
+per running sequence (``RecurrentStates``), what one step tells those layers (``StateStep``), and
+the forward that takes the place of each such layer's own (``install``).
+
+The engine hands every sequence a state slot (``StepItem.state_slot``); a slot starts empty when
+its sequence's first token is fed. Per Gated DeltaNet layer a slot holds the convolution's window
+(the last ``K - 1`` inputs of the short causal convolution, in the model's dtype) and the delta
+rule's state (``[heads, Dk, Dv]``, float32). The full-attention layers keep keys and values in the
+paged KV cache as every other model does; ``RecurrentStates.kv_layers`` maps their layer numbers
+to the cache's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from llmserve import StepItem
+
+from . import deltanet
+from .attention import current_step
+
+# Text model types whose ``linear_attn`` layers this module runs (their GatedDeltaNet modules:
+# Qwen3.5 and Qwen3.5-MoE project q, k, v / z / b / a separately, Qwen3-Next fuses them per key head).
+HYBRID_TYPES = frozenset({"qwen3_5_text", "qwen3_5_moe_text", "qwen3_next"})
+
+
+@dataclass(frozen=True)
+class DeltaNetShape:
+    """What one Gated DeltaNet layer keeps per sequence."""
+
+    conv_dim: int     # channels of the short convolution (queries, keys and values together)
+    kernel: int       # its width K
+    heads: int        # value heads (each with its own state)
+    key_dim: int      # Dk
+    value_dim: int    # Dv
+
+    def bytes_per_slot(self, conv_dtype: torch.dtype) -> int:
+        return (self.conv_dim * (self.kernel - 1) * conv_dtype.itemsize
+                + self.heads * self.key_dim * self.value_dim * 4)
+
+
+def _deltanet_layers(model: Any) -> list[tuple[int, Any]]:
+    """(layer number, module) of every Gated DeltaNet layer of the loaded model, in order."""
+    return [(int(m.layer_idx), m) for name, m in model.named_modules()
+            if name.endswith("linear_attn") and hasattr(m, "A_log") and hasattr(m, "conv1d")]
+
+
+def hybrid_shape(model: Any) -> tuple[DeltaNetShape, list[int], list[int]] | None:
+    """The model's Gated DeltaNet shape, those layers' numbers and its attention layers' numbers;
+    None for a model without such layers."""
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    if getattr(cfg, "model_type", None) not in HYBRID_TYPES:
+        return None
+    layers = _deltanet_layers(model)
+    if not layers:
+        return None
+    m = layers[0][1]
+    shape = DeltaNetShape(conv_dim=int(m.conv_dim), kernel=int(m.conv_kernel_size), heads=int(m.num_v_heads),
+                          key_dim=int(m.head_k_dim), value_dim=int(m.head_v_dim))
+    linear = [i for i, _ in layers]
+    kinds = list(cfg.layer_types)
+    if linear != [i for i, kind in enumerate(kinds) if kind == "linear_attention"]:
+        raise ValueError("the model's Gated DeltaNet layers are not the ones its layer_types name")
+    return shape, linear, [i for i, kind in enumerate(kinds) if kind != "linear_attention"]
+
+
+@dataclass
+class StateStep:
+    """The recurrent layers' part of one step: the decode rows' slots (the first ``num_decode``
+    packed rows, one token each) and each prompt chunk's (first row, length, slot)."""
+
+    states: "RecurrentStates"
+    num_decode: int
+    decode_slots: torch.Tensor | None
+    chunks: list[tuple[int, int, int]]
+
+
+class RecurrentStates:
+    """The state tensors of every Gated DeltaNet layer for ``slots`` sequences."""
+
+    def __init__(self, shape: DeltaNetShape, linear: list[int], attention: list[int], slots: int,
+                 conv_dtype: torch.dtype, device: torch.device) -> None:
+        self.shape, self.slots = shape, slots
+        self.index = {layer: i for i, layer in enumerate(linear)}
+        self.kv_layers = {layer: i for i, layer in enumerate(attention)}
+        n = len(linear)
+        # torch.empty: on a CPU a slot's pages are committed when a sequence first uses it.
+        self.conv = torch.empty(n, slots, shape.conv_dim, shape.kernel - 1, dtype=conv_dtype, device=device)
+        self.ssm = torch.empty(n, slots, shape.heads, shape.key_dim, shape.value_dim, dtype=torch.float32,
+                               device=device)
+
+    @staticmethod
+    def bytes_per_slot(shape: DeltaNetShape, layers: int, conv_dtype: torch.dtype) -> int:
+        return layers * shape.bytes_per_slot(conv_dtype)
+
+    def step(self, batch: list[StepItem], first_row: list[int], num_decode: int) -> StateStep:
+        """The batch's slots, those starting a sequence cleared first."""
+        device = self.ssm.device
+        fresh = [it.state_slot for it in batch if it.start_pos == 0]
+        bad = [it.seq_id for it in batch if not 0 <= it.state_slot < self.slots]
+        if bad:
+            raise ValueError(f"sequences {bad[:5]} have no state slot of the {self.slots} allocated")
+        if fresh:
+            idx = torch.tensor(fresh, dtype=torch.long, device=device)
+            self.conv.index_fill_(1, idx, 0)
+            self.ssm.index_fill_(1, idx, 0)
+        decode = sorted((first_row[i], it.state_slot) for i, it in enumerate(batch) if first_row[i] < num_decode)
+        chunks = [(first_row[i], len(it.token_ids), it.state_slot) for i, it in enumerate(batch)
+                  if first_row[i] >= num_decode]
+        slots = torch.tensor([s for _, s in decode], dtype=torch.long, device=device) if decode else None
+        return StateStep(self, num_decode, slots, chunks)
+
+
+def _project(module: Any, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The layer's input projections of ``x [T, hidden]``: the convolution's input ``[T, conv_dim]``
+    (queries, keys, values), the output gate ``z [T, H, Dv]`` and ``b``, ``a [T, H]``."""
+    if hasattr(module, "in_proj_qkvz"):  # Qwen3-Next: grouped per key head; its own method ungroups them
+        q, k, v, z, b, a = module.fix_query_key_value_ordering(module.in_proj_qkvz(x)[None], module.in_proj_ba(x)[None])
+        mixed = torch.cat([t.reshape(1, x.shape[0], -1) for t in (q, k, v)], -1)[0]
+        return mixed, z[0], b[0], a[0]
+    z = module.in_proj_z(x).view(x.shape[0], -1, module.head_v_dim)
+    return module.in_proj_qkv(x), z, module.in_proj_b(x), module.in_proj_a(x)
+
+
+def _forward(module: Any, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """A Gated DeltaNet layer over a packed step ``[1, T, hidden]``, each sequence from its slot."""
+    _, meta = current_step()
+    st: StateStep = meta.states
+    layer = st.states.index[module.layer_idx]
+    conv, ssm = st.states.conv[layer], st.states.ssm[layer]
+    x = hidden_states[0]
+    mixed, z, b, a = _project(module, x)
+    weight = module.conv1d.weight[:, 0, :]
+    nd, slots = st.num_decode, st.decode_slots
+    conv_out = torch.empty_like(mixed)
+    if slots is not None:
+        window = conv.index_select(0, slots)
+        conv_out[:nd] = deltanet.conv_step(mixed[:nd], weight, window)
+        conv.index_copy_(0, slots, window)
+    for row, n, slot in st.chunks:
+        conv_out[row:row + n] = deltanet.conv_chunk(mixed[row:row + n], weight, conv[slot])
+    conv_out = F.silu(conv_out)
+    kd, vd = module.key_dim, module.value_dim
+    T = x.shape[0]
+    q = conv_out[:, :kd].reshape(T, -1, module.head_k_dim)
+    k = conv_out[:, kd:2 * kd].reshape(T, -1, module.head_k_dim)
+    v = conv_out[:, 2 * kd:2 * kd + vd].reshape(T, -1, module.head_v_dim)
+    beta = b.float().sigmoid()
+    g = -module.A_log.float().exp() * F.softplus(a.float() + module.dt_bias.float())
+    q, k = deltanet.prepare(q, k, module.num_v_heads)
+    out = torch.empty(T, module.num_v_heads, module.head_v_dim, dtype=torch.float32, device=x.device)
+    if slots is not None:
+        state = ssm.index_select(0, slots)
+        out[:nd] = deltanet.step(q[:nd], k[:nd], v[:nd], g[:nd], beta[:nd], state)
+        ssm.index_copy_(0, slots, state)
+    for row, n, slot in st.chunks:
+        rows = slice(row, row + n)
+        out[rows] = deltanet.chunked(q[rows], k[rows], v[rows], g[rows], beta[rows], ssm[slot])
+    normed = module.norm(out.to(x.dtype).reshape(-1, module.head_v_dim), z.reshape(-1, module.head_v_dim))
+    return module.out_proj(normed.reshape(T, -1))[None]
+
+
+def install(model: Any) -> None:
+    """Run every Gated DeltaNet layer of ``model`` through ``_forward`` (the step's slots) instead
+    of its own forward (one sequence, its state in transformers' cache object)."""
+    for _, module in _deltanet_layers(model):
+        module.forward = partial(_forward, module)
