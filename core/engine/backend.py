@@ -44,8 +44,8 @@ class ModelInfo:
     media: Any = None
     # Bytes of one sequence's recurrent state, for a hybrid model whose layers keep a fixed-size
     # state per sequence (linear attention, convolution, SSM) beside or instead of keys and values;
-    # non-zero: the engine asks for a state slot per running sequence (``KVCacheSpec.state_slots``),
-    # feeds each sequence's slot (``StepItem.state_slot``) and turns prefix caching off.
+    # non-zero: the engine asks for a state slot per running sequence (``KVCacheSpec.state_slots``)
+    # and saved states for the prefix cache (``state_snapshots``), and feeds each sequence's slot.
     state_bytes: int = 0
 
     def __post_init__(self) -> None:
@@ -66,7 +66,8 @@ class KVCacheSpec:
     backend need not repeat it; it may use the number to size a pool.
     ``state_slots`` (a model with ``ModelInfo.state_bytes``): how many sequences' recurrent
     states to allocate beside the blocks, slots ``0 .. state_slots - 1``, inside the same memory
-    (``memory_fraction`` covers both; with ``num_blocks`` the states come on top).
+    (``memory_fraction`` covers both; with ``num_blocks`` the states come on top), and
+    ``state_snapshots`` saved states (``StepItem.state_snapshot``, ``state_restore``) in the same way.
     """
 
     block_size: int
@@ -74,6 +75,7 @@ class KVCacheSpec:
     memory_fraction: float | None = None
     min_blocks: int = 1
     state_slots: int = 0
+    state_snapshots: int = 0
 
 
 @dataclass(slots=True)
@@ -103,7 +105,10 @@ class StepItem:
     backend feeds their embeddings at their placeholders' positions instead of the tokens'.
     ``state_slot`` (a hybrid model, ``KVCacheSpec.state_slots``): the slot holding the sequence's
     recurrent state, read before and written after the fed tokens; the state starts empty when
-    ``start_pos`` is 0 (-1: the model keeps none).
+    ``start_pos`` is 0 (-1: the model keeps none). ``state_restore`` (not -1): first copy saved
+    state ``state_restore`` into the slot (a prefix-cache hit resumes there); ``state_snapshot``
+    ``(tokens, snapshot)``: save the state as it is after the sequence's first ``tokens`` tokens
+    (a position inside or at the end of the fed ones) into saved state ``snapshot``.
     """
 
     seq_id: int
@@ -120,6 +125,8 @@ class StepItem:
     num_draft_tokens: int = 0
     media: tuple[Any, ...] = ()
     state_slot: int = -1
+    state_restore: int = -1
+    state_snapshot: tuple[int, int] | None = None
 
 
 @dataclass(slots=True)

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator, Sequence as Seq
 from dataclasses import dataclass
 
 from llmserve.engine.sequence import Sequence
-from llmserve.engine.state_slots import StateSlots
+from llmserve.engine.state_slots import StateSlots, StateSnapshots
 from llmserve.media.inputs import MediaInput, block_key
 
 ROOT_HASH = 0  # parent hash of block 0; real hashes are unsigned 64-bit so -1 can mean "none"
@@ -52,11 +52,13 @@ class BlockManager:
     With ``state_slots`` (a hybrid model: layers that keep a fixed-size recurrent state per
     sequence) a sequence also takes a state slot with its first blocks and gives it back with
     them: admission waits for a slot as it waits for blocks, and every path that frees a
-    sequence's blocks (finish, abort, preemption) frees its slot.
+    sequence's blocks (finish, abort, preemption) frees its slot. Cached blocks alone do not resume
+    such a sequence: with ``state_snapshots`` a prompt's state is saved at its last block boundary
+    (``plan_snapshot``, ``commit_snapshots``) and a prefix hit reaches only as far as a saved state.
     """
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 state_slots: int = 0) -> None:
+                 state_slots: int = 0, state_snapshots: int = 0) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
         self.num_blocks = num_blocks
@@ -70,6 +72,8 @@ class BlockManager:
         self.prefix_queried_tokens = 0
         self.prefix_hit_tokens = 0
         self.state_slots = StateSlots(state_slots) if state_slots else None
+        self.snapshots = StateSnapshots(state_snapshots) if state_slots and state_snapshots else None
+        self._saving: list[tuple[Sequence, int, int]] = []  # (sequence, boundary, snapshot id) of this step
 
     # -- capacity ----------------------------------------------------------------------------
     @property
@@ -124,7 +128,7 @@ class BlockManager:
             self._unref(block_id)
         if seq.state_slot is not None and self.state_slots is not None:
             self.state_slots.release(seq.state_slot)
-        seq.state_slot = None
+        seq.state_slot = seq.state_restore = None
         seq.block_table.clear()
         seq.block_hashes.clear()
         seq.num_computed_tokens = 0
@@ -157,7 +161,10 @@ class BlockManager:
         touch ``seq.num_computed_tokens`` or the hit counters (see ``record_prefix_query``).
         """
         assert not seq.block_table, f"match_prefix on {seq} which already has blocks"
-        for block_id, h in self._cached_blocks(seq.token_ids, seq.media):
+        hits = self._resumable(list(self._cached_blocks(seq.token_ids, seq.media)))
+        if hits and self.snapshots is not None:
+            seq.state_restore = self.snapshots.take(hits[-1][1])
+        for block_id, h in hits:
             block = self.blocks[block_id]
             if block.ref_count == 0:
                 del self._free[block_id]
@@ -170,7 +177,44 @@ class BlockManager:
         """How many leading tokens of ``token_ids`` (with images ``media``) a request admitted now
         would find cached (what ``match_prefix`` would take), taking nothing. It only reads, so the
         server may ask from its own thread; a block evicted meanwhile makes the answer an estimate."""
-        return sum(1 for _ in self._cached_blocks(token_ids, media)) * self.block_size
+        return len(self._resumable(list(self._cached_blocks(token_ids, media)))) * self.block_size
+
+    def _resumable(self, hits: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """The leading cached blocks a sequence can resume after: all of them, or for a model with
+        a recurrent state those up to the last one whose chain has a saved state (none without)."""
+        if self.state_slots is None:
+            return hits
+        n = len(hits)
+        while n and (self.snapshots is None or not self.snapshots.has(hits[n - 1][1])):
+            n -= 1
+        return hits[:n]
+
+    def plan_snapshot(self, seq: Sequence, start: int, num_tokens: int) -> tuple[int, int] | None:
+        """Where (in tokens) and into which snapshot the backend saves ``seq``'s state in a step
+        feeding positions ``start .. start + num_tokens - 1``: at its prompt's last block boundary
+        (the furthest a later request's prefix hit can reach) when the step crosses it; None when
+        it does not or no snapshot id is free. ``commit_snapshots`` settles it after the step."""
+        if self.snapshots is None or not self.enable_prefix_caching:
+            return None
+        boundary = (seq.num_prompt_tokens - 1) // self.block_size * self.block_size
+        if not boundary or not start < boundary <= start + num_tokens:
+            return None
+        sid = self.snapshots.reserve()
+        if sid is None:
+            return None
+        self._saving.append((seq, boundary, sid))
+        return boundary, sid
+
+    def commit_snapshots(self) -> None:
+        """After the step (and ``cache_computed_blocks``): each saved state goes under the hash of
+        the chain ending at its boundary; one whose sequence left meanwhile is dropped."""
+        for seq, boundary, sid in self._saving:
+            k = boundary // self.block_size
+            if self.snapshots is not None and len(seq.block_hashes) >= k:
+                self.snapshots.commit(seq.block_hashes[k - 1], sid)
+            elif self.snapshots is not None:
+                self.snapshots.cancel(sid)
+        self._saving.clear()
 
     def _cached_blocks(self, token_ids: Seq[int], media: Seq[MediaInput] = ()) -> Iterator[tuple[int, int]]:
         """(block id, hash) of each cached block holding the leading full blocks of ``token_ids``."""
@@ -262,6 +306,8 @@ class BlockManager:
                 self.state_slots.check([seq.state_slot for seq in seqs], expect_idle)
         elif expect_idle and self.state_slots is not None:
             self.state_slots.check([], expect_idle=True)
+        if self.snapshots is not None:
+            self.snapshots.check(expect_idle)
         if expect_idle:
             busy = [b.block_id for b in self.blocks if b.ref_count]
             assert not busy, f"expected every block free, still referenced: {busy[:20]}"

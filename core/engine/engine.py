@@ -105,22 +105,24 @@ class LLMEngine:
             self.scheduler = Scheduler(self.block_manager, 1, budget)
             return
         chunked = scheduler.enable_chunked_prefill
-        # A hybrid model keeps a recurrent state per running sequence: one slot each.
+        # A hybrid model keeps a recurrent state per running sequence: one slot each, and as many
+        # snapshots of prompts' states for the prefix cache to resume from.
         slots = scheduler.max_num_seqs if info.state_bytes else 0
-        num_blocks = self._init_kv_cache(cache, fit=config.llm.max_model_len is None, state_slots=slots)
+        snapshots = slots if cache.enable_prefix_caching else 0
+        num_blocks = self._init_kv_cache(cache, fit=config.llm.max_model_len is None, state_slots=slots,
+                                         state_snapshots=snapshots)
         if self.max_model_len != info.max_model_len:  # the default context did not fit: shrunk to the pool
             info.max_model_len = self.max_model_len
             self.limits = RequestLimits.from_config(config.limits, self.max_model_len, max_token_span(self.tokenizer))
         if not chunked and budget < self.max_model_len:
             raise ConfigError(f"--max-num-batched-tokens ({budget}) must be at least the context length "
                               f"({self.max_model_len}) when chunked prefill is off")
-        prefix = cache.enable_prefix_caching
-        if slots and prefix:
-            # A cached prefix gives back keys and values, not the recurrent state at its end.
-            log.info("prefix caching off: %s keeps a recurrent state per sequence (%.1f MiB), which the prefix "
-                     "cache does not hold", info.name, info.state_bytes / 2**20)
-            prefix = False
-        self.block_manager = BlockManager(num_blocks, self.block_size, prefix, state_slots=slots)
+        if snapshots:
+            log.info("prefix caching: %s keeps a recurrent state per sequence (%.1f MiB); a cached prefix resumes "
+                     "from the state saved at a prompt's last block boundary (%d saved states at most)",
+                     info.name, info.state_bytes / 2**20, snapshots)
+        self.block_manager = BlockManager(num_blocks, self.block_size, cache.enable_prefix_caching,
+                                          state_slots=slots, state_snapshots=snapshots)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=scheduler.max_num_seqs,
                                    max_num_batched_tokens=budget, enable_chunked_prefill=chunked)
         if proposer is not None:
@@ -135,7 +137,7 @@ class LLMEngine:
             self.spec_max_batch = spec.disable_by_batch_size or proposer.max_batch
             proposer.reserve(num_blocks, self.block_size, budget)
 
-    def _init_kv_cache(self, cache: CacheConfig, fit: bool, state_slots: int = 0) -> int:
+    def _init_kv_cache(self, cache: CacheConfig, fit: bool, state_slots: int = 0, state_snapshots: int = 0) -> int:
         """Have the backend allocate the KV pool; refuse a pool that cannot hold one request of
         ``max_model_len`` tokens. The check lives here, not in each backend, so every backend
         gets it the same way. With ``fit`` (no --max-model-len given: the length is the model's
@@ -144,7 +146,7 @@ class LLMEngine:
         min_blocks = math.ceil(self.max_model_len / self.block_size)
         spec = KVCacheSpec(block_size=self.block_size, num_blocks=cache.num_kv_blocks,
                            memory_fraction=cache.kv_cache_memory_fraction, min_blocks=min_blocks,
-                           state_slots=state_slots)
+                           state_slots=state_slots, state_snapshots=state_snapshots)
         num_blocks = self.backend.init_kv_cache(spec)
         if fit and 0 < num_blocks < min_blocks:
             held = num_blocks * self.block_size
@@ -272,6 +274,7 @@ class LLMEngine:
         self.stats["steps"] += 1
         emitted = {i: self._verified(s, r) for i, (s, r) in enumerate(zip(scheduled, results)) if s.drafts}
         self.scheduler.on_step_done(scheduled)
+        self.block_manager.commit_snapshots()
         step_tokens = 0
         touched: dict[str, RequestState] = {}
         finished: list[Sequence] = []
@@ -358,12 +361,18 @@ class LLMEngine:
         if budget is not None and budget.forcing and sched.sample:
             mask = budget  # a spent thinking budget: the next token of its end marker, whatever the logits
         fed = seq.token_ids[start: start + sched.num_tokens - len(sched.drafts)] + sched.drafts
-        return StepItem(media=overlapping(seq.media, start, start + len(fed)) if seq.media else (),
+        item = StepItem(
             seq_id=seq.seq_id, token_ids=fed, start_pos=start, num_draft_tokens=len(sched.drafts),
             block_table=seq.block_table, sample=sched.sample, sampling=sp,
             prompt_ids=seq.prompt_token_ids if sp.repetition_penalty != 1.0 else [],
             output_ids=seq.output_token_ids, seed_offset=seq.index, mask=mask,
-            prompt_logprob_targets=targets, state_slot=-1 if seq.state_slot is None else seq.state_slot)
+            prompt_logprob_targets=targets, media=overlapping(seq.media, start, start + len(fed)) if seq.media else ())
+        if seq.state_slot is not None:  # a hybrid model: its recurrent state's slot, restore and save
+            item.state_slot = seq.state_slot
+            if seq.state_restore is not None:  # the first step after a prefix hit
+                item.state_restore, seq.state_restore = seq.state_restore, None
+            item.state_snapshot = self.block_manager.plan_snapshot(seq, start, len(fed))
+        return item
 
     # -- speculative decoding ---------------------------------------------------------------
     def _propose(self) -> None:

@@ -32,14 +32,15 @@ class Sequence:
     (owned by the BlockManager). ``state`` belongs to the engine loop (detokenizer etc.).
     ``media``: the prompt's images (``llmserve.media.inputs.MediaInput``), where each one's
     expansion sits in the prompt. ``state_slot``: the slot of recurrent state it holds while it runs
-    (a hybrid model's; ``engine.state_slots``), None otherwise.
+    (a hybrid model's; ``engine.state_slots``), None otherwise; ``state_restore``: the saved state
+    its first step starts from, after a prefix-cache hit.
     """
 
     __slots__ = (
         "seq_id", "request_id", "index", "priority", "arrival",
         "token_ids", "num_prompt_tokens", "num_computed_tokens", "num_cached_tokens",
         "block_table", "block_hashes", "status", "sampling", "mask", "num_preemptions",
-        "state", "draft", "media", "state_slot",
+        "state", "draft", "media", "state_slot", "state_restore",
     )
 
     def __init__(
@@ -79,6 +80,7 @@ class Sequence:
         self.draft: list[int] = []  # tokens proposed for this step's verification (engine.speculation)
         self.media = media
         self.state_slot: int | None = None
+        self.state_restore: int | None = None
 
     # -- token views -----------------------------------------------------------------------
     @property

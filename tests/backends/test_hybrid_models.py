@@ -64,8 +64,8 @@ def served(request, tmp_path_factory):
     backend.close()
 
 
-def fresh_cache(backend: TorchBackend, slots: int = 4, blocks: int = 64) -> None:
-    backend.init_kv_cache(KVCacheSpec(block_size=BS, num_blocks=blocks, state_slots=slots))
+def fresh_cache(backend: TorchBackend, slots: int = 4, blocks: int = 64, saved: int = 0) -> None:
+    backend.init_kv_cache(KVCacheSpec(block_size=BS, num_blocks=blocks, state_slots=slots, state_snapshots=saved))
 
 
 def table(first: int, n: int) -> list[int]:
@@ -80,9 +80,9 @@ def close_to(ours: torch.Tensor, ref: torch.Tensor, what: str) -> None:
 
 def test_the_model_is_served_as_a_hybrid(served) -> None:
     be = served.backend
-    fresh_cache(be)
+    fresh_cache(be, saved=2)
     assert served.info.state_bytes > 0
-    assert "recurrent=gated-deltanet:3-layers,4-slots prefix_caching=off" in be.plan()
+    assert "recurrent=gated-deltanet:3-layers,4-slots,2-saved" in be.plan()
     assert be.cache.pool.shape[0] == 1, "only the full-attention layer keeps keys and values"
 
 
@@ -151,10 +151,70 @@ def test_greedy_continuations_equal_generate(served) -> None:
     tight, engine = run_engine(pair, texts[:3], num_kv_blocks=9, max_model_len=9 * BS)
     runs["through preemption"] = tight
     assert engine.scheduler.num_preemptions_total > 0, "nothing was preempted"
-    assert not engine.block_manager.enable_prefix_caching
     for name, got in runs.items():
         for i, text in enumerate(texts[:len(got)]):
             assert got[text] == want[i], f"{name}: prompt {i} answers {got[text]}, generate {want[i]}"
+
+
+def test_a_state_saved_mid_chunk_resumes_in_another_slot(served) -> None:
+    """A prompt chunk saves its state after 32 of its 50 tokens; another slot restores it and
+    goes on from there (keys and values of the first 32 positions shared, as a prefix hit does):
+    its logits equal one pass over the whole."""
+    be = served.backend
+    fresh_cache(be, slots=2, saved=3)
+    ids = PROMPTS[2]
+    ref = hybrid_model.reference_logits(served.reference, ids)
+    tab = table(0, len(ids))
+    be.forward_logits([StepItem(seq_id=0, token_ids=ids[:50], start_pos=0, block_table=tab, state_slot=0,
+                                state_snapshot=(32, 2))])
+    be.forward_logits([StepItem(seq_id=1, token_ids=ids_of(6, 40), start_pos=0, block_table=table(10, 40),
+                                state_slot=1)])  # slot 1 holds another sequence's state first
+    rest = be.forward_logits([StepItem(seq_id=1, token_ids=ids[32:60], start_pos=32, block_table=tab, state_slot=1,
+                                       state_restore=2)])[0]
+    close_to(rest, ref[32:60], "resumed from the saved state")
+    # Saved at the end of a decode row too.
+    be.forward_logits([StepItem(seq_id=0, token_ids=ids[50:51], start_pos=50, block_table=tab, state_slot=0,
+                                state_snapshot=(51, 0))])
+    last = be.forward_logits([StepItem(seq_id=1, token_ids=ids[51:], start_pos=51, block_table=tab, state_slot=1,
+                                       state_restore=0)])[0]
+    close_to(last, ref[51:], "resumed after a decode row's save")
+    with pytest.raises(ValueError, match="outside the fed positions"):
+        be.forward_logits([StepItem(seq_id=0, token_ids=ids[:5], start_pos=0, block_table=tab, state_slot=0,
+                                    state_snapshot=(9, 0))])
+
+
+def test_a_prefix_hit_resumes_from_the_saved_state(served) -> None:
+    """A conversation's second turn (the first turn's prompt, its answer and a new message) reuses
+    the first prompt's blocks and its saved state, and answers as transformers does without any
+    reuse; the same prompt again reuses all but its last block."""
+    from llmserve.engine.engine import LLMEngine
+    from llmserve.request import PreparedRequest
+    from llmserve.sampling import SamplingParams
+
+    engine = LLMEngine(served.backend, served.info, ServerConfig(block_size=BS, num_kv_blocks=64, max_num_seqs=4))
+    assert engine.block_manager.enable_prefix_caching and engine.block_manager.snapshots is not None
+
+    def answer(ids: list[int], n: int = 8) -> tuple[list[int], int]:
+        out: list[int] = []
+        rid = f"r{engine.stats['steps']}"
+        engine.add_request(PreparedRequest(prompt="", prompt_token_ids=tuple(ids), request_id=rid,
+                                           sampling=SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)),
+                           lambda o: out.extend(t for d in o.outputs for t in d.token_ids))
+        hits = engine.block_manager.prefix_hit_tokens
+        while engine.has_work:
+            engine.step()
+        return out, engine.block_manager.prefix_hit_tokens - hits
+
+    first = PROMPTS[2]  # 70 tokens: its state is saved at 64
+    reply, hit = answer(first)
+    assert hit == 0 and reply == hybrid_model.reference_generate(served.reference, first, 8)
+    second = first + reply + ids_of(30, 9)
+    reply2, hit = answer(second)
+    assert hit == 64, f"the second turn reused {hit} tokens"
+    assert reply2 == hybrid_model.reference_generate(served.reference, second, 8)
+    again, hit = answer(second)
+    assert hit == (len(second) - 1) // BS * BS and again == reply2
+    assert engine.check_idle()
 
 
 def test_admission_waits_for_a_state_slot(served) -> None:
@@ -196,10 +256,10 @@ def test_the_states_come_out_of_the_memory_budget(served) -> None:
     per_slot = served.info.state_bytes
     with pytest.raises(ConfigError, match="recurrent states of 1000000 sequences"):
         be.init_kv_cache(KVCacheSpec(block_size=BS, memory_fraction=1e-6, state_slots=1_000_000))
-    fresh_cache(be, slots=5)
-    assert be.states.conv.shape[1] == be.states.ssm.shape[1] == 5
+    fresh_cache(be, slots=5, saved=3)
+    assert be.states.conv.shape[1] == be.states.ssm.shape[1] == 8
     held = (be.states.conv.numel() * be.states.conv.element_size() + be.states.ssm.numel() * 4)
-    assert held == 5 * per_slot
+    assert held == 8 * per_slot
 
 
 def test_the_lists_and_the_docs_agree() -> None:

@@ -101,3 +101,88 @@ def test_random_traffic_never_leaks_a_slot() -> None:
         step(sched, targets)
     assert sched.num_preemptions_total > 0
     sched.check_idle()
+
+
+def test_saved_states_are_kept_least_recently_used_first() -> None:
+    from llmserve.engine.state_slots import StateSnapshots
+
+    saved = StateSnapshots(2)
+    a, b = saved.reserve(), saved.reserve()
+    assert {a, b} == {0, 1} and saved.reserve() is None  # both wait for their step
+    saved.commit(111, a)
+    saved.commit(222, b)
+    assert saved.take(111) == a  # 111 is now the most recently used
+    c = saved.reserve()
+    assert c == b and not saved.has(222) and saved.has(111)  # 222 made room
+    saved.commit(111, c)  # already saved under that chain: the id goes back
+    assert saved.num_saved == 1 and saved.reserve() == c
+    saved.cancel(c)
+    saved.check(expect_idle=True)
+    d = saved.reserve()
+    with pytest.raises(AssertionError, match="pending"):
+        saved.check(expect_idle=True)
+    saved.cancel(d)
+
+
+def _hybrid_bm(saved: int = 4) -> BlockManager:
+    return BlockManager(32, 4, True, state_slots=4, state_snapshots=saved)
+
+
+def _run_prompt(bm: BlockManager, seq: Sequence) -> int:
+    """Admit ``seq``, feed its whole prompt in one step (saving where the manager plans) and settle;
+    the tokens its prefix hit covered."""
+    cached = bm.match_prefix(seq)
+    seq.num_computed_tokens = cached
+    n = seq.num_tokens - cached
+    assert bm.allocate(seq, n)
+    bm.plan_snapshot(seq, cached, n)
+    seq.num_computed_tokens += n
+    bm.cache_computed_blocks(seq)
+    bm.commit_snapshots()
+    return cached
+
+
+def test_a_prefix_hit_reaches_only_as_far_as_a_saved_state() -> None:
+    bm = _hybrid_bm()
+    first = Sequence("a", list(range(1, 15)))  # 14 tokens: blocks end at 4, 8 and 12; saved at 12
+    assert bm.plan_snapshot(first, 0, 4) is None  # a step that does not reach the boundary saves nothing
+    assert _run_prompt(bm, first) == 0
+    assert bm.snapshots.num_saved == 1
+    twin = Sequence("b", list(range(1, 15)))
+    assert bm.peek_prefix(twin.token_ids) == 12
+    assert bm.match_prefix(twin) == 12 and twin.state_restore is not None
+    bm.free(twin)
+    assert twin.state_restore is None
+    # Shares only the first 9 tokens: the blocks ending at 4 and 8 are cached but no state was
+    # saved there, so nothing is reused.
+    branch = Sequence("c", list(range(1, 10)) + [99, 98, 97, 96, 95])
+    assert bm.peek_prefix(branch.token_ids) == 0 and bm.match_prefix(branch) == 0
+    assert branch.state_restore is None
+    # A longer prompt extending the first resumes at 12 and saves its own boundary (20).
+    longer = Sequence("d", list(range(1, 23)))
+    assert _run_prompt(bm, longer) == 12
+    assert bm.snapshots.num_saved == 2 and bm.peek_prefix(list(range(1, 24))) == 20
+    bm.free(first)
+    bm.free(longer)
+    bm.check_invariants(expect_idle=True, seqs=[])
+
+
+def test_a_save_whose_sequence_left_is_dropped() -> None:
+    bm = _hybrid_bm(saved=1)
+    seq = Sequence("a", list(range(1, 15)))
+    assert bm.allocate(seq, 14)
+    assert bm.plan_snapshot(seq, 0, 14) == (12, 0)
+    bm.free(seq)  # aborted while the step ran
+    bm.commit_snapshots()
+    assert bm.snapshots.num_saved == 0
+    bm.check_invariants(expect_idle=True, seqs=[])
+
+
+def test_without_saved_states_a_hybrid_takes_no_prefix_hits() -> None:
+    bm = BlockManager(32, 4, True, state_slots=2)  # prefix caching on, no snapshots
+    seq = Sequence("a", list(range(1, 15)))
+    assert bm.allocate(seq, 14)
+    seq.num_computed_tokens = 14
+    bm.cache_computed_blocks(seq)
+    assert bm.plan_snapshot(seq, 0, 14) is None
+    assert bm.peek_prefix(list(range(1, 15))) == 0

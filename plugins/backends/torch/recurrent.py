@@ -5,9 +5,11 @@ the forward that takes the place of each such layer's own (``install``).
 The engine hands every sequence a state slot (``StepItem.state_slot``); a slot starts empty when
 its sequence's first token is fed. Per Gated DeltaNet layer a slot holds the convolution's window
 (the last ``K - 1`` inputs of the short causal convolution, in the model's dtype) and the delta
-rule's state (``[heads, Dk, Dv]``, float32). The full-attention layers keep keys and values in the
-paged KV cache as every other model does; ``RecurrentStates.kv_layers`` maps their layer numbers
-to the cache's.
+rule's state (``[heads, Dk, Dv]``, float32). Saved states for the prefix cache sit in the same
+tensors after the slots: a step may copy one into a slot before it runs (``state_restore``) and
+save a slot's state at a given position of its chunk (``state_snapshot``). The full-attention
+layers keep keys and values in the paged KV cache as every other model does;
+``RecurrentStates.kv_layers`` maps their layer numbers to the cache's.
 """
 
 from __future__ import annotations
@@ -72,48 +74,81 @@ def hybrid_shape(model: Any) -> tuple[DeltaNetShape, list[int], list[int]] | Non
 @dataclass
 class StateStep:
     """The recurrent layers' part of one step: the decode rows' slots (the first ``num_decode``
-    packed rows, one token each) and each prompt chunk's (first row, length, slot)."""
+    packed rows, one token each) and the rows whose state is saved after them, (slot, row of the
+    saved state); each prompt chunk's (first row, length, slot, tokens before the save or None,
+    row of the saved state)."""
 
     states: "RecurrentStates"
     num_decode: int
     decode_slots: torch.Tensor | None
-    chunks: list[tuple[int, int, int]]
+    decode_saves: list[tuple[int, int]]
+    chunks: list[tuple[int, int, int, int | None, int]]
 
 
 class RecurrentStates:
     """The state tensors of every Gated DeltaNet layer for ``slots`` sequences."""
 
     def __init__(self, shape: DeltaNetShape, linear: list[int], attention: list[int], slots: int,
-                 conv_dtype: torch.dtype, device: torch.device) -> None:
-        self.shape, self.slots = shape, slots
+                 conv_dtype: torch.dtype, device: torch.device, snapshots: int = 0) -> None:
+        self.shape, self.slots, self.snapshots = shape, slots, snapshots
         self.index = {layer: i for i, layer in enumerate(linear)}
         self.kv_layers = {layer: i for i, layer in enumerate(attention)}
-        n = len(linear)
-        # torch.empty: on a CPU a slot's pages are committed when a sequence first uses it.
-        self.conv = torch.empty(n, slots, shape.conv_dim, shape.kernel - 1, dtype=conv_dtype, device=device)
-        self.ssm = torch.empty(n, slots, shape.heads, shape.key_dim, shape.value_dim, dtype=torch.float32,
+        n, rows = len(linear), slots + snapshots  # slot s is row s, saved state i row slots + i
+        # torch.empty: on a CPU a row's pages are committed when it is first written.
+        self.conv = torch.empty(n, rows, shape.conv_dim, shape.kernel - 1, dtype=conv_dtype, device=device)
+        self.ssm = torch.empty(n, rows, shape.heads, shape.key_dim, shape.value_dim, dtype=torch.float32,
                                device=device)
 
     @staticmethod
     def bytes_per_slot(shape: DeltaNetShape, layers: int, conv_dtype: torch.dtype) -> int:
+        """Bytes of one slot (or one saved state) over ``layers`` Gated DeltaNet layers."""
         return layers * shape.bytes_per_slot(conv_dtype)
 
     def step(self, batch: list[StepItem], first_row: list[int], num_decode: int) -> StateStep:
-        """The batch's slots, those starting a sequence cleared first."""
+        """The batch's slots: those starting a sequence cleared, those resuming a saved state
+        filled from it, and where each saves its state."""
         device = self.ssm.device
-        fresh = [it.state_slot for it in batch if it.start_pos == 0]
         bad = [it.seq_id for it in batch if not 0 <= it.state_slot < self.slots]
+        bad += [it.seq_id for it in batch if it.state_restore >= self.snapshots or (
+            it.state_snapshot is not None and not 0 <= it.state_snapshot[1] < self.snapshots)]
         if bad:
-            raise ValueError(f"sequences {bad[:5]} have no state slot of the {self.slots} allocated")
+            raise ValueError(f"sequences {bad[:5]} name a state slot or saved state outside the "
+                             f"{self.slots} + {self.snapshots} allocated")
+        fresh = [it.state_slot for it in batch if it.start_pos == 0]
         if fresh:
             idx = torch.tensor(fresh, dtype=torch.long, device=device)
             self.conv.index_fill_(1, idx, 0)
             self.ssm.index_fill_(1, idx, 0)
+        restore = [(self.slots + it.state_restore, it.state_slot) for it in batch if it.state_restore >= 0]
+        if restore:
+            src, dst = (torch.tensor(v, dtype=torch.long, device=device) for v in zip(*restore))
+            self.conv.index_copy_(1, dst, self.conv.index_select(1, src))
+            self.ssm.index_copy_(1, dst, self.ssm.index_select(1, src))
         decode = sorted((first_row[i], it.state_slot) for i, it in enumerate(batch) if first_row[i] < num_decode)
-        chunks = [(first_row[i], len(it.token_ids), it.state_slot) for i, it in enumerate(batch)
-                  if first_row[i] >= num_decode]
+        saves: list[tuple[int, int]] = []
+        chunks: list[tuple[int, int, int, int | None, int]] = []
+        for i, it in enumerate(batch):
+            cut, row = None, -1
+            if it.state_snapshot is not None:
+                cut, row = it.state_snapshot[0] - it.start_pos, self.slots + it.state_snapshot[1]
+                if not 0 < cut <= len(it.token_ids):
+                    end = it.start_pos + len(it.token_ids)
+                    raise ValueError(f"sequence {it.seq_id}: a state saved after {it.state_snapshot[0]} tokens is "
+                                     f"outside the fed positions {it.start_pos}..{end - 1}")
+            if first_row[i] < num_decode:
+                if cut is not None:
+                    saves.append((it.state_slot, row))
+            else:
+                chunks.append((first_row[i], len(it.token_ids), it.state_slot, cut, row))
         slots = torch.tensor([s for _, s in decode], dtype=torch.long, device=device) if decode else None
-        return StateStep(self, num_decode, slots, chunks)
+        return StateStep(self, num_decode, slots, saves, chunks)
+
+
+def _pieces(n: int, cut: int | None) -> list[tuple[int, int, bool]]:
+    """A chunk of ``n`` tokens as (start, end, save after it) pieces, split where the state is saved."""
+    if cut is None:
+        return [(0, n, False)]
+    return [(0, cut, True)] + ([(cut, n, False)] if cut < n else [])
 
 
 def _project(module: Any, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -142,8 +177,13 @@ def _forward(module: Any, hidden_states: torch.Tensor, *args: Any, **kwargs: Any
         window = conv.index_select(0, slots)
         conv_out[:nd] = deltanet.conv_step(mixed[:nd], weight, window)
         conv.index_copy_(0, slots, window)
-    for row, n, slot in st.chunks:
-        conv_out[row:row + n] = deltanet.conv_chunk(mixed[row:row + n], weight, conv[slot])
+        for slot, row in st.decode_saves:
+            conv[row].copy_(conv[slot])
+    for first, n, slot, cut, saved in st.chunks:
+        for lo, hi, save in _pieces(n, cut):
+            conv_out[first + lo:first + hi] = deltanet.conv_chunk(mixed[first + lo:first + hi], weight, conv[slot])
+            if save:
+                conv[saved].copy_(conv[slot])
     conv_out = F.silu(conv_out)
     kd, vd = module.key_dim, module.value_dim
     T = x.shape[0]
@@ -158,9 +198,14 @@ def _forward(module: Any, hidden_states: torch.Tensor, *args: Any, **kwargs: Any
         state = ssm.index_select(0, slots)
         out[:nd] = deltanet.step(q[:nd], k[:nd], v[:nd], g[:nd], beta[:nd], state)
         ssm.index_copy_(0, slots, state)
-    for row, n, slot in st.chunks:
-        rows = slice(row, row + n)
-        out[rows] = deltanet.chunked(q[rows], k[rows], v[rows], g[rows], beta[rows], ssm[slot])
+        for slot, row in st.decode_saves:
+            ssm[row].copy_(ssm[slot])
+    for first, n, slot, cut, saved in st.chunks:
+        for lo, hi, save in _pieces(n, cut):
+            rows = slice(first + lo, first + hi)
+            out[rows] = deltanet.chunked(q[rows], k[rows], v[rows], g[rows], beta[rows], ssm[slot])
+            if save:
+                ssm[saved].copy_(ssm[slot])
     normed = module.norm(out.to(x.dtype).reshape(-1, module.head_v_dim), z.reshape(-1, module.head_v_dim))
     return module.out_proj(normed.reshape(T, -1))[None]
 

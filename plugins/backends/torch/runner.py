@@ -205,7 +205,7 @@ class TorchBackend(Backend):
             raise ConfigError(str(exc)) from None
         per_block = PagedKVCache.bytes_per_block(self._num_layers, spec.block_size, self._kv_heads,
                                                  self._head_dim, kv_dtype)
-        states = self._init_states(spec.state_slots)
+        states = self._init_states(spec.state_slots, spec.state_snapshots)
         if spec.num_blocks is not None:
             num_blocks = int(spec.num_blocks)
         else:
@@ -243,21 +243,23 @@ class TorchBackend(Backend):
         log.info("execution plan: %s", self.plan())
         return num_blocks
 
-    def _init_states(self, slots: int) -> int:
-        """Allocate the recurrent states of ``slots`` sequences (a hybrid model); their bytes."""
+    def _init_states(self, slots: int, snapshots: int) -> int:
+        """Allocate the recurrent states of ``slots`` sequences and ``snapshots`` saved ones (a
+        hybrid model); their bytes."""
         if self._hybrid is None:
             return 0
         lm = self._require_loaded()
         if slots < 1:
             raise ConfigError(f"{lm.name} keeps a recurrent state per sequence: the engine must ask for state slots")
         shape, linear, attention = self._hybrid
-        size = slots * RecurrentStates.bytes_per_slot(shape, len(linear), lm.dtype)
+        size = (slots + snapshots) * RecurrentStates.bytes_per_slot(shape, len(linear), lm.dtype)
         try:
-            self.states = RecurrentStates(shape, linear, attention, slots, lm.dtype, lm.device)
+            self.states = RecurrentStates(shape, linear, attention, slots, lm.dtype, lm.device, snapshots)
         except (RuntimeError, MemoryError) as exc:
             raise ConfigError(f"cannot allocate the recurrent states of {slots} sequences ({size / 2**30:.2f} GiB): "
                               f"{str(exc).splitlines()[0]}; lower --max-num-seqs") from None
-        log.info("recurrent states: %d slots x %d Gated DeltaNet layers (%.2f GiB)", slots, len(linear), size / 2**30)
+        log.info("recurrent states: %d slots + %d saved x %d Gated DeltaNet layers (%.2f GiB)", slots, snapshots,
+                 len(linear), size / 2**30)
         return size
 
     def _kernel_ops(self, device: torch.device, model: Any) -> bool:
@@ -336,8 +338,8 @@ class TorchBackend(Backend):
                 + (" gguf_matmul=bf16-amx" if self._gguf is not None and self._gguf.bf16_matmul else "")
                 + (" gguf_decode=int8" if self._gguf is not None and self._gguf.int8_decode else "")
                 + (f" cuda_graphs={len(self._graphs.buckets)}" if self._graphs is not None else "")
-                + (f" recurrent=gated-deltanet:{len(self._hybrid[1])}-layers,{self.states.slots}-slots"
-                   " prefix_caching=off(recurrent-state)" if self.states is not None and self._hybrid else "")
+                + (f" recurrent=gated-deltanet:{len(self._hybrid[1])}-layers,{self.states.slots}-slots,"
+                   f"{self.states.snapshots}-saved" if self.states is not None and self._hybrid else "")
                 + (f" WARNING=unverified-architecture:{lm.unverified}" if lm.unverified else ""))
 
     def release(self, seq_ids: list[int]) -> None:
