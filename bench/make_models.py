@@ -8,7 +8,10 @@ model); ``--small`` makes a
 (hidden 2048, 28 layers, intermediate 6144, 16 heads of 128, 8 KV heads, q/k norms, rope_theta
 1000000, a 40960-token context, tied embeddings) with the same vocabulary, ``--family gemma3``
 Gemma 3 1B's (hidden 1152, 26 layers, intermediate 6912, 4 heads of 256, 1 KV head, five
-512-token sliding-window layers to each global one, GELU, sandwich norms). Weights are seeded random (normal,
+512-token sliding-window layers to each global one, GELU, sandwich norms), ``--family qwen3_5``
+a Qwen3.5-0.8B-like hybrid (hidden 1024, 24 layers: three Gated DeltaNet layers of 16 heads of 128
+to each gated full-attention layer of 8 heads of 256 with 2 KV heads, intermediate 3584, partial
+RoPE). Weights are seeded random (normal,
 std 0.02 as Llama's initializer_range) saved in bf16 with ``save_pretrained``; the GGUF files
 come from llama.cpp's own tools: ``convert_hf_to_gguf.py`` writes BF16 and Q8_0, and
 ``llama-quantize`` makes Q4_K_M and Q4_0 from the BF16 file (see bench/llama_cpp.py for
@@ -44,11 +47,21 @@ SHAPES = {
                             num_attention_heads=4, num_key_value_heads=1, head_dim=256, query_pre_attn_scalar=256,
                             sliding_window=512, max_position_embeddings=32768, rope_theta=1000000.0,
                             rope_local_base_freq=10000.0, rms_norm_eps=1e-6),
+    "qwen3.5-0.8b-shape": dict(model_type="qwen3_5_text", hidden_size=1024, num_hidden_layers=24,
+                               intermediate_size=3584, num_attention_heads=8, num_key_value_heads=2, head_dim=256,
+                               linear_num_key_heads=16, linear_num_value_heads=16, linear_key_head_dim=128,
+                               linear_value_head_dim=128, linear_conv_kernel_dim=4, max_position_embeddings=32768,
+                               rope_parameters=dict(rope_type="default", rope_theta=10000000.0,
+                                                    partial_rotary_factor=0.25),
+                               rms_norm_eps=1e-6),
 }
 # --family -> (default model, --small model)
 FAMILIES = {"llama": ("llama-1b-shape", "llama-small-shape"), "qwen3": ("qwen3-1.7b-shape", None),
-            "gemma3": ("gemma3-1b-shape", None)}
+            "gemma3": ("gemma3-1b-shape", None), "qwen3_5": ("qwen3.5-0.8b-shape", None)}
 CONVERTER_TYPES = ("BF16", "Q8_0")  # written by convert_hf_to_gguf.py
+# Converter flags by model: a Qwen3.5 checkpoint carries a multi-token-prediction layer, which the
+# converter looks for unless told there is none.
+CONVERTER_FLAGS = {"qwen3.5-0.8b-shape": ["--no-mtp"]}
 QUANTIZE_TYPES = ("Q4_K_M", "Q4_0")  # written by llama-quantize from the BF16 file
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
 
@@ -111,7 +124,8 @@ def converter_requirements() -> None:
 def convert(tools: llama_cpp.LlamaCpp, hf_dir: Path, out: Path, qtype: str) -> None:
     converter_requirements()
     tmp = out.with_name(out.name + ".partial")
-    cmd = [sys.executable, str(tools.converter), str(hf_dir), "--outfile", str(tmp), "--outtype", qtype.lower()]
+    cmd = [sys.executable, str(tools.converter), str(hf_dir), "--outfile", str(tmp), "--outtype", qtype.lower(),
+           *CONVERTER_FLAGS.get(hf_dir.name, [])]
     print("converting: " + " ".join(cmd), flush=True)
     run_quietly(cmd, env=tools.converter_env())
     tmp.rename(out)

@@ -54,12 +54,21 @@ class Served:
     path: str
 
 
-@pytest.fixture(scope="module", params=sorted(hybrid_model.SHAPES))
+# (shape, forward): Qwen3.5's dense shapes run the fused forward (fused_hybrid.py) and, the text
+# model, transformers' forward too; the others transformers' with the recurrent layers replaced.
+RUNS = [*[(name, "fused" if name in ("qwen3_5", "qwen3_5_text") else "transformers")
+          for name in sorted(hybrid_model.SHAPES)], ("qwen3_5_text", "transformers")]
+
+
+@pytest.fixture(scope="module", params=RUNS, ids=[f"{name}-{forward}" for name, forward in RUNS])
 def served(request, tmp_path_factory):
-    path = str(tmp_path_factory.mktemp(request.param))
-    reference = hybrid_model.write_hybrid(request.param, path)
-    backend = TorchBackend(ServerConfig(model=path, dtype="float32", device="cpu"), TorchOptions.from_environ())
+    name, forward = request.param
+    path = str(tmp_path_factory.mktemp(name))
+    reference = hybrid_model.write_hybrid(name, path)
+    backend = TorchBackend(ServerConfig(model=path, dtype="float32", device="cpu"),
+                           TorchOptions.from_environ(fused_forward=forward == "fused"))
     info = dataclasses.replace(backend.load(), tokenizer=PreTrainedTokenizerFast.from_pretrained(path))
+    assert (forward == "fused") == (backend._fused is not None)
     yield Served(backend, info, reference, path)
     backend.close()
 

@@ -24,17 +24,29 @@ CHUNK = 64          # tokens per chunk of the chunked form
 STEP_BELOW = 8      # prompt chunks shorter than this run the step form token by token
 
 
-def prepare(q: torch.Tensor, k: torch.Tensor, v_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+def prepare(q: torch.Tensor, k: torch.Tensor, v_heads: int, tiled: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``q``, ``k [..., Hk, Dk]`` in float32, L2-normalised (the query also scaled by ``Dk ** -0.5``)
-    and repeated so that each of the ``v_heads`` value heads has its own (key head ``h`` serves value
-    heads ``h * r .. h * r + r - 1``)."""
+    and repeated so that each of the ``v_heads`` value heads has its own: key head ``h`` serves value
+    heads ``h * r .. h * r + r - 1`` (grouped, as checkpoints order them) or, ``tiled`` (as llama.cpp's
+    converter reorders them), value heads ``h, h + Hk, h + 2 Hk, ...``."""
     q, k = q.float(), k.float()
     q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6) * q.shape[-1] ** -0.5
     k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
     r = v_heads // q.shape[-2]
-    if r > 1:
+    if r > 1 and tiled:
+        reps = (1,) * (q.dim() - 2) + (r, 1)
+        q, k = q.repeat(reps), k.repeat(reps)
+    elif r > 1:
         q, k = q.repeat_interleave(r, dim=-2), k.repeat_interleave(r, dim=-2)
     return q, k
+
+
+def gated_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of each head's output ``x [T, H, Dv]`` (normalised in float32, cast back, scaled by
+    ``weight``) times ``silu(gate)`` (in float32), in ``x``'s dtype."""
+    y = x.float()
+    y = (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return (weight * y * F.silu(gate.float())).to(x.dtype)
 
 
 def step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,

@@ -162,38 +162,65 @@ def _project(module: Any, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, 
     return module.in_proj_qkv(x), z, module.in_proj_b(x), module.in_proj_a(x)
 
 
-def _forward(module: Any, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-    """A Gated DeltaNet layer over a packed step ``[1, T, hidden]``, each sequence from its slot."""
-    _, meta = current_step()
-    st: StateStep = meta.states
-    layer = st.states.index[module.layer_idx]
+@dataclass
+class DeltaNetParams:
+    """What one Gated DeltaNet layer computes with besides its projections: the convolution's
+    weight ``[C, K]``, the decay's ``-exp(A_log)`` and ``dt_bias`` (float32, per value head), the
+    gated norm's weight and epsilon, the head counts and sizes, and whether value heads take
+    their key head in tiled order (``h % key_heads``, a GGUF file's) or grouped (``h // r``)."""
+
+    layer: int                 # the layer's number in the model
+    conv: torch.Tensor
+    neg_a: torch.Tensor
+    dt_bias: torch.Tensor
+    norm: torch.Tensor
+    eps: float
+    key_heads: int
+    value_heads: int
+    key_dim: int
+    value_dim: int
+    tiled: bool = False
+
+    @classmethod
+    def of(cls, module: Any) -> "DeltaNetParams":
+        """From transformers' module (its weights stay where they are)."""
+        return cls(layer=int(module.layer_idx), conv=module.conv1d.weight[:, 0, :],
+                   neg_a=-module.A_log.detach().float().exp(), dt_bias=module.dt_bias.detach().float(),
+                   norm=module.norm.weight, eps=float(module.norm.variance_epsilon),
+                   key_heads=int(module.num_k_heads), value_heads=int(module.num_v_heads),
+                   key_dim=int(module.head_k_dim), value_dim=int(module.head_v_dim))
+
+
+def mix(p: DeltaNetParams, st: StateStep, mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor,
+        a: torch.Tensor) -> torch.Tensor:
+    """A Gated DeltaNet layer's token mixing over a packed step, each sequence from and into its
+    slot: ``mixed [T, C]`` (the convolution's input: queries, keys, values), the output gate
+    ``z [T, H * Dv]`` and ``b``, ``a [T, H]`` -> the gated, normed output ``[T, H * Dv]`` (before
+    the output projection), in ``mixed``'s dtype."""
+    layer = st.states.index[p.layer]
     conv, ssm = st.states.conv[layer], st.states.ssm[layer]
-    x = hidden_states[0]
-    mixed, z, b, a = _project(module, x)
-    weight = module.conv1d.weight[:, 0, :]
     nd, slots = st.num_decode, st.decode_slots
     conv_out = torch.empty_like(mixed)
     if slots is not None:
         window = conv.index_select(0, slots)
-        conv_out[:nd] = deltanet.conv_step(mixed[:nd], weight, window)
+        conv_out[:nd] = deltanet.conv_step(mixed[:nd], p.conv, window)
         conv.index_copy_(0, slots, window)
         for slot, row in st.decode_saves:
             conv[row].copy_(conv[slot])
     for first, n, slot, cut, saved in st.chunks:
         for lo, hi, save in _pieces(n, cut):
-            conv_out[first + lo:first + hi] = deltanet.conv_chunk(mixed[first + lo:first + hi], weight, conv[slot])
+            conv_out[first + lo:first + hi] = deltanet.conv_chunk(mixed[first + lo:first + hi], p.conv, conv[slot])
             if save:
                 conv[saved].copy_(conv[slot])
     conv_out = F.silu(conv_out)
-    kd, vd = module.key_dim, module.value_dim
-    T = x.shape[0]
-    q = conv_out[:, :kd].reshape(T, -1, module.head_k_dim)
-    k = conv_out[:, kd:2 * kd].reshape(T, -1, module.head_k_dim)
-    v = conv_out[:, 2 * kd:2 * kd + vd].reshape(T, -1, module.head_v_dim)
+    kd, T = p.key_heads * p.key_dim, mixed.shape[0]
+    q = conv_out[:, :kd].reshape(T, p.key_heads, p.key_dim)
+    k = conv_out[:, kd:2 * kd].reshape(T, p.key_heads, p.key_dim)
+    v = conv_out[:, 2 * kd:].reshape(T, p.value_heads, p.value_dim)
     beta = b.float().sigmoid()
-    g = -module.A_log.float().exp() * F.softplus(a.float() + module.dt_bias.float())
-    q, k = deltanet.prepare(q, k, module.num_v_heads)
-    out = torch.empty(T, module.num_v_heads, module.head_v_dim, dtype=torch.float32, device=x.device)
+    g = p.neg_a * F.softplus(a.float() + p.dt_bias)
+    q, k = deltanet.prepare(q, k, p.value_heads, p.tiled)
+    out = torch.empty(T, p.value_heads, p.value_dim, dtype=torch.float32, device=mixed.device)
     if slots is not None:
         state = ssm.index_select(0, slots)
         out[:nd] = deltanet.step(q[:nd], k[:nd], v[:nd], g[:nd], beta[:nd], state)
@@ -206,12 +233,21 @@ def _forward(module: Any, hidden_states: torch.Tensor, *args: Any, **kwargs: Any
             out[rows] = deltanet.chunked(q[rows], k[rows], v[rows], g[rows], beta[rows], ssm[slot])
             if save:
                 ssm[saved].copy_(ssm[slot])
-    normed = module.norm(out.to(x.dtype).reshape(-1, module.head_v_dim), z.reshape(-1, module.head_v_dim))
-    return module.out_proj(normed.reshape(T, -1))[None]
+    return deltanet.gated_norm(out.to(mixed.dtype), z.view(T, p.value_heads, p.value_dim), p.norm,
+                               p.eps).view(T, -1)
+
+
+def _forward(module: Any, params: DeltaNetParams, hidden_states: torch.Tensor, *args: Any,
+             **kwargs: Any) -> torch.Tensor:
+    """transformers' Gated DeltaNet layer over a packed step ``[1, T, hidden]``."""
+    _, meta = current_step()
+    x = hidden_states[0]
+    mixed, z, b, a = _project(module, x)
+    return module.out_proj(mix(params, meta.states, mixed, z.reshape(x.shape[0], -1), b, a))[None]
 
 
 def install(model: Any) -> None:
     """Run every Gated DeltaNet layer of ``model`` through ``_forward`` (the step's slots) instead
     of its own forward (one sequence, its state in transformers' cache object)."""
     for _, module in _deltanet_layers(model):
-        module.forward = partial(_forward, module)
+        module.forward = partial(_forward, module, DeltaNetParams.of(module))

@@ -20,6 +20,7 @@ from llmserve import ConfigError
 from .attention import PagedKVCache, StepMetadata, kv_cache_dtype, step_context
 from .cpu_threads import set_cpu_threads
 from .fused import FusedDecoder
+from .fused_hybrid import HybridDecoder
 from .loader import LoadedModel, load_model
 from .options import TorchOptions
 from .recurrent import RecurrentStates, hybrid_shape, install
@@ -62,7 +63,7 @@ class TorchBackend(Backend):
         self._decoder: Any = None   # the base model (hidden states), set by load()
         self._lm_head: Any = None
         self._packed_head: Any = None  # lm_head in the native CPU kernel's layout, when it applies
-        self._fused: FusedDecoder | None = None  # our own forward, when the architecture allows
+        self._fused: FusedDecoder | HybridDecoder | None = None  # our own forward, when the architecture allows
         self._ops: Any = None  # the native elementwise operations, when they apply
         self._native = False  # native CPU kernels apply (CPU, fp32, options.cpu_kernels)
         self._gguf: Any = None  # a GGUF file's own weights (gguf_model.GGUFParts) on the native GGUF path
@@ -121,14 +122,14 @@ class TorchBackend(Backend):
                 from .cuda.ops import KernelOps
 
                 ops = KernelOps()  # norms, SiLU-mul and RoPE + KV store as one Triton launch each
+            self._hybrid = hybrid_shape(model)
             if opts.fused_forward:
-                self._fused = FusedDecoder.build(model, pack=packing, ops=ops,
-                                                 compact=opts.compact_weights, native_decode=opts.native_step,
-                                                 weights=self._gguf)
+                builder = HybridDecoder if self._hybrid is not None else FusedDecoder
+                self._fused = builder.build(model, pack=packing, ops=ops, compact=opts.compact_weights,
+                                            native_decode=opts.native_step, weights=self._gguf)
         if self._gguf is not None and self._fused is None:
             raise ConfigError(f"the fused forward cannot run {lm.name}; serve it with --no-torch-gguf-native")
         self._num_layers = int(cfg.num_hidden_layers)
-        self._hybrid = hybrid_shape(model)
         state_bytes = 0
         if self._hybrid is not None:  # only the attention layers keep keys and values
             install(model)
