@@ -9,6 +9,7 @@ reference has a clear winner, so rounding never decides a token).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from backends.test_torch_paged import VOCAB, save_word_tokenizer
@@ -86,3 +87,137 @@ def reference_generate(model: torch.nn.Module, ids: list[int], max_new: int) -> 
     margins = [float(top[0] - top[1]) for top in (s[0].topk(2).values for s in out.scores)]
     assert min(margins) >= MIN_MARGIN, f"a near tie in the reference ({min(margins):.1e}): change the seed"
     return out.sequences[0, len(ids):].tolist()
+
+
+def _tiled(x: np.ndarray, axis: int, key_heads: int, per_key: int, size: int) -> np.ndarray:
+    """Value heads along ``axis`` (``key_heads * per_key`` heads of ``size``) from grouped order
+    (by key head, as checkpoints keep them) to tiled order (head ``v`` of every key head, then the
+    next: llama.cpp's converter's order)."""
+    moved = np.moveaxis(x, axis, 0)
+    rest = moved.shape[1:]
+    tiled = moved.reshape(key_heads, per_key, size, *rest).swapaxes(0, 1).reshape(-1, *rest)
+    return np.ascontiguousarray(np.moveaxis(tiled, 0, axis))
+
+
+def write_hybrid_gguf(path: str, qtype: str = "F32", seed: int = 0,
+                      replace: dict[str, np.ndarray | None] | None = None) -> torch.nn.Module:
+    """A tiny Qwen3.5 text model (vocabulary and tokenizer of the embedded SmolLM2) saved as a
+    ``qwen35`` GGUF file the way llama.cpp's converter writes one: ``A_log`` as ``-exp(A_log)``
+    (``ssm_a``), ``dt_bias`` as ``ssm_dt.bias``, the convolution squeezed to ``[channels, K]``,
+    every RMSNorm but the gated one stored as ``1 + weight``, the value heads in tiled order, each
+    attention head's query and gate rows interleaved in ``attn_q``; matrices in ``qtype``.
+    ``replace``: tensors written with these values instead (None: left out). Returns the model
+    (transformers, float32, eval mode) the file was made from, holding its matrices as the file
+    decodes them (a quantized ``qtype`` rounds them)."""
+    import gguf
+    from gguf_writer import _encode, _write_tokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    text = dict(TEXT, vocab_size=49152, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    cfg = AutoConfig.for_model("qwen3_5_text", **text)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    _stir(model)
+    with torch.inference_mode():
+        ids = torch.randint(3, 40000, (1, 64), generator=torch.Generator().manual_seed(seed))
+        model.lm_head.weight.mul_(LOGIT_SPREAD / float(model(ids).logits.std()))
+    model.generation_config.eos_token_id = None
+    sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    hk, hv, dk, dv = (cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
+                      cfg.linear_value_head_dim)
+    r = hv // hk
+    tensors = {"token_embd.weight": sd["model.embed_tokens.weight"], "output.weight": sd["lm_head.weight"],
+               "output_norm.weight": sd["model.norm.weight"] + 1}
+    for i, kind in enumerate(cfg.layer_types):
+        pre, blk = f"model.layers.{i}.", f"blk.{i}."
+        tensors |= {blk + "attn_norm.weight": sd[pre + "input_layernorm.weight"] + 1,
+                    blk + "post_attention_norm.weight": sd[pre + "post_attention_layernorm.weight"] + 1,
+                    blk + "ffn_gate.weight": sd[pre + "mlp.gate_proj.weight"],
+                    blk + "ffn_up.weight": sd[pre + "mlp.up_proj.weight"],
+                    blk + "ffn_down.weight": sd[pre + "mlp.down_proj.weight"]}
+        if kind == "full_attention":
+            a = pre + "self_attn."
+            tensors |= {blk + "attn_q.weight": sd[a + "q_proj.weight"], blk + "attn_k.weight": sd[a + "k_proj.weight"],
+                        blk + "attn_v.weight": sd[a + "v_proj.weight"],
+                        blk + "attn_output.weight": sd[a + "o_proj.weight"],
+                        blk + "attn_q_norm.weight": sd[a + "q_norm.weight"] + 1,
+                        blk + "attn_k_norm.weight": sd[a + "k_norm.weight"] + 1}
+            continue
+        la = pre + "linear_attn."
+        qkv, conv = sd[la + "in_proj_qkv.weight"], sd[la + "conv1d.weight"][:, 0, :]
+        qk = 2 * hk * dk
+        tensors |= {
+            blk + "attn_qkv.weight": np.concatenate([qkv[:qk], _tiled(qkv[qk:], 0, hk, r, dv)]),
+            blk + "attn_gate.weight": _tiled(sd[la + "in_proj_z.weight"], 0, hk, r, dv),
+            blk + "ssm_beta.weight": _tiled(sd[la + "in_proj_b.weight"], 0, hk, r, 1),
+            blk + "ssm_alpha.weight": _tiled(sd[la + "in_proj_a.weight"], 0, hk, r, 1),
+            blk + "ssm_a": _tiled(-np.exp(sd[la + "A_log"]), 0, hk, r, 1),
+            blk + "ssm_dt.bias": _tiled(sd[la + "dt_bias"], 0, hk, r, 1),
+            blk + "ssm_conv1d.weight": np.concatenate([conv[:qk], _tiled(conv[qk:], 0, hk, r, dv)]),
+            blk + "ssm_norm.weight": sd[la + "norm.weight"],
+            blk + "ssm_out.weight": _tiled(sd[la + "out_proj.weight"], 1, hk, r, dv)}
+    if qtype != "F32":  # the reference gets the weights the file decodes to
+        _round_trip(model, tensors, qtype, hk, r, dv)
+    w = gguf.GGUFWriter(path, "qwen35")
+    head_dim = cfg.head_dim
+    for key, value in {"block_count": cfg.num_hidden_layers, "context_length": cfg.max_position_embeddings,
+                       "embedding_length": cfg.hidden_size, "feed_forward_length": cfg.intermediate_size,
+                       "attention.head_count": cfg.num_attention_heads,
+                       "attention.head_count_kv": cfg.num_key_value_heads, "attention.key_length": head_dim,
+                       "attention.value_length": head_dim, "ssm.conv_kernel": cfg.linear_conv_kernel_dim,
+                       "ssm.state_size": dk, "ssm.group_count": hk, "ssm.time_step_rank": hv,
+                       "ssm.inner_size": hv * dv, "full_attention_interval": 4,
+                       "rope.dimension_count": int(head_dim * cfg.rope_parameters["partial_rotary_factor"])}.items():
+        w.add_uint32(f"qwen35.{key}", int(value))
+    w.add_float32("qwen35.rope.freq_base", float(cfg.rope_parameters["rope_theta"]))
+    w.add_float32("qwen35.attention.layer_norm_rms_epsilon", float(cfg.rms_norm_eps))
+    _write_tokenizer(w)
+    rng = np.random.default_rng(seed)
+    for name, value in {**tensors, **(replace or {})}.items():
+        if value is None:
+            continue
+        data, raw = _encode(value, qtype if value.ndim == 2 and "conv1d" not in name else "F32", rng)
+        w.add_tensor(name, data, raw_dtype=raw)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return model
+
+
+def _round_trip(model: torch.nn.Module, tensors: dict, qtype: str, hk: int, r: int, dv: int) -> None:
+    """Quantize every matrix of ``tensors`` to ``qtype`` and back (in place), and put the rounded
+    values into ``model``'s parameters, each undoing its file layout (tiled value heads back to
+    grouped)."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize, quantize
+
+    t = GGMLQuantizationType[qtype]
+    for name, value in tensors.items():
+        if value.ndim == 2 and "conv1d" not in name:
+            tensors[name] = dequantize(quantize(value.astype(np.float32), t), t).reshape(value.shape)
+    params = dict(model.named_parameters())
+
+    def put(param: str, value: np.ndarray) -> None:
+        with torch.no_grad():
+            params[param].copy_(torch.from_numpy(np.ascontiguousarray(value)).view(params[param].shape))
+
+    put("model.embed_tokens.weight", tensors["token_embd.weight"])
+    put("lm_head.weight", tensors["output.weight"])
+    qk = 2 * hk * (model.config.linear_key_head_dim)
+    for i, kind in enumerate(model.config.layer_types):
+        pre, blk = f"model.layers.{i}.", f"blk.{i}."
+        for proj, name in (("gate_proj", "ffn_gate"), ("up_proj", "ffn_up"), ("down_proj", "ffn_down")):
+            put(f"{pre}mlp.{proj}.weight", tensors[f"{blk}{name}.weight"])
+        if kind == "full_attention":
+            for proj, name in (("q_proj", "attn_q"), ("k_proj", "attn_k"), ("v_proj", "attn_v"),
+                               ("o_proj", "attn_output")):
+                put(f"{pre}self_attn.{proj}.weight", tensors[f"{blk}{name}.weight"])
+            continue
+        la = pre + "linear_attn."
+        qkv = tensors[blk + "attn_qkv.weight"]
+        put(la + "in_proj_qkv.weight", np.concatenate([qkv[:qk], _tiled(qkv[qk:], 0, r, hk, dv)]))
+        put(la + "in_proj_z.weight", _tiled(tensors[blk + "attn_gate.weight"], 0, r, hk, dv))
+        put(la + "in_proj_b.weight", _tiled(tensors[blk + "ssm_beta.weight"], 0, r, hk, 1))
+        put(la + "in_proj_a.weight", _tiled(tensors[blk + "ssm_alpha.weight"], 0, r, hk, 1))
+        put(la + "out_proj.weight", _tiled(tensors[blk + "ssm_out.weight"], 1, r, hk, dv))

@@ -8,7 +8,7 @@ window and YaRN, and Llama 3.1's RoPE scaling stored as a tensor (``rope_freqs.w
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -109,3 +109,49 @@ def _gpt_oss_config(config: Any, fields: dict[str, Any]) -> None:
         raise ConfigError(f"GGUF file scales RoPE by {fields['gpt-oss.rope.scaling.type']!r}, which this loader "
                           "does not read for gpt-oss")
     config.rope_parameters = rope
+
+
+def qwen35_config(header: Any) -> Any:
+    """The config of a ``qwen35`` file (Qwen3.5's text model), which transformers' GGUF reading
+    does not know, from its header as llama.cpp reads it: which layers are Gated DeltaNet ones
+    (those with ``ssm_a``), their head counts and sizes (``ssm.group_count`` key heads and
+    ``ssm.time_step_rank`` value heads of ``ssm.state_size`` and ``ssm.inner_size / value heads``),
+    the convolution's width, and the partial RoPE (``rope.dimension_count`` of each head)."""
+    from transformers import AutoConfig
+
+    f, t = header.fields, header.tensors
+
+    def need(key: str) -> Any:
+        if f.get(f"qwen35.{key}") is None:
+            raise ConfigError(f"GGUF file lacks qwen35.{key}; it is not a complete qwen35 model")
+        return f[f"qwen35.{key}"]
+
+    layers, head_dim = int(need("block_count")), int(need("attention.key_length"))
+    kinds = ["linear_attention" if f"blk.{i}.ssm_a" in t else "full_attention" for i in range(layers)]
+    missing = [i for i, kind in enumerate(kinds) if kind == "full_attention" and f"blk.{i}.attn_q.weight" not in t]
+    if missing:
+        raise ConfigError(f"GGUF file's layer {missing[0]} has neither a Gated DeltaNet state (ssm_a) nor attention "
+                          "(attn_q): it is not a complete qwen35 model")
+    value_heads = int(need("ssm.time_step_rank"))
+    config = AutoConfig.for_model(
+        "qwen3_5_text", vocab_size=int(t["token_embd.weight"].shape[-1]), hidden_size=int(need("embedding_length")),
+        num_hidden_layers=layers, intermediate_size=int(need("feed_forward_length")),
+        num_attention_heads=int(need("attention.head_count")), num_key_value_heads=int(need("attention.head_count_kv")),
+        head_dim=head_dim, rms_norm_eps=float(need("attention.layer_norm_rms_epsilon")),
+        max_position_embeddings=int(need("context_length")), layer_types=kinds,
+        linear_conv_kernel_dim=int(need("ssm.conv_kernel")), linear_key_head_dim=int(need("ssm.state_size")),
+        linear_num_key_heads=int(need("ssm.group_count")), linear_num_value_heads=value_heads,
+        linear_value_head_dim=int(need("ssm.inner_size")) // value_heads,
+        rope_parameters={"rope_type": "default", "rope_theta": float(need("rope.freq_base")),
+                         "partial_rotary_factor": int(need("rope.dimension_count")) / head_dim},
+        tie_word_embeddings="output.weight" not in t,
+        bos_token_id=f.get("tokenizer.ggml.bos_token_id"), eos_token_id=f.get("tokenizer.ggml.eos_token_id"),
+        pad_token_id=f.get("tokenizer.ggml.padding_token_id"))
+    config.architectures = ["Qwen3_5ForCausalLM"]
+    return config
+
+
+# GGUF architectures whose config llmserve writes from the header itself (transformers' GGUF
+# reading does not know them): architecture -> (the known architecture its tokenizer converts
+# under, the config maker).
+OWN_CONFIGS: dict[str, tuple[str, Callable[[Any], Any]]] = {"qwen35": ("qwen3", qwen35_config)}

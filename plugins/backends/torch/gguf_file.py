@@ -173,13 +173,16 @@ class GGUFFile:
         """The stored bytes (key, type and value) of the metadata fields ``pick`` selects, in order."""
         return b"".join(self._raw[a:b].tobytes() for key, a, b in self._spans if pick(key))
 
-    def header_copy(self, dest: str, drop: Callable[[str], bool], extra: dict[str, int] | None = None) -> None:
+    def header_copy(self, dest: str, drop: Callable[[str], bool], extra: dict[str, int | str] | None = None) -> None:
         """Write to ``dest`` a GGUF file with this one's metadata, less the keys ``drop`` picks and
-        the split keys, plus ``extra`` uint32 fields, and every tensor's name as a one-value F32
-        tensor: the header a reader of metadata sees, without the weights (a few MB at most)."""
+        the split keys, plus ``extra`` fields (uint32 or string), and every tensor's name as a
+        one-value F32 tensor: the header a reader of metadata sees, without the weights (a few MB
+        at most)."""
         kept = [(a, b) for key, a, b in self._spans if not (drop(key) or key.startswith("split."))]
-        added = [struct.pack("<Q", len(k.encode())) + k.encode() + struct.pack("<II", 4, v)  # 4: uint32
-                 for k, v in (extra or {}).items()]
+        added = [struct.pack("<Q", len(k.encode())) + k.encode() + (
+            struct.pack("<IQ", _STRING, len(v.encode())) + v.encode() if isinstance(v, str)
+            else struct.pack("<II", 4, v))  # 4: uint32
+            for k, v in (extra or {}).items()]
         align = int(self.fields.get("general.alignment") or _DEFAULT_ALIGNMENT)
         out = bytearray(b"GGUF" + struct.pack("<IQQ", self.version, len(self.tensors), len(kept) + len(added)))
         for a, b in kept:

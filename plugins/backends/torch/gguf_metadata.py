@@ -17,6 +17,7 @@ import shutil
 import tempfile
 from typing import Any, Callable
 
+from .gguf_config import OWN_CONFIGS
 from .gguf_file import GGUFFile
 from .loader import publish_dir, read_gguf
 
@@ -66,13 +67,18 @@ def _misread(header: GGUFFile) -> Callable[[str], bool]:
 
 
 def _tokenizer_dir(path: str, header: GGUFFile, root: str, drop: Callable[[str], bool]) -> str:
-    """The tokenizer converted from the file's fields, once per tokenizer."""
+    """The tokenizer converted from the file's fields, once per tokenizer. An architecture
+    transformers' GGUF reading does not know (``gguf_config.OWN_CONFIGS``) is named as the one its
+    tokenizer shares for the conversion (which reads the ``tokenizer.*`` fields only)."""
     target = os.path.join(root, "tokenizers", _tokenizer_key(header))
     if os.path.isfile(os.path.join(target, "tokenizer_config.json")):
         return target
+    alias = OWN_CONFIGS[header.architecture][0] if header.architecture in OWN_CONFIGS else None
     with tempfile.TemporaryDirectory() as tmp:
         copy = os.path.join(tmp, os.path.basename(path))
-        header.header_copy(copy, drop)  # without the keys transformers fails on (and the weights)
+        # Without the keys transformers fails on (and the weights).
+        header.header_copy(copy, lambda key: drop(key) or (alias is not None and key == "general.architecture"),
+                           {"general.architecture": alias} if alias else None)
         _, tokenizer = read_gguf(copy, None, "converting the GGUF tokenizer of")
     publish_dir(target, tokenizer.save_pretrained)
     return target
@@ -107,7 +113,8 @@ def metadata_dir(path: str, header: GGUFFile, cache_dir: str | None) -> str:
              os.path.basename(path), target)
     drop = _misread(header)
     tokenizer = _tokenizer_dir(path, header, root, drop)
-    config = _config(path, header, drop)
+    own = OWN_CONFIGS.get(header.architecture)
+    config = own[1](header) if own is not None else _config(path, header, drop)
 
     def write(tmp: str) -> None:
         config.save_pretrained(tmp)

@@ -40,7 +40,7 @@ from .loader import (LoadedModel, _eos_ids, _resolve_source, load_error, load_to
 log = logging.getLogger("llmserve.backend.torch")
 
 # GGUF architectures the fused decoder runs (llama.cpp files Mistral models as "llama").
-ARCHITECTURES = {"llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "gpt-oss"}
+ARCHITECTURES = {"llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "gpt-oss", "qwen35"}
 # transformers' projection name -> the GGUF tensor name within block N.
 _PROJECTIONS = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output",
                 "gate": "ffn_gate", "up": "ffn_up", "down": "ffn_down"}
@@ -52,7 +52,7 @@ _POST_NORMS = {"input_layernorm": "attn_norm", "post_attention_layernorm": "post
 _SANDWICH_NORMS = {"input_layernorm": "attn_norm", "post_attention_layernorm": "post_attention_norm",
                    "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm"}
 # Architectures whose norms scale by (1 + weight): llama.cpp's converter stores the sum.
-_SHIFTED_NORMS = {"gemma3"}
+_SHIFTED_NORMS = {"gemma3", "qwen35"}
 
 
 @dataclass
@@ -144,7 +144,8 @@ class _File:
         return name in self.tensors
 
     def quant(self, name: str, rows: torch.Tensor | None = None) -> Any:
-        """The 2-D tensor ``name`` as the kernels' QuantTensor (its bytes stay in the mapping)."""
+        """The 2-D tensor ``name`` as the kernels' QuantTensor (its bytes stay in the mapping);
+        ``rows``: the stored row each output reads (a reordering, or a subset)."""
         t = self.tensors[name]
         if len(t.shape) != 2:
             raise ConfigError(f"GGUF tensor {name} has shape {list(t.shape)}, expected a matrix")
@@ -153,7 +154,8 @@ class _File:
         with warnings.catch_warnings():  # the mapping is read-only, and the kernels only read it
             warnings.simplefilter("ignore", UserWarning)
             data = torch.from_numpy(raw)
-        return self.ops.QuantTensor(qtype=int(t.tensor_type), data=data, shape=(n, k), rows=rows)
+        return self.ops.QuantTensor(qtype=int(t.tensor_type), data=data, shape=(n if rows is None else len(rows), k),
+                                    rows=rows)
 
     def experts(self, name: str, count: int, rows: int, cols: int) -> list[Any]:
         """The 3-D tensor ``name`` (``count`` experts of ``rows x cols``) as one QuantTensor per
@@ -316,6 +318,59 @@ class _Mapper:
         progress.advance(2)  # with the router: the seven matrices a dense layer counts
         return out
 
+    def hybrid_layer(self, i: int, dec: Any) -> dict[str, Any]:
+        """Layer ``i`` of a ``qwen35`` file (``fused_hybrid.HybridDecoder``'s parts): a Gated
+        DeltaNet layer's input projections in one product and its small tensors, or a gated
+        attention layer's queries, keys, values and gates in one product (each head's query rows
+        and gate rows, interleaved in ``attn_q``, picked apart by row maps); then the MLP."""
+        from .recurrent import DeltaNetParams
+
+        f, cfg, blk = self.f, self.cfg, f"blk.{i}."
+        hidden, inter = int(cfg.hidden_size), int(cfg.intermediate_size)
+        self.fill(dec.input_layernorm, f"{blk}attn_norm.weight")
+        self.fill(dec.post_attention_layernorm, f"{blk}post_attention_norm.weight")
+        out: dict[str, Any] = {"gu": self.linear([f"{blk}ffn_gate.weight", f"{blk}ffn_up.weight"],
+                                                 shapes=[(inter, hidden)] * 2),
+                               "down": self.linear([f"{blk}ffn_down.weight"], shapes=[(hidden, inter)])}
+        if hasattr(dec, "linear_attn"):
+            m = dec.linear_attn
+            hk, hv, dk, dv, kernel = m.num_k_heads, m.num_v_heads, m.head_k_dim, m.head_v_dim, m.conv_kernel_size
+            channels = 2 * hk * dk + hv * dv
+            sizes = {"ssm_conv1d.weight": channels * kernel, "ssm_a": hv, "ssm_dt.bias": hv, "ssm_norm.weight": dv}
+            small = {n: f.vector(self.need(blk + n)) for n in sizes}
+            if wrong := [n for n, size in sizes.items() if small[n].numel() != size]:
+                raise ConfigError(f"GGUF tensor {blk}{wrong[0]} has {small[wrong[0]].numel()} values where a qwen35 "
+                                  f"model of this configuration has {sizes[wrong[0]]} (the file is inconsistent)")
+            conv = small["ssm_conv1d.weight"]
+            out["delta"] = DeltaNetParams(layer=i, conv=conv.view(channels, kernel), neg_a=small["ssm_a"],
+                                          dt_bias=small["ssm_dt.bias"], norm=small["ssm_norm.weight"],
+                                          eps=float(cfg.rms_norm_eps), key_heads=hk, value_heads=hv, key_dim=dk,
+                                          value_dim=dv, tiled=True)
+            names = [f"{blk}{n}.weight" for n in ("attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha")]
+            out["proj"] = self.linear(names, shapes=[(channels, hidden), (hv * dv, hidden), (hv, hidden), (hv, hidden)])
+            out["out"] = self.linear([f"{blk}ssm_out.weight"], shapes=[(hidden, hv * dv)])
+            return out
+        attn, H, kvh = dec.self_attn, self.heads, self.kv_heads
+        D = int(cfg.head_dim)
+        for norm in ("q_norm", "k_norm"):
+            self.fill(getattr(attn, norm), f"{blk}attn_{norm}.weight")
+        q_name = self.need(f"{blk}attn_q.weight")
+        if tuple(int(d) for d in f.tensors[q_name].shape) != (hidden, 2 * H * D):
+            raise ConfigError(f"GGUF tensor {q_name} is not {2 * H * D} x {hidden} (queries and gates of {H} heads of "
+                              f"{D}): the file is inconsistent")
+        heads = torch.arange(H, dtype=torch.int32)[:, None] * (2 * D)
+        within = torch.arange(D, dtype=torch.int32)[None, :]
+        q, gate = (f.quant(q_name, (heads + within + D * g).reshape(-1).contiguous()) for g in (0, 1))
+        k, v = (f.quant(self.need(f"{blk}attn_{p}.weight")) for p in ("k", "v"))
+        for name, t, want in ((f"{blk}attn_k.weight", k, kvh * D), (f"{blk}attn_v.weight", v, kvh * D)):
+            if tuple(t.shape) != (want, hidden):
+                raise ConfigError(f"GGUF tensor {name} is {t.shape[0]} x {t.shape[1]}; a qwen35 model of this "
+                                  f"configuration has {want} x {hidden} (the file is inconsistent)")
+        out["proj"] = self.product([q, k, v, gate], None, q_name)
+        progress.advance(3)
+        out["out"] = self.linear([f"{blk}attn_output.weight"], shapes=[(hidden, H * D)])
+        return out
+
     def layer(self, i: int, dec: Any, permuted: bool) -> dict[str, Any]:
         """Decoder layer ``i``'s linears (its norms and biases filled into ``dec``)."""
         f, blk, attn = self.f, f"blk.{i}.", dec.self_attn
@@ -374,7 +429,8 @@ def _map_weights(model: Any, cfg: Any, f: _File, permuted: bool, bf16: bool = Fa
     mapper = _Mapper(f, cfg, bf16, activations)
     n_layers = int(cfg.num_hidden_layers)
     with progress.phase("mapping GGUF weights", 7 * n_layers + 1, "matrices"):
-        layers = [mapper.layer(i, dec, permuted) for i, dec in enumerate(base.layers)]
+        layers = [mapper.hybrid_layer(i, dec) if f.architecture == "qwen35" else mapper.layer(i, dec, permuted)
+                  for i, dec in enumerate(base.layers)]
         if len(layers) != n_layers:
             raise ConfigError(f"GGUF file has {len(layers)} layers, its metadata says {n_layers}")
         mapper.fill(base.norm, "output_norm.weight")
