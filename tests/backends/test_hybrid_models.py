@@ -91,7 +91,7 @@ def test_the_model_is_served_as_a_hybrid(served) -> None:
     be = served.backend
     fresh_cache(be, saved=2)
     assert served.info.state_bytes > 0
-    assert "recurrent=gated-deltanet:3-layers,4-slots,2-saved" in be.plan()
+    assert "recurrent=gated-deltanet:3-layers,4-slots,2-saved,step=native" in be.plan()
     assert be.cache.pool.shape[0] == 1, "only the full-attention layer keeps keys and values"
 
 
@@ -276,3 +276,28 @@ def test_the_lists_and_the_docs_agree() -> None:
     assert {shape for shape, _ in hybrid_model.SHAPES.values()} <= set(HYBRID)
     for arch in HYBRID:
         assert f"| `{arch}` | transformers' forward; its recurrent layers on the state slots |" in markdown_table()
+
+
+@pytest.mark.parametrize("tiled", [False, True])
+def test_the_native_decode_step_equals_the_torch_one(tiled) -> None:
+    """The native step updates the pool's rows in place exactly as the torch step updates a
+    gathered batch (grouped and tiled key heads; three sequences in scattered slots)."""
+    from llmserve.plugins.backends.torch.native.ops import deltanet_step
+
+    kernel = deltanet_step()
+    if kernel is None:
+        pytest.skip("no C compiler here: the torch step is the only one")
+    g = torch.Generator().manual_seed(3)
+    B, Hk, Hv, Dk, Dv = 3, 2, 6, 16, 24
+    pool = torch.randn(7, Hv, Dk, Dv, generator=g)
+    slots = torch.tensor([5, 0, 3])
+    q, k = deltanet.normalize(torch.randn(B, Hk, Dk, generator=g), torch.randn(B, Hk, Dk, generator=g))
+    v, decay = torch.randn(B, Hv, Dv, generator=g), -torch.rand(B, Hv, generator=g)
+    beta = torch.rand(B, Hv, generator=g)
+    state = pool[slots].clone()
+    want = deltanet.step(deltanet.expand(q, Hv, tiled), deltanet.expand(k, Hv, tiled), v, decay, beta, state)
+    untouched = pool[[1, 2, 4, 6]].clone()
+    got = kernel(pool, slots, q.contiguous(), k.contiguous(), v, decay, beta, tiled)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(pool[slots], state, atol=1e-5, rtol=1e-5)
+    assert torch.equal(pool[[1, 2, 4, 6]], untouched)

@@ -29,16 +29,24 @@ def prepare(q: torch.Tensor, k: torch.Tensor, v_heads: int, tiled: bool = False)
     and repeated so that each of the ``v_heads`` value heads has its own: key head ``h`` serves value
     heads ``h * r .. h * r + r - 1`` (grouped, as checkpoints order them) or, ``tiled`` (as llama.cpp's
     converter reorders them), value heads ``h, h + Hk, h + 2 Hk, ...``."""
+    q, k = normalize(q, k)
+    return expand(q, v_heads, tiled), expand(k, v_heads, tiled)
+
+
+def normalize(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``q``, ``k`` in float32, L2-normalised, the query also scaled by ``Dk ** -0.5``."""
     q, k = q.float(), k.float()
     q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6) * q.shape[-1] ** -0.5
     k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
-    r = v_heads // q.shape[-2]
-    if r > 1 and tiled:
-        reps = (1,) * (q.dim() - 2) + (r, 1)
-        q, k = q.repeat(reps), k.repeat(reps)
-    elif r > 1:
-        q, k = q.repeat_interleave(r, dim=-2), k.repeat_interleave(r, dim=-2)
     return q, k
+
+
+def expand(x: torch.Tensor, v_heads: int, tiled: bool) -> torch.Tensor:
+    """Key heads ``[..., Hk, Dk]`` repeated to one per value head (``prepare``'s orders)."""
+    r = v_heads // x.shape[-2]
+    if r == 1:
+        return x
+    return x.repeat((1,) * (x.dim() - 2) + (r, 1)) if tiled else x.repeat_interleave(r, dim=-2)
 
 
 def gated_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

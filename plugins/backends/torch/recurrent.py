@@ -91,6 +91,8 @@ class RecurrentStates:
     def __init__(self, shape: DeltaNetShape, linear: list[int], attention: list[int], slots: int,
                  conv_dtype: torch.dtype, device: torch.device, snapshots: int = 0) -> None:
         self.shape, self.slots, self.snapshots = shape, slots, snapshots
+        # The native decode step (``native.ops.DeltaNetStep``) when the runner's CPU kernels apply.
+        self.step_kernel: Any = None
         self.index = {layer: i for i, layer in enumerate(linear)}
         self.kv_layers = {layer: i for i, layer in enumerate(attention)}
         n, rows = len(linear), slots + snapshots  # slot s is row s, saved state i row slots + i
@@ -219,14 +221,21 @@ def mix(p: DeltaNetParams, st: StateStep, mixed: torch.Tensor, z: torch.Tensor, 
     v = conv_out[:, 2 * kd:].reshape(T, p.value_heads, p.value_dim)
     beta = b.float().sigmoid()
     g = p.neg_a * F.softplus(a.float() + p.dt_bias)
-    q, k = deltanet.prepare(q, k, p.value_heads, p.tiled)
+    q, k = deltanet.normalize(q, k)
     out = torch.empty(T, p.value_heads, p.value_dim, dtype=torch.float32, device=mixed.device)
-    if slots is not None:
+    kernel = st.states.step_kernel
+    if slots is not None and kernel is not None:  # the native step, in place on the pool
+        out[:nd] = kernel(ssm, slots, q[:nd].contiguous(), k[:nd].contiguous(), v[:nd].float().contiguous(),
+                          g[:nd].contiguous(), beta[:nd].contiguous(), p.tiled)
+    elif slots is not None:
         state = ssm.index_select(0, slots)
-        out[:nd] = deltanet.step(q[:nd], k[:nd], v[:nd], g[:nd], beta[:nd], state)
+        out[:nd] = deltanet.step(deltanet.expand(q[:nd], p.value_heads, p.tiled),
+                                 deltanet.expand(k[:nd], p.value_heads, p.tiled), v[:nd], g[:nd], beta[:nd], state)
         ssm.index_copy_(0, slots, state)
-        for slot, row in st.decode_saves:
-            ssm[row].copy_(ssm[slot])
+    for slot, row in st.decode_saves:
+        ssm[row].copy_(ssm[slot])
+    if st.chunks:
+        q, k = deltanet.expand(q, p.value_heads, p.tiled), deltanet.expand(k, p.value_heads, p.tiled)
     for first, n, slot, cut, saved in st.chunks:
         for lo, hi, save in _pieces(n, cut):
             rows = slice(first + lo, first + hi)

@@ -321,3 +321,35 @@ def elementwise_ops() -> ElementwiseOps | None:
     """The native per-layer operations, or None when they cannot be had here."""
     lib = library("elementwise", "elementwise")
     return ElementwiseOps(lib) if lib is not None else None
+
+
+class DeltaNetStep:
+    """The gated delta rule's decode step in place on a layer's state pool (``csrc/deltanet_step.c``)."""
+
+    MAX_DV = 1024
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self._step = bind(lib, "deltanet_step_f32", None, *[PTR] * 9, *[I64] * 5, INT, INT)
+
+    def __call__(self, pool: torch.Tensor, slots: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 g: torch.Tensor, beta: torch.Tensor, tiled: bool) -> torch.Tensor:
+        """``pool [rows, Hv, Dk, Dv]`` (one layer's states, updated at rows ``slots [B]``), ``q``,
+        ``k [B, Hk, Dk]`` (prepared), ``v [B, Hv, Dv]``, ``g``, ``beta [B, Hv]`` -> ``[B, Hv, Dv]``."""
+        B, Hk, Dk = q.shape
+        Hv, Dv = v.shape[1], v.shape[2]
+        tensors = (pool, q, k, v, g, beta)
+        if (any(t.dtype != torch.float32 or not t.is_contiguous() for t in tensors) or slots.dtype != torch.int64
+                or tuple(pool.shape[1:]) != (Hv, Dk, Dv) or Dv > self.MAX_DV or Hv % Hk):
+            raise ValueError("deltanet_step needs contiguous float32 tensors of matching shapes and int64 slots")
+        out = torch.empty(B, Hv, Dv, dtype=torch.float32)
+        slots = slots.contiguous()
+        self._step(pool.data_ptr(), slots.data_ptr(), Hv * Dk * Dv, q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                   g.data_ptr(), beta.data_ptr(), out.data_ptr(), B, Hk, Hv, Dk, Dv, int(tiled),
+                   torch.get_num_threads())
+        return out
+
+
+def deltanet_step() -> DeltaNetStep | None:
+    """The native decode step of the gated delta rule, or None when it cannot be had here."""
+    lib = library("deltanet_step", "Gated DeltaNet step")
+    return DeltaNetStep(lib) if lib is not None else None
