@@ -279,25 +279,34 @@ def test_the_lists_and_the_docs_agree() -> None:
 
 
 @pytest.mark.parametrize("tiled", [False, True])
-def test_the_native_decode_step_equals_the_torch_one(tiled) -> None:
-    """The native step updates the pool's rows in place exactly as the torch step updates a
-    gathered batch (grouped and tiled key heads; three sequences in scattered slots)."""
-    from llmserve.plugins.backends.torch.native.ops import deltanet_step
+def test_the_native_decode_rows_equal_the_torch_ones(tiled) -> None:
+    """The native kernel's decode rows (convolution, normalisation, delta rule, gated norm, the
+    windows and states updated in place in the pools) equal the torch path's, for grouped and
+    tiled key heads and three sequences in scattered slots (slot 0's saved after its step)."""
+    from llmserve.plugins.backends.torch.native.ops import deltanet_decode
+    from llmserve.plugins.backends.torch.recurrent import (DeltaNetParams, DeltaNetShape, RecurrentStates, StateStep,
+                                                           mix)
 
-    kernel = deltanet_step()
+    kernel = deltanet_decode()
     if kernel is None:
-        pytest.skip("no C compiler here: the torch step is the only one")
+        pytest.skip("no C compiler here: the torch path is the only one")
     g = torch.Generator().manual_seed(3)
-    B, Hk, Hv, Dk, Dv = 3, 2, 6, 16, 24
-    pool = torch.randn(7, Hv, Dk, Dv, generator=g)
-    slots = torch.tensor([5, 0, 3])
-    q, k = deltanet.normalize(torch.randn(B, Hk, Dk, generator=g), torch.randn(B, Hk, Dk, generator=g))
-    v, decay = torch.randn(B, Hv, Dv, generator=g), -torch.rand(B, Hv, generator=g)
-    beta = torch.rand(B, Hv, generator=g)
-    state = pool[slots].clone()
-    want = deltanet.step(deltanet.expand(q, Hv, tiled), deltanet.expand(k, Hv, tiled), v, decay, beta, state)
-    untouched = pool[[1, 2, 4, 6]].clone()
-    got = kernel(pool, slots, q.contiguous(), k.contiguous(), v, decay, beta, tiled)
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(pool[slots], state, atol=1e-5, rtol=1e-5)
-    assert torch.equal(pool[[1, 2, 4, 6]], untouched)
+    Hk, Hv, Dk, Dv, K, B = 2, 6, 16, 24, 4, 3
+    C = 2 * Hk * Dk + Hv * Dv
+    p = DeltaNetParams(layer=0, conv=torch.randn(C, K, generator=g), neg_a=-torch.rand(Hv, generator=g) * 4,
+                       dt_bias=torch.randn(Hv, generator=g), norm=torch.randn(Dv, generator=g), eps=1e-6,
+                       key_heads=Hk, value_heads=Hv, key_dim=Dk, value_dim=Dv, tiled=tiled)
+    y = torch.randn(B, C + Hv * Dv + 2 * Hv, generator=g)  # one projection: x, z, b, a side by side
+    parts = (y[:, :C], y[:, C:C + Hv * Dv], y[:, C + Hv * Dv:C + Hv * Dv + Hv], y[:, C + Hv * Dv + Hv:])
+    runs = []
+    for native in (False, True):
+        states = RecurrentStates(DeltaNetShape(C, K, Hv, Dk, Dv), [0], [1], 7, torch.float32, torch.device("cpu"),
+                                 snapshots=2)
+        states.conv.copy_(torch.randn(states.conv.shape, generator=torch.Generator().manual_seed(9)))
+        states.ssm.copy_(torch.randn(states.ssm.shape, generator=torch.Generator().manual_seed(10)))
+        states.decode_kernel = kernel if native else None
+        st = StateStep(states, B, torch.tensor([5, 0, 3]), [(0, 7 + 1)], [])
+        runs.append((mix(p, st, *parts), states.conv.clone(), states.ssm.clone()))
+    for want, got in zip(runs[0], runs[1]):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+    assert torch.equal(runs[1][2][0, 8], runs[1][2][0, 0])  # the save: slot 0's state in saved state 1 (row 8)

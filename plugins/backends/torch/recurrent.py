@@ -91,8 +91,8 @@ class RecurrentStates:
     def __init__(self, shape: DeltaNetShape, linear: list[int], attention: list[int], slots: int,
                  conv_dtype: torch.dtype, device: torch.device, snapshots: int = 0) -> None:
         self.shape, self.slots, self.snapshots = shape, slots, snapshots
-        # The native decode step (``native.ops.DeltaNetStep``) when the runner's CPU kernels apply.
-        self.step_kernel: Any = None
+        # The native decode rows (``native.ops.DeltaNetDecode``) when the runner's CPU kernels apply.
+        self.decode_kernel: Any = None
         self.index = {layer: i for i, layer in enumerate(linear)}
         self.kv_layers = {layer: i for i, layer in enumerate(attention)}
         n, rows = len(linear), slots + snapshots  # slot s is row s, saved state i row slots + i
@@ -198,10 +198,30 @@ def mix(p: DeltaNetParams, st: StateStep, mixed: torch.Tensor, z: torch.Tensor, 
     """A Gated DeltaNet layer's token mixing over a packed step, each sequence from and into its
     slot: ``mixed [T, C]`` (the convolution's input: queries, keys, values), the output gate
     ``z [T, H * Dv]`` and ``b``, ``a [T, H]`` -> the gated, normed output ``[T, H * Dv]`` (before
-    the output projection), in ``mixed``'s dtype."""
+    the output projection), in ``mixed``'s dtype. Decode rows go through the native kernel when
+    the runner set one (``RecurrentStates.decode_kernel``), the rest through torch."""
+    kernel, nd = st.states.decode_kernel, st.num_decode if st.decode_slots is not None else 0
+    if not nd or kernel is None or mixed.dtype != torch.float32:
+        return _mix_torch(p, st, mixed, z, b, a, nd)
     layer = st.states.index[p.layer]
     conv, ssm = st.states.conv[layer], st.states.ssm[layer]
-    nd, slots = st.num_decode, st.decode_slots
+    out = torch.empty(mixed.shape[0], p.value_heads * p.value_dim, dtype=mixed.dtype, device=mixed.device)
+    kernel(p, conv, ssm, st.decode_slots, mixed[:nd], z[:nd], b[:nd], a[:nd], out[:nd])
+    for slot, row in st.decode_saves:
+        conv[row].copy_(conv[slot])
+        ssm[row].copy_(ssm[slot])
+    if st.chunks:
+        out[nd:] = _mix_torch(p, st, mixed[nd:], z[nd:], b[nd:], a[nd:], 0, shift=nd)
+    return out
+
+
+def _mix_torch(p: DeltaNetParams, st: StateStep, mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor,
+               a: torch.Tensor, nd: int, shift: int = 0) -> torch.Tensor:
+    """``mix`` in torch over these rows: the first ``nd`` the decode rows (0: none here), then the
+    step's prompt chunks, whose first rows are ``shift`` further on in the step."""
+    layer = st.states.index[p.layer]
+    conv, ssm = st.states.conv[layer], st.states.ssm[layer]
+    slots = st.decode_slots if nd else None
     conv_out = torch.empty_like(mixed)
     if slots is not None:
         window = conv.index_select(0, slots)
@@ -210,6 +230,7 @@ def mix(p: DeltaNetParams, st: StateStep, mixed: torch.Tensor, z: torch.Tensor, 
         for slot, row in st.decode_saves:
             conv[row].copy_(conv[slot])
     for first, n, slot, cut, saved in st.chunks:
+        first -= shift
         for lo, hi, save in _pieces(n, cut):
             conv_out[first + lo:first + hi] = deltanet.conv_chunk(mixed[first + lo:first + hi], p.conv, conv[slot])
             if save:
@@ -221,28 +242,22 @@ def mix(p: DeltaNetParams, st: StateStep, mixed: torch.Tensor, z: torch.Tensor, 
     v = conv_out[:, 2 * kd:].reshape(T, p.value_heads, p.value_dim)
     beta = b.float().sigmoid()
     g = p.neg_a * F.softplus(a.float() + p.dt_bias)
-    q, k = deltanet.normalize(q, k)
+    q, k = deltanet.prepare(q, k, p.value_heads, p.tiled)
     out = torch.empty(T, p.value_heads, p.value_dim, dtype=torch.float32, device=mixed.device)
-    kernel = st.states.step_kernel
-    if slots is not None and kernel is not None:  # the native step, in place on the pool
-        out[:nd] = kernel(ssm, slots, q[:nd].contiguous(), k[:nd].contiguous(), v[:nd].float().contiguous(),
-                          g[:nd].contiguous(), beta[:nd].contiguous(), p.tiled)
-    elif slots is not None:
+    if slots is not None:
         state = ssm.index_select(0, slots)
-        out[:nd] = deltanet.step(deltanet.expand(q[:nd], p.value_heads, p.tiled),
-                                 deltanet.expand(k[:nd], p.value_heads, p.tiled), v[:nd], g[:nd], beta[:nd], state)
+        out[:nd] = deltanet.step(q[:nd], k[:nd], v[:nd], g[:nd], beta[:nd], state)
         ssm.index_copy_(0, slots, state)
-    for slot, row in st.decode_saves:
-        ssm[row].copy_(ssm[slot])
-    if st.chunks:
-        q, k = deltanet.expand(q, p.value_heads, p.tiled), deltanet.expand(k, p.value_heads, p.tiled)
+        for slot, row in st.decode_saves:
+            ssm[row].copy_(ssm[slot])
     for first, n, slot, cut, saved in st.chunks:
+        first -= shift
         for lo, hi, save in _pieces(n, cut):
             rows = slice(first + lo, first + hi)
             out[rows] = deltanet.chunked(q[rows], k[rows], v[rows], g[rows], beta[rows], ssm[slot])
             if save:
                 ssm[saved].copy_(ssm[slot])
-    return deltanet.gated_norm(out.to(mixed.dtype), z.view(T, p.value_heads, p.value_dim), p.norm,
+    return deltanet.gated_norm(out.to(mixed.dtype), z.reshape(T, p.value_heads, p.value_dim), p.norm,
                                p.eps).view(T, -1)
 
 

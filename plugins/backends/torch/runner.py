@@ -260,9 +260,9 @@ class TorchBackend(Backend):
             raise ConfigError(f"cannot allocate the recurrent states of {slots} sequences ({size / 2**30:.2f} GiB): "
                               f"{str(exc).splitlines()[0]}; lower --max-num-seqs") from None
         if self._native:
-            from .native.ops import deltanet_step
+            from .native.ops import deltanet_decode
 
-            self.states.step_kernel = deltanet_step()
+            self.states.decode_kernel = deltanet_decode()
         log.info("recurrent states: %d slots + %d saved x %d Gated DeltaNet layers (%.2f GiB)", slots, snapshots,
                  len(linear), size / 2**30)
         return size
@@ -344,7 +344,7 @@ class TorchBackend(Backend):
                 + (" gguf_decode=int8" if self._gguf is not None and self._gguf.int8_decode else "")
                 + (f" cuda_graphs={len(self._graphs.buckets)}" if self._graphs is not None else "")
                 + (f" recurrent=gated-deltanet:{len(self._hybrid[1])}-layers,{self.states.slots}-slots,"
-                   f"{self.states.snapshots}-saved,step={'native' if self.states.step_kernel else 'torch'}"
+                   f"{self.states.snapshots}-saved,step={'native' if self.states.decode_kernel else 'torch'}"
                    if self.states is not None and self._hybrid else "")
                 + (f" WARNING=unverified-architecture:{lm.unverified}" if lm.unverified else ""))
 

@@ -9,7 +9,7 @@ backend then keeps its torch path.
 from __future__ import annotations
 
 import ctypes
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -323,33 +323,41 @@ def elementwise_ops() -> ElementwiseOps | None:
     return ElementwiseOps(lib) if lib is not None else None
 
 
-class DeltaNetStep:
-    """The gated delta rule's decode step in place on a layer's state pool (``csrc/deltanet_step.c``)."""
+class DeltaNetDecode:
+    """A Gated DeltaNet layer's decode rows from its projections to its gated, normed output,
+    updating the sequences' convolution windows and states in place (``csrc/deltanet_step.c``)."""
 
     MAX_DV = 1024
 
     def __init__(self, lib: ctypes.CDLL) -> None:
-        self._step = bind(lib, "deltanet_step_f32", None, *[PTR] * 9, *[I64] * 5, INT, INT)
+        self._run = bind(lib, "deltanet_decode_f32", None, PTR, I64, PTR, I64, PTR, I64, PTR, I64, PTR, PTR, I64,
+                         PTR, PTR, PTR, PTR, PTR, F32, PTR, PTR, *[I64] * 5, INT, INT)
 
-    def __call__(self, pool: torch.Tensor, slots: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 g: torch.Tensor, beta: torch.Tensor, tiled: bool) -> torch.Tensor:
-        """``pool [rows, Hv, Dk, Dv]`` (one layer's states, updated at rows ``slots [B]``), ``q``,
-        ``k [B, Hk, Dk]`` (prepared), ``v [B, Hv, Dv]``, ``g``, ``beta [B, Hv]`` -> ``[B, Hv, Dv]``."""
-        B, Hk, Dk = q.shape
-        Hv, Dv = v.shape[1], v.shape[2]
-        tensors = (pool, q, k, v, g, beta)
-        if (any(t.dtype != torch.float32 or not t.is_contiguous() for t in tensors) or slots.dtype != torch.int64
-                or tuple(pool.shape[1:]) != (Hv, Dk, Dv) or Dv > self.MAX_DV or Hv % Hk):
-            raise ValueError("deltanet_step needs contiguous float32 tensors of matching shapes and int64 slots")
-        out = torch.empty(B, Hv, Dv, dtype=torch.float32)
+    def __call__(self, p: Any, conv: torch.Tensor, ssm: torch.Tensor, slots: torch.Tensor, x: torch.Tensor,
+                 z: torch.Tensor, b: torch.Tensor, a: torch.Tensor, out: torch.Tensor) -> None:
+        """``p``: the layer's ``recurrent.DeltaNetParams``; ``conv [rows, C, K - 1]`` and ``ssm
+        [rows, Hv, Dk, Dv]``: its pools (updated at rows ``slots [B]``); ``x [B, C]``, ``z [B, Hv * Dv]``,
+        ``b``, ``a [B, Hv]``: its projections (rows may be strided, elements contiguous); ``out
+        [B, Hv * Dv]`` (contiguous) receives the output."""
+        B = slots.shape[0]
+        Hk, Hv, Dk, Dv = p.key_heads, p.value_heads, p.key_dim, p.value_dim
+        C, K = 2 * Hk * Dk + Hv * Dv, p.conv.shape[1]
+        fp32 = (conv, ssm, x, z, b, a, out, p.conv, p.neg_a, p.dt_bias, p.norm)
+        if (any(t.dtype != torch.float32 or t.device.type != "cpu" for t in fp32) or slots.dtype != torch.int64
+                or any(t.shape[0] != B or t.stride(-1) != 1 for t in (x, z, b, a, out)) or not out.is_contiguous()
+                or not all(t.is_contiguous() for t in (conv, ssm, p.conv, p.neg_a, p.dt_bias, p.norm))
+                or tuple(conv.shape[1:]) != (C, K - 1) or tuple(ssm.shape[1:]) != (Hv, Dk, Dv)
+                or Dv > self.MAX_DV or Hv % Hk):
+            raise ValueError("deltanet_decode needs float32 CPU tensors of the layer's shapes and int64 slots")
+        scratch = torch.empty(B, C, dtype=torch.float32)
         slots = slots.contiguous()
-        self._step(pool.data_ptr(), slots.data_ptr(), Hv * Dk * Dv, q.data_ptr(), k.data_ptr(), v.data_ptr(),
-                   g.data_ptr(), beta.data_ptr(), out.data_ptr(), B, Hk, Hv, Dk, Dv, int(tiled),
-                   torch.get_num_threads())
-        return out
+        self._run(x.data_ptr(), x.stride(0), z.data_ptr(), z.stride(0), b.data_ptr(), b.stride(0), a.data_ptr(),
+                  a.stride(0), conv.data_ptr(), p.conv.data_ptr(), K, ssm.data_ptr(), slots.data_ptr(),
+                  p.neg_a.data_ptr(), p.dt_bias.data_ptr(), p.norm.data_ptr(), p.eps, scratch.data_ptr(),
+                  out.data_ptr(), B, Hk, Hv, Dk, Dv, int(p.tiled), torch.get_num_threads())
 
 
-def deltanet_step() -> DeltaNetStep | None:
-    """The native decode step of the gated delta rule, or None when it cannot be had here."""
-    lib = library("deltanet_step", "Gated DeltaNet step")
-    return DeltaNetStep(lib) if lib is not None else None
+def deltanet_decode() -> DeltaNetDecode | None:
+    """The native decode rows of a Gated DeltaNet layer, or None when they cannot be had here."""
+    lib = library("deltanet_step", "Gated DeltaNet decode")
+    return DeltaNetDecode(lib) if lib is not None else None
