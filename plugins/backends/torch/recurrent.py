@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -215,26 +215,38 @@ def mix(p: DeltaNetParams, st: StateStep, mixed: torch.Tensor, z: torch.Tensor, 
     return out
 
 
+def _over_rows(st: StateStep, pool: torch.Tensor, slots: torch.Tensor | None, shift: int, out: torch.Tensor,
+               step: Callable[[slice, torch.Tensor], torch.Tensor],
+               chunk: Callable[[slice, torch.Tensor], torch.Tensor]) -> None:
+    """One kind of state (a layer's ``pool``) through the step: the decode rows (when ``slots``)
+    as one batch gathered from the pool and written back, ``step(rows, batch)``; each prompt
+    chunk on its slot in place, ``chunk(rows, state)``, split where its state is saved; results
+    into ``out``'s rows (chunks' first rows ``shift`` further on in the step)."""
+    if slots is not None:
+        nd = slots.shape[0]
+        batch = pool.index_select(0, slots)
+        out[:nd] = step(slice(0, nd), batch)
+        pool.index_copy_(0, slots, batch)
+        for slot, row in st.decode_saves:
+            pool[row].copy_(pool[slot])
+    for first, n, slot, cut, saved in st.chunks:
+        first -= shift
+        for lo, hi, save in _pieces(n, cut):
+            out[first + lo:first + hi] = chunk(slice(first + lo, first + hi), pool[slot])
+            if save:
+                pool[saved].copy_(pool[slot])
+
+
 def _mix_torch(p: DeltaNetParams, st: StateStep, mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor,
                a: torch.Tensor, nd: int, shift: int = 0) -> torch.Tensor:
     """``mix`` in torch over these rows: the first ``nd`` the decode rows (0: none here), then the
     step's prompt chunks, whose first rows are ``shift`` further on in the step."""
     layer = st.states.index[p.layer]
-    conv, ssm = st.states.conv[layer], st.states.ssm[layer]
     slots = st.decode_slots if nd else None
     conv_out = torch.empty_like(mixed)
-    if slots is not None:
-        window = conv.index_select(0, slots)
-        conv_out[:nd] = deltanet.conv_step(mixed[:nd], p.conv, window)
-        conv.index_copy_(0, slots, window)
-        for slot, row in st.decode_saves:
-            conv[row].copy_(conv[slot])
-    for first, n, slot, cut, saved in st.chunks:
-        first -= shift
-        for lo, hi, save in _pieces(n, cut):
-            conv_out[first + lo:first + hi] = deltanet.conv_chunk(mixed[first + lo:first + hi], p.conv, conv[slot])
-            if save:
-                conv[saved].copy_(conv[slot])
+    _over_rows(st, st.states.conv[layer], slots, shift, conv_out,
+               lambda rows, window: deltanet.conv_step(mixed[rows], p.conv, window),
+               lambda rows, window: deltanet.conv_chunk(mixed[rows], p.conv, window))
     conv_out = F.silu(conv_out)
     kd, T = p.key_heads * p.key_dim, mixed.shape[0]
     q = conv_out[:, :kd].reshape(T, p.key_heads, p.key_dim)
@@ -244,19 +256,9 @@ def _mix_torch(p: DeltaNetParams, st: StateStep, mixed: torch.Tensor, z: torch.T
     g = p.neg_a * F.softplus(a.float() + p.dt_bias)
     q, k = deltanet.prepare(q, k, p.value_heads, p.tiled)
     out = torch.empty(T, p.value_heads, p.value_dim, dtype=torch.float32, device=mixed.device)
-    if slots is not None:
-        state = ssm.index_select(0, slots)
-        out[:nd] = deltanet.step(q[:nd], k[:nd], v[:nd], g[:nd], beta[:nd], state)
-        ssm.index_copy_(0, slots, state)
-        for slot, row in st.decode_saves:
-            ssm[row].copy_(ssm[slot])
-    for first, n, slot, cut, saved in st.chunks:
-        first -= shift
-        for lo, hi, save in _pieces(n, cut):
-            rows = slice(first + lo, first + hi)
-            out[rows] = deltanet.chunked(q[rows], k[rows], v[rows], g[rows], beta[rows], ssm[slot])
-            if save:
-                ssm[saved].copy_(ssm[slot])
+    _over_rows(st, st.states.ssm[layer], slots, shift, out,
+               lambda rows, state: deltanet.step(q[rows], k[rows], v[rows], g[rows], beta[rows], state),
+               lambda rows, state: deltanet.chunked(q[rows], k[rows], v[rows], g[rows], beta[rows], state))
     return deltanet.gated_norm(out.to(mixed.dtype), z.reshape(T, p.value_heads, p.value_dim), p.norm,
                                p.eps).view(T, -1)
 
