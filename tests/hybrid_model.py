@@ -1,6 +1,7 @@
 """Tiny hybrid models for the tests: Qwen3.5 (dense and MoE) and Qwen3-Next shapes with random
-weights (three Gated DeltaNet layers, then one gated full-attention layer), saved with the word
-tokenizer, and transformers' own logits and greedy continuations to hold the engine to.
+weights (three Gated DeltaNet layers, then one gated full-attention layer) and LFM2's (three
+short-convolution layers, then one attention layer), saved with the word tokenizer, and
+transformers' own logits and greedy continuations to hold the engine to.
 
 The weights are drawn so the recurrent layers matter: decay rates from fast to slow, norms away
 from one, and an output embedding scaled so the logits spread widely (every greedy step of the
@@ -27,6 +28,8 @@ SHAPES: dict[str, tuple[str, dict]] = {
     "qwen3_5_moe_text": ("qwen3_5_moe_text", MOE),
     "qwen3_next": ("qwen3_next", MOE),
     "qwen3_5": ("qwen3_5", {}),
+    "lfm2": ("lfm2", dict(layer_types=["conv", "conv", "conv", "full_attention"], full_attn_idxs=[3], conv_L_cache=3,
+                          conv_bias=True, block_auto_adjust_ff_dim=False)),
 }
 LOGIT_SPREAD = 8.0
 MIN_MARGIN = 1e-3
@@ -43,6 +46,8 @@ def _stir(model: torch.nn.Module) -> None:
                 p.normal_(0.0, 1.0)
             elif "norm" in name and name.endswith("weight"):
                 p.normal_(0.0 if "linear_attn" not in name else 1.0, 0.3)
+            elif name.endswith("conv.bias"):
+                p.normal_(0.0, 0.3)
 
 
 def write_hybrid(name: str, path: str, seed: int = 0) -> torch.nn.Module:

@@ -235,7 +235,6 @@ STATEFUL_MODELS = {
     "granitemoehybrid": (dict(TEXT, layer_types=["mamba", "attention"], mamba_n_heads=4, mamba_d_head=32,
                               mamba_d_state=16, mamba_n_groups=1, num_local_experts=4, num_experts_per_tok=2,
                               shared_intermediate_size=64), "Mamba"),
-    "lfm2": (dict(TEXT, full_attn_idxs=[1], block_ff_dim=128), "convolution"),
 }
 
 
@@ -349,7 +348,7 @@ def test_the_docs_table_is_the_list() -> None:
 
 
 def test_the_docs_refusal_sample_is_what_the_backend_says(tmp_path) -> None:
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "lfm2"}))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "granitemoehybrid"}))
     with pytest.raises(ConfigError) as err:
-        architectures.check_config_file(str(tmp_path), "./tiny-lfm2")
+        architectures.check_config_file(str(tmp_path), "./tiny-granite-4-h")
     assert f"\nerror: {err.value}\n" in (ROOT / "docs" / "engine.md").read_text()

@@ -79,6 +79,7 @@ HYBRID: dict[str, str] = {
     **dict.fromkeys(("qwen3_5_moe", "qwen3_5_moe_text"),
                     "Gated DeltaNet layers with gated full attention, mixture of experts with a shared expert"),
     "qwen3_next": "Gated DeltaNet layers with gated full attention, mixture of experts with a shared expert",
+    "lfm2": "short-convolution layers (a convolution window per sequence) with full attention and q/k norms",
 }
 
 # The families whose layers keep a state beside (or instead of) keys and values that the backend
@@ -90,7 +91,7 @@ STATEFUL: dict[str, str] = {
     **dict.fromkeys(("granitemoehybrid", "bamba", "nemotron_h", "jamba", "falcon_h1", "zamba", "zamba2", "mamba",
                      "mamba2", "falcon_mamba"),
                     "Mamba layers keep a convolution and an SSM state"),
-    **dict.fromkeys(("lfm2", "lfm2_moe", "lfm3"), "short-convolution layers keep a convolution state"),
+    **dict.fromkeys(("lfm2_moe", "lfm3"), "short-convolution layers keep a convolution state"),
     **dict.fromkeys(("zaya", "inkling_text", "inkling2_text", "inkling2_loop_text"),
                     "hybrid layers keep a linear-attention state"),
     "minimax": "lightning (linear) attention layers keep a recurrent state",

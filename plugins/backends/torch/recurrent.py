@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -26,9 +26,10 @@ from llmserve import StepItem
 from . import deltanet
 from .attention import current_step
 
-# Text model types whose ``linear_attn`` layers this module runs (their GatedDeltaNet modules:
-# Qwen3.5 and Qwen3.5-MoE project q, k, v / z / b / a separately, Qwen3-Next fuses them per key head).
-HYBRID_TYPES = frozenset({"qwen3_5_text", "qwen3_5_moe_text", "qwen3_next"})
+# Text model types whose recurrent layers this module runs: the Gated DeltaNet modules (Qwen3.5 and
+# Qwen3.5-MoE project q, k, v / z / b / a separately, Qwen3-Next fuses them per key head) and LFM2's
+# short convolutions.
+HYBRID_TYPES = frozenset({"qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "lfm2"})
 
 
 @dataclass(frozen=True)
@@ -52,23 +53,47 @@ def _deltanet_layers(model: Any) -> list[tuple[int, Any]]:
             if name.endswith("linear_attn") and hasattr(m, "A_log") and hasattr(m, "conv1d")]
 
 
-def hybrid_shape(model: Any) -> tuple[DeltaNetShape, list[int], list[int]] | None:
-    """The model's Gated DeltaNet shape, those layers' numbers and its attention layers' numbers;
+def _short_conv_layers(model: Any) -> list[tuple[int, Any]]:
+    """(layer number, module) of every short-convolution layer (LFM2's: gates around a depthwise
+    causal convolution), in order."""
+    return [(int(m.layer_idx), m) for name, m in model.named_modules()
+            if name.endswith(".conv") and hasattr(m, "in_proj") and isinstance(getattr(m, "conv", None),
+                                                                              torch.nn.Conv1d)]
+
+
+class Hybrid(NamedTuple):
+    """What a hybrid model keeps: the shape of one recurrent layer's state, the recurrent layers'
+    numbers, the attention layers' numbers and the recurrent layers' kind (for the plan line)."""
+
+    shape: DeltaNetShape
+    recurrent: list[int]
+    attention: list[int]
+    kind: str
+
+
+def hybrid_shape(model: Any) -> Hybrid | None:
+    """The model's recurrent layers (Gated DeltaNet or short convolutions) and attention layers;
     None for a model without such layers."""
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     if getattr(cfg, "model_type", None) not in HYBRID_TYPES:
         return None
-    layers = _deltanet_layers(model)
-    if not layers:
+    if layers := _deltanet_layers(model):
+        m = layers[0][1]
+        shape = DeltaNetShape(conv_dim=int(m.conv_dim), kernel=int(m.conv_kernel_size), heads=int(m.num_v_heads),
+                              key_dim=int(m.head_k_dim), value_dim=int(m.head_v_dim))
+        kind, name = "gated-deltanet", "linear_attention"
+    elif layers := _short_conv_layers(model):
+        m = layers[0][1]
+        shape = DeltaNetShape(conv_dim=int(m.conv.in_channels), kernel=int(m.conv_kernel_size), heads=0, key_dim=0,
+                              value_dim=0)  # a window, no delta-rule state
+        kind, name = "short-conv", "conv"
+    else:
         return None
-    m = layers[0][1]
-    shape = DeltaNetShape(conv_dim=int(m.conv_dim), kernel=int(m.conv_kernel_size), heads=int(m.num_v_heads),
-                          key_dim=int(m.head_k_dim), value_dim=int(m.head_v_dim))
-    linear = [i for i, _ in layers]
+    recurrent = [i for i, _ in layers]
     kinds = list(cfg.layer_types)
-    if linear != [i for i, kind in enumerate(kinds) if kind == "linear_attention"]:
-        raise ValueError("the model's Gated DeltaNet layers are not the ones its layer_types name")
-    return shape, linear, [i for i, kind in enumerate(kinds) if kind != "linear_attention"]
+    if recurrent != [i for i, k in enumerate(kinds) if k == name]:
+        raise ValueError(f"the model's {kind} layers are not the ones its layer_types name")
+    return Hybrid(shape, recurrent, [i for i, k in enumerate(kinds) if k != name], kind)
 
 
 @dataclass
@@ -272,8 +297,28 @@ def _forward(module: Any, params: DeltaNetParams, hidden_states: torch.Tensor, *
     return module.out_proj(mix(params, meta.states, mixed, z.reshape(x.shape[0], -1), b, a))[None]
 
 
+def _short_conv_forward(module: Any, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """LFM2's short-convolution layer over a packed step ``[1, T, hidden]``: ``B * x`` through the
+    depthwise causal convolution from each sequence's window, times ``C``."""
+    _, meta = current_step()
+    st: StateStep = meta.states
+    gate_in, gate_out, x = module.in_proj(hidden_states[0]).chunk(3, dim=-1)
+    bx = gate_in * x
+    weight = module.conv.weight[:, 0, :]
+    conv_out = torch.empty_like(bx)
+    slots = st.decode_slots if st.num_decode else None
+    _over_rows(st, st.states.conv[st.states.index[module.layer_idx]], slots, 0, conv_out,
+               lambda rows, window: deltanet.conv_step(bx[rows], weight, window),
+               lambda rows, window: deltanet.conv_chunk(bx[rows], weight, window))
+    if module.conv.bias is not None:
+        conv_out += module.conv.bias
+    return module.out_proj(gate_out * conv_out)[None]
+
+
 def install(model: Any) -> None:
-    """Run every Gated DeltaNet layer of ``model`` through ``_forward`` (the step's slots) instead
-    of its own forward (one sequence, its state in transformers' cache object)."""
+    """Run every recurrent layer of ``model`` (Gated DeltaNet, short convolution) over the step's
+    slots instead of through its own forward (one sequence, its state in transformers' cache)."""
     for _, module in _deltanet_layers(model):
         module.forward = partial(_forward, module, DeltaNetParams.of(module))
+    for _, module in _short_conv_layers(model):
+        module.forward = partial(_short_conv_forward, module)

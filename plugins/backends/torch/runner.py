@@ -69,7 +69,7 @@ class TorchBackend(Backend):
         self._gguf: Any = None  # a GGUF file's own weights (gguf_model.GGUFParts) on the native GGUF path
         self._graphs: Any = None  # cuda.graphs.DecodeGraphs when decode steps replay CUDA graphs
         self.vision: VisionInputs | None = None  # a vision-language model's image path
-        self._hybrid: Any = None  # recurrent.hybrid_shape of a model with Gated DeltaNet layers
+        self._hybrid: Any = None  # recurrent.hybrid_shape of a model with recurrent layers
         self.states: RecurrentStates | None = None  # their state slots, allocated with the KV cache
         self._kernel = False  # the KV cache and the fused forward go through cuda/ops.py's operators
         self.steps = 0  # steps run (with ``_graphs.replayed``: the share of graphed steps)
@@ -133,8 +133,8 @@ class TorchBackend(Backend):
         state_bytes = 0
         if self._hybrid is not None:  # only the attention layers keep keys and values
             install(model)
-            self._num_layers = len(self._hybrid[2])
-            state_bytes = RecurrentStates.bytes_per_slot(self._hybrid[0], len(self._hybrid[1]), lm.dtype)
+            self._num_layers = len(self._hybrid.attention)
+            state_bytes = RecurrentStates.bytes_per_slot(self._hybrid.shape, len(self._hybrid.recurrent), lm.dtype)
         heads = int(cfg.num_attention_heads)
         self._kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
         self._head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
@@ -252,19 +252,19 @@ class TorchBackend(Backend):
         lm = self._require_loaded()
         if slots < 1:
             raise ConfigError(f"{lm.name} keeps a recurrent state per sequence: the engine must ask for state slots")
-        shape, linear, attention = self._hybrid
+        shape, linear, attention, _ = self._hybrid
         size = (slots + snapshots) * RecurrentStates.bytes_per_slot(shape, len(linear), lm.dtype)
         try:
             self.states = RecurrentStates(shape, linear, attention, slots, lm.dtype, lm.device, snapshots)
         except (RuntimeError, MemoryError) as exc:
             raise ConfigError(f"cannot allocate the recurrent states of {slots} sequences ({size / 2**30:.2f} GiB): "
                               f"{str(exc).splitlines()[0]}; lower --max-num-seqs") from None
-        if self._native:
+        if self._native and self._hybrid.kind == "gated-deltanet":
             from .native.ops import deltanet_decode
 
             self.states.decode_kernel = deltanet_decode()
-        log.info("recurrent states: %d slots + %d saved x %d Gated DeltaNet layers (%.2f GiB)", slots, snapshots,
-                 len(linear), size / 2**30)
+        log.info("recurrent states: %d slots + %d saved x %d %s layers (%.2f GiB)", slots, snapshots,
+                 len(linear), self._hybrid.kind, size / 2**30)
         return size
 
     def _kernel_ops(self, device: torch.device, model: Any) -> bool:
@@ -343,7 +343,7 @@ class TorchBackend(Backend):
                 + (" gguf_matmul=bf16-amx" if self._gguf is not None and self._gguf.bf16_matmul else "")
                 + (" gguf_decode=int8" if self._gguf is not None and self._gguf.int8_decode else "")
                 + (f" cuda_graphs={len(self._graphs.buckets)}" if self._graphs is not None else "")
-                + (f" recurrent=gated-deltanet:{len(self._hybrid[1])}-layers,{self.states.slots}-slots,"
+                + (f" recurrent={self._hybrid.kind}:{len(self._hybrid.recurrent)}-layers,{self.states.slots}-slots,"
                    f"{self.states.snapshots}-saved,step={'native' if self.states.decode_kernel else 'torch'}"
                    if self.states is not None and self._hybrid else "")
                 + (f" WARNING=unverified-architecture:{lm.unverified}" if lm.unverified else ""))
