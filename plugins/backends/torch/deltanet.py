@@ -82,7 +82,9 @@ def chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, 
     # [H, chunks, CHUNK, D]: padded positions have k = v = beta = g = 0, so they write nothing
     # and decay nothing (their outputs are dropped).
     def chunks(x: torch.Tensor) -> torch.Tensor:
-        x = F.pad(x.float(), (0, 0) * (x.dim() - 1) + (0, pad))
+        x = x.float()
+        if pad:
+            x = F.pad(x, (0, 0) * (x.dim() - 1) + (0, pad))
         return x.transpose(0, 1).reshape(x.shape[1], -1, CHUNK, *x.shape[2:])
 
     qc, kc, vc, gc, bc = chunks(q), chunks(k), chunks(v), chunks(g), chunks(beta)
@@ -94,8 +96,11 @@ def chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, 
     a = (kc @ kc.transpose(-1, -2)) * strict * bc[..., None]             # A, strictly lower
     eye = torch.eye(CHUNK, dtype=a.dtype, device=a.device)
     lhs = a + eye
-    wv = torch.linalg.solve_triangular(lhs, vc * bc[..., None], upper=False, unitriangular=True)
-    wk = torch.linalg.solve_triangular(lhs, kc * (bc * gamma.exp())[..., None], upper=False, unitriangular=True)
+    # One solve for both right-hand sides (values and decayed keys side by side).
+    dv = vc.shape[-1]
+    both = torch.linalg.solve_triangular(lhs, torch.cat((vc * bc[..., None], kc * (bc * gamma.exp())[..., None]), -1),
+                                         upper=False, unitriangular=True)
+    wv, wk = both[..., :dv], both[..., dv:]
     attn = (qc @ kc.transpose(-1, -2)) * decay                           # [H, N, C, C]
     q_decayed = qc * gamma.exp()[..., None]
     k_to_end = kc * (gamma[..., -1:] - gamma).exp()[..., None]
@@ -120,7 +125,11 @@ def conv_step(x: torch.Tensor, weight: torch.Tensor, window: torch.Tensor) -> to
 def conv_chunk(x: torch.Tensor, weight: torch.Tensor, window: torch.Tensor) -> torch.Tensor:
     """The same over ``n`` inputs of one sequence: ``x [n, C]``, ``window [C, K - 1]`` (updated in
     place to the last K - 1 inputs). Returns ``[n, C]``."""
-    full = torch.cat((window.to(x.dtype), x.t()), -1)                    # [C, K - 1 + n]
-    window.copy_(full[:, -window.shape[-1]:])
-    out = F.conv1d(full[None].to(weight.dtype), weight[:, None, :], groups=weight.shape[0])
-    return out[0].t()
+    full = torch.cat((window.to(x.dtype), x.t()), -1).to(weight.dtype)  # [C, K - 1 + n]
+    window.copy_(full[:, full.shape[1] - window.shape[-1]:])
+    # A depthwise convolution as K shifted multiply-adds: torch's grouped conv1d is several times slower.
+    n, K = x.shape[0], weight.shape[1]
+    out = full[:, K - 1:] * weight[:, K - 1:]
+    for j in range(K - 1):
+        out.addcmul_(full[:, j:j + n], weight[:, j:j + 1])
+    return out.t()
