@@ -104,23 +104,52 @@ def _tiled(x: np.ndarray, axis: int, key_heads: int, per_key: int, size: int) ->
     return np.ascontiguousarray(np.moveaxis(tiled, 0, axis))
 
 
+def _mlp_tensors(sd: dict, pre: str, blk: str, merged: bool) -> dict[str, np.ndarray]:
+    """A layer's MLP as llama.cpp names it: one gated MLP, or (Qwen3.5-MoE) the router, the
+    experts' 3-D tensors (gate and up apart, or ``merged`` into one) and the shared expert with
+    its one-row gate (written as a vector)."""
+    m = pre + "mlp."
+    if m + "experts.gate_up_proj" not in sd:
+        return {blk + "ffn_gate.weight": sd[m + "gate_proj.weight"], blk + "ffn_up.weight": sd[m + "up_proj.weight"],
+                blk + "ffn_down.weight": sd[m + "down_proj.weight"]}
+    gate_up, inter = sd[m + "experts.gate_up_proj"], sd[m + "experts.down_proj"].shape[-1]
+    experts = ({blk + "ffn_gate_up_exps.weight": gate_up} if merged else
+               {blk + "ffn_gate_exps.weight": gate_up[:, :inter], blk + "ffn_up_exps.weight": gate_up[:, inter:]})
+    return {**experts, blk + "ffn_down_exps.weight": sd[m + "experts.down_proj"],
+            blk + "ffn_gate_inp.weight": sd[m + "gate.weight"],
+            blk + "ffn_gate_shexp.weight": sd[m + "shared_expert.gate_proj.weight"],
+            blk + "ffn_up_shexp.weight": sd[m + "shared_expert.up_proj.weight"],
+            blk + "ffn_down_shexp.weight": sd[m + "shared_expert.down_proj.weight"],
+            blk + "ffn_gate_inp_shexp.weight": sd[m + "shared_expert_gate.weight"].reshape(-1)}
+
+
+def _quantized(name: str, value: np.ndarray) -> bool:
+    """Whether the converter's quantization rounds this tensor (matrices and experts; not the
+    convolution, not the router)."""
+    return value.ndim >= 2 and "conv1d" not in name and not name.endswith("ffn_gate_inp.weight")
+
+
 def write_hybrid_gguf(path: str, qtype: str = "F32", seed: int = 0,
-                      replace: dict[str, np.ndarray | None] | None = None) -> torch.nn.Module:
+                      replace: dict[str, np.ndarray | None] | None = None, moe: bool = False,
+                      merged: bool = False) -> torch.nn.Module:
     """A tiny Qwen3.5 text model (vocabulary and tokenizer of the embedded SmolLM2) saved as a
     ``qwen35`` GGUF file the way llama.cpp's converter writes one: ``A_log`` as ``-exp(A_log)``
     (``ssm_a``), ``dt_bias`` as ``ssm_dt.bias``, the convolution squeezed to ``[channels, K]``,
     every RMSNorm but the gated one stored as ``1 + weight``, the value heads in tiled order, each
     attention head's query and gate rows interleaved in ``attn_q``; matrices in ``qtype``.
-    ``replace``: tensors written with these values instead (None: left out). Returns the model
-    (transformers, float32, eval mode) the file was made from, holding its matrices as the file
-    decodes them (a quantized ``qtype`` rounds them)."""
+    ``moe``: Qwen3.5-MoE instead (``qwen35moe``: experts and a shared expert, ``MOE``'s sizes;
+    ``merged``: each expert's gate and up in one tensor). ``replace``: tensors written with these
+    values instead (None: left out). Returns the model (transformers, float32, eval mode) the file
+    was made from, holding its matrices as the file decodes them (a quantized ``qtype`` rounds
+    them)."""
     import gguf
     from gguf_writer import _encode, _write_tokenizer
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    text = dict(TEXT, vocab_size=49152, bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    cfg = AutoConfig.for_model("qwen3_5_text", **text)
+    text = dict(TEXT, vocab_size=49152, bos_token_id=None, eos_token_id=None, pad_token_id=None, **(MOE if moe else {}))
+    arch = "qwen35moe" if moe else "qwen35"
+    cfg = AutoConfig.for_model("qwen3_5_moe_text" if moe else "qwen3_5_text", **text)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
     _stir(model)
     with torch.inference_mode():
@@ -137,9 +166,7 @@ def write_hybrid_gguf(path: str, qtype: str = "F32", seed: int = 0,
         pre, blk = f"model.layers.{i}.", f"blk.{i}."
         tensors |= {blk + "attn_norm.weight": sd[pre + "input_layernorm.weight"] + 1,
                     blk + "post_attention_norm.weight": sd[pre + "post_attention_layernorm.weight"] + 1,
-                    blk + "ffn_gate.weight": sd[pre + "mlp.gate_proj.weight"],
-                    blk + "ffn_up.weight": sd[pre + "mlp.up_proj.weight"],
-                    blk + "ffn_down.weight": sd[pre + "mlp.down_proj.weight"]}
+                    **_mlp_tensors(sd, pre, blk, merged)}
         if kind == "full_attention":
             a = pre + "self_attn."
             tensors |= {blk + "attn_q.weight": sd[a + "q_proj.weight"], blk + "attn_k.weight": sd[a + "k_proj.weight"],
@@ -163,25 +190,29 @@ def write_hybrid_gguf(path: str, qtype: str = "F32", seed: int = 0,
             blk + "ssm_out.weight": _tiled(sd[la + "out_proj.weight"], 1, hk, r, dv)}
     if qtype != "F32":  # the reference gets the weights the file decodes to
         _round_trip(model, tensors, qtype, hk, r, dv)
-    w = gguf.GGUFWriter(path, "qwen35")
+    w = gguf.GGUFWriter(path, arch)
     head_dim = cfg.head_dim
+    mlp = (dict(expert_count=cfg.num_experts, expert_used_count=cfg.num_experts_per_tok,
+                expert_feed_forward_length=cfg.moe_intermediate_size,
+                expert_shared_feed_forward_length=cfg.shared_expert_intermediate_size) if moe
+           else dict(feed_forward_length=cfg.intermediate_size))
     for key, value in {"block_count": cfg.num_hidden_layers, "context_length": cfg.max_position_embeddings,
-                       "embedding_length": cfg.hidden_size, "feed_forward_length": cfg.intermediate_size,
+                       "embedding_length": cfg.hidden_size, **mlp,
                        "attention.head_count": cfg.num_attention_heads,
                        "attention.head_count_kv": cfg.num_key_value_heads, "attention.key_length": head_dim,
                        "attention.value_length": head_dim, "ssm.conv_kernel": cfg.linear_conv_kernel_dim,
                        "ssm.state_size": dk, "ssm.group_count": hk, "ssm.time_step_rank": hv,
                        "ssm.inner_size": hv * dv, "full_attention_interval": 4,
                        "rope.dimension_count": int(head_dim * cfg.rope_parameters["partial_rotary_factor"])}.items():
-        w.add_uint32(f"qwen35.{key}", int(value))
-    w.add_float32("qwen35.rope.freq_base", float(cfg.rope_parameters["rope_theta"]))
-    w.add_float32("qwen35.attention.layer_norm_rms_epsilon", float(cfg.rms_norm_eps))
+        w.add_uint32(f"{arch}.{key}", int(value))
+    w.add_float32(f"{arch}.rope.freq_base", float(cfg.rope_parameters["rope_theta"]))
+    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", float(cfg.rms_norm_eps))
     _write_tokenizer(w)
     rng = np.random.default_rng(seed)
     for name, value in {**tensors, **(replace or {})}.items():
         if value is None:
             continue
-        data, raw = _encode(value, qtype if value.ndim == 2 and "conv1d" not in name else "F32", rng)
+        data, raw = _encode(value, qtype if _quantized(name, value) else "F32", rng)
         w.add_tensor(name, data, raw_dtype=raw)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -199,7 +230,7 @@ def _round_trip(model: torch.nn.Module, tensors: dict, qtype: str, hk: int, r: i
 
     t = GGMLQuantizationType[qtype]
     for name, value in tensors.items():
-        if value.ndim == 2 and "conv1d" not in name:
+        if _quantized(name, value):
             tensors[name] = dequantize(quantize(value.astype(np.float32), t), t).reshape(value.shape)
     params = dict(model.named_parameters())
 
@@ -212,8 +243,16 @@ def _round_trip(model: torch.nn.Module, tensors: dict, qtype: str, hk: int, r: i
     qk = 2 * hk * (model.config.linear_key_head_dim)
     for i, kind in enumerate(model.config.layer_types):
         pre, blk = f"model.layers.{i}.", f"blk.{i}."
-        for proj, name in (("gate_proj", "ffn_gate"), ("up_proj", "ffn_up"), ("down_proj", "ffn_down")):
-            put(f"{pre}mlp.{proj}.weight", tensors[f"{blk}{name}.weight"])
+        if f"{blk}ffn_down_exps.weight" in tensors:
+            gate_up = (tensors[blk + "ffn_gate_up_exps.weight"] if blk + "ffn_gate_up_exps.weight" in tensors else
+                       np.concatenate([tensors[blk + "ffn_gate_exps.weight"], tensors[blk + "ffn_up_exps.weight"]], 1))
+            put(f"{pre}mlp.experts.gate_up_proj", gate_up)
+            put(f"{pre}mlp.experts.down_proj", tensors[blk + "ffn_down_exps.weight"])
+            for proj, name in (("gate_proj", "ffn_gate"), ("up_proj", "ffn_up"), ("down_proj", "ffn_down")):
+                put(f"{pre}mlp.shared_expert.{proj}.weight", tensors[f"{blk}{name}_shexp.weight"])
+        else:
+            for proj, name in (("gate_proj", "ffn_gate"), ("up_proj", "ffn_up"), ("down_proj", "ffn_down")):
+                put(f"{pre}mlp.{proj}.weight", tensors[f"{blk}{name}.weight"])
         if kind == "full_attention":
             for proj, name in (("q_proj", "attn_q"), ("k_proj", "attn_k"), ("v_proj", "attn_v"),
                                ("o_proj", "attn_output")):

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from .attention import PagedKVCache, StepMetadata, paged_attention
-from .moe import MoEFeedForward, SparseParts, clamped_swiglu, moe_parts
+from .moe import MoEFeedForward, SharedExpert, SparseParts, clamped_swiglu, moe_parts
 
 log = logging.getLogger("llmserve.backend.torch")
 
@@ -195,13 +195,34 @@ def _experts(sp: SparseParts, act: Callable[[torch.Tensor], torch.Tensor]) -> Mo
     gu = [_TorchLinear(sp.gate_up_weight(e), sp.bias("gate_up_proj", e)) for e in range(count)]
     down = [_TorchLinear(sp.down_weight(e), sp.bias("down_proj", e)) for e in range(count)]
     router = _TorchLinear(sp.router.weight, sp.router.bias if sp.biases else None)
-    return MoEFeedForward(router, gu, down, sp.top_k, sp.normalize, _moe_act(sp, act, True), sp.softmax_first)
+    shared = None
+    if sp.shared is not None:  # gate and up fused (the modules' weights become views), as a dense MLP's
+        m = sp.shared
+        shared = SharedExpert(_TorchLinear(*_fuse([m.gate_proj, m.up_proj])), _TorchLinear(m.down_proj.weight, None),
+                              _TorchLinear(sp.shared_gate.weight, None), act)
+    return MoEFeedForward(router, gu, down, sp.top_k, sp.normalize, _moe_act(sp, act, True), sp.softmax_first,
+                          shared)
 
 
-def _pack_experts(moe: MoEFeedForward, experts: Any, compact: bool) -> None:
+def given_experts(given: dict[str, Any], sp: SparseParts,
+                  act: Callable[[torch.Tensor], torch.Tensor]) -> MoEFeedForward:
+    """The MoE feed-forward over a GGUF file's products (``gguf_model._Mapper.experts``)."""
+    shared = given.get("shared")
+    return MoEFeedForward(given["router"], given["gate_up"], given["down"], sp.top_k, sp.normalize,
+                          _moe_act(sp, act, False), sp.softmax_first,
+                          SharedExpert(*shared, act) if shared is not None else None)
+
+
+def _pack_experts(moe: MoEFeedForward, sp: SparseParts, compact: bool) -> None:
     """``moe``'s experts and router copied into the native kernel's layout where it applies;
     the model's 3-D tensors are then emptied so the experts are not held twice."""
     from .native.ops import packed_linear
+
+    experts = sp.experts
+    if moe.shared is not None:
+        shared, m = moe.shared, sp.shared
+        shared.gate_up = _packed(shared.gate_up, [m.gate_proj, m.up_proj], compact)
+        shared.down = _packed(shared.down, [m.down_proj], compact)
 
     groups = [[packed_linear(lin.weight.contiguous(), lin.bias, compact) for lin in group]
               for group in (moe.gate_up, moe.down)]
@@ -265,7 +286,7 @@ class FusedDecoder:
         self._native: tuple[Any, Any] | None = None  # (cache, NativeDecodeStep or None)
         per_type = hasattr(self.rotary, "layer_types")
         owners: list[tuple[_Layer, dict[str, list[torch.nn.Linear]]]] = []
-        sparse_owners: list[tuple[MoEFeedForward, Any]] = []  # (feed-forward, the model's experts module)
+        sparse_owners: list[tuple[MoEFeedForward, SparseParts]] = []  # (feed-forward, the model's block)
         for dec in base.layers:
             attn, mlp = dec.self_attn, dec.mlp
             lay = _Layer()
@@ -287,8 +308,7 @@ class FusedDecoder:
                 given = weights.layers[len(self.layers)]
                 lay.qkv, lay.o = given["qkv"], given["o"]
                 if sparse is not None:
-                    lay.moe = MoEFeedForward(given["router"], given["gate_up"], given["down"], sparse.top_k,
-                                             sparse.normalize, _moe_act(sparse, lay.act, False), sparse.softmax_first)
+                    lay.moe = given_experts(given, sparse, lay.act)
                 else:
                     lay.gu, lay.down = given["gu"], given["down"]
             else:
@@ -297,7 +317,7 @@ class FusedDecoder:
                 parts: dict[str, list[torch.nn.Linear]] = {"qkv": qkv, "o": [attn.o_proj]}
                 if sparse is not None:
                     lay.moe = _experts(sparse, lay.act)
-                    sparse_owners.append((lay.moe, sparse.experts))
+                    sparse_owners.append((lay.moe, sparse))
                 else:
                     gu = [mlp.gate_up_proj] if hasattr(mlp, "gate_up_proj") else [mlp.gate_proj, mlp.up_proj]
                     lay.gu, lay.down = _TorchLinear(*_fuse(gu)), _TorchLinear(mlp.down_proj.weight, mlp.down_proj.bias)
@@ -322,8 +342,8 @@ class FusedDecoder:
         for lay, parts in owners if pack else ():
             for name, mods in parts.items():
                 setattr(lay, name, _packed(getattr(lay, name), mods, compact))
-        for moe, experts in sparse_owners if pack else ():
-            _pack_experts(moe, experts, compact)
+        for moe, sp in sparse_owners if pack else ():
+            _pack_experts(moe, sp, compact)
 
     @classmethod
     def build(cls, model: Any, pack: bool = False, ops: Any = None, compact: bool = True,
@@ -391,7 +411,7 @@ class FusedDecoder:
         for lay in self.layers:
             out += [lay.qkv, lay.o, lay.gu, lay.down]
             if lay.moe is not None:
-                out += [lay.moe.router, *lay.moe.gate_up, *lay.moe.down]
+                out += lay.moe.linears()
         return [lin for lin in out if lin is not None]
 
     def _rotary(self, x: torch.Tensor, positions: torch.Tensor, kind: str | None) -> tuple[torch.Tensor, ...]:

@@ -1,4 +1,4 @@
-"""The fused forward of Qwen3.5's hybrid decoder: three Gated DeltaNet layers to each gated
+"""The fused forward of Qwen3.5's (and Qwen3-Next's) hybrid decoder: three Gated DeltaNet layers to each gated
 full-attention layer, every layer's projections fused into one product (and packed for the
 native CPU kernels where they apply), the recurrent layers' token mixing in ``recurrent.mix``
 over the step's state slots, the attention layers on the paged KV cache.
@@ -9,11 +9,12 @@ all queries, keys, values, then all gates), normalises each query and key head, 
 quarter of each head (partial RoPE), attends, and scales the result by ``sigmoid(gate)``. A Gated
 DeltaNet layer projects the convolution's input, the output gate and the two per-head scalars in
 one product. Norms scale by ``(1 + weight)`` as Qwen3.5's do (added once here unless the weights
-come from a file that stores the sum).
+come from a file that stores the sum). Qwen3.5-MoE's and Qwen3-Next's layers end in
+``moe.MoEFeedForward`` (routed experts and the shared one) where the dense model's end in one MLP;
+Qwen3-Next's projections, grouped by key head in its checkpoint, are reordered once at build.
 
-``HybridDecoder.build`` returns None for anything else (Qwen3-Next's grouped projections, the
-mixture-of-experts variant, a dtype other than float32); the runner then keeps transformers'
-forward with the recurrent layers replaced (``recurrent.install``).
+``HybridDecoder.build`` returns None for anything else (a dtype other than float32); the runner
+then keeps transformers' forward with the recurrent layers replaced (``recurrent.install``).
 """
 
 from __future__ import annotations
@@ -25,12 +26,13 @@ import torch
 import torch.nn.functional as F
 
 from .attention import PagedKVCache, StepMetadata, paged_attention
-from .fused import Linear, TorchOps, _packed, _TorchLinear
+from .fused import Linear, TorchOps, _experts, _pack_experts, _packed, _TorchLinear, given_experts
+from .moe import MoEFeedForward, SparseParts, moe_parts
 from .recurrent import DeltaNetParams, mix
 
 log = logging.getLogger("llmserve.backend.torch")
 
-_TYPES = {"qwen3_5_text"}
+_TYPES = {"qwen3_5_text", "qwen3_5_moe_text", "qwen3_next"}
 _MLP_PARTS = {"gate_proj", "up_proj", "down_proj", "act_fn"}
 
 
@@ -44,6 +46,18 @@ class _HybridLayer:
 
 def _cat(weights: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat([w.detach() for w in weights]).contiguous()
+
+
+def _ungrouped(m: Any) -> torch.Tensor:
+    """Qwen3-Next's two input projections as one matrix in Qwen3.5's row order: every query, every
+    key, every value, every gate, then ``b`` and ``a`` (its checkpoint keeps each key head's
+    query, key, values and gates together, and each key head's ``b`` then ``a``)."""
+    hk, dk, dv, r = int(m.num_k_heads), int(m.head_k_dim), int(m.head_v_dim), int(m.num_v_heads // m.num_k_heads)
+    hidden = m.in_proj_qkvz.weight.shape[1]
+    grouped = m.in_proj_qkvz.weight.detach().view(hk, 2 * dk + 2 * r * dv, hidden)
+    qkvz = torch.split(grouped, [dk, dk, r * dv, r * dv], 1)
+    ba = torch.split(m.in_proj_ba.weight.detach().view(hk, 2 * r, hidden), [r, r], 1)
+    return torch.cat([part.reshape(-1, hidden) for part in (*qkvz, *ba)]).contiguous()
 
 
 class HybridDecoder:
@@ -69,10 +83,12 @@ class HybridDecoder:
         self.ops = ops if ops is not None else TorchOps()
         self.layers: list[_HybridLayer] = []
         owners: list[tuple[_HybridLayer, dict[str, list[Any]]]] = []
+        sparse_owners: list[tuple[MoEFeedForward, SparseParts]] = []
         H, D = self.heads, self.head_dim
         for i, dec in enumerate(base.layers):
             lay = _HybridLayer()
-            lay.idx, lay.moe = i, None
+            lay.idx, lay.moe, lay.gu, lay.down = i, None, None, None
+            sparse = moe_parts(dec.mlp)
             lay.ln1, lay.ln2 = norm(dec.input_layernorm), norm(dec.post_attention_layernorm)
             lay.eps = float(dec.input_layernorm.eps)
             given = weights.layers[i] if weights is not None else None
@@ -81,7 +97,12 @@ class HybridDecoder:
                 lay.delta = DeltaNetParams.of(m) if given is None else given["delta"]
                 lay.q_norm = lay.k_norm = None
                 lay.qk_eps = lay.scaling = 0.0
-                if given is None:
+                if given is None and hasattr(m, "in_proj_qkvz"):  # Qwen3-Next: rows grouped by key head
+                    parts = [m.in_proj_qkvz, m.in_proj_ba]
+                    lay.proj = _TorchLinear(_ungrouped(m), None)
+                    lay.out = _TorchLinear(m.out_proj.weight, None)
+                    owners.append((lay, {"proj": parts, "out": [m.out_proj]}))
+                elif given is None:
                     parts = [m.in_proj_qkv, m.in_proj_z, m.in_proj_b, m.in_proj_a]
                     lay.proj = _TorchLinear(_cat([p.weight for p in parts]), None)
                     lay.out = _TorchLinear(m.out_proj.weight, None)
@@ -99,13 +120,22 @@ class HybridDecoder:
                     lay.out = _TorchLinear(attn.o_proj.weight, None)
                     owners.append((lay, {"proj": [attn.q_proj, attn.k_proj, attn.v_proj], "out": [attn.o_proj]}))
             if given is not None:
-                lay.proj, lay.out, lay.gu, lay.down = given["proj"], given["out"], given["gu"], given["down"]
+                lay.proj, lay.out = given["proj"], given["out"]
+                if sparse is not None:
+                    lay.moe = given_experts(given, sparse, self.ops.silu_mul)
+                else:
+                    lay.gu, lay.down = given["gu"], given["down"]
+            elif sparse is not None:
+                lay.moe = _experts(sparse, self.ops.silu_mul)
+                sparse_owners.append((lay.moe, sparse))
             else:
                 mlp = dec.mlp
                 lay.gu = _TorchLinear(_cat([mlp.gate_proj.weight, mlp.up_proj.weight]), None)
                 lay.down = _TorchLinear(mlp.down_proj.weight, None)
                 owners[-1][1].update(gu=[mlp.gate_proj, mlp.up_proj], down=[mlp.down_proj])
             self.layers.append(lay)
+        for moe, sp in sparse_owners if pack else ():
+            _pack_experts(moe, sp, compact)
         for lay, parts in owners:  # the fused copies replace the modules' matrices
             for name, mods in parts.items():
                 lin = getattr(lay, name)
@@ -118,7 +148,7 @@ class HybridDecoder:
     @classmethod
     def build(cls, model: Any, pack: bool = False, ops: Any = None, compact: bool = True,
               native_decode: bool = True, weights: Any = None) -> "HybridDecoder | None":
-        """A fused decoder for a Qwen3.5 (dense, float32) ``model``, or None."""
+        """A fused decoder for a Qwen3.5 (dense or MoE) or Qwen3-Next ``model`` in float32, or None."""
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         if getattr(cfg, "model_type", None) not in _TYPES or getattr(cfg, "hidden_act", None) != "silu":
             return None
@@ -126,7 +156,9 @@ class HybridDecoder:
             base = model.get_decoder()
             ok = base.norm.weight.dtype == torch.float32 or weights is not None
             for dec in base.layers:
-                ok = ok and {n for n, _ in dec.mlp.named_children()} == _MLP_PARTS
+                sparse = moe_parts(dec.mlp)
+                ok = ok and ({n for n, _ in dec.mlp.named_children()} == _MLP_PARTS
+                             or (sparse is not None and sparse.clamp is None and sparse.softmax_first))
                 if hasattr(dec, "linear_attn"):
                     ok = ok and getattr(dec.linear_attn, "activation", "silu") == "silu"
             if not ok:
@@ -137,7 +169,10 @@ class HybridDecoder:
             return None
 
     def linears(self) -> list[Linear]:
-        return [lin for lay in self.layers for lin in (lay.proj, lay.out, lay.gu, lay.down)]
+        out: list[Linear] = []
+        for lay in self.layers:
+            out += [lay.proj, lay.out, *((lay.gu, lay.down) if lay.moe is None else lay.moe.linears())]
+        return out
 
     def tabulate_rope(self, max_len: int, dtype: torch.dtype) -> bool:
         return False  # decode steps stay eager (the recurrent layers gather their slots per step)
@@ -184,5 +219,5 @@ class HybridDecoder:
             x = ops.add_rms_norm(h, delta, lay.ln1, lay.eps)
             mixed = self._delta(lay, x, meta) if lay.delta is not None else self._attend(lay, x, cos, sin, cache, meta)
             x = ops.add_rms_norm(h, mixed, lay.ln2, lay.eps)
-            delta = lay.down(ops.silu_mul(lay.gu(x)))
+            delta = lay.moe(x) if lay.moe is not None else lay.down(ops.silu_mul(lay.gu(x)))
         return ops.add_rms_norm(h, delta, self.norm_w, self.norm_eps)

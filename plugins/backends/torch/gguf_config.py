@@ -112,31 +112,40 @@ def _gpt_oss_config(config: Any, fields: dict[str, Any]) -> None:
 
 
 def qwen35_config(header: Any) -> Any:
-    """The config of a ``qwen35`` file (Qwen3.5's text model), which transformers' GGUF reading
-    does not know, from its header as llama.cpp reads it: which layers are Gated DeltaNet ones
-    (those with ``ssm_a``), their head counts and sizes (``ssm.group_count`` key heads and
-    ``ssm.time_step_rank`` value heads of ``ssm.state_size`` and ``ssm.inner_size / value heads``),
-    the convolution's width, and the partial RoPE (``rope.dimension_count`` of each head)."""
+    """The config of a ``qwen35`` or ``qwen35moe`` file (Qwen3.5's text model, dense or MoE),
+    which transformers' GGUF reading does not know, from its header as llama.cpp reads it: which
+    layers are Gated DeltaNet ones (those with ``ssm_a``), their head counts and sizes
+    (``ssm.group_count`` key heads and ``ssm.time_step_rank`` value heads of ``ssm.state_size`` and
+    ``ssm.inner_size / value heads``), the convolution's width, the partial RoPE
+    (``rope.dimension_count`` of each head) and, for the MoE, the experts' count, size and top k
+    and the shared expert's size."""
     from transformers import AutoConfig
 
-    f, t = header.fields, header.tensors
+    f, t, arch = header.fields, header.tensors, header.architecture
 
     def need(key: str) -> Any:
-        if f.get(f"qwen35.{key}") is None:
-            raise ConfigError(f"GGUF file lacks qwen35.{key}; it is not a complete qwen35 model")
-        return f[f"qwen35.{key}"]
+        if f.get(f"{arch}.{key}") is None:
+            raise ConfigError(f"GGUF file lacks {arch}.{key}; it is not a complete {arch} model")
+        return f[f"{arch}.{key}"]
 
     layers, head_dim = int(need("block_count")), int(need("attention.key_length"))
     kinds = ["linear_attention" if f"blk.{i}.ssm_a" in t else "full_attention" for i in range(layers)]
     missing = [i for i, kind in enumerate(kinds) if kind == "full_attention" and f"blk.{i}.attn_q.weight" not in t]
     if missing:
         raise ConfigError(f"GGUF file's layer {missing[0]} has neither a Gated DeltaNet state (ssm_a) nor attention "
-                          "(attn_q): it is not a complete qwen35 model")
+                          f"(attn_q): it is not a complete {arch} model")
     value_heads = int(need("ssm.time_step_rank"))
+    if arch == "qwen35moe":
+        model_type, mlp = "qwen3_5_moe_text", dict(
+            num_experts=int(need("expert_count")), num_experts_per_tok=int(need("expert_used_count")),
+            moe_intermediate_size=int(need("expert_feed_forward_length")),
+            shared_expert_intermediate_size=int(need("expert_shared_feed_forward_length")))
+    else:
+        model_type, mlp = "qwen3_5_text", dict(intermediate_size=int(need("feed_forward_length")))
     config = AutoConfig.for_model(
-        "qwen3_5_text", vocab_size=int(t["token_embd.weight"].shape[-1]), hidden_size=int(need("embedding_length")),
-        num_hidden_layers=layers, intermediate_size=int(need("feed_forward_length")),
-        num_attention_heads=int(need("attention.head_count")), num_key_value_heads=int(need("attention.head_count_kv")),
+        model_type, vocab_size=int(t["token_embd.weight"].shape[-1]), hidden_size=int(need("embedding_length")),
+        num_hidden_layers=layers, num_attention_heads=int(need("attention.head_count")),
+        num_key_value_heads=int(need("attention.head_count_kv")),
         head_dim=head_dim, rms_norm_eps=float(need("attention.layer_norm_rms_epsilon")),
         max_position_embeddings=int(need("context_length")), layer_types=kinds,
         linear_conv_kernel_dim=int(need("ssm.conv_kernel")), linear_key_head_dim=int(need("ssm.state_size")),
@@ -146,12 +155,13 @@ def qwen35_config(header: Any) -> Any:
                          "partial_rotary_factor": int(need("rope.dimension_count")) / head_dim},
         tie_word_embeddings="output.weight" not in t,
         bos_token_id=f.get("tokenizer.ggml.bos_token_id"), eos_token_id=f.get("tokenizer.ggml.eos_token_id"),
-        pad_token_id=f.get("tokenizer.ggml.padding_token_id"))
-    config.architectures = ["Qwen3_5ForCausalLM"]
+        pad_token_id=f.get("tokenizer.ggml.padding_token_id"), **mlp)
+    config.architectures = ["Qwen3_5MoeForCausalLM" if arch == "qwen35moe" else "Qwen3_5ForCausalLM"]
     return config
 
 
 # GGUF architectures whose config llmserve writes from the header itself (transformers' GGUF
 # reading does not know them): architecture -> (the known architecture its tokenizer converts
 # under, the config maker).
-OWN_CONFIGS: dict[str, tuple[str, Callable[[Any], Any]]] = {"qwen35": ("qwen3", qwen35_config)}
+OWN_CONFIGS: dict[str, tuple[str, Callable[[Any], Any]]] = {"qwen35": ("qwen3", qwen35_config),
+                                                            "qwen35moe": ("qwen3", qwen35_config)}

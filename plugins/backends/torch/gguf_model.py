@@ -34,13 +34,16 @@ from llmserve import ConfigError
 from .gguf_config import config_from_header, rope_factors
 from .gguf_file import GGUFFile
 from .gguf_metadata import metadata_dir
+from .fused import _TorchLinear
 from .moe import moe_parts
 from .loader import (LoadedModel, _eos_ids, _resolve_source, load_error, load_tokenizer, resolve_device, resolve_dtype)
 
 log = logging.getLogger("llmserve.backend.torch")
 
 # GGUF architectures the fused decoder runs (llama.cpp files Mistral models as "llama").
-ARCHITECTURES = {"llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "gpt-oss", "qwen35"}
+ARCHITECTURES = {"llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "gpt-oss", "qwen35", "qwen35moe"}
+# GGUF architectures of hybrid decoders (``fused_hybrid.HybridDecoder``; ``_Mapper.hybrid_layer``).
+_HYBRID = {"qwen35", "qwen35moe"}
 # transformers' projection name -> the GGUF tensor name within block N.
 _PROJECTIONS = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output",
                 "gate": "ffn_gate", "up": "ffn_up", "down": "ffn_down"}
@@ -52,7 +55,7 @@ _POST_NORMS = {"input_layernorm": "attn_norm", "post_attention_layernorm": "post
 _SANDWICH_NORMS = {"input_layernorm": "attn_norm", "post_attention_layernorm": "post_attention_norm",
                    "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm"}
 # Architectures whose norms scale by (1 + weight): llama.cpp's converter stores the sum.
-_SHIFTED_NORMS = {"gemma3", "qwen35"}
+_SHIFTED_NORMS = {"gemma3", "qwen35", "qwen35moe"}
 
 
 @dataclass
@@ -299,39 +302,63 @@ class _Mapper:
 
     def experts(self, blk: str) -> dict[str, Any]:
         """A sparse layer's router and its experts' gate-and-up and down products (biased where
-        the file has biases: gpt-oss)."""
+        the file has biases: gpt-oss; gate and up as one tensor where the file merges them), and
+        the shared expert's products where the file has one (Qwen3.5-MoE)."""
         cfg, f = self.cfg, self.f
         gpt_oss = cfg.model_type == "gpt_oss"
         count = int(cfg.num_local_experts if gpt_oss else cfg.num_experts)
         inter = int(cfg.intermediate_size if gpt_oss else cfg.moe_intermediate_size)
         hidden = int(cfg.hidden_size)
-        gate, up = (f.experts(self.need(f"{blk}ffn_{p}_exps.weight"), count, inter, hidden) for p in ("gate", "up"))
-        down = f.experts(self.need(f"{blk}ffn_down_exps.weight"), count, hidden, inter)
         gate_b, up_b = (self.expert_biases(f"{blk}ffn_{p}_exps.bias", count, inter) for p in ("gate", "up"))
         down_b = self.expert_biases(f"{blk}ffn_down_exps.bias", count, hidden)
+        if (merged := f"{blk}ffn_gate_up_exps.weight") in f:  # each expert's gate rows, then its up rows
+            gate_up = [self.product([gu], None, merged) for gu in f.experts(merged, count, 2 * inter, hidden)]
+        else:
+            gate, up = (f.experts(self.need(f"{blk}ffn_{p}_exps.weight"), count, inter, hidden)
+                        for p in ("gate", "up"))
+            gate_up = [self.product([g, u], None if gb is None else torch.cat((gb, ub)), blk + "ffn_gate_exps")
+                       for g, u, gb, ub in zip(gate, up, gate_b, up_b)]
+        down = f.experts(self.need(f"{blk}ffn_down_exps.weight"), count, hidden, inter)
         router_b = f.vector(blk + "ffn_gate_inp.bias") if blk + "ffn_gate_inp.bias" in f else None
-        gate_up = [self.product([g, u], None if gb is None else torch.cat((gb, ub)), blk + "ffn_gate_exps")
-                   for g, u, gb, ub in zip(gate, up, gate_b, up_b)]
         out = {"router": self.linear([blk + "ffn_gate_inp.weight"], bias=router_b, shapes=[(count, hidden)]),
                "gate_up": gate_up,
                "down": [self.product([d], b, blk + "ffn_down_exps") for d, b in zip(down, down_b)]}
         progress.advance(2)  # with the router: the seven matrices a dense layer counts
+        if getattr(cfg, "shared_expert_intermediate_size", None):
+            out["shared"] = self.shared_expert(blk, int(cfg.shared_expert_intermediate_size), hidden)
         return out
 
+    def shared_expert(self, blk: str, inter: int, hidden: int) -> tuple[Any, Any, Any]:
+        """The shared expert's gate-and-up and down products and its gate (``ffn_gate_inp_shexp``:
+        one weight per hidden unit, kept in fp32)."""
+        gate = self.f.vector(self.need(f"{blk}ffn_gate_inp_shexp.weight"))
+        if gate.numel() != hidden:
+            raise ConfigError(f"GGUF tensor {blk}ffn_gate_inp_shexp.weight has {gate.numel()} values where a "
+                              f"{self.cfg.model_type} model of this configuration has {hidden} (the file is "
+                              "inconsistent)")
+        gate_up = self.linear([f"{blk}ffn_gate_shexp.weight", f"{blk}ffn_up_shexp.weight"],
+                              shapes=[(inter, hidden)] * 2)
+        down = self.linear([f"{blk}ffn_down_shexp.weight"], shapes=[(hidden, inter)])
+        return gate_up, down, _TorchLinear(gate.view(1, hidden), None)
+
     def hybrid_layer(self, i: int, dec: Any) -> dict[str, Any]:
-        """Layer ``i`` of a ``qwen35`` file (``fused_hybrid.HybridDecoder``'s parts): a Gated
+        """Layer ``i`` of a ``qwen35`` or ``qwen35moe`` file (``fused_hybrid.HybridDecoder``'s parts): a Gated
         DeltaNet layer's input projections in one product and its small tensors, or a gated
         attention layer's queries, keys, values and gates in one product (each head's query rows
-        and gate rows, interleaved in ``attn_q``, picked apart by row maps); then the MLP."""
+        and gate rows, interleaved in ``attn_q``, picked apart by row maps); then the MLP, or the
+        experts (``experts``)."""
         from .recurrent import DeltaNetParams
 
         f, cfg, blk = self.f, self.cfg, f"blk.{i}."
-        hidden, inter = int(cfg.hidden_size), int(cfg.intermediate_size)
+        hidden = int(cfg.hidden_size)
         self.fill(dec.input_layernorm, f"{blk}attn_norm.weight")
         self.fill(dec.post_attention_layernorm, f"{blk}post_attention_norm.weight")
-        out: dict[str, Any] = {"gu": self.linear([f"{blk}ffn_gate.weight", f"{blk}ffn_up.weight"],
-                                                 shapes=[(inter, hidden)] * 2),
-                               "down": self.linear([f"{blk}ffn_down.weight"], shapes=[(hidden, inter)])}
+        if moe_parts(dec.mlp) is not None:
+            out: dict[str, Any] = self.experts(blk)
+        else:
+            inter = int(cfg.intermediate_size)
+            out = {"gu": self.linear([f"{blk}ffn_gate.weight", f"{blk}ffn_up.weight"], shapes=[(inter, hidden)] * 2),
+                   "down": self.linear([f"{blk}ffn_down.weight"], shapes=[(hidden, inter)])}
         if hasattr(dec, "linear_attn"):
             m = dec.linear_attn
             hk, hv, dk, dv, kernel = m.num_k_heads, m.num_v_heads, m.head_k_dim, m.head_v_dim, m.conv_kernel_size
@@ -339,8 +366,9 @@ class _Mapper:
             sizes = {"ssm_conv1d.weight": channels * kernel, "ssm_a": hv, "ssm_dt.bias": hv, "ssm_norm.weight": dv}
             small = {n: f.vector(self.need(blk + n)) for n in sizes}
             if wrong := [n for n, size in sizes.items() if small[n].numel() != size]:
-                raise ConfigError(f"GGUF tensor {blk}{wrong[0]} has {small[wrong[0]].numel()} values where a qwen35 "
-                                  f"model of this configuration has {sizes[wrong[0]]} (the file is inconsistent)")
+                raise ConfigError(f"GGUF tensor {blk}{wrong[0]} has {small[wrong[0]].numel()} values where a "
+                                  f"{f.architecture} model of this configuration has {sizes[wrong[0]]} (the file is "
+                                  "inconsistent)")
             conv = small["ssm_conv1d.weight"]
             out["delta"] = DeltaNetParams(layer=i, conv=conv.view(channels, kernel), neg_a=small["ssm_a"],
                                           dt_bias=small["ssm_dt.bias"], norm=small["ssm_norm.weight"],
@@ -364,8 +392,8 @@ class _Mapper:
         k, v = (f.quant(self.need(f"{blk}attn_{p}.weight")) for p in ("k", "v"))
         for name, t, want in ((f"{blk}attn_k.weight", k, kvh * D), (f"{blk}attn_v.weight", v, kvh * D)):
             if tuple(t.shape) != (want, hidden):
-                raise ConfigError(f"GGUF tensor {name} is {t.shape[0]} x {t.shape[1]}; a qwen35 model of this "
-                                  f"configuration has {want} x {hidden} (the file is inconsistent)")
+                raise ConfigError(f"GGUF tensor {name} is {t.shape[0]} x {t.shape[1]}; a {f.architecture} model of "
+                                  f"this configuration has {want} x {hidden} (the file is inconsistent)")
         out["proj"] = self.product([q, k, v, gate], None, q_name)
         progress.advance(3)
         out["out"] = self.linear([f"{blk}attn_output.weight"], shapes=[(hidden, H * D)])
@@ -429,7 +457,7 @@ def _map_weights(model: Any, cfg: Any, f: _File, permuted: bool, bf16: bool = Fa
     mapper = _Mapper(f, cfg, bf16, activations)
     n_layers = int(cfg.num_hidden_layers)
     with progress.phase("mapping GGUF weights", 7 * n_layers + 1, "matrices"):
-        layers = [mapper.hybrid_layer(i, dec) if f.architecture == "qwen35" else mapper.layer(i, dec, permuted)
+        layers = [mapper.hybrid_layer(i, dec) if f.architecture in _HYBRID else mapper.layer(i, dec, permuted)
                   for i, dec in enumerate(base.layers)]
         if len(layers) != n_layers:
             raise ConfigError(f"GGUF file has {len(layers)} layers, its metadata says {n_layers}")

@@ -1,10 +1,11 @@
-"""The mixture-of-experts feed-forward of the fused forward (Qwen3-MoE, Mixtral, gpt-oss): a
-router picks each row's top-k experts as the model defines it (softmax in fp32 over every
+"""The mixture-of-experts feed-forward of the fused forward (Qwen3-MoE, Mixtral, gpt-oss,
+Qwen3.5-MoE): a router picks each row's top-k experts as the model defines it (softmax in fp32 over every
 expert, the top k, renormalised to sum to one where the model says so; or gpt-oss's top k of
 the logits, then a softmax over those k), the step's rows are grouped by expert with one sort,
 and each expert that any row picked runs one gate-and-up and one down product over its rows
 only; the results are scaled by the routing weights and summed into the rows in ascending
-expert order, as transformers' loop sums them.
+expert order, as transformers' loop sums them. Qwen3.5-MoE and Qwen3-Next add a shared expert
+every row runs, scaled by a sigmoid gate of its own (``SharedExpert``).
 
 The experts' weights are whatever linears the caller gives: the model's own 3-D tensors sliced
 per expert (views, or packed for the native kernel), or a GGUF file's blocks per expert, which
@@ -21,20 +22,36 @@ import torch
 Linear = Callable[[torch.Tensor], torch.Tensor]
 
 
+class SharedExpert:
+    """The expert every row runs beside the routed ones: ``sigmoid(gate(x)) * down(act(gate_up(x)))``
+    (``gate``: hidden -> one logit a row)."""
+
+    __slots__ = ("gate_up", "down", "gate", "act")
+
+    def __init__(self, gate_up: Linear, down: Linear, gate: Linear, act: Callable[[torch.Tensor], torch.Tensor]):
+        self.gate_up, self.down, self.gate, self.act = gate_up, down, gate, act
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(self.act(self.gate_up(x))).mul_(torch.sigmoid(self.gate(x)))
+
+
 class MoEFeedForward:
-    """``x [T, hidden] -> [T, hidden]``: the routed experts' outputs, weighted and summed."""
+    """``x [T, hidden] -> [T, hidden]``: the routed experts' outputs, weighted and summed (plus
+    the shared expert's, where the model has one)."""
 
     def __init__(self, router: Linear, gate_up: list[Linear], down: list[Linear], top_k: int, normalize: bool,
-                 act: Callable[[torch.Tensor], torch.Tensor], softmax_first: bool = True) -> None:
+                 act: Callable[[torch.Tensor], torch.Tensor], softmax_first: bool = True,
+                 shared: SharedExpert | None = None) -> None:
         """``router``: hidden -> one logit per expert; ``gate_up[e]``: hidden -> [gate | up] of
         expert e; ``down[e]``: its intermediate -> hidden; ``act``: the gated activation of a
         ``[T, 2 * I]`` gate-and-up tensor (``silu_mul``); ``softmax_first``: softmax over every
         expert, then the top k (renormalised when ``normalize``), else the top k logits and a
-        softmax over them (gpt-oss)."""
+        softmax over them (gpt-oss); ``shared``: the shared expert, added to every row."""
         if len(gate_up) != len(down) or not 0 < top_k <= len(gate_up):
             raise ValueError(f"{len(gate_up)} experts' gate-and-up, {len(down)} down projections and top {top_k}")
         self.router, self.gate_up, self.down = router, gate_up, down
         self.top_k, self.normalize, self.act, self.softmax_first = top_k, normalize, act, softmax_first
+        self.shared = shared
         self.num_experts = len(gate_up)
         # How many rows each expert has served since load (the router's choices; tests and the
         # memory check read it).
@@ -68,7 +85,13 @@ class MoEFeedForward:
             start += n
             y = self.down[e](self.act(self.gate_up[e](x.index_select(0, r).contiguous())))
             out.index_add_(0, r, y.mul_(weights[r, s].unsqueeze(1)))
-        return out
+        return out if self.shared is None else out.add_(self.shared(x))
+
+    def linears(self) -> list[Linear]:
+        """Every product: the router, each expert's two, the shared expert's three."""
+        shared = self.shared
+        return [self.router, *self.gate_up, *self.down,
+                *((shared.gate_up, shared.down, shared.gate) if shared is not None else ())]
 
 
 def clamped_swiglu(gu: torch.Tensor, alpha: float, limit: float, interleaved: bool) -> torch.Tensor:
@@ -95,6 +118,8 @@ class SparseParts:
     transposed: bool            # matrices stored input-major: gate_up ``[E, hidden, 2I]``, down ``[E, I, hidden]``
     biases: bool                # router and experts carry biases
     clamp: tuple[float, float] | None  # gpt-oss's clamped SwiGLU (alpha, limit), its gate and up interleaved
+    shared: Any = None          # the shared expert (``gate_proj``, ``up_proj``, ``down_proj``), where there is one
+    shared_gate: Any = None     # its gate: a bias-free linear, hidden -> 1
 
     def gate_up_weight(self, e: int) -> torch.Tensor:
         """Expert ``e``'s gate-and-up matrix as ``[2I, hidden]`` (a view)."""
@@ -117,16 +142,16 @@ def _is_3d(t: Any) -> bool:
 def moe_parts(mlp: Any) -> SparseParts | None:
     """The parts of a transformers sparse-MoE block whose experts are 3-D tensors and whose
     router is one of the two known kinds: a bias-free linear with a softmax over every expert
-    then the top k (Qwen3-MoE, Mixtral, OLMoE: ``gate`` + ``experts``, gate and up as halves),
-    or gpt-oss's biased linear with the top k then a softmax (``router`` + ``experts``, biased
-    experts stored input-major, gate and up interleaved, a clamped SwiGLU); None for any other
-    feed-forward."""
+    then the top k (Qwen3-MoE, Mixtral, OLMoE: ``gate`` + ``experts``, gate and up as halves;
+    Qwen3.5-MoE and Qwen3-Next add ``shared_expert`` and its ``shared_expert_gate``), or gpt-oss's
+    biased linear with the top k then a softmax (``router`` + ``experts``, biased experts stored
+    input-major, gate and up interleaved, a clamped SwiGLU); None for any other feed-forward."""
     children = {n for n, _ in mlp.named_children()}
     experts = getattr(mlp, "experts", None)
     if experts is None or not (_is_3d(getattr(experts, "gate_up_proj", None))
                                and _is_3d(getattr(experts, "down_proj", None))):
         return None
-    if children == {"gate", "experts"}:
+    if children in ({"gate", "experts"}, _SHARED_CHILDREN):
         router = mlp.gate
         if not (hasattr(router, "weight") and hasattr(router, "top_k") and getattr(router, "bias", None) is None):
             return None
@@ -134,7 +159,11 @@ def moe_parts(mlp: Any) -> SparseParts | None:
             return None
         if getattr(experts, "is_transposed", False) or not getattr(experts, "is_concatenated", True):
             return None
-        return SparseParts(router, experts, int(router.top_k), True, normalizes(router), False, False, None)
+        shared = _shared(mlp) if children == _SHARED_CHILDREN else None
+        if children == _SHARED_CHILDREN and shared is None:
+            return None
+        return SparseParts(router, experts, int(router.top_k), True, normalizes(router), False, False, None,
+                           *(shared or (None, None)))
     if children == {"router", "experts"} and type(experts).__name__ == "GptOssExperts":
         router = mlp.router
         if not (type(router).__name__ == "GptOssTopKRouter" and getattr(router, "bias", None) is not None
@@ -145,6 +174,21 @@ def moe_parts(mlp: Any) -> SparseParts | None:
         return SparseParts(router, experts, int(router.top_k), False, False, True, True,
                            (float(experts.alpha), float(experts.limit)))
     return None
+
+
+_SHARED_CHILDREN = {"gate", "experts", "shared_expert", "shared_expert_gate"}
+
+
+def _shared(mlp: Any) -> tuple[Any, Any] | None:
+    """The shared expert and its gate: a gated MLP of bias-free linears, and a bias-free linear
+    to one logit; None for anything else."""
+    expert, gate = mlp.shared_expert, mlp.shared_expert_gate
+    parts = [getattr(expert, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
+    if {n for n, _ in expert.named_children()} != {"gate_proj", "up_proj", "down_proj", "act_fn"}:
+        return None
+    if not all(isinstance(p, torch.nn.Linear) and p.bias is None for p in [*parts, gate]):
+        return None
+    return (expert, gate) if tuple(gate.weight.shape)[0] == 1 else None
 
 
 def normalizes(router: Any) -> bool:
