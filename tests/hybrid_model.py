@@ -129,16 +129,35 @@ def _quantized(name: str, value: np.ndarray) -> bool:
     return value.ndim >= 2 and "conv1d" not in name and not name.endswith("ffn_gate_inp.weight")
 
 
+def _next_delta(sd: dict, la: str, blk: str, hk: int, dk: int, r: int, dv: int) -> dict[str, np.ndarray]:
+    """A Qwen3-Next Gated DeltaNet layer as llama.cpp's converter writes it: the key-head groups of
+    ``in_proj_qkvz`` split into every query, key and value (``attn_qkv``) and every gate
+    (``attn_gate``), value heads left grouped; ``in_proj_ba`` as it is (``ssm_ba``)."""
+    qkvz = sd[la + "in_proj_qkvz.weight"]
+    q, k, v, z = np.split(qkvz.reshape(hk, 2 * dk + 2 * r * dv, -1), [dk, 2 * dk, 2 * dk + r * dv], axis=1)
+    hidden = qkvz.shape[-1]
+    return {blk + "attn_qkv.weight": np.concatenate([x.reshape(-1, hidden) for x in (q, k, v)]),
+            blk + "attn_gate.weight": z.reshape(-1, hidden), blk + "ssm_ba.weight": sd[la + "in_proj_ba.weight"],
+            blk + "ssm_a": -np.exp(sd[la + "A_log"]), blk + "ssm_dt.bias": sd[la + "dt_bias"],
+            blk + "ssm_conv1d.weight": sd[la + "conv1d.weight"][:, 0, :],
+            blk + "ssm_norm.weight": sd[la + "norm.weight"], blk + "ssm_out.weight": sd[la + "out_proj.weight"]}
+
+
+# The GGUF architectures write_hybrid_gguf writes -> transformers' model type.
+GGUF_KINDS = {"qwen35": "qwen3_5_text", "qwen35moe": "qwen3_5_moe_text", "qwen3next": "qwen3_next"}
+
+
 def write_hybrid_gguf(path: str, qtype: str = "F32", seed: int = 0,
-                      replace: dict[str, np.ndarray | None] | None = None, moe: bool = False,
+                      replace: dict[str, np.ndarray | None] | None = None, kind: str = "qwen35",
                       merged: bool = False) -> torch.nn.Module:
     """A tiny Qwen3.5 text model (vocabulary and tokenizer of the embedded SmolLM2) saved as a
     ``qwen35`` GGUF file the way llama.cpp's converter writes one: ``A_log`` as ``-exp(A_log)``
     (``ssm_a``), ``dt_bias`` as ``ssm_dt.bias``, the convolution squeezed to ``[channels, K]``,
     every RMSNorm but the gated one stored as ``1 + weight``, the value heads in tiled order, each
     attention head's query and gate rows interleaved in ``attn_q``; matrices in ``qtype``.
-    ``moe``: Qwen3.5-MoE instead (``qwen35moe``: experts and a shared expert, ``MOE``'s sizes;
-    ``merged``: each expert's gate and up in one tensor). ``replace``: tensors written with these
+    ``kind``: ``qwen35moe`` for Qwen3.5-MoE (experts and a shared expert, ``MOE``'s sizes;
+    ``merged``: each expert's gate and up in one tensor), ``qwen3next`` for Qwen3-Next (as the
+    MoE, its value heads grouped, F32 only). ``replace``: tensors written with these
     values instead (None: left out). Returns the model (transformers, float32, eval mode) the file
     was made from, holding its matrices as the file decodes them (a quantized ``qtype`` rounds
     them)."""
@@ -147,9 +166,10 @@ def write_hybrid_gguf(path: str, qtype: str = "F32", seed: int = 0,
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(seed)
+    moe, arch = kind != "qwen35", kind
+    assert qtype == "F32" or kind != "qwen3next", "quantized qwen3next files are not written here"
     text = dict(TEXT, vocab_size=49152, bos_token_id=None, eos_token_id=None, pad_token_id=None, **(MOE if moe else {}))
-    arch = "qwen35moe" if moe else "qwen35"
-    cfg = AutoConfig.for_model("qwen3_5_moe_text" if moe else "qwen3_5_text", **text)
+    cfg = AutoConfig.for_model(GGUF_KINDS[kind], **text)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
     _stir(model)
     with torch.inference_mode():
@@ -162,12 +182,12 @@ def write_hybrid_gguf(path: str, qtype: str = "F32", seed: int = 0,
     r = hv // hk
     tensors = {"token_embd.weight": sd["model.embed_tokens.weight"], "output.weight": sd["lm_head.weight"],
                "output_norm.weight": sd["model.norm.weight"] + 1}
-    for i, kind in enumerate(cfg.layer_types):
+    for i, layer_type in enumerate(cfg.layer_types):
         pre, blk = f"model.layers.{i}.", f"blk.{i}."
         tensors |= {blk + "attn_norm.weight": sd[pre + "input_layernorm.weight"] + 1,
                     blk + "post_attention_norm.weight": sd[pre + "post_attention_layernorm.weight"] + 1,
                     **_mlp_tensors(sd, pre, blk, merged)}
-        if kind == "full_attention":
+        if layer_type == "full_attention":
             a = pre + "self_attn."
             tensors |= {blk + "attn_q.weight": sd[a + "q_proj.weight"], blk + "attn_k.weight": sd[a + "k_proj.weight"],
                         blk + "attn_v.weight": sd[a + "v_proj.weight"],
@@ -176,6 +196,9 @@ def write_hybrid_gguf(path: str, qtype: str = "F32", seed: int = 0,
                         blk + "attn_k_norm.weight": sd[a + "k_norm.weight"] + 1}
             continue
         la = pre + "linear_attn."
+        if kind == "qwen3next":
+            tensors |= _next_delta(sd, la, blk, hk, dk, r, dv)
+            continue
         qkv, conv = sd[la + "in_proj_qkv.weight"], sd[la + "conv1d.weight"][:, 0, :]
         qk = 2 * hk * dk
         tensors |= {

@@ -1,6 +1,7 @@
-"""Qwen3.5 GGUF files (``qwen35`` and ``qwen35moe``, as llama.cpp's converter writes them: value
-heads in tiled order, query and gate rows interleaved, ``1 + weight`` norms, ``-exp(A_log)``;
-the MoE's experts as 3-D tensors, gate and up apart or merged, and a shared expert) served in
+"""Qwen3.5 and Qwen3-Next GGUF files (``qwen35``, ``qwen35moe`` and ``qwen3next``, as llama.cpp's
+converter writes them: value heads in tiled order (Qwen3-Next's grouped, its ``b`` and ``a`` in one
+tensor), query and gate rows interleaved, ``1 + weight`` norms, ``-exp(A_log)``; the MoE's experts
+as 3-D tensors, gate and up apart or merged, and a shared expert) served in
 their own quantization on the fused hybrid forward: an F32 file, and a Q8_0 one, answer as
 transformers does on the weights they decode to, and a file with a missing or mis-shaped state
 or expert tensor is refused at load with a line naming it."""
@@ -44,10 +45,10 @@ def logits(backend: TorchBackend, ids: list[int], cuts: tuple[int, ...] = ()) ->
                       for a, b in zip(edges, edges[1:])])
 
 
-@pytest.fixture(scope="module", params=["qwen35", "qwen35moe"])
+@pytest.fixture(scope="module", params=sorted(hybrid_model.GGUF_KINDS))
 def f32_file(request, tmp_path_factory):
     path = str(tmp_path_factory.mktemp(request.param) / f"tiny-{request.param}-F32.gguf")
-    return path, hybrid_model.write_hybrid_gguf(path, "F32", moe=request.param == "qwen35moe")
+    return path, hybrid_model.write_hybrid_gguf(path, "F32", kind=request.param)
 
 
 def test_an_f32_file_answers_as_transformers(f32_file, tmp_path) -> None:
@@ -76,12 +77,18 @@ def test_an_f32_file_answers_as_transformers(f32_file, tmp_path) -> None:
         assert tokens == want
     finally:
         backend.close()
+    # Off the native path, transformers would convert the file, which it cannot: one line says so.
+    arch = os.path.basename(path).split("-")[1]
+    off = TorchBackend(ServerConfig(model=path, device="cpu", dtype="float32", cache_dir=str(tmp_path / "cache")),
+                       TorchOptions.from_environ(gguf_native=False))
+    with pytest.raises(ConfigError, match=rf"is a {arch} GGUF, which transformers' GGUF conversion cannot read"):
+        off.load()
 
 
-@pytest.mark.parametrize("moe", [False, True], ids=["qwen35", "qwen35moe-merged-experts"])
-def test_a_q8_file_answers_as_transformers_on_its_decoded_weights(tmp_path, moe) -> None:
+@pytest.mark.parametrize("kind", ["qwen35", "qwen35moe"], ids=["qwen35", "qwen35moe-merged-experts"])
+def test_a_q8_file_answers_as_transformers_on_its_decoded_weights(tmp_path, kind) -> None:
     path = str(tmp_path / "tiny-qwen35-Q8_0.gguf")
-    reference = hybrid_model.write_hybrid_gguf(path, "Q8_0", moe=moe, merged=moe)
+    reference = hybrid_model.write_hybrid_gguf(path, "Q8_0", kind=kind, merged=kind == "qwen35moe")
     backend = serve(path, tmp_path)
     try:
         assert "weights=gguf:f32,q8_0" in backend.plan() or "weights=gguf:q8_0" in backend.plan()
@@ -93,17 +100,20 @@ def test_a_q8_file_answers_as_transformers_on_its_decoded_weights(tmp_path, moe)
         backend.close()
 
 
-@pytest.mark.parametrize("broken,value,says,moe", [
-    ("blk.0.ssm_a", None, "qwen35 model", False),                         # a Gated DeltaNet layer loses its state
-    ("blk.1.ssm_conv1d.weight", np.zeros((7, 4), np.float32), "blk.1.ssm_conv1d.weight has 28 values", False),
-    ("blk.2.ssm_dt.bias", np.zeros(3, np.float32), "blk.2.ssm_dt.bias has 3 values", False),
-    ("blk.2.ssm_norm.weight", None, "lacks tensor blk.2.ssm_norm.weight", False),
-    ("blk.1.ssm_a", np.zeros(3, np.float32), "blk.1.ssm_a has 3 values where a qwen35moe", True),
-    ("blk.3.ffn_gate_inp_shexp.weight", None, "lacks tensor blk.3.ffn_gate_inp_shexp.weight", True),
-    ("blk.0.ffn_down_exps.weight", np.zeros((3, 64, 32), np.float32), "blk.0.ffn_down_exps.weight has shape", True),
+@pytest.mark.parametrize("broken,value,says,kind", [
+    ("blk.0.ssm_a", None, "qwen35 model", "qwen35"),                      # a Gated DeltaNet layer loses its state
+    ("blk.1.ssm_conv1d.weight", np.zeros((7, 4), np.float32), "blk.1.ssm_conv1d.weight has 28 values", "qwen35"),
+    ("blk.2.ssm_dt.bias", np.zeros(3, np.float32), "blk.2.ssm_dt.bias has 3 values", "qwen35"),
+    ("blk.2.ssm_norm.weight", None, "lacks tensor blk.2.ssm_norm.weight", "qwen35"),
+    ("blk.1.ssm_a", np.zeros(3, np.float32), "blk.1.ssm_a has 3 values where a qwen35moe", "qwen35moe"),
+    ("blk.3.ffn_gate_inp_shexp.weight", None, "lacks tensor blk.3.ffn_gate_inp_shexp.weight", "qwen35moe"),
+    ("blk.0.ffn_down_exps.weight", np.zeros((3, 64, 32), np.float32), "blk.0.ffn_down_exps.weight has shape",
+     "qwen35moe"),
+    ("blk.2.ssm_ba.weight", np.zeros((6, 64), np.float32), "blk.2.ssm_ba.weight is not 8 x 64", "qwen3next"),
+    ("blk.0.ssm_dt.bias", None, "lacks tensor blk.0.ssm_dt.bias", "qwen3next"),
 ])
-def test_a_file_with_a_missing_or_misshaped_state_tensor_is_refused(tmp_path, broken, value, says, moe) -> None:
+def test_a_file_with_a_missing_or_misshaped_state_tensor_is_refused(tmp_path, broken, value, says, kind) -> None:
     path = str(tmp_path / "broken-qwen35.gguf")
-    hybrid_model.write_hybrid_gguf(path, "F32", replace={broken: value}, moe=moe)
+    hybrid_model.write_hybrid_gguf(path, "F32", replace={broken: value}, kind=kind)
     with pytest.raises(ConfigError, match=says):
         serve(path, tmp_path)

@@ -111,14 +111,15 @@ def _gpt_oss_config(config: Any, fields: dict[str, Any]) -> None:
     config.rope_parameters = rope
 
 
-def qwen35_config(header: Any) -> Any:
-    """The config of a ``qwen35`` or ``qwen35moe`` file (Qwen3.5's text model, dense or MoE),
-    which transformers' GGUF reading does not know, from its header as llama.cpp reads it: which
-    layers are Gated DeltaNet ones (those with ``ssm_a``), their head counts and sizes
-    (``ssm.group_count`` key heads and ``ssm.time_step_rank`` value heads of ``ssm.state_size`` and
-    ``ssm.inner_size / value heads``), the convolution's width, the partial RoPE
-    (``rope.dimension_count`` of each head) and, for the MoE, the experts' count, size and top k
-    and the shared expert's size."""
+def hybrid_config(header: Any) -> Any:
+    """The config of a ``qwen35``, ``qwen35moe`` or ``qwen3next`` file (Qwen3.5's text model,
+    dense or MoE, and Qwen3-Next), which transformers' GGUF reading does not know, from its
+    header as llama.cpp reads it: which layers are Gated DeltaNet ones (those with ``ssm_a``),
+    their head counts and sizes (``ssm.group_count`` key heads and ``ssm.time_step_rank`` value
+    heads of ``ssm.state_size`` and ``ssm.inner_size / value heads``), the convolution's width, the
+    partial RoPE (``rope.dimension_count`` of each head) and, for the MoE models, the experts'
+    count, size and top k and the shared expert's size (a Qwen3-Next layer without a router is a
+    dense one)."""
     from transformers import AutoConfig
 
     f, t, arch = header.fields, header.tensors, header.architecture
@@ -135,13 +136,17 @@ def qwen35_config(header: Any) -> Any:
         raise ConfigError(f"GGUF file's layer {missing[0]} has neither a Gated DeltaNet state (ssm_a) nor attention "
                           f"(attn_q): it is not a complete {arch} model")
     value_heads = int(need("ssm.time_step_rank"))
-    if arch == "qwen35moe":
-        model_type, mlp = "qwen3_5_moe_text", dict(
-            num_experts=int(need("expert_count")), num_experts_per_tok=int(need("expert_used_count")),
-            moe_intermediate_size=int(need("expert_feed_forward_length")),
-            shared_expert_intermediate_size=int(need("expert_shared_feed_forward_length")))
-    else:
-        model_type, mlp = "qwen3_5_text", dict(intermediate_size=int(need("feed_forward_length")))
+    mlp: dict[str, Any] = {}
+    if arch in ("qwen35moe", "qwen3next"):
+        mlp = dict(num_experts=int(need("expert_count")), num_experts_per_tok=int(need("expert_used_count")),
+                   moe_intermediate_size=int(need("expert_feed_forward_length")),
+                   shared_expert_intermediate_size=int(need("expert_shared_feed_forward_length")))
+    if arch == "qwen3next":
+        dense = [i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" not in t]
+        mlp.update(decoder_sparse_step=1, mlp_only_layers=dense, norm_topk_prob=True)
+    if arch == "qwen35" or (arch == "qwen3next" and mlp["mlp_only_layers"]):
+        mlp["intermediate_size"] = int(need("feed_forward_length"))
+    model_type = {"qwen35": "qwen3_5_text", "qwen35moe": "qwen3_5_moe_text", "qwen3next": "qwen3_next"}[arch]
     config = AutoConfig.for_model(
         model_type, vocab_size=int(t["token_embd.weight"].shape[-1]), hidden_size=int(need("embedding_length")),
         num_hidden_layers=layers, num_attention_heads=int(need("attention.head_count")),
@@ -156,12 +161,13 @@ def qwen35_config(header: Any) -> Any:
         tie_word_embeddings="output.weight" not in t,
         bos_token_id=f.get("tokenizer.ggml.bos_token_id"), eos_token_id=f.get("tokenizer.ggml.eos_token_id"),
         pad_token_id=f.get("tokenizer.ggml.padding_token_id"), **mlp)
-    config.architectures = ["Qwen3_5MoeForCausalLM" if arch == "qwen35moe" else "Qwen3_5ForCausalLM"]
+    config.architectures = [{"qwen35": "Qwen3_5ForCausalLM", "qwen35moe": "Qwen3_5MoeForCausalLM",
+                             "qwen3next": "Qwen3NextForCausalLM"}[arch]]
     return config
 
 
 # GGUF architectures whose config llmserve writes from the header itself (transformers' GGUF
 # reading does not know them): architecture -> (the known architecture its tokenizer converts
 # under, the config maker).
-OWN_CONFIGS: dict[str, tuple[str, Callable[[Any], Any]]] = {"qwen35": ("qwen3", qwen35_config),
-                                                            "qwen35moe": ("qwen3", qwen35_config)}
+OWN_CONFIGS: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    arch: ("qwen3", hybrid_config) for arch in ("qwen35", "qwen35moe", "qwen3next")}

@@ -41,9 +41,9 @@ from .loader import (LoadedModel, _eos_ids, _resolve_source, load_error, load_to
 log = logging.getLogger("llmserve.backend.torch")
 
 # GGUF architectures the fused decoder runs (llama.cpp files Mistral models as "llama").
-ARCHITECTURES = {"llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "gpt-oss", "qwen35", "qwen35moe"}
+ARCHITECTURES = {"llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "gpt-oss", "qwen35", "qwen35moe", "qwen3next"}
 # GGUF architectures of hybrid decoders (``fused_hybrid.HybridDecoder``; ``_Mapper.hybrid_layer``).
-_HYBRID = {"qwen35", "qwen35moe"}
+_HYBRID = {"qwen35", "qwen35moe", "qwen3next"}
 # transformers' projection name -> the GGUF tensor name within block N.
 _PROJECTIONS = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output",
                 "gate": "ffn_gate", "up": "ffn_up", "down": "ffn_down"}
@@ -55,7 +55,7 @@ _POST_NORMS = {"input_layernorm": "attn_norm", "post_attention_layernorm": "post
 _SANDWICH_NORMS = {"input_layernorm": "attn_norm", "post_attention_layernorm": "post_attention_norm",
                    "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm"}
 # Architectures whose norms scale by (1 + weight): llama.cpp's converter stores the sum.
-_SHIFTED_NORMS = {"gemma3", "qwen35", "qwen35moe"}
+_SHIFTED_NORMS = {"gemma3", "qwen35", "qwen35moe", "qwen3next"}
 
 
 @dataclass
@@ -342,8 +342,8 @@ class _Mapper:
         return gate_up, down, _TorchLinear(gate.view(1, hidden), None)
 
     def hybrid_layer(self, i: int, dec: Any) -> dict[str, Any]:
-        """Layer ``i`` of a ``qwen35`` or ``qwen35moe`` file (``fused_hybrid.HybridDecoder``'s parts): a Gated
-        DeltaNet layer's input projections in one product and its small tensors, or a gated
+        """Layer ``i`` of a ``qwen35``, ``qwen35moe`` or ``qwen3next`` file (``fused_hybrid.HybridDecoder``'s
+        parts): a Gated DeltaNet layer's input projections in one product and its small tensors, or a gated
         attention layer's queries, keys, values and gates in one product (each head's query rows
         and gate rows, interleaved in ``attn_q``, picked apart by row maps); then the MLP, or the
         experts (``experts``)."""
@@ -370,12 +370,14 @@ class _Mapper:
                                   f"{f.architecture} model of this configuration has {sizes[wrong[0]]} (the file is "
                                   "inconsistent)")
             conv = small["ssm_conv1d.weight"]
+            grouped = f.architecture == "qwen3next"  # value heads by key head; b and a in one tensor
             out["delta"] = DeltaNetParams(layer=i, conv=conv.view(channels, kernel), neg_a=small["ssm_a"],
                                           dt_bias=small["ssm_dt.bias"], norm=small["ssm_norm.weight"],
                                           eps=float(cfg.rms_norm_eps), key_heads=hk, value_heads=hv, key_dim=dk,
-                                          value_dim=dv, tiled=True)
-            names = [f"{blk}{n}.weight" for n in ("attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha")]
-            out["proj"] = self.linear(names, shapes=[(channels, hidden), (hv * dv, hidden), (hv, hidden), (hv, hidden)])
+                                          value_dim=dv, tiled=not grouped)
+            out["proj"] = self.delta_inputs(blk, channels, hv * dv, hk, hv // hk) if grouped else self.linear(
+                [f"{blk}{n}.weight" for n in ("attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha")],
+                shapes=[(channels, hidden), (hv * dv, hidden), (hv, hidden), (hv, hidden)])
             out["out"] = self.linear([f"{blk}ssm_out.weight"], shapes=[(hidden, hv * dv)])
             return out
         attn, H, kvh = dec.self_attn, self.heads, self.kv_heads
@@ -398,6 +400,27 @@ class _Mapper:
         progress.advance(3)
         out["out"] = self.linear([f"{blk}attn_output.weight"], shapes=[(hidden, H * D)])
         return out
+
+    def delta_inputs(self, blk: str, channels: int, values: int, key_heads: int, per_key: int) -> Any:
+        """A ``qwen3next`` Gated DeltaNet layer's input projections in one product: ``attn_qkv``,
+        ``attn_gate``, then ``ssm_ba``'s rows (each key head's ``b`` rows, then its ``a`` rows)
+        picked apart by row maps into every ``b``, then every ``a``."""
+        f, hidden = self.f, int(self.cfg.hidden_size)
+        ba = self.need(f"{blk}ssm_ba.weight")
+        if tuple(int(d) for d in f.tensors[ba].shape) != (hidden, 2 * key_heads * per_key):
+            raise ConfigError(f"GGUF tensor {ba} is not {2 * key_heads * per_key} x {hidden} (b and a of "
+                              f"{key_heads * per_key} value heads): the file is inconsistent")
+        heads = torch.arange(key_heads, dtype=torch.int32)[:, None] * (2 * per_key)
+        within = torch.arange(per_key, dtype=torch.int32)[None, :]
+        b, a = (f.quant(ba, (heads + within + per_key * g).reshape(-1).contiguous()) for g in (0, 1))
+        qkv, gate = (f.quant(self.need(f"{blk}{n}.weight")) for n in ("attn_qkv", "attn_gate"))
+        for name, t, want in ((f"{blk}attn_qkv.weight", qkv, channels), (f"{blk}attn_gate.weight", gate, values)):
+            if tuple(t.shape) != (want, hidden):
+                raise ConfigError(f"GGUF tensor {name} is {t.shape[0]} x {t.shape[1]}; a qwen3next model of this "
+                                  f"configuration has {want} x {hidden} (the file is inconsistent)")
+        lin = self.product([qkv, gate, b, a], None, f"{blk}attn_qkv.weight")
+        progress.advance(3)
+        return lin
 
     def layer(self, i: int, dec: Any, permuted: bool) -> dict[str, Any]:
         """Decoder layer ``i``'s linears (its norms and biases filled into ``dec``)."""
