@@ -125,8 +125,9 @@ def _mlp_tensors(sd: dict, pre: str, blk: str, merged: bool) -> dict[str, np.nda
 
 def _quantized(name: str, value: np.ndarray) -> bool:
     """Whether the converter's quantization rounds this tensor (matrices and experts; not the
-    convolution, not the router)."""
-    return value.ndim >= 2 and "conv1d" not in name and not name.endswith("ffn_gate_inp.weight")
+    convolutions, not the router)."""
+    return value.ndim >= 2 and "conv1d" not in name and "shortconv.conv" not in name and not name.endswith(
+        "ffn_gate_inp.weight")
 
 
 def _next_delta(sd: dict, la: str, blk: str, hk: int, dk: int, r: int, dv: int) -> dict[str, np.ndarray]:
@@ -288,3 +289,64 @@ def _round_trip(model: torch.nn.Module, tensors: dict, qtype: str, hk: int, r: i
         put(la + "in_proj_b.weight", _tiled(tensors[blk + "ssm_beta.weight"], 0, r, hk, 1))
         put(la + "in_proj_a.weight", _tiled(tensors[blk + "ssm_alpha.weight"], 0, r, hk, 1))
         put(la + "out_proj.weight", _tiled(tensors[blk + "ssm_out.weight"], 1, r, hk, dv))
+
+
+def write_lfm2_gguf(path: str, seed: int = 0, replace: dict[str, np.ndarray | None] | None = None) -> torch.nn.Module:
+    """A tiny LFM2 (``SHAPES["lfm2"]``: three short-convolution layers with biases, then one
+    attention layer; the vocabulary and tokenizer of the embedded SmolLM2) saved as an F32 ``lfm2``
+    GGUF file the way llama.cpp's converter writes one: the convolution squeezed to ``[channels,
+    L]``, the final norm as ``token_embd_norm``, the KV head count per layer (0 for a convolution
+    layer), norms as stored (LFM2's scale by ``weight``). ``replace`` as for ``write_hybrid_gguf``.
+    Returns the model (transformers, float32, eval mode) the file was made from."""
+    import gguf
+    from gguf_writer import _encode, _write_tokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    extra = dict(SHAPES["lfm2"][1], norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 50000.0})
+    cfg = AutoConfig.for_model("lfm2", **dict(TEXT, vocab_size=49152, bos_token_id=None, eos_token_id=None,
+                                              pad_token_id=None), **extra)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    _stir(model)
+    with torch.inference_mode():
+        ids = torch.randint(3, 40000, (1, 64), generator=torch.Generator().manual_seed(seed))
+        model.lm_head.weight.mul_(LOGIT_SPREAD / float(model(ids).logits.std()))
+    model.generation_config.eos_token_id = None
+    sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    names = {"operator_norm": "attn_norm", "ffn_norm": "ffn_norm", "feed_forward.w1": "ffn_gate",
+             "feed_forward.w3": "ffn_up", "feed_forward.w2": "ffn_down", "conv.in_proj": "shortconv.in_proj",
+             "conv.out_proj": "shortconv.out_proj", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+             "self_attn.v_proj": "attn_v", "self_attn.out_proj": "attn_output",
+             "self_attn.q_layernorm": "attn_q_norm", "self_attn.k_layernorm": "attn_k_norm"}
+    tensors = {"token_embd.weight": sd["model.embed_tokens.weight"], "output.weight": sd["lm_head.weight"],
+               "token_embd_norm.weight": sd["model.embedding_norm.weight"]}
+    for key, value in sd.items():
+        parts = key.split(".")
+        if parts[:2] != ["model", "layers"]:
+            continue
+        blk, module, kind = f"blk.{parts[2]}.", ".".join(parts[3:-1]), parts[-1]
+        if module == "conv.conv":  # the depthwise convolution, squeezed
+            tensors[f"{blk}shortconv.conv.{kind}"] = value[:, 0, :] if kind == "weight" else value
+        else:
+            tensors[f"{blk}{names[module]}.{kind}"] = value
+    w = gguf.GGUFWriter(path, "lfm2")
+    for key, v in {"block_count": cfg.num_hidden_layers, "context_length": cfg.max_position_embeddings,
+                   "embedding_length": cfg.hidden_size, "feed_forward_length": cfg.intermediate_size,
+                   "attention.head_count": cfg.num_attention_heads, "shortconv.l_cache": cfg.conv_L_cache,
+                   "vocab_size": cfg.vocab_size}.items():
+        w.add_uint32(f"lfm2.{key}", int(v))
+    w.add_array("lfm2.attention.head_count_kv",
+                [cfg.num_key_value_heads if t == "full_attention" else 0 for t in cfg.layer_types])
+    w.add_float32("lfm2.rope.freq_base", 50000.0)
+    w.add_float32("lfm2.attention.layer_norm_rms_epsilon", 1e-6)
+    _write_tokenizer(w)
+    rng = np.random.default_rng(seed)
+    for name, value in {**tensors, **(replace or {})}.items():
+        if value is not None:
+            data, raw = _encode(value, "F32", rng)
+            w.add_tensor(name, data, raw_dtype=raw)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return model

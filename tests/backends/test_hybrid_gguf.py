@@ -117,3 +117,56 @@ def test_a_file_with_a_missing_or_misshaped_state_tensor_is_refused(tmp_path, br
     hybrid_model.write_hybrid_gguf(path, "F32", replace={broken: value}, kind=kind)
     with pytest.raises(ConfigError, match=says):
         serve(path, tmp_path)
+
+
+def test_an_lfm2_file_answers_as_transformers(tmp_path) -> None:
+    path = str(tmp_path / "tiny-lfm2-F32.gguf")
+    reference = hybrid_model.write_lfm2_gguf(path)
+    backend = serve(path, tmp_path)
+    try:
+        plan = backend.plan()
+        assert "forward=fused" in plan and "weights=gguf:f32" in plan and "recurrent=short-conv:3-layers" in plan
+        ref = hybrid_model.reference_logits(reference, IDS)
+        for cuts in ((), (1, 2, 50)):  # one pass; chunks shorter than the convolution's window
+            ours = logits(backend, IDS, cuts)
+            assert float((ours - ref).abs().max()) < 1e-4 * float(ref.abs().max()), f"chunks at {cuts}"
+            assert bool((ours.argmax(-1) == ref.argmax(-1)).all())
+    finally:
+        backend.close()
+    # transformers' conversion would drop the convolution biases: refused off the native path.
+    off = TorchBackend(ServerConfig(model=path, device="cpu", dtype="float32", cache_dir=str(tmp_path / "cache")),
+                       TorchOptions.from_environ(gguf_native=False))
+    with pytest.raises(ConfigError, match="has short-convolution biases, which transformers' GGUF conversion drops"):
+        off.load()
+
+
+def test_an_lfm2_file_without_convolution_biases_converts_as_well(tmp_path) -> None:
+    """Off the native path (--no-torch-gguf-native) an LFM2 file as the Hub's are (no biases) is
+    converted to an fp32 copy and answers the same."""
+    path = str(tmp_path / "tiny-lfm2-F32.gguf")
+    reference = hybrid_model.write_lfm2_gguf(path, replace={f"blk.{i}.shortconv.conv.bias": None for i in range(3)})
+    with torch.no_grad():
+        for layer in reference.model.layers[:3]:
+            layer.conv.conv.bias.zero_()
+    backend = TorchBackend(ServerConfig(model=path, device="cpu", dtype="float32", cache_dir=str(tmp_path / "cache")),
+                           TorchOptions.from_environ(gguf_native=False))
+    backend.load()
+    backend.init_kv_cache(KVCacheSpec(block_size=BS, num_blocks=32, state_slots=2, state_snapshots=1))
+    try:
+        assert "weights=gguf" not in backend.plan() and "recurrent=short-conv:3-layers" in backend.plan()
+        ours, ref = logits(backend, IDS, (30,)), hybrid_model.reference_logits(reference, IDS)
+        assert float((ours - ref).abs().max()) < 1e-4 * float(ref.abs().max())
+    finally:
+        backend.close()
+
+
+@pytest.mark.parametrize("broken,value,says", [
+    ("blk.0.shortconv.conv.weight", np.zeros((64, 2), np.float32), "blk.0.shortconv.conv.weight has 128 values"),
+    ("blk.1.shortconv.in_proj.weight", None, "lacks tensor blk.1.shortconv.in_proj.weight"),
+    ("blk.2.shortconv.conv.bias", np.zeros(3, np.float32), "blk.2.shortconv.conv.bias has 3 values"),
+])
+def test_an_lfm2_file_with_a_missing_or_misshaped_convolution_is_refused(tmp_path, broken, value, says) -> None:
+    path = str(tmp_path / "broken-lfm2.gguf")
+    hybrid_model.write_lfm2_gguf(path, replace={broken: value})
+    with pytest.raises(ConfigError, match=says):
+        serve(path, tmp_path)

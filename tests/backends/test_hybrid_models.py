@@ -56,11 +56,11 @@ class Served:
     path: str
 
 
-# (shape, forward): Qwen3.5's shapes (dense and MoE) and Qwen3-Next's run the fused forward
-# (fused_hybrid.py) and, the dense text model and Qwen3-Next (grouped projections), transformers'
-# forward with the recurrent layers replaced too; LFM2 transformers' alone.
-RUNS = [*[(name, "transformers" if name == "lfm2" else "fused") for name in sorted(hybrid_model.SHAPES)],
-        ("qwen3_5_text", "transformers"), ("qwen3_next", "transformers")]
+# (shape, forward): every shape runs the fused forward (fused_hybrid.py); the dense Qwen3.5 text
+# model, Qwen3-Next (grouped projections) and LFM2 (short convolutions) transformers' forward with
+# the recurrent layers replaced too.
+RUNS = [*[(name, "fused") for name in sorted(hybrid_model.SHAPES)],
+        *[(name, "transformers") for name in ("qwen3_5_text", "qwen3_next", "lfm2")]]
 
 
 @pytest.fixture(scope="module", params=RUNS, ids=[f"{name}-{forward}" for name, forward in RUNS])
@@ -280,7 +280,7 @@ def test_the_lists_and_the_docs_agree() -> None:
     assert not set(HYBRID) & set(STATEFUL)
     assert {shape for shape, _ in hybrid_model.SHAPES.values()} <= set(HYBRID)
     for arch in HYBRID:
-        assert f"| `{arch}` | transformers' forward; its recurrent layers on the state slots |" in markdown_table()
+        assert f"| `{arch}` | fused forward; its recurrent layers on the state slots |" in markdown_table()
 
 
 @pytest.mark.parametrize("tiled", [False, True])

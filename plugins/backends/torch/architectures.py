@@ -242,7 +242,7 @@ def markdown_table() -> str:
     for arch, note in sorted(VISION.items()):
         rows.append(f"| `{arch}` | images and text; its language model as above | {note} |")
     for arch, note in sorted(HYBRID.items()):
-        rows.append(f"| `{arch}` | transformers' forward; its recurrent layers on the state slots | {note} |")
+        rows.append(f"| `{arch}` | fused forward; its recurrent layers on the state slots | {note} |")
     refused = {**{a: f"{why} outside the KV cache" for a, why in STATEFUL.items()}, **UNSUPPORTED}
     for arch, why in sorted(refused.items()):
         rows.append(f"| `{arch}` | refused | {why} |")

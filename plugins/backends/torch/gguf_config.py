@@ -42,7 +42,8 @@ def config_from_header(config: Any, f: Any) -> None:
     hidden size, and the mapping leaves it at its config class's default) and Gemma 3's query
     scale, local RoPE base, RoPE scaling, logit softcapping and sliding-window pattern."""
     arch, fields = f.architecture, f.fields
-    key, value = (fields.get(f"{arch}.attention.{n}_length") for n in ("key", "value"))
+    key, value = (v if isinstance(v := fields.get(f"{arch}.attention.{n}_length"), int) else None
+                  for n in ("key", "value"))  # a per-layer list is not a head size
     if key is not None and value is not None and int(value) != int(key):
         raise ConfigError(f"GGUF file has keys of {key} and values of {value} values a head; the paged KV cache "
                           "holds heads of one size")
@@ -166,8 +167,45 @@ def hybrid_config(header: Any) -> Any:
     return config
 
 
-# GGUF architectures whose config llmserve writes from the header itself (transformers' GGUF
-# reading does not know them): architecture -> (the known architecture its tokenizer converts
-# under, the config maker).
-OWN_CONFIGS: dict[str, tuple[str, Callable[[Any], Any]]] = {
-    arch: ("qwen3", hybrid_config) for arch in ("qwen35", "qwen35moe", "qwen3next")}
+def lfm2_config(header: Any) -> Any:
+    """The config of an ``lfm2`` file from its header as llama.cpp reads it: the attention layers
+    are those with key and value heads (``attention.head_count_kv`` lists them per layer), the
+    convolution's width is ``shortconv.l_cache``, the feed-forward width is the final one, biases
+    where the file has ``shortconv.in_proj.bias``."""
+    from transformers import AutoConfig
+
+    f, t = header.fields, header.tensors
+
+    def need(key: str) -> Any:
+        if f.get(f"lfm2.{key}") is None:
+            raise ConfigError(f"GGUF file lacks lfm2.{key}; it is not a complete lfm2 model")
+        return f[f"lfm2.{key}"]
+
+    layers = int(need("block_count"))
+    kv = need("attention.head_count_kv")
+    kv = tuple(kv) if isinstance(kv, tuple) else (int(kv),) * layers
+    if len(kv) != layers or not any(kv):
+        raise ConfigError(f"GGUF file's lfm2.attention.head_count_kv gives {len(kv)} layers' key and value heads for "
+                          f"{layers} layers (or no attention layer): it is not a complete lfm2 model")
+    config = AutoConfig.for_model(
+        "lfm2", vocab_size=int(t["token_embd.weight"].shape[-1]), hidden_size=int(need("embedding_length")),
+        num_hidden_layers=layers, intermediate_size=int(need("feed_forward_length")), block_auto_adjust_ff_dim=False,
+        num_attention_heads=int(need("attention.head_count")), num_key_value_heads=max(kv),
+        layer_types=["full_attention" if n else "conv" for n in kv], conv_L_cache=int(need("shortconv.l_cache")),
+        conv_bias="blk.0.shortconv.in_proj.bias" in t, norm_eps=float(need("attention.layer_norm_rms_epsilon")),
+        max_position_embeddings=int(need("context_length")),
+        rope_parameters={"rope_type": "default", "rope_theta": float(need("rope.freq_base"))},
+        tie_word_embeddings="output.weight" not in t,
+        bos_token_id=f.get("tokenizer.ggml.bos_token_id"), eos_token_id=f.get("tokenizer.ggml.eos_token_id"),
+        pad_token_id=f.get("tokenizer.ggml.padding_token_id"))
+    config.architectures = ["Lfm2ForCausalLM"]
+    return config
+
+
+# GGUF architectures whose config llmserve writes from the header itself: architecture -> (the
+# architecture its tokenizer converts under, where transformers does not know the file's own, or
+# None; the config maker).
+OWN_CONFIGS: dict[str, tuple[str | None, Callable[[Any], Any]]] = {
+    **{arch: ("qwen3", hybrid_config) for arch in ("qwen35", "qwen35moe", "qwen3next")}, "lfm2": (None, lfm2_config)}
+# GGUF architectures whose weights transformers' GGUF conversion cannot read.
+UNCONVERTIBLE = {"gpt-oss", "qwen35", "qwen35moe", "qwen3next"}

@@ -20,6 +20,7 @@ import numpy as np
 # GGUF metadata value types: struct format of the fixed-size ones.
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
+_SMALL_ARRAY = 1024  # numeric arrays up to this long are read (per-layer values); longer ones (a tokenizer's) are not
 _DEFAULT_ALIGNMENT = 32
 
 
@@ -58,8 +59,50 @@ def split_parts(path: str, count: int) -> list[str]:
     return parts
 
 
+class _Cursor:
+    """Reads a GGUF header's values from ``buf`` at ``pos``, moving past each."""
+
+    def __init__(self, buf: memoryview) -> None:
+        self.buf, self.pos = buf, 0
+
+    def take(self, fmt: str) -> Any:
+        value = struct.unpack_from(fmt, self.buf, self.pos)[0]
+        self.pos += struct.calcsize(fmt)
+        return value
+
+    def string(self) -> str:
+        n = self.take("<Q")
+        text = bytes(self.buf[self.pos:self.pos + n]).decode("utf-8", errors="replace")
+        self.pos += n
+        return text
+
+    def value(self, vtype: int) -> Any:
+        """A field's value: a scalar, a string, a short array of numbers as a tuple (a value per
+        layer); None for other arrays (a tokenizer's), which are skipped."""
+        if vtype in _SCALARS:
+            return self.take(_SCALARS[vtype])
+        if vtype == _STRING:
+            return self.string()
+        if vtype != _ARRAY:
+            raise GGUFHeaderError(f"unknown GGUF metadata type {vtype}")
+        item, count = self.take("<I"), self.take("<Q")
+        if item in _SCALARS and count <= _SMALL_ARRAY:
+            return tuple(self.take(_SCALARS[item]) for _ in range(count))
+        if item in _SCALARS:
+            self.pos += struct.calcsize(_SCALARS[item]) * count
+        elif item == _STRING:  # a vocabulary: skipped without decoding
+            for _ in range(count):
+                n = self.take("<Q")  # read before pos is: ``pos += take(...)`` would lose take's advance
+                self.pos += n
+        else:
+            for _ in range(count):
+                self.value(item)  # nested arrays, read and dropped
+        return None
+
+
 class GGUFFile:
-    """``fields`` (scalars and strings only; arrays map to None), ``tensors`` by name,
+    """``fields`` (scalars, strings and short numeric arrays as tuples; other arrays map to None),
+    ``tensors`` by name,
     ``data_offset`` (where tensor data starts), ``fields_end`` (where the metadata ends) and
     ``architecture``.
 
@@ -90,42 +133,13 @@ class GGUFFile:
 
         raw = np.memmap(path, dtype=np.uint8, mode="r")
         buf = memoryview(raw)  # type: ignore[arg-type]
-        pos = 0
-
-        def take(fmt: str) -> Any:
-            nonlocal pos
-            value = struct.unpack_from(fmt, buf, pos)[0]
-            pos += struct.calcsize(fmt)
-            return value
-
-        def string() -> str:
-            nonlocal pos
-            n = take("<Q")
-            text = bytes(buf[pos:pos + n]).decode("utf-8", errors="replace")
-            pos += n
-            return text
-
-        def skip(vtype: int) -> None:
-            nonlocal pos
-            if vtype in _SCALARS:
-                pos += struct.calcsize(_SCALARS[vtype])
-            elif vtype == _STRING:
-                n = take("<Q")  # read before pos is: ``pos += take(...)`` would lose take's advance
-                pos += n
-            elif vtype == _ARRAY:
-                item, count = take("<I"), take("<Q")
-                if item in _SCALARS:
-                    pos += struct.calcsize(_SCALARS[item]) * count
-                else:
-                    for _ in range(count):
-                        skip(item)
-            else:
-                raise GGUFHeaderError(f"unknown GGUF metadata type {vtype}")
+        c = _Cursor(buf)
+        take, string = c.take, c.string
 
         try:
             if bytes(buf[:4]) != b"GGUF":
                 raise GGUFHeaderError(f"{path} is not a GGUF file (wrong magic bytes)")
-            pos = 4
+            c.pos = 4
             version = take("<I")
             if version not in (2, 3):
                 raise GGUFHeaderError(f"GGUF version {version} is not supported (2 and 3 are)")
@@ -134,17 +148,11 @@ class GGUFFile:
             self.fields: dict[str, Any] = {}
             self._spans: list[tuple[str, int, int]] = []  # each field's key and bytes, for header_copy
             for _ in range(n_fields):
-                start = pos
-                key, vtype = string(), take("<I")
-                if vtype in _SCALARS:
-                    self.fields[key] = take(_SCALARS[vtype])
-                elif vtype == _STRING:
-                    self.fields[key] = string()
-                else:
-                    self.fields[key] = None
-                    skip(vtype)
-                self._spans.append((key, start, pos))
-            self.fields_end = pos  # where the metadata ends and the tensor table begins
+                start = c.pos
+                key = string()
+                self.fields[key] = c.value(take("<I"))
+                self._spans.append((key, start, c.pos))
+            self.fields_end = c.pos  # where the metadata ends and the tensor table begins
             table = []
             for _ in range(n_tensors):
                 name, ndims = string(), take("<I")
@@ -153,7 +161,7 @@ class GGUFFile:
         except struct.error:
             raise GGUFHeaderError(f"{path} is truncated: its GGUF header ends early") from None
         align = int(self.fields.get("general.alignment") or _DEFAULT_ALIGNMENT)
-        self.data_offset = -(-pos // align) * align
+        self.data_offset = -(-c.pos // align) * align
         self.architecture = str(self.fields.get("general.architecture") or "")
         self.tensors: dict[str, TensorInfo] = {}
         for name, shape, ttype, offset in table:

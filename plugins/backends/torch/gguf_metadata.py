@@ -89,7 +89,8 @@ def _config(path: str, header: GGUFFile, drop: Callable[[str], bool]) -> Any:
     arrays (what transformers would take from them, the vocabulary size, is written as a field)."""
     from transformers import AutoConfig
 
-    arrays = {key for key, value in header.fields.items() if key.startswith("tokenizer.") and value is None}
+    arrays = {key for key, value in header.fields.items()
+              if key.startswith("tokenizer.") and (value is None or isinstance(value, tuple))}
     extra: dict[str, int] = {}
     vocab_key = f"{header.architecture}.vocab_size"
     if vocab_key not in header.fields and "token_embd.weight" in header.tensors:

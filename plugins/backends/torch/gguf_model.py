@@ -41,9 +41,9 @@ from .loader import (LoadedModel, _eos_ids, _resolve_source, load_error, load_to
 log = logging.getLogger("llmserve.backend.torch")
 
 # GGUF architectures the fused decoder runs (llama.cpp files Mistral models as "llama").
-ARCHITECTURES = {"llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "gpt-oss", "qwen35", "qwen35moe", "qwen3next"}
-# GGUF architectures of hybrid decoders (``fused_hybrid.HybridDecoder``; ``_Mapper.hybrid_layer``).
-_HYBRID = {"qwen35", "qwen35moe", "qwen3next"}
+# GGUF architectures of hybrid decoders (``fused_hybrid.HybridDecoder``; ``gguf_hybrid.HybridMapper``).
+HYBRID = {"qwen35", "qwen35moe", "qwen3next", "lfm2"}
+ARCHITECTURES = {"llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "gpt-oss", *HYBRID}
 # transformers' projection name -> the GGUF tensor name within block N.
 _PROJECTIONS = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output",
                 "gate": "ffn_gate", "up": "ffn_up", "down": "ffn_down"}
@@ -341,86 +341,8 @@ class _Mapper:
         down = self.linear([f"{blk}ffn_down_shexp.weight"], shapes=[(hidden, inter)])
         return gate_up, down, _TorchLinear(gate.view(1, hidden), None)
 
-    def hybrid_layer(self, i: int, dec: Any) -> dict[str, Any]:
-        """Layer ``i`` of a ``qwen35``, ``qwen35moe`` or ``qwen3next`` file (``fused_hybrid.HybridDecoder``'s
-        parts): a Gated DeltaNet layer's input projections in one product and its small tensors, or a gated
-        attention layer's queries, keys, values and gates in one product (each head's query rows
-        and gate rows, interleaved in ``attn_q``, picked apart by row maps); then the MLP, or the
-        experts (``experts``)."""
-        from .recurrent import DeltaNetParams
-
-        f, cfg, blk = self.f, self.cfg, f"blk.{i}."
-        hidden = int(cfg.hidden_size)
-        self.fill(dec.input_layernorm, f"{blk}attn_norm.weight")
-        self.fill(dec.post_attention_layernorm, f"{blk}post_attention_norm.weight")
-        if moe_parts(dec.mlp) is not None:
-            out: dict[str, Any] = self.experts(blk)
-        else:
-            inter = int(cfg.intermediate_size)
-            out = {"gu": self.linear([f"{blk}ffn_gate.weight", f"{blk}ffn_up.weight"], shapes=[(inter, hidden)] * 2),
-                   "down": self.linear([f"{blk}ffn_down.weight"], shapes=[(hidden, inter)])}
-        if hasattr(dec, "linear_attn"):
-            m = dec.linear_attn
-            hk, hv, dk, dv, kernel = m.num_k_heads, m.num_v_heads, m.head_k_dim, m.head_v_dim, m.conv_kernel_size
-            channels = 2 * hk * dk + hv * dv
-            sizes = {"ssm_conv1d.weight": channels * kernel, "ssm_a": hv, "ssm_dt.bias": hv, "ssm_norm.weight": dv}
-            small = {n: f.vector(self.need(blk + n)) for n in sizes}
-            if wrong := [n for n, size in sizes.items() if small[n].numel() != size]:
-                raise ConfigError(f"GGUF tensor {blk}{wrong[0]} has {small[wrong[0]].numel()} values where a "
-                                  f"{f.architecture} model of this configuration has {sizes[wrong[0]]} (the file is "
-                                  "inconsistent)")
-            conv = small["ssm_conv1d.weight"]
-            grouped = f.architecture == "qwen3next"  # value heads by key head; b and a in one tensor
-            out["delta"] = DeltaNetParams(layer=i, conv=conv.view(channels, kernel), neg_a=small["ssm_a"],
-                                          dt_bias=small["ssm_dt.bias"], norm=small["ssm_norm.weight"],
-                                          eps=float(cfg.rms_norm_eps), key_heads=hk, value_heads=hv, key_dim=dk,
-                                          value_dim=dv, tiled=not grouped)
-            out["proj"] = self.delta_inputs(blk, channels, hv * dv, hk, hv // hk) if grouped else self.linear(
-                [f"{blk}{n}.weight" for n in ("attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha")],
-                shapes=[(channels, hidden), (hv * dv, hidden), (hv, hidden), (hv, hidden)])
-            out["out"] = self.linear([f"{blk}ssm_out.weight"], shapes=[(hidden, hv * dv)])
-            return out
-        attn, H, kvh = dec.self_attn, self.heads, self.kv_heads
-        D = int(cfg.head_dim)
-        for norm in ("q_norm", "k_norm"):
-            self.fill(getattr(attn, norm), f"{blk}attn_{norm}.weight")
-        q_name = self.need(f"{blk}attn_q.weight")
-        if tuple(int(d) for d in f.tensors[q_name].shape) != (hidden, 2 * H * D):
-            raise ConfigError(f"GGUF tensor {q_name} is not {2 * H * D} x {hidden} (queries and gates of {H} heads of "
-                              f"{D}): the file is inconsistent")
-        heads = torch.arange(H, dtype=torch.int32)[:, None] * (2 * D)
-        within = torch.arange(D, dtype=torch.int32)[None, :]
-        q, gate = (f.quant(q_name, (heads + within + D * g).reshape(-1).contiguous()) for g in (0, 1))
-        k, v = (f.quant(self.need(f"{blk}attn_{p}.weight")) for p in ("k", "v"))
-        for name, t, want in ((f"{blk}attn_k.weight", k, kvh * D), (f"{blk}attn_v.weight", v, kvh * D)):
-            if tuple(t.shape) != (want, hidden):
-                raise ConfigError(f"GGUF tensor {name} is {t.shape[0]} x {t.shape[1]}; a {f.architecture} model of "
-                                  f"this configuration has {want} x {hidden} (the file is inconsistent)")
-        out["proj"] = self.product([q, k, v, gate], None, q_name)
-        progress.advance(3)
-        out["out"] = self.linear([f"{blk}attn_output.weight"], shapes=[(hidden, H * D)])
-        return out
-
-    def delta_inputs(self, blk: str, channels: int, values: int, key_heads: int, per_key: int) -> Any:
-        """A ``qwen3next`` Gated DeltaNet layer's input projections in one product: ``attn_qkv``,
-        ``attn_gate``, then ``ssm_ba``'s rows (each key head's ``b`` rows, then its ``a`` rows)
-        picked apart by row maps into every ``b``, then every ``a``."""
-        f, hidden = self.f, int(self.cfg.hidden_size)
-        ba = self.need(f"{blk}ssm_ba.weight")
-        if tuple(int(d) for d in f.tensors[ba].shape) != (hidden, 2 * key_heads * per_key):
-            raise ConfigError(f"GGUF tensor {ba} is not {2 * key_heads * per_key} x {hidden} (b and a of "
-                              f"{key_heads * per_key} value heads): the file is inconsistent")
-        heads = torch.arange(key_heads, dtype=torch.int32)[:, None] * (2 * per_key)
-        within = torch.arange(per_key, dtype=torch.int32)[None, :]
-        b, a = (f.quant(ba, (heads + within + per_key * g).reshape(-1).contiguous()) for g in (0, 1))
-        qkv, gate = (f.quant(self.need(f"{blk}{n}.weight")) for n in ("attn_qkv", "attn_gate"))
-        for name, t, want in ((f"{blk}attn_qkv.weight", qkv, channels), (f"{blk}attn_gate.weight", gate, values)):
-            if tuple(t.shape) != (want, hidden):
-                raise ConfigError(f"GGUF tensor {name} is {t.shape[0]} x {t.shape[1]}; a qwen3next model of this "
-                                  f"configuration has {want} x {hidden} (the file is inconsistent)")
-        lin = self.product([qkv, gate, b, a], None, f"{blk}attn_qkv.weight")
-        progress.advance(3)
-        return lin
+    def final_norm(self, base: Any) -> None:
+        self.fill(base.norm, "output_norm.weight")
 
     def layer(self, i: int, dec: Any, permuted: bool) -> dict[str, Any]:
         """Decoder layer ``i``'s linears (its norms and biases filled into ``dec``)."""
@@ -477,14 +399,15 @@ def _map_weights(model: Any, cfg: Any, f: _File, permuted: bool, bf16: bool = Fa
     elif not bf16 and ops.amx_available():
         log.info("this CPU has AMX tiles: --torch-gguf-bf16-matmul multiplies prefill and batches in bf16, "
                  "several times faster than the exact fp32 kernels (see docs/engine.md, GGUF models)")
-    mapper = _Mapper(f, cfg, bf16, activations)
+    from .gguf_hybrid import HybridMapper
+
+    mapper = (HybridMapper if f.architecture in HYBRID else _Mapper)(f, cfg, bf16, activations)
     n_layers = int(cfg.num_hidden_layers)
     with progress.phase("mapping GGUF weights", 7 * n_layers + 1, "matrices"):
-        layers = [mapper.hybrid_layer(i, dec) if f.architecture in _HYBRID else mapper.layer(i, dec, permuted)
-                  for i, dec in enumerate(base.layers)]
+        layers = [mapper.layer(i, dec, permuted) for i, dec in enumerate(base.layers)]
         if len(layers) != n_layers:
             raise ConfigError(f"GGUF file has {len(layers)} layers, its metadata says {n_layers}")
-        mapper.fill(base.norm, "output_norm.weight")
+        mapper.final_norm(base)
         embed_t = f.quant(mapper.need("token_embd.weight"))
         head = mapper.linear(["output.weight" if "output.weight" in f else "token_embd.weight"])
     gguf_rows = ops.gguf_rows

@@ -147,9 +147,10 @@ def _gguf_header(path: str) -> Any:
     one file, so a split model (its other parts would be left out) is refused here, and so is
     what its conversion would get wrong: a Llama 3.1+ file's RoPE scaling, which it stores only
     as ``rope_freqs.weight`` (transformers ignores it: positions past the original context
-    would rotate wrong), gpt-oss, whose RoPE metadata transformers misreads, and the files whose
-    config llmserve writes itself (``gguf_config.OWN_CONFIGS``: Qwen3.5's), which it cannot read."""
-    from .gguf_config import OWN_CONFIGS
+    would rotate wrong), gpt-oss, whose RoPE metadata transformers misreads, the hybrid files
+    whose weights it cannot read (``gguf_config.UNCONVERTIBLE``: Qwen3.5's, Qwen3-Next's), and an
+    LFM2 file with convolution biases, which it drops."""
+    from .gguf_config import UNCONVERTIBLE
     from .gguf_file import GGUFFile
 
     try:
@@ -166,7 +167,10 @@ def _gguf_header(path: str) -> Any:
         raise ConfigError(f"{name} stores its RoPE scaling as the rope_freqs.weight tensor, which transformers' GGUF "
                           "conversion ignores (its answers would go wrong with the position): serve it on the native "
                           f"CPU path ({_NATIVE_ONLY}), or serve the model's Hugging Face directory")
-    if header.architecture == "gpt-oss" or header.architecture in OWN_CONFIGS:
+    if header.architecture == "lfm2" and any(t.endswith("shortconv.conv.bias") for t in header.tensors):
+        raise ConfigError(f"{name} has short-convolution biases, which transformers' GGUF conversion drops (its "
+                          f"answers would be wrong): serve it on the native CPU path ({_NATIVE_ONLY})")
+    if header.architecture in UNCONVERTIBLE:
         raise ConfigError(f"{name} is a {header.architecture} GGUF, which transformers' GGUF conversion cannot read: "
                           f"serve it on the native CPU path ({_NATIVE_ONLY}), or serve the model's Hugging Face "
                           "directory")

@@ -297,22 +297,38 @@ def _forward(module: Any, params: DeltaNetParams, hidden_states: torch.Tensor, *
     return module.out_proj(mix(params, meta.states, mixed, z.reshape(x.shape[0], -1), b, a))[None]
 
 
-def _short_conv_forward(module: Any, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+@dataclass(frozen=True)
+class ShortConvParams:
+    """One short-convolution layer's depthwise causal convolution: ``weight [C, K]`` and its bias."""
+
+    layer: int
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+
+    @classmethod
+    def of(cls, module: Any) -> "ShortConvParams":
+        """From transformers' module (LFM2's ``conv``; its weights stay where they are)."""
+        return cls(layer=int(module.layer_idx), weight=module.conv.weight[:, 0, :], bias=module.conv.bias)
+
+
+def short_conv(p: ShortConvParams, st: StateStep, bx: torch.Tensor) -> torch.Tensor:
+    """The convolution of ``bx [T, C]`` over a packed step, each sequence from and into its slot's
+    window (decode rows batched, prompt chunks in place), plus the bias."""
+    out = torch.empty_like(bx)
+    slots = st.decode_slots if st.num_decode else None
+    _over_rows(st, st.states.conv[st.states.index[p.layer]], slots, 0, out,
+               lambda rows, window: deltanet.conv_step(bx[rows], p.weight, window),
+               lambda rows, window: deltanet.conv_chunk(bx[rows], p.weight, window))
+    return out if p.bias is None else out.add_(p.bias)
+
+
+def _short_conv_forward(module: Any, params: ShortConvParams, hidden_states: torch.Tensor, *args: Any,
+                        **kwargs: Any) -> torch.Tensor:
     """LFM2's short-convolution layer over a packed step ``[1, T, hidden]``: ``B * x`` through the
     depthwise causal convolution from each sequence's window, times ``C``."""
     _, meta = current_step()
-    st: StateStep = meta.states
     gate_in, gate_out, x = module.in_proj(hidden_states[0]).chunk(3, dim=-1)
-    bx = gate_in * x
-    weight = module.conv.weight[:, 0, :]
-    conv_out = torch.empty_like(bx)
-    slots = st.decode_slots if st.num_decode else None
-    _over_rows(st, st.states.conv[st.states.index[module.layer_idx]], slots, 0, conv_out,
-               lambda rows, window: deltanet.conv_step(bx[rows], weight, window),
-               lambda rows, window: deltanet.conv_chunk(bx[rows], weight, window))
-    if module.conv.bias is not None:
-        conv_out += module.conv.bias
-    return module.out_proj(gate_out * conv_out)[None]
+    return module.out_proj(gate_out * short_conv(params, meta.states, gate_in * x))[None]
 
 
 def install(model: Any) -> None:
@@ -321,4 +337,4 @@ def install(model: Any) -> None:
     for _, module in _deltanet_layers(model):
         module.forward = partial(_forward, module, DeltaNetParams.of(module))
     for _, module in _short_conv_layers(model):
-        module.forward = partial(_short_conv_forward, module)
+        module.forward = partial(_short_conv_forward, module, ShortConvParams.of(module))
