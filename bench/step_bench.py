@@ -56,19 +56,24 @@ class PartTimers:
 
 
 def report_parts(backend: TorchBackend, step, steps: int) -> None:
-    from llmserve.plugins.backends.torch import fused, runner
-    from llmserve.plugins.backends.torch.native import ops
+    from llmserve.plugins.backends.torch import fused, fused_hybrid, runner
+    from llmserve.plugins.backends.torch.native import gguf_ops, ops
 
     timers = PartTimers()
     timers.patch(ops.PackedLinear, "__call__", "linear (packed)")
     timers.patch(fused._TorchLinear, "__call__", "linear (torch)")
+    timers.patch(gguf_ops.GGUFLinear, "__call__", "linear (GGUF)")
+    timers.patch(fused_hybrid, "paged_attention", "attention (KV write + kernel)")
+    timers.patch(fused_hybrid, "mix", "recurrent mixing (Gated DeltaNet)")
+    timers.patch(fused_hybrid, "short_conv", "recurrent mixing (short convolution)")
+    timers.patch(fused_hybrid.HybridDecoder, "forward", "fused forward")
+    timers.patch(runner.TorchBackend, "_forward", "step inputs + forward")
     for op in ("add_rms_norm", "silu_mul", "rope"):
         for cls in (ops.ElementwiseOps, fused.TorchOps):
             timers.patch(cls, op, op)
     timers.patch(fused, "paged_attention", "attention (KV write + kernel)")
     if backend.cache is not None and backend.cache.decode_kernel is not None:
         timers.patch(backend.cache, "decode_kernel", "  decode kernel")
-    timers.patch(runner.TorchBackend, "_metadata", "step metadata")
     timers.patch(runner.TorchBackend, "_logits", "lm_head")
     timers.patch(backend.sampler, "sample", "sampling")
     timers.patch(fused.FusedDecoder, "forward", "fused forward")
@@ -101,7 +106,10 @@ def main() -> None:
         backend._fused.native_decode = False
     bs = args.block_size
     per_seq = -(-(args.context + args.steps * 2 + 8) // bs)
-    backend.init_kv_cache(KVCacheSpec(block_size=bs, num_blocks=per_seq * args.batch))
+    hybrid = bool(info.state_bytes)  # a recurrent state per sequence: one slot each
+    backend.init_kv_cache(KVCacheSpec(block_size=bs, num_blocks=per_seq * args.batch,
+                                      state_slots=args.batch if hybrid else 0))
+    slot = (lambda i: i) if hybrid else (lambda i: None)
     greedy = SamplingParams(temperature=0.0, max_tokens=10_000)
     gen = torch.Generator().manual_seed(0)
     tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(args.batch)]
@@ -109,14 +117,15 @@ def main() -> None:
                for _ in range(args.batch)]
     t0 = time.perf_counter()
     for i in range(args.batch):  # prefill one by one (not what is measured)
-        backend.step([StepItem(seq_id=i, token_ids=prompts[i], start_pos=0, block_table=tables[i], sampling=greedy)])
+        backend.step([StepItem(seq_id=i, token_ids=prompts[i], start_pos=0, block_table=tables[i], sampling=greedy,
+                               state_slot=slot(i))])
     print(f"prefill {args.batch} x {args.context} tokens: {time.perf_counter() - t0:.2f} s")
     last = [p[-1] for p in prompts]
     pos = [args.context] * args.batch
 
     def step() -> float:
-        items = [StepItem(seq_id=i, token_ids=[last[i]], start_pos=pos[i], block_table=tables[i], sampling=greedy)
-                 for i in range(args.batch)]
+        items = [StepItem(seq_id=i, token_ids=[last[i]], start_pos=pos[i], block_table=tables[i], sampling=greedy,
+                          state_slot=slot(i)) for i in range(args.batch)]
         s = time.perf_counter()
         out = backend.step(items)
         dt = time.perf_counter() - s

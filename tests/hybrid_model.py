@@ -1,6 +1,7 @@
 """Tiny hybrid models for the tests: Qwen3.5 (dense and MoE) and Qwen3-Next shapes with random
-weights (three Gated DeltaNet layers, then one gated full-attention layer) and LFM2's (three
-short-convolution layers, then one attention layer), saved with the word tokenizer, and
+weights (three Gated DeltaNet layers, then one gated full-attention layer), LFM2's (three
+short-convolution layers, then one attention layer) and Granite 4.0-H's (three Mamba2 layers, then
+one attention layer), saved with the word tokenizer, and
 transformers' own logits and greedy continuations to hold the engine to.
 
 The weights are drawn so the recurrent layers matter: decay rates from fast to slow, norms away
@@ -30,6 +31,13 @@ SHAPES: dict[str, tuple[str, dict]] = {
     "qwen3_5": ("qwen3_5", {}),
     "lfm2": ("lfm2", dict(layer_types=["conv", "conv", "conv", "full_attention"], full_attn_idxs=[3], conv_L_cache=3,
                           conv_bias=True, block_auto_adjust_ff_dim=False)),
+    # Granite 4.0-H: Mamba2 layers of 4 heads of 32 in 2 groups, experts beside a shared MLP, and
+    # Granite's multipliers away from one.
+    "granitemoehybrid": ("granitemoehybrid", dict(
+        layer_types=["mamba", "mamba", "mamba", "attention"], mamba_n_heads=4, mamba_d_head=32, mamba_d_state=16,
+        mamba_n_groups=2, mamba_d_conv=4, mamba_expand=2, num_local_experts=4, num_experts_per_tok=2,
+        shared_intermediate_size=96, embedding_multiplier=3.0, residual_multiplier=0.5, attention_multiplier=0.2,
+        logits_scaling=2.0)),
 }
 LOGIT_SPREAD = 8.0
 MIN_MARGIN = 1e-3

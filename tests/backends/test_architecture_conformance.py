@@ -232,9 +232,8 @@ TEXT = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_
             num_key_value_heads=2, head_dim=16, max_position_embeddings=256, tie_word_embeddings=False)
 # model_type -> (its tiny config, words the refusal must say)
 STATEFUL_MODELS = {
-    "granitemoehybrid": (dict(TEXT, layer_types=["mamba", "attention"], mamba_n_heads=4, mamba_d_head=32,
-                              mamba_d_state=16, mamba_n_groups=1, num_local_experts=4, num_experts_per_tok=2,
-                              shared_intermediate_size=64), "Mamba"),
+    "bamba": (dict(TEXT, attn_layer_indices=[1], mamba_n_heads=4, mamba_d_head=32, mamba_d_state=16,
+                   mamba_n_groups=1), "Mamba"),
 }
 
 
@@ -348,7 +347,7 @@ def test_the_docs_table_is_the_list() -> None:
 
 
 def test_the_docs_refusal_sample_is_what_the_backend_says(tmp_path) -> None:
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "granitemoehybrid"}))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "nemotron_h"}))
     with pytest.raises(ConfigError) as err:
-        architectures.check_config_file(str(tmp_path), "./tiny-granite-4-h")
+        architectures.check_config_file(str(tmp_path), "./tiny-nemotron-h")
     assert f"\nerror: {err.value}\n" in (ROOT / "docs" / "engine.md").read_text()

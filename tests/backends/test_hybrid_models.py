@@ -22,7 +22,7 @@ from llmserve.config import ServerConfig
 from llmserve.engine.backend import KVCacheSpec, StepItem
 from llmserve.errors import ConfigError
 from llmserve.plugins.backends.torch import deltanet
-from llmserve.plugins.backends.torch.architectures import HYBRID, STATEFUL, markdown_table
+from llmserve.plugins.backends.torch.architectures import HYBRID, STATEFUL, UNFUSED_HYBRID, markdown_table
 from llmserve.plugins.backends.torch.options import TorchOptions
 from llmserve.plugins.backends.torch.runner import TorchBackend
 
@@ -56,11 +56,11 @@ class Served:
     path: str
 
 
-# (shape, forward): every shape runs the fused forward (fused_hybrid.py); the dense Qwen3.5 text
-# model, Qwen3-Next (grouped projections) and LFM2 (short convolutions) transformers' forward with
-# the recurrent layers replaced too.
-RUNS = [*[(name, "fused") for name in sorted(hybrid_model.SHAPES)],
-        *[(name, "transformers") for name in ("qwen3_5_text", "qwen3_next", "lfm2")]]
+# (shape, forward): every shape but Granite 4.0-H's runs the fused forward (fused_hybrid.py); the
+# dense Qwen3.5 text model, Qwen3-Next (grouped projections), LFM2 (short convolutions) and Granite
+# 4.0-H (Mamba2) transformers' forward with the recurrent layers replaced.
+RUNS = [*[(name, "fused") for name in sorted(hybrid_model.SHAPES) if name not in UNFUSED_HYBRID],
+        *[(name, "transformers") for name in ("qwen3_5_text", "qwen3_next", "lfm2", "granitemoehybrid")]]
 
 
 @pytest.fixture(scope="module", params=RUNS, ids=[f"{name}-{forward}" for name, forward in RUNS])
@@ -95,7 +95,8 @@ def test_the_model_is_served_as_a_hybrid(served) -> None:
     be = served.backend
     fresh_cache(be, saved=2)
     assert served.info.state_bytes > 0
-    kind, step = ("short-conv", "torch") if "lfm2" in served.path else ("gated-deltanet", "native")
+    kind, step = ("short-conv", "torch") if "lfm2" in served.path else ("mamba2", "torch") if (
+        "granite" in served.path) else ("gated-deltanet", "native")
     assert f"recurrent={kind}:3-layers,4-slots,2-saved,step={step}" in be.plan()
     assert be.cache.pool.shape[0] == 1, "only the full-attention layer keeps keys and values"
 
@@ -280,7 +281,9 @@ def test_the_lists_and_the_docs_agree() -> None:
     assert not set(HYBRID) & set(STATEFUL)
     assert {shape for shape, _ in hybrid_model.SHAPES.values()} <= set(HYBRID)
     for arch in HYBRID:
-        assert f"| `{arch}` | fused forward; its recurrent layers on the state slots |" in markdown_table()
+        forward = "transformers' forward" if arch in UNFUSED_HYBRID else "fused forward"
+        assert f"| `{arch}` | {forward}; its recurrent layers on the state slots |" in markdown_table()
+    assert {name for name, forward in RUNS if forward == "fused"} == set(hybrid_model.SHAPES) - UNFUSED_HYBRID
 
 
 @pytest.mark.parametrize("tiled", [False, True])

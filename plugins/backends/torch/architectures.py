@@ -80,7 +80,13 @@ HYBRID: dict[str, str] = {
                     "Gated DeltaNet layers with gated full attention, mixture of experts with a shared expert"),
     "qwen3_next": "Gated DeltaNet layers with gated full attention, mixture of experts with a shared expert",
     "lfm2": "short-convolution layers (a convolution window per sequence) with full attention and q/k norms",
+    "granitemoehybrid": "Mamba2 layers (a convolution window and a selective state per sequence) with attention, "
+                        "mixture of experts beside a shared MLP, Granite's multipliers",
 }
+
+# Hybrid families served on transformers' forward with their recurrent layers replaced (the rest
+# run the fused hybrid forward, fused_hybrid.py).
+UNFUSED_HYBRID = frozenset({"granitemoehybrid"})
 
 # The families whose layers keep a state beside (or instead of) keys and values that the backend
 # does not hold yet: prefix caching and batching would mix it up, and the answers come out wrong.
@@ -88,7 +94,7 @@ HYBRID: dict[str, str] = {
 STATEFUL: dict[str, str] = {
     **dict.fromkeys(("qwen4_exp", "qwen4_exp_text", "kimi_linear", "olmo_hybrid", "bailing_hybrid", "lara_mini"),
                     "linear-attention layers keep a recurrent state"),
-    **dict.fromkeys(("granitemoehybrid", "bamba", "nemotron_h", "jamba", "falcon_h1", "zamba", "zamba2", "mamba",
+    **dict.fromkeys(("bamba", "nemotron_h", "jamba", "falcon_h1", "zamba", "zamba2", "mamba",
                      "mamba2", "falcon_mamba"),
                     "Mamba layers keep a convolution and an SSM state"),
     **dict.fromkeys(("lfm2_moe", "lfm3"), "short-convolution layers keep a convolution state"),
@@ -242,7 +248,8 @@ def markdown_table() -> str:
     for arch, note in sorted(VISION.items()):
         rows.append(f"| `{arch}` | images and text; its language model as above | {note} |")
     for arch, note in sorted(HYBRID.items()):
-        rows.append(f"| `{arch}` | fused forward; its recurrent layers on the state slots | {note} |")
+        forward = "transformers' forward" if arch in UNFUSED_HYBRID else "fused forward"
+        rows.append(f"| `{arch}` | {forward}; its recurrent layers on the state slots | {note} |")
     refused = {**{a: f"{why} outside the KV cache" for a, why in STATEFUL.items()}, **UNSUPPORTED}
     for arch, why in sorted(refused.items()):
         rows.append(f"| `{arch}` | refused | {why} |")

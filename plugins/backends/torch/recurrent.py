@@ -23,13 +23,13 @@ import torch.nn.functional as F
 
 from llmserve import StepItem
 
-from . import deltanet
+from . import deltanet, mamba2
 from .attention import current_step
 
 # Text model types whose recurrent layers this module runs: the Gated DeltaNet modules (Qwen3.5 and
-# Qwen3.5-MoE project q, k, v / z / b / a separately, Qwen3-Next fuses them per key head) and LFM2's
-# short convolutions.
-HYBRID_TYPES = frozenset({"qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "lfm2"})
+# Qwen3.5-MoE project q, k, v / z / b / a separately, Qwen3-Next fuses them per key head), LFM2's
+# short convolutions and Granite 4.0-H's Mamba2 layers.
+HYBRID_TYPES = frozenset({"qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "lfm2", "granitemoehybrid"})
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,12 @@ def _short_conv_layers(model: Any) -> list[tuple[int, Any]]:
                                                                               torch.nn.Conv1d)]
 
 
+def _mamba_layers(model: Any) -> list[tuple[int, Any]]:
+    """(layer number, module) of every Mamba2 layer (Granite 4.0-H's), in order."""
+    return [(int(m.layer_idx), m) for name, m in model.named_modules()
+            if name.endswith(".mamba") and all(hasattr(m, a) for a in ("A_log", "D", "dt_bias", "conv1d", "in_proj"))]
+
+
 class Hybrid(NamedTuple):
     """What a hybrid model keeps: the shape of one recurrent layer's state, the recurrent layers'
     numbers, the attention layers' numbers and the recurrent layers' kind (for the plan line)."""
@@ -87,6 +93,11 @@ def hybrid_shape(model: Any) -> Hybrid | None:
         shape = DeltaNetShape(conv_dim=int(m.conv.in_channels), kernel=int(m.conv_kernel_size), heads=0, key_dim=0,
                               value_dim=0)  # a window, no delta-rule state
         kind, name = "short-conv", "conv"
+    elif layers := _mamba_layers(model):
+        m = layers[0][1]  # a [head size, state size] state per head
+        shape = DeltaNetShape(conv_dim=int(m.conv_dim), kernel=int(m.conv_kernel_size), heads=int(m.num_heads),
+                              key_dim=int(m.head_dim), value_dim=int(m.ssm_state_size))
+        kind, name = "mamba2", str(cfg.layer_types[layers[0][0]])
     else:
         return None
     recurrent = [i for i, _ in layers]
@@ -331,10 +342,44 @@ def _short_conv_forward(module: Any, params: ShortConvParams, hidden_states: tor
     return module.out_proj(gate_out * short_conv(params, meta.states, gate_in * x))[None]
 
 
+def _mamba_forward(module: Any, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """A Mamba2 layer over a packed step ``[1, T, hidden]``: its convolution and selective state
+    from each sequence's slot (``mamba2``), the ``D`` skip, the gated group norm, the output
+    projection."""
+    _, meta = current_step()
+    st: StateStep = meta.states
+    x = hidden_states[0]
+    T, H, P, N, G = x.shape[0], module.num_heads, module.head_dim, module.ssm_state_size, module.n_groups
+    gate, xbc, dt = module.in_proj(x).split([module.intermediate_size, module.conv_dim, H], dim=-1)
+    layer, weight = st.states.index[module.layer_idx], module.conv1d.weight[:, 0, :]
+    slots = st.decode_slots if st.num_decode else None
+    conv = torch.empty_like(xbc)
+    _over_rows(st, st.states.conv[layer], slots, 0, conv,
+               lambda rows, window: deltanet.conv_step(xbc[rows], weight, window),
+               lambda rows, window: deltanet.conv_chunk(xbc[rows], weight, window))
+    conv = module.act(conv if module.conv1d.bias is None else conv + module.conv1d.bias)
+    xs, b, c = conv.split([H * P, G * N, G * N], dim=-1)
+    xs = xs.reshape(T, H, P)
+    b, c = (mamba2.groups_to_heads(t.reshape(T, G, N), H) for t in (b, c))
+    dt = F.softplus(dt.float() + module.dt_bias.float())
+    low, high = module.time_step_limit
+    if low > 0.0 or high < float("inf"):
+        dt = dt.clamp(low, high)
+    a = -module.A_log.float().exp()
+    y = torch.empty(T, H, P, dtype=torch.float32, device=x.device)
+    _over_rows(st, st.states.ssm[layer], slots, 0, y,
+               lambda rows, state: mamba2.step(xs[rows], dt[rows], a, b[rows], c[rows], state),
+               lambda rows, state: mamba2.chunked(xs[rows], dt[rows], a, b[rows], c[rows], state))
+    y = y + module.D.float()[:, None] * xs.float()
+    return module.out_proj(module.norm(y.reshape(T, H * P).to(x.dtype), gate).to(x.dtype))[None]
+
+
 def install(model: Any) -> None:
-    """Run every recurrent layer of ``model`` (Gated DeltaNet, short convolution) over the step's
-    slots instead of through its own forward (one sequence, its state in transformers' cache)."""
+    """Run every recurrent layer of ``model`` (Gated DeltaNet, short convolution, Mamba2) over the
+    step's slots instead of through its own forward (one sequence, its state in transformers' cache)."""
     for _, module in _deltanet_layers(model):
         module.forward = partial(_forward, module, DeltaNetParams.of(module))
     for _, module in _short_conv_layers(model):
         module.forward = partial(_short_conv_forward, module, ShortConvParams.of(module))
+    for _, module in _mamba_layers(model):
+        module.forward = partial(_mamba_forward, module)
