@@ -38,6 +38,13 @@ SHAPES: dict[str, tuple[str, dict]] = {
         mamba_n_groups=2, mamba_d_conv=4, mamba_expand=2, num_local_experts=4, num_experts_per_tok=2,
         shared_intermediate_size=96, embedding_multiplier=3.0, residual_multiplier=0.5, attention_multiplier=0.2,
         logits_scaling=2.0)),
+    "bamba": ("bamba", dict(attn_layer_indices=[3], mamba_n_heads=4, mamba_d_head=32, mamba_d_state=16,
+                            mamba_n_groups=1, mamba_d_conv=4, mamba_expand=2)),
+    # Nemotron-H: Mamba2, MLP, MoE and attention blocks, each a layer (2 groups of 2 heads of 32).
+    "nemotron_h": ("nemotron_h", dict(
+        layers_block_type=["mamba", "mlp", "mamba", "moe", "attention", "mamba"], mamba_num_heads=4,
+        mamba_head_dim=32, ssm_state_size=16, n_groups=2, conv_kernel=4, n_routed_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=32, moe_shared_expert_intermediate_size=48, n_group=1, topk_group=1)),
 }
 LOGIT_SPREAD = 8.0
 MIN_MARGIN = 1e-3

@@ -232,8 +232,8 @@ TEXT = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_
             num_key_value_heads=2, head_dim=16, max_position_embeddings=256, tie_word_embeddings=False)
 # model_type -> (its tiny config, words the refusal must say)
 STATEFUL_MODELS = {
-    "bamba": (dict(TEXT, attn_layer_indices=[1], mamba_n_heads=4, mamba_d_head=32, mamba_d_state=16,
-                   mamba_n_groups=1), "Mamba"),
+    "falcon_h1": (dict(TEXT, mamba_n_heads=4, mamba_d_head=32, mamba_d_ssm=128, mamba_d_state=16,
+                       mamba_n_groups=1), "Mamba"),
 }
 
 
@@ -347,7 +347,7 @@ def test_the_docs_table_is_the_list() -> None:
 
 
 def test_the_docs_refusal_sample_is_what_the_backend_says(tmp_path) -> None:
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "nemotron_h"}))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "falcon_h1"}))
     with pytest.raises(ConfigError) as err:
-        architectures.check_config_file(str(tmp_path), "./tiny-nemotron-h")
+        architectures.check_config_file(str(tmp_path), "./tiny-falcon-h1")
     assert f"\nerror: {err.value}\n" in (ROOT / "docs" / "engine.md").read_text()

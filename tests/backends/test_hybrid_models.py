@@ -56,11 +56,11 @@ class Served:
     path: str
 
 
-# (shape, forward): every shape but Granite 4.0-H's runs the fused forward (fused_hybrid.py); the
-# dense Qwen3.5 text model, Qwen3-Next (grouped projections), LFM2 (short convolutions) and Granite
-# 4.0-H (Mamba2) transformers' forward with the recurrent layers replaced.
+# (shape, forward): every shape but the Mamba2 ones (Granite 4.0-H, Bamba, Nemotron-H) runs the
+# fused forward (fused_hybrid.py); the dense Qwen3.5 text model, Qwen3-Next (grouped projections),
+# LFM2 (short convolutions) and the Mamba2 ones transformers' forward with the recurrent layers replaced.
 RUNS = [*[(name, "fused") for name in sorted(hybrid_model.SHAPES) if name not in UNFUSED_HYBRID],
-        *[(name, "transformers") for name in ("qwen3_5_text", "qwen3_next", "lfm2", "granitemoehybrid")]]
+        *[(name, "transformers") for name in ("qwen3_5_text", "qwen3_next", "lfm2", *sorted(UNFUSED_HYBRID))]]
 
 
 @pytest.fixture(scope="module", params=RUNS, ids=[f"{name}-{forward}" for name, forward in RUNS])
@@ -95,8 +95,8 @@ def test_the_model_is_served_as_a_hybrid(served) -> None:
     be = served.backend
     fresh_cache(be, saved=2)
     assert served.info.state_bytes > 0
-    kind, step = ("short-conv", "torch") if "lfm2" in served.path else ("mamba2", "torch") if (
-        "granite" in served.path) else ("gated-deltanet", "native")
+    kind, step = ("short-conv", "torch") if "lfm2" in served.path else ("mamba2", "torch") if any(
+        name in served.path for name in UNFUSED_HYBRID) else ("gated-deltanet", "native")
     assert f"recurrent={kind}:3-layers,4-slots,2-saved,step={step}" in be.plan()
     assert be.cache.pool.shape[0] == 1, "only the full-attention layer keeps keys and values"
 

@@ -82,11 +82,13 @@ HYBRID: dict[str, str] = {
     "lfm2": "short-convolution layers (a convolution window per sequence) with full attention and q/k norms",
     "granitemoehybrid": "Mamba2 layers (a convolution window and a selective state per sequence) with attention, "
                         "mixture of experts beside a shared MLP, Granite's multipliers",
+    "bamba": "Mamba2 layers with attention, a gated MLP after each",
+    "nemotron_h": "Mamba2, attention, squared-ReLU MLP and mixture-of-experts blocks, each a layer of its own",
 }
 
 # Hybrid families served on transformers' forward with their recurrent layers replaced (the rest
 # run the fused hybrid forward, fused_hybrid.py).
-UNFUSED_HYBRID = frozenset({"granitemoehybrid"})
+UNFUSED_HYBRID = frozenset({"granitemoehybrid", "bamba", "nemotron_h"})
 
 # The families whose layers keep a state beside (or instead of) keys and values that the backend
 # does not hold yet: prefix caching and batching would mix it up, and the answers come out wrong.
@@ -94,7 +96,7 @@ UNFUSED_HYBRID = frozenset({"granitemoehybrid"})
 STATEFUL: dict[str, str] = {
     **dict.fromkeys(("qwen4_exp", "qwen4_exp_text", "kimi_linear", "olmo_hybrid", "bailing_hybrid", "lara_mini"),
                     "linear-attention layers keep a recurrent state"),
-    **dict.fromkeys(("bamba", "nemotron_h", "jamba", "falcon_h1", "zamba", "zamba2", "mamba",
+    **dict.fromkeys(("jamba", "falcon_h1", "zamba", "zamba2", "mamba",
                      "mamba2", "falcon_mamba"),
                     "Mamba layers keep a convolution and an SSM state"),
     **dict.fromkeys(("lfm2_moe", "lfm3"), "short-convolution layers keep a convolution state"),

@@ -28,8 +28,9 @@ from .attention import current_step
 
 # Text model types whose recurrent layers this module runs: the Gated DeltaNet modules (Qwen3.5 and
 # Qwen3.5-MoE project q, k, v / z / b / a separately, Qwen3-Next fuses them per key head), LFM2's
-# short convolutions and Granite 4.0-H's Mamba2 layers.
-HYBRID_TYPES = frozenset({"qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "lfm2", "granitemoehybrid"})
+# short convolutions and the Mamba2 layers of Granite 4.0-H, Bamba and Nemotron-H.
+HYBRID_TYPES = frozenset({"qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "lfm2", "granitemoehybrid", "bamba",
+                          "nemotron_h"})
 
 
 @dataclass(frozen=True)
@@ -62,9 +63,11 @@ def _short_conv_layers(model: Any) -> list[tuple[int, Any]]:
 
 
 def _mamba_layers(model: Any) -> list[tuple[int, Any]]:
-    """(layer number, module) of every Mamba2 layer (Granite 4.0-H's), in order."""
+    """(layer number, module) of every Mamba2 layer (Granite 4.0-H's and Bamba's ``mamba``,
+    Nemotron-H's ``mixer``), in order."""
     return [(int(m.layer_idx), m) for name, m in model.named_modules()
-            if name.endswith(".mamba") and all(hasattr(m, a) for a in ("A_log", "D", "dt_bias", "conv1d", "in_proj"))]
+            if name.endswith((".mamba", ".mixer")) and all(hasattr(m, a) for a in ("A_log", "D", "dt_bias", "conv1d",
+                                                                                    "in_proj"))]
 
 
 class Hybrid(NamedTuple):
@@ -104,7 +107,9 @@ def hybrid_shape(model: Any) -> Hybrid | None:
     kinds = list(cfg.layer_types)
     if recurrent != [i for i, k in enumerate(kinds) if k == name]:
         raise ValueError(f"the model's {kind} layers are not the ones its layer_types name")
-    return Hybrid(shape, recurrent, [i for i, k in enumerate(kinds) if k != name], kind)
+    # Nemotron-H's MLP and MoE blocks are layers of their own, with neither state nor keys and values.
+    attention = [i for i, k in enumerate(kinds) if k != name and k not in ("mlp", "moe")]
+    return Hybrid(shape, recurrent, attention, kind)
 
 
 @dataclass
