@@ -172,18 +172,21 @@ def test_greedy_continuations_equal_generate(served) -> None:
 
 
 def test_a_state_saved_mid_chunk_resumes_in_another_slot(served) -> None:
-    """A prompt chunk saves its state after 32 of its 50 tokens; another slot restores it and
-    goes on from there (keys and values of the first 32 positions shared, as a prefix hit does):
-    its logits equal one pass over the whole."""
+    """A prompt chunk saves its state after 32 of its 50 tokens, in the same step as another
+    sequence's 40-token prompt (the step's chunks run side by side, split at the save); another
+    slot restores the saved state and goes on from there (keys and values of the first 32
+    positions shared, as a prefix hit does): every logit equals one pass over the whole."""
     be = served.backend
     fresh_cache(be, slots=2, saved=3)
-    ids = PROMPTS[2]
+    ids, other = PROMPTS[2], ids_of(6, 40)
     ref = hybrid_model.reference_logits(served.reference, ids)
     tab = table(0, len(ids))
-    be.forward_logits([StepItem(seq_id=0, token_ids=ids[:50], start_pos=0, block_table=tab, state_slot=0,
-                                state_snapshot=(32, 2))])
-    be.forward_logits([StepItem(seq_id=1, token_ids=ids_of(6, 40), start_pos=0, block_table=table(10, 40),
-                                state_slot=1)])  # slot 1 holds another sequence's state first
+    first = be.forward_logits([StepItem(seq_id=0, token_ids=ids[:50], start_pos=0, block_table=tab, state_slot=0,
+                                        state_snapshot=(32, 2)),
+                               StepItem(seq_id=1, token_ids=other, start_pos=0, block_table=table(10, 40),
+                                        state_slot=1)])  # slot 1 holds another sequence's state first
+    close_to(first[0], ref[:50], "the chunk that saves its state")
+    close_to(first[1], hybrid_model.reference_logits(served.reference, other), "the chunk beside it")
     rest = be.forward_logits([StepItem(seq_id=1, token_ids=ids[32:60], start_pos=32, block_table=tab, state_slot=1,
                                        state_restore=2)])[0]
     close_to(rest, ref[32:60], "resumed from the saved state")

@@ -78,23 +78,27 @@ def chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, 
         s = state[None]
         out = [step(q[t][None], k[t][None], v[t][None], g[t][None], beta[t][None], s)[0] for t in range(n)]
         return torch.stack(out)
-    pad = -n % CHUNK
-    # [H, chunks, CHUNK, D]: padded positions have k = v = beta = g = 0, so they write nothing
+    # A prompt shorter than a chunk takes the next power of two instead: the same numbers, with
+    # products and a solve a fraction of the size (a conversation's short turns, a batch of prompts).
+    size = CHUNK if n >= CHUNK else 1 << (n - 1).bit_length()
+    pad = -n % size
+
+    # [H, chunks, size, D]: padded positions have k = v = beta = g = 0, so they write nothing
     # and decay nothing (their outputs are dropped).
     def chunks(x: torch.Tensor) -> torch.Tensor:
         x = x.float()
         if pad:
             x = F.pad(x, (0, 0) * (x.dim() - 1) + (0, pad))
-        return x.transpose(0, 1).reshape(x.shape[1], -1, CHUNK, *x.shape[2:])
+        return x.transpose(0, 1).reshape(x.shape[1], -1, size, *x.shape[2:])
 
     qc, kc, vc, gc, bc = chunks(q), chunks(k), chunks(v), chunks(g), chunks(beta)
     gamma = gc.cumsum(-1)                                                # [H, N, C]
     diff = gamma[..., :, None] - gamma[..., None, :]                     # gamma_i - gamma_j
-    causal = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=q.device).tril()
+    causal = torch.ones(size, size, dtype=torch.bool, device=q.device).tril()
     decay = torch.where(causal, diff, float("-inf")).exp()               # exp(gamma_i - gamma_j), j <= i
     strict = decay.tril(-1)
     a = (kc @ kc.transpose(-1, -2)) * strict * bc[..., None]             # A, strictly lower
-    eye = torch.eye(CHUNK, dtype=a.dtype, device=a.device)
+    eye = torch.eye(size, dtype=a.dtype, device=a.device)
     lhs = a + eye
     # One solve for both right-hand sides (values and decayed keys side by side).
     dv = vc.shape[-1]

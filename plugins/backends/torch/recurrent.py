@@ -256,13 +256,19 @@ def mix(p: DeltaNetParams, st: StateStep, mixed: torch.Tensor, z: torch.Tensor, 
     return out
 
 
+# Runs the prompt chunks of several sequences at once: (each one's rows, their states gathered
+# [B, ...], updated in place) -> outputs [B, longest, ...].
+Padded = Callable[[list[slice], torch.Tensor], torch.Tensor]
+
+
 def _over_rows(st: StateStep, pool: torch.Tensor, slots: torch.Tensor | None, shift: int, out: torch.Tensor,
                step: Callable[[slice, torch.Tensor], torch.Tensor],
-               chunk: Callable[[slice, torch.Tensor], torch.Tensor]) -> None:
+               chunk: Callable[[slice, torch.Tensor], torch.Tensor], padded: Padded | None = None) -> None:
     """One kind of state (a layer's ``pool``) through the step: the decode rows (when ``slots``)
     as one batch gathered from the pool and written back, ``step(rows, batch)``; each prompt
-    chunk on its slot in place, ``chunk(rows, state)``, split where its state is saved; results
-    into ``out``'s rows (chunks' first rows ``shift`` further on in the step)."""
+    chunk on its slot in place, ``chunk(rows, state)``, split where its state is saved, or (given
+    ``padded`` and several chunks) all at once; results into ``out``'s rows (chunks' first rows
+    ``shift`` further on in the step)."""
     if slots is not None:
         nd = slots.shape[0]
         batch = pool.index_select(0, slots)
@@ -270,12 +276,59 @@ def _over_rows(st: StateStep, pool: torch.Tensor, slots: torch.Tensor | None, sh
         pool.index_copy_(0, slots, batch)
         for slot, row in st.decode_saves:
             pool[row].copy_(pool[slot])
+    if padded is not None and len(st.chunks) > 1:
+        _padded_chunks(st, pool, shift, out, padded)
+        return
     for first, n, slot, cut, saved in st.chunks:
         first -= shift
         for lo, hi, save in _pieces(n, cut):
             out[first + lo:first + hi] = chunk(slice(first + lo, first + hi), pool[slot])
             if save:
                 pool[saved].copy_(pool[slot])
+
+
+def _padded_chunks(st: StateStep, pool: torch.Tensor, shift: int, out: torch.Tensor, padded: Padded) -> None:
+    """Every prompt chunk of the step in one ``padded`` call (two where some state is saved inside
+    a chunk: the pieces up to the saves, the saves, then the rest)."""
+    before: list[tuple[int, int, int, int]] = []  # (first row, length, slot, row saved after it or -1)
+    after: list[tuple[int, int, int, int]] = []
+    for first, n, slot, cut, saved in st.chunks:
+        first -= shift
+        before.append((first, n if cut is None else cut, slot, -1 if cut is None else saved))
+        if cut is not None and cut < n:
+            after.append((first + cut, n - cut, slot, -1))
+    for phase in (before, after):
+        if not phase:
+            continue
+        idx = torch.tensor([slot for _, _, slot, _ in phase], dtype=torch.long, device=pool.device)
+        states = pool.index_select(0, idx)
+        result = padded([slice(a, a + n) for a, n, _, _ in phase], states)
+        for i, (a, n, _, _) in enumerate(phase):
+            out[a:a + n] = result[i, :n]
+        pool.index_copy_(0, idx, states)
+        for _, _, slot, saved in phase:
+            if saved >= 0:
+                pool[saved].copy_(pool[slot])
+
+
+def _stacked(rows: list[slice], x: torch.Tensor) -> torch.Tensor:
+    """The rows ``rows[i]`` of ``x [T, H, ...]`` as ``[longest, B * H, ...]`` (sequence-major within
+    a row), zero past each one's end."""
+    longest = max(r.stop - r.start for r in rows)
+    buf = x.new_zeros((longest, len(rows)) + tuple(x.shape[1:]))
+    for i, r in enumerate(rows):
+        buf[:r.stop - r.start, i] = x[r]
+    return buf.flatten(1, 2)
+
+
+def _delta_padded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor) -> Padded:
+    """Several sequences' prompt chunks through one chunked delta rule, their heads side by side
+    (positions past a sequence's end have k = v = g = beta = 0: they decay and write nothing)."""
+    def run(rows: list[slice], states: torch.Tensor) -> torch.Tensor:
+        B, H = len(rows), q.shape[1]
+        o = deltanet.chunked(*(_stacked(rows, t) for t in (q, k, v, g, beta)), states.view(B * H, *states.shape[2:]))
+        return o.view(o.shape[0], B, H, -1).transpose(0, 1)
+    return run
 
 
 def _mix_torch(p: DeltaNetParams, st: StateStep, mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor,
@@ -299,7 +352,8 @@ def _mix_torch(p: DeltaNetParams, st: StateStep, mixed: torch.Tensor, z: torch.T
     out = torch.empty(T, p.value_heads, p.value_dim, dtype=torch.float32, device=mixed.device)
     _over_rows(st, st.states.ssm[layer], slots, shift, out,
                lambda rows, state: deltanet.step(q[rows], k[rows], v[rows], g[rows], beta[rows], state),
-               lambda rows, state: deltanet.chunked(q[rows], k[rows], v[rows], g[rows], beta[rows], state))
+               lambda rows, state: deltanet.chunked(q[rows], k[rows], v[rows], g[rows], beta[rows], state),
+               _delta_padded(q, k, v, g, beta))
     return deltanet.gated_norm(out.to(mixed.dtype), z.reshape(T, p.value_heads, p.value_dim), p.norm,
                                p.eps).view(T, -1)
 
@@ -372,9 +426,15 @@ def _mamba_forward(module: Any, hidden_states: torch.Tensor, *args: Any, **kwarg
         dt = dt.clamp(low, high)
     a = -module.A_log.float().exp()
     y = torch.empty(T, H, P, dtype=torch.float32, device=x.device)
+    def padded(rows: list[slice], states: torch.Tensor) -> torch.Tensor:  # dt = 0 past an end: no decay, no write
+        n = len(rows)
+        o = mamba2.chunked(*(_stacked(rows, t) for t in (xs, dt)), a.repeat(n), *(_stacked(rows, t) for t in (b, c)),
+                           states.view(n * H, *states.shape[2:]))
+        return o.view(o.shape[0], n, H, -1).transpose(0, 1)
+
     _over_rows(st, st.states.ssm[layer], slots, 0, y,
                lambda rows, state: mamba2.step(xs[rows], dt[rows], a, b[rows], c[rows], state),
-               lambda rows, state: mamba2.chunked(xs[rows], dt[rows], a, b[rows], c[rows], state))
+               lambda rows, state: mamba2.chunked(xs[rows], dt[rows], a, b[rows], c[rows], state), padded)
     y = y + module.D.float()[:, None] * xs.float()
     return module.out_proj(module.norm(y.reshape(T, H * P).to(x.dtype), gate).to(x.dtype))[None]
 
