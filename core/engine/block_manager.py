@@ -53,8 +53,10 @@ class BlockManager:
     sequence) a sequence also takes a state slot with its first blocks and gives it back with
     them: admission waits for a slot as it waits for blocks, and every path that frees a
     sequence's blocks (finish, abort, preemption) frees its slot. Cached blocks alone do not resume
-    such a sequence: with ``state_snapshots`` a prompt's state is saved at its last block boundary
-    (``plan_snapshot``, ``commit_snapshots``) and a prefix hit reaches only as far as a saved state.
+    such a sequence: with ``state_snapshots`` a prompt's state is saved at its last block boundary,
+    and an answer's at each block boundary it crosses, the latest one kept a sequence (``plan_snapshot``,
+    ``commit_snapshots``: a conversation's next turn resumes after the answer), and a prefix hit
+    reaches only as far as a saved state.
     """
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
@@ -73,7 +75,8 @@ class BlockManager:
         self.prefix_hit_tokens = 0
         self.state_slots = StateSlots(state_slots) if state_slots else None
         self.snapshots = StateSnapshots(state_snapshots) if state_slots and state_snapshots else None
-        self._saving: list[tuple[Sequence, int, int]] = []  # (sequence, boundary, snapshot id) of this step
+        # (sequence, boundary, snapshot id, inside its answer) of this step
+        self._saving: list[tuple[Sequence, int, int, bool]] = []
 
     # -- capacity ----------------------------------------------------------------------------
     @property
@@ -192,28 +195,45 @@ class BlockManager:
     def plan_snapshot(self, seq: Sequence, start: int, num_tokens: int) -> tuple[int, int] | None:
         """Where (in tokens) and into which snapshot the backend saves ``seq``'s state in a step
         feeding positions ``start .. start + num_tokens - 1``: at its prompt's last block boundary
-        (the furthest a later request's prefix hit can reach) when the step crosses it; None when
-        it does not or no snapshot id is free. ``commit_snapshots`` settles it after the step."""
+        (the furthest a later request's prefix hit can reach) when the step crosses it, or at a
+        block boundary inside its answer (a next turn that repeats the answer resumes there); None
+        when it crosses neither or no snapshot id is free. ``commit_snapshots`` settles it after
+        the step."""
         if self.snapshots is None or not self.enable_prefix_caching:
             return None
-        boundary = (seq.num_prompt_tokens - 1) // self.block_size * self.block_size
-        if not boundary or not start < boundary <= start + num_tokens:
+        bs = self.block_size
+        boundary = (seq.num_prompt_tokens - 1) // bs * bs
+        answer = (start + num_tokens) // bs * bs  # the last boundary this step reaches
+        if boundary and start < boundary <= start + num_tokens:
+            at = boundary
+        elif answer > boundary and start < answer:
+            at = answer
+        else:
             return None
         sid = self.snapshots.reserve()
         if sid is None:
             return None
-        self._saving.append((seq, boundary, sid))
-        return boundary, sid
+        self._saving.append((seq, at, sid, at > boundary))
+        return at, sid
 
     def commit_snapshots(self) -> None:
         """After the step (and ``cache_computed_blocks``): each saved state goes under the hash of
-        the chain ending at its boundary; one whose sequence left meanwhile is dropped."""
-        for seq, boundary, sid in self._saving:
-            k = boundary // self.block_size
-            if self.snapshots is not None and len(seq.block_hashes) >= k:
-                self.snapshots.commit(seq.block_hashes[k - 1], sid)
-            elif self.snapshots is not None:
+        the chain ending at its boundary (one inside an answer replaces the sequence's previous
+        one); one whose sequence left meanwhile is dropped."""
+        if self.snapshots is None:
+            self._saving.clear()
+            return
+        for seq, at, sid, answer in self._saving:
+            k = at // self.block_size
+            if len(seq.block_hashes) < k:
                 self.snapshots.cancel(sid)
+                continue
+            chain = seq.block_hashes[k - 1]
+            self.snapshots.commit(chain, sid)
+            if answer:
+                if seq.answer_saved is not None and seq.answer_saved != chain:
+                    self.snapshots.drop(seq.answer_saved)
+                seq.answer_saved = chain
         self._saving.clear()
 
     def _cached_blocks(self, token_ids: Seq[int], media: Seq[MediaInput] = ()) -> Iterator[tuple[int, int]]:

@@ -33,14 +33,15 @@ class Sequence:
     ``media``: the prompt's images (``llmserve.media.inputs.MediaInput``), where each one's
     expansion sits in the prompt. ``state_slot``: the slot of recurrent state it holds while it runs
     (a hybrid model's; ``engine.state_slots``), None otherwise; ``state_restore``: the saved state
-    its first step starts from, after a prefix-cache hit.
+    its first step starts from, after a prefix-cache hit; ``answer_saved``: the chain hash its
+    latest state saved inside its answer is kept under (the block manager keeps one a sequence).
     """
 
     __slots__ = (
         "seq_id", "request_id", "index", "priority", "arrival",
         "token_ids", "num_prompt_tokens", "num_computed_tokens", "num_cached_tokens",
         "block_table", "block_hashes", "status", "sampling", "mask", "num_preemptions",
-        "state", "draft", "media", "state_slot", "state_restore",
+        "state", "draft", "media", "state_slot", "state_restore", "answer_saved",
     )
 
     def __init__(
@@ -81,6 +82,7 @@ class Sequence:
         self.media = media
         self.state_slot: int | None = None
         self.state_restore: int | None = None
+        self.answer_saved: int | None = None
 
     # -- token views -----------------------------------------------------------------------
     @property

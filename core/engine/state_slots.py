@@ -100,6 +100,12 @@ class StateSnapshots:
         else:
             self._saved[chain_hash] = sid
 
+    def drop(self, chain_hash: int) -> None:
+        """Forget the state saved under ``chain_hash`` (if any): its id is free again."""
+        sid = self._saved.pop(chain_hash, None)
+        if sid is not None:
+            self._free.append(sid)
+
     def cancel(self, sid: int) -> None:
         self._pending.remove(sid)
         self._free.append(sid)

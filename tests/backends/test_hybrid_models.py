@@ -203,8 +203,8 @@ def test_a_state_saved_mid_chunk_resumes_in_another_slot(served) -> None:
 
 def test_a_prefix_hit_resumes_from_the_saved_state(served) -> None:
     """A conversation's second turn (the first turn's prompt, its answer and a new message) reuses
-    the first prompt's blocks and its saved state, and answers as transformers does without any
-    reuse; the same prompt again reuses all but its last block."""
+    the blocks and the state saved inside the first answer, and answers as transformers does
+    without any reuse; the same prompt again reuses all but its last block."""
     from llmserve.engine.engine import LLMEngine
     from llmserve.request import PreparedRequest
     from llmserve.sampling import SamplingParams
@@ -223,12 +223,13 @@ def test_a_prefix_hit_resumes_from_the_saved_state(served) -> None:
             engine.step()
         return out, engine.block_manager.prefix_hit_tokens - hits
 
-    first = PROMPTS[2]  # 70 tokens: its state is saved at 64
-    reply, hit = answer(first)
-    assert hit == 0 and reply == hybrid_model.reference_generate(served.reference, first, 8)
+    first = PROMPTS[2]  # 70 tokens: its state is saved at 64, its answer's at 80
+    reply, hit = answer(first, 20)
+    assert hit == 0 and reply == hybrid_model.reference_generate(served.reference, first, 20)
+    assert engine.block_manager.snapshots.num_saved == 2
     second = first + reply + ids_of(30, 9)
     reply2, hit = answer(second)
-    assert hit == 64, f"the second turn reused {hit} tokens"
+    assert hit == 80, f"the second turn reused {hit} tokens"
     assert reply2 == hybrid_model.reference_generate(served.reference, second, 8)
     again, hit = answer(second)
     assert hit == (len(second) - 1) // BS * BS and again == reply2

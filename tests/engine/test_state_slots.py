@@ -167,6 +167,32 @@ def test_a_prefix_hit_reaches_only_as_far_as_a_saved_state() -> None:
     bm.check_invariants(expect_idle=True, seqs=[])
 
 
+def test_an_answer_keeps_its_latest_saved_state() -> None:
+    """Decoding past block boundaries saves the state at each, the latest one kept a sequence
+    (each new one frees the one before): the next turn (the prompt, the answer and a new message)
+    resumes after the answer, not at the prompt's boundary."""
+    bm = _hybrid_bm()
+    seq = Sequence("a", list(range(1, 7)))  # 6 tokens: the prompt's state saved at 4
+    assert _run_prompt(bm, seq) == 0 and bm.snapshots.num_saved == 1
+    saves = []
+    for t in range(100, 110):  # ten answer tokens, each fed in the next step
+        seq.append_token(t)
+        start = seq.num_computed_tokens
+        assert bm.allocate(seq, 1)
+        saves.append(bm.plan_snapshot(seq, start, 1))
+        seq.num_computed_tokens += 1
+        bm.cache_computed_blocks(seq)
+        bm.commit_snapshots()
+        assert bm.snapshots.num_saved <= 2  # the prompt's, and the answer's latest
+    assert [s[0] for s in saves if s is not None] == [8, 12, 16]  # positions 7, 11 and 15 reach them
+    assert bm.snapshots.num_saved == 2 and seq.answer_saved == seq.block_hashes[3]
+    bm.free(seq)
+    turn2 = Sequence("b", seq.token_ids[:16] + [200, 201, 202])
+    assert bm.match_prefix(turn2) == 16 and turn2.state_restore is not None
+    bm.free(turn2)
+    bm.check_invariants(expect_idle=True, seqs=[])
+
+
 def test_a_save_whose_sequence_left_is_dropped() -> None:
     bm = _hybrid_bm(saved=1)
     seq = Sequence("a", list(range(1, 15)))
