@@ -138,6 +138,39 @@ def _mlp_tensors(sd: dict, pre: str, blk: str, merged: bool) -> dict[str, np.nda
             blk + "ffn_gate_inp_shexp.weight": sd[m + "shared_expert_gate.weight"].reshape(-1)}
 
 
+def _file_model(model_type: str, seed: int, **extra: object) -> tuple[torch.nn.Module, object, dict]:
+    """A tiny ``model_type`` with the embedded SmolLM2's vocabulary (a GGUF file's), its weights
+    stirred and its logits spread: the model (eval mode), its config and its float32 state dict."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = AutoConfig.for_model(model_type, **dict(TEXT, vocab_size=49152, bos_token_id=None, eos_token_id=None,
+                                                  pad_token_id=None), **extra)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    _stir(model)
+    with torch.inference_mode():
+        ids = torch.randint(3, 40000, (1, 64), generator=torch.Generator().manual_seed(seed))
+        model.lm_head.weight.mul_(LOGIT_SPREAD / float(model(ids).logits.std()))
+    model.generation_config.eos_token_id = None
+    return model, cfg, {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+
+
+def _write_tensors(w: object, tensors: dict, qtype: str, seed: int) -> None:
+    """The tensors (those ``_quantized`` picks in ``qtype``, the rest F32; None: left out), then
+    the file is written and closed."""
+    from gguf_writer import _encode
+
+    rng = np.random.default_rng(seed)
+    for name, value in tensors.items():
+        if value is not None:
+            data, raw = _encode(value, qtype if _quantized(name, value) else "F32", rng)
+            w.add_tensor(name, data, raw_dtype=raw)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def _quantized(name: str, value: np.ndarray) -> bool:
     """Whether the converter's quantization rounds this tensor (matrices and experts; not the
     convolutions, not the router)."""
@@ -178,21 +211,12 @@ def write_hybrid_gguf(path: str, qtype: str = "F32", seed: int = 0,
     was made from, holding its matrices as the file decodes them (a quantized ``qtype`` rounds
     them)."""
     import gguf
-    from gguf_writer import _encode, _write_tokenizer
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from gguf_writer import _write_tokenizer
 
     torch.manual_seed(seed)
     moe, arch = kind != "qwen35", kind
     assert qtype == "F32" or kind != "qwen3next", "quantized qwen3next files are not written here"
-    text = dict(TEXT, vocab_size=49152, bos_token_id=None, eos_token_id=None, pad_token_id=None, **(MOE if moe else {}))
-    cfg = AutoConfig.for_model(GGUF_KINDS[kind], **text)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
-    _stir(model)
-    with torch.inference_mode():
-        ids = torch.randint(3, 40000, (1, 64), generator=torch.Generator().manual_seed(seed))
-        model.lm_head.weight.mul_(LOGIT_SPREAD / float(model(ids).logits.std()))
-    model.generation_config.eos_token_id = None
-    sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    model, cfg, sd = _file_model(GGUF_KINDS[kind], seed, **(MOE if moe else {}))
     hk, hv, dk, dv = (cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
                       cfg.linear_value_head_dim)
     r = hv // hk
@@ -247,16 +271,7 @@ def write_hybrid_gguf(path: str, qtype: str = "F32", seed: int = 0,
     w.add_float32(f"{arch}.rope.freq_base", float(cfg.rope_parameters["rope_theta"]))
     w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", float(cfg.rms_norm_eps))
     _write_tokenizer(w)
-    rng = np.random.default_rng(seed)
-    for name, value in {**tensors, **(replace or {})}.items():
-        if value is None:
-            continue
-        data, raw = _encode(value, qtype if _quantized(name, value) else "F32", rng)
-        w.add_tensor(name, data, raw_dtype=raw)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    _write_tensors(w, {**tensors, **(replace or {})}, qtype, seed)
     return model
 
 
@@ -314,20 +329,10 @@ def write_lfm2_gguf(path: str, seed: int = 0, replace: dict[str, np.ndarray | No
     layer), norms as stored (LFM2's scale by ``weight``). ``replace`` as for ``write_hybrid_gguf``.
     Returns the model (transformers, float32, eval mode) the file was made from."""
     import gguf
-    from gguf_writer import _encode, _write_tokenizer
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from gguf_writer import _write_tokenizer
 
-    torch.manual_seed(seed)
-    extra = dict(SHAPES["lfm2"][1], norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 50000.0})
-    cfg = AutoConfig.for_model("lfm2", **dict(TEXT, vocab_size=49152, bos_token_id=None, eos_token_id=None,
-                                              pad_token_id=None), **extra)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
-    _stir(model)
-    with torch.inference_mode():
-        ids = torch.randint(3, 40000, (1, 64), generator=torch.Generator().manual_seed(seed))
-        model.lm_head.weight.mul_(LOGIT_SPREAD / float(model(ids).logits.std()))
-    model.generation_config.eos_token_id = None
-    sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    model, cfg, sd = _file_model("lfm2", seed, **SHAPES["lfm2"][1], norm_eps=1e-6,
+                                 rope_parameters={"rope_type": "default", "rope_theta": 50000.0})
     names = {"operator_norm": "attn_norm", "ffn_norm": "ffn_norm", "feed_forward.w1": "ffn_gate",
              "feed_forward.w3": "ffn_up", "feed_forward.w2": "ffn_down", "conv.in_proj": "shortconv.in_proj",
              "conv.out_proj": "shortconv.out_proj", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
@@ -355,13 +360,5 @@ def write_lfm2_gguf(path: str, seed: int = 0, replace: dict[str, np.ndarray | No
     w.add_float32("lfm2.rope.freq_base", 50000.0)
     w.add_float32("lfm2.attention.layer_norm_rms_epsilon", 1e-6)
     _write_tokenizer(w)
-    rng = np.random.default_rng(seed)
-    for name, value in {**tensors, **(replace or {})}.items():
-        if value is not None:
-            data, raw = _encode(value, "F32", rng)
-            w.add_tensor(name, data, raw_dtype=raw)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    _write_tensors(w, {**tensors, **(replace or {})}, "F32", seed)
     return model

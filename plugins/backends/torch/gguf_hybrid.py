@@ -72,6 +72,16 @@ class HybridMapper(_Mapper):
             raise ConfigError(f"GGUF tensor {name} is {t.shape[0]} x {t.shape[1]}; a {self.f.architecture} model of "
                               f"this configuration has {rows} x {hidden} (the file is inconsistent)")
 
+    def interleaved(self, name: str, heads: int, size: int, what: str) -> tuple[Any, Any]:
+        """The matrix ``name`` whose rows hold, per head, ``size`` rows of one kind then ``size``
+        of the other, as two products' parts (row maps into the file's rows; ``what`` names them)."""
+        f, hidden = self.f, int(self.cfg.hidden_size)
+        if tuple(int(d) for d in f.tensors[self.need(name)].shape) != (hidden, 2 * heads * size):
+            raise ConfigError(f"GGUF tensor {name} is not {2 * heads * size} x {hidden} ({what}): the file is "
+                              "inconsistent")
+        first, second = (f.quant(name, _rows(heads, size, g)) for g in (0, 1))
+        return first, second
+
     def delta_layer(self, i: int, m: Any) -> dict[str, Any]:
         """A Gated DeltaNet layer: its state's small tensors, its input projections in one product
         (``qwen3next``: ``delta_inputs``), its output projection."""
@@ -94,12 +104,9 @@ class HybridMapper(_Mapper):
         """A ``qwen3next`` Gated DeltaNet layer's input projections in one product: ``attn_qkv``,
         ``attn_gate``, then ``ssm_ba``'s rows (each key head's ``b`` rows, then its ``a`` rows)
         picked apart by row maps into every ``b``, then every ``a``."""
-        f, hidden = self.f, int(self.cfg.hidden_size)
-        ba = self.need(f"{blk}ssm_ba.weight")
-        if tuple(int(d) for d in f.tensors[ba].shape) != (hidden, 2 * key_heads * per_key):
-            raise ConfigError(f"GGUF tensor {ba} is not {2 * key_heads * per_key} x {hidden} (b and a of "
-                              f"{key_heads * per_key} value heads): the file is inconsistent")
-        b, a = (f.quant(ba, _rows(key_heads, per_key, g)) for g in (0, 1))
+        f = self.f
+        b, a = self.interleaved(f"{blk}ssm_ba.weight", key_heads, per_key,
+                                f"b and a of {key_heads * per_key} value heads")
         qkv, gate = (f.quant(self.need(f"{blk}{n}.weight")) for n in ("attn_qkv", "attn_gate"))
         self.shaped(f"{blk}attn_qkv.weight", qkv, channels)
         self.shaped(f"{blk}attn_gate.weight", gate, values)
@@ -141,11 +148,8 @@ class HybridMapper(_Mapper):
         D = int(self.cfg.head_dim)
         for norm in ("q_norm", "k_norm"):
             self.fill(getattr(attn, norm), f"{blk}attn_{norm}.weight")
-        q_name = self.need(f"{blk}attn_q.weight")
-        if tuple(int(d) for d in f.tensors[q_name].shape) != (hidden, 2 * H * D):
-            raise ConfigError(f"GGUF tensor {q_name} is not {2 * H * D} x {hidden} (queries and gates of {H} heads of "
-                              f"{D}): the file is inconsistent")
-        q, gate = (f.quant(q_name, _rows(H, D, g)) for g in (0, 1))
+        q_name = f"{blk}attn_q.weight"
+        q, gate = self.interleaved(q_name, H, D, f"queries and gates of {H} heads of {D}")
         k, v = (f.quant(self.need(f"{blk}attn_{p}.weight")) for p in ("k", "v"))
         self.shaped(f"{blk}attn_k.weight", k, kvh * D)
         self.shaped(f"{blk}attn_v.weight", v, kvh * D)
