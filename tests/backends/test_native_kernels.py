@@ -480,12 +480,32 @@ def test_quantized_panels_only_where_they_are_lossless() -> None:
     nudged[37, 50] = torch.nextafter(nudged[37, 50], torch.tensor(1.0))       # one weight one ulp off
     assert kernels.packed_linear(nudged).format == "f32"
     assert kernels.packed_linear(q4_1_weights(40, 96)[:, :80]).format == "f32"  # K not a multiple of 32
-    flat = torch.full((16, 32), -0.0)  # a flat block of -0.0: d * 0 + m would give +0.0
-    assert kernels.packed_linear(flat).format == "f32"
+    flat = torch.full((16, 32), -0.0)  # a flat block of -0.0: d * 0 + m would give +0.0; bf16 keeps it
+    assert kernels.packed_linear(flat).format == "bf16"
     signed_zero = q8_0_weights(16, 64)
     signed_zero[3, 10] = -0.0  # 8-bit codes have no -0 (d * 0 is +0.0)
     assert kernels.packed_linear(signed_zero).format == "f32"
     assert kernels.packed_linear(torch.full((16, 32), 0.25)).format == "q4"
+
+
+@pytest.mark.parametrize("N,K,bias", [(16, 32, False), (45, 96, True), (960, 576, False), (7, 1536, True)])
+def test_bf16_weights_keep_half_the_bytes_and_the_fp32_products(N, K, bias) -> None:
+    """Weights that are all bf16 numbers (a bf16 checkpoint served in float32) are kept as bf16
+    rows, two bytes a weight, read by the GGUF kernels: every row count gives the fp32 product of
+    the same weights; one weight that is not a bf16 number keeps the fp32 panels."""
+    gen = torch.Generator().manual_seed(N + K)
+    w = torch.randn(N, K, generator=gen).bfloat16().float()
+    b = torch.randn(N, generator=gen) if bias else None
+    lin = kernels.packed_linear(w, b)
+    assert lin.format == "bf16" and kernels.packed_linear(w, b, compact=False).format == "f32"
+    assert sum(p.data.numel() for p in lin._parts) == N * K * 2
+    for M in (*range(1, 15), 31, 32, 37):
+        x = torch.randn(M, K, generator=gen)
+        want = torch.nn.functional.linear(x.double(), w.double(), b.double() if b is not None else None)
+        torch.testing.assert_close(lin(x).double(), want, atol=1e-4 * K ** 0.5, rtol=1e-5)
+    nudged = w.clone()
+    nudged[N - 1, K - 1] = torch.nextafter(nudged[N - 1, K - 1], torch.tensor(10.0))
+    assert kernels.packed_linear(nudged, b).format == "f32"
 
 
 @pytest.mark.parametrize("T,D", [(1, 576), (7, 13), (40, 64), (3, 8)])

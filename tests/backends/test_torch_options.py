@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from llmserve.config import ServerConfig
-from llmserve.engine.backend import KVCacheSpec
+from llmserve.engine.backend import KVCacheSpec, StepItem
 from llmserve.errors import ConfigError
 from llmserve.plugins.backends.torch.native import build
 from llmserve.plugins.backends.torch.options import TorchOptions
@@ -46,23 +46,23 @@ PLANS = [
     (TorchOptions(threads=1),
      "device=cpu dtype=float32 kv_dtype=float32 "
      "threads=1 forward=fused decode_attention=native prefill_attention=native linears=packed elementwise=native "
-     "native_step=on panels=f32:9,q4:0,q8:0"),
+     "native_step=on panels=f32:9,q4:0,q8:0,bf16:0"),
     (TorchOptions(threads=1, native_step=False, compact_weights=False),
      "device=cpu dtype=float32 kv_dtype=float32 "
      "threads=1 forward=fused decode_attention=native prefill_attention=native linears=packed elementwise=native "
-     "native_step=off panels=f32:9,q4:0,q8:0"),
+     "native_step=off panels=f32:9,q4:0,q8:0,bf16:0"),
     (TorchOptions(threads=2, cpu_kernels=False),
      "device=cpu dtype=float32 kv_dtype=float32 "
      "threads=2 forward=fused decode_attention=matmul prefill_attention=sdpa linears=torch elementwise=torch "
-     "native_step=off panels=f32:0,q4:0,q8:0"),
+     "native_step=off panels=f32:0,q4:0,q8:0,bf16:0"),
     (TorchOptions(threads=1, fused_forward=False, cpu_kernels=False, cpu_matmul_decode=False),
      "device=cpu dtype=float32 kv_dtype=float32 "
      "threads=1 forward=transformers decode_attention=sdpa prefill_attention=sdpa linears=torch elementwise=torch "
-     "native_step=off panels=f32:0,q4:0,q8:0"),
+     "native_step=off panels=f32:0,q4:0,q8:0,bf16:0"),
     (TorchOptions(threads=1, fused_forward=False),  # lm_head is still packed
      "device=cpu dtype=float32 kv_dtype=float32 threads=1 forward=transformers decode_attention=native "
      "prefill_attention=native linears=packed "
-     "elementwise=native native_step=off panels=f32:1,q4:0,q8:0"),
+     "elementwise=native native_step=off panels=f32:1,q4:0,q8:0,bf16:0"),
 ]
 
 
@@ -71,6 +71,30 @@ PLANS = [
 def test_the_plan_is_one_log_line(tiny_dir: str, caplog, threads, options: TorchOptions, plan: str) -> None:
     """The tiny model: 2 layers x 4 projections + lm_head; its random weights fit no code panel."""
     assert plan_lines(tiny_dir, options, caplog) == [f"execution plan: {plan}"]
+
+
+def test_a_bf16_checkpoint_served_in_float32_keeps_bf16_rows(tmp_path, caplog, threads) -> None:
+    """A checkpoint whose weights are bf16 numbers: every projection and the head keep bf16 rows
+    (half of fp32 panels' bytes), decode steps stay one native call, and the logits are
+    transformers' own on the same weights."""
+    from transformers import AutoModelForCausalLM
+
+    path = str(tmp_path / "bf16")
+    build_tiny_model(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+    model.save_pretrained(path)
+    plan = plan_lines(path, TorchOptions(threads=1), caplog)[-1]
+    assert plan.endswith("native_step=on panels=f32:0,q4:0,q8:0,bf16:9")
+    backend = TorchBackend(ServerConfig(model=path, dtype="float32", device="cpu"), TorchOptions(threads=1))
+    backend.load()
+    backend.init_kv_cache(KVCacheSpec(block_size=4, num_blocks=16))
+    ids = list(range(5, 25))
+    got = backend.forward_logits([StepItem(seq_id=0, token_ids=ids, start_pos=0, block_table=list(range(5)))])[0]
+    backend.close()
+    reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        want = reference(torch.tensor([ids])).logits[0]
+    torch.testing.assert_close(got, want, atol=2e-4, rtol=1e-4)
 
 
 def test_the_environment_sets_a_backend_built_without_options(tiny_dir: str, caplog, threads, monkeypatch,
@@ -83,7 +107,7 @@ def test_the_environment_sets_a_backend_built_without_options(tiny_dir: str, cap
     assert plan_lines(tiny_dir, None, caplog) == [
         "execution plan: device=cpu dtype=float32 kv_dtype=float32 "
         "threads=1 forward=fused decode_attention=matmul prefill_attention=sdpa linears=torch "
-        "elementwise=torch native_step=off panels=f32:0,q4:0,q8:0"]
+        "elementwise=torch native_step=off panels=f32:0,q4:0,q8:0,bf16:0"]
     assert build._loaded == {} and not (tmp_path / "kernels").exists()
 
 

@@ -172,7 +172,7 @@ class TorchBackend(Backend):
             return f"quantized as in the file: {counts} matrices"
         if not formats:
             return None
-        counts = ", ".join(f"{f} {formats.count(f)}" for f in ("q4", "q8", "f32") if f in formats)
+        counts = ", ".join(f"{f} {formats.count(f)}" for f in ("q4", "q8", "bf16", "f32") if f in formats)
         return f"packed for the CPU kernels: {counts} matrices"
 
     def warm_up(self, wait: bool = True) -> None:
@@ -338,7 +338,8 @@ class TorchBackend(Backend):
                 f"linears={'gguf' if self._gguf else 'packed' if any(formats) else 'torch'} "
                 f"elementwise={'native' if self._ops is not None else 'triton' if self._kernel and fused else 'torch'} "
                 f"native_step={'on' if step else 'off'} "
-                f"panels=f32:{formats.count('f32')},q4:{formats.count('q4')},q8:{formats.count('q8')}"
+                f"panels=f32:{formats.count('f32')},q4:{formats.count('q4')},q8:{formats.count('q8')},"
+                f"bf16:{formats.count('bf16')}"
                 + (f" weights=gguf:{','.join(sorted(set(self._gguf.types)))}" if self._gguf is not None else "")
                 + (" gguf_matmul=bf16-amx" if self._gguf is not None and self._gguf.bf16_matmul else "")
                 + (" gguf_decode=int8" if self._gguf is not None and self._gguf.int8_decode else "")

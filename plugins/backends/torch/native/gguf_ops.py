@@ -44,6 +44,7 @@ SUPPORTED: dict[int, str] = {int(t): t.name for t in (
 # The types ``int8=True`` multiplies with int8 activations (``csrc/gguf_q8.h``); others stay exact.
 INT8_TYPES = frozenset(int(t) for t in (_T.Q8_0, _T.Q4_0, _T.Q5_0, _T.Q4_K, _T.Q5_K, _T.Q6_K))
 Q8_0 = int(_T.Q8_0)
+BF16 = int(_T.BF16)
 
 
 def _type_name(qtype: int) -> str:

@@ -229,16 +229,36 @@ class PackedLinear:
         return y
 
 
-def packed_linear(weight: torch.Tensor, bias: torch.Tensor | None = None, compact: bool = True) -> PackedLinear | None:
+def packed_linear(weight: torch.Tensor, bias: torch.Tensor | None = None, compact: bool = True) -> Any:
     """``weight`` (and ``bias``) packed for the native linear kernel, or None when the kernel is
     unavailable here or does not apply (only fp32 weights on the CPU do). ``compact``: try the
-    lossless 4- and 8-bit panels (``panels.py``) before keeping fp32 ones."""
+    lossless 4- and 8-bit panels (``panels.py``), then bf16 rows (``bf16_linear``), before keeping
+    fp32 ones. Returns a ``PackedLinear`` or, for bf16 rows, a ``gguf_ops.GGUFLinear`` (the same
+    call and the same ``kernel``/``packed`` pair for the native step)."""
     if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2:
         return None
     if bias is not None and (bias.dtype != torch.float32 or bias.device.type != "cpu"):
         return None
     lib = library("packed_linear", "linear-layer")
-    return PackedLinear(lib, weight, bias, compact) if lib is not None else None
+    if lib is None:
+        return None
+    packed = PackedLinear(lib, weight, bias, compact)
+    return (bf16_linear(weight, bias) or packed) if compact and packed.format == "f32" else packed
+
+
+def bf16_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> Any:
+    """``weight`` kept as bf16 rows and read by the GGUF kernels (their BF16 type: each weight
+    widened exactly to fp32, then the same fp32 products), where every weight is a bf16 number,
+    as when a bf16 checkpoint is served in float32: half the bytes of fp32 panels, so half the
+    memory and the bandwidth a decode step needs, and the same products. None where some weight
+    is not, or the GGUF kernels are not built here."""
+    w16 = weight.detach().to(torch.bfloat16)
+    if not torch.equal(w16.to(torch.float32), weight):
+        return None
+    from .gguf_ops import BF16, QuantTensor, gguf_linear
+
+    rows = QuantTensor(qtype=BF16, data=w16.contiguous().view(torch.uint8), shape=(weight.shape[0], weight.shape[1]))
+    return gguf_linear([rows], bias)
 
 
 class ElementwiseOps:
