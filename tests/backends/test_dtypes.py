@@ -13,7 +13,7 @@ transformers = pytest.importorskip("transformers")
 
 from llmserve.config import ServerConfig
 from llmserve.engine.backend import KVCacheSpec, StepItem
-from llmserve.plugins.backends.torch import loader, runner
+from llmserve.plugins.backends.torch import bf16_rows, loader, runner
 from llmserve.plugins.backends.torch.options import TorchOptions
 from llmserve.plugins.backends.torch.runner import TorchBackend
 
@@ -72,6 +72,7 @@ def half_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """A CPU with bf16 and fp16 matmuls in hardware, whatever this one has (torch computes
     both dtypes on any CPU; only the speed differs)."""
     monkeypatch.setattr(loader, "cpu_supports", lambda dtype: True)
+    monkeypatch.setattr(bf16_rows, "bf16_tiles", lambda: True)  # bf16 on tiles: auto keeps bf16 arithmetic
 
 
 def reference(path: str, dtype: torch.dtype) -> torch.Tensor:
@@ -134,6 +135,20 @@ def test_bf16_checkpoint_runs_in_bf16(bf16_dir: str, half_cpu: None) -> None:
     top2 = fp32.topk(2, -1).values
     clear = (top2[:, 0] - top2[:, 1]) > 2 * 0.05 * fp32.abs().max()  # margins bf16 error cannot flip
     assert clear.any() and bool((got.argmax(-1) == fp32.argmax(-1))[clear].all())
+    backend.close()
+
+
+def test_auto_without_bf16_tiles_computes_in_float32_on_bf16_rows(bf16_dir: str, half_cpu: None,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU with bf16 instructions but no tiles: ``auto`` computes a bf16 checkpoint in float32
+    with its projections as bf16 rows (faster there than bf16 arithmetic, and no fp32 copy of
+    them): fp32 compute's logits."""
+    monkeypatch.setattr(bf16_rows, "bf16_tiles", lambda: False)
+    backend = make_backend(bf16_dir)
+    assert backend.loaded.dtype == torch.float32 and param_dtypes(backend) == {torch.float32}
+    assert "dtype=float32 kv_dtype=float32 " in backend.plan() and "bf16:" in backend.plan()
+    assert not backend.plan().endswith("bf16:0")
+    assert torch.allclose(run_prompt(backend), reference(bf16_dir, torch.float32), atol=1e-4, rtol=1e-4)
     backend.close()
 
 

@@ -396,8 +396,10 @@ def test_packed_linear_equals_torch(M, N, K, bias) -> None:
 
 
 def test_packed_linear_declines_what_it_cannot_do() -> None:
-    assert kernels.packed_linear(torch.zeros(4, 4, dtype=torch.bfloat16)) is None
+    assert kernels.packed_linear(torch.zeros(4, 4, dtype=torch.float16)) is None
     assert kernels.packed_linear(torch.zeros(4)) is None
+    assert kernels.packed_linear(torch.zeros(4, 4, dtype=torch.bfloat16), compact=False) is None
+    assert kernels.packed_linear(torch.zeros(4, 4, dtype=torch.bfloat16)).format == "bf16"  # a bf16 checkpoint's
 
 
 def q4_1_weights(N: int, K: int, seed: int = 0) -> torch.Tensor:

@@ -73,25 +73,45 @@ def test_the_plan_is_one_log_line(tiny_dir: str, caplog, threads, options: Torch
     assert plan_lines(tiny_dir, options, caplog) == [f"execution plan: {plan}"]
 
 
-def test_a_bf16_checkpoint_served_in_float32_keeps_bf16_rows(tmp_path, caplog, threads) -> None:
-    """A checkpoint whose weights are bf16 numbers: every projection and the head keep bf16 rows
-    (half of fp32 panels' bytes), decode steps stay one native call, and the logits are
-    transformers' own on the same weights."""
+@pytest.fixture(scope="module")
+def bf16_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The tiny model saved as a bf16 checkpoint."""
     from transformers import AutoModelForCausalLM
 
-    path = str(tmp_path / "bf16")
+    path = str(tmp_path_factory.mktemp("tiny-bf16"))
     build_tiny_model(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
-    model.save_pretrained(path)
-    plan = plan_lines(path, TorchOptions(threads=1), caplog)[-1]
-    assert plan.endswith("native_step=on panels=f32:0,q4:0,q8:0,bf16:9")
-    backend = TorchBackend(ServerConfig(model=path, dtype="float32", device="cpu"), TorchOptions(threads=1))
+    AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("dtype,options,panels", [
+    ("float32", TorchOptions(threads=1), "native_step=on panels=f32:0,q4:0,q8:0,bf16:9"),
+    ("auto", TorchOptions(threads=1), "native_step=on panels=f32:0,q4:0,q8:0,bf16:9"),
+    ("float32", TorchOptions(threads=1, fused_forward=False), "native_step=off panels=f32:0,q4:0,q8:0,bf16:1"),
+    ("float32", TorchOptions(threads=1, cpu_kernels=False), "native_step=off panels=f32:0,q4:0,q8:0,bf16:0"),
+], ids=["float32", "auto", "transformers-forward", "torch-kernels"])
+def test_a_bf16_checkpoint_computes_in_float32_on_bf16_rows(bf16_dir, threads, dtype, options, panels) -> None:
+    """A bf16 checkpoint on the CPU (``auto`` or ``float32``) loads in bf16 and computes in
+    float32: every projection and the head the kernels take stay bf16 rows (half of fp32 panels'
+    bytes; no float32 copy of them is made), what they do not take is widened, and the logits are
+    transformers' own on the same weights whichever path runs."""
+    from transformers import AutoModelForCausalLM
+
+    backend = TorchBackend(ServerConfig(model=bf16_dir, dtype=dtype, device="cpu"), options)
     backend.load()
     backend.init_kv_cache(KVCacheSpec(block_size=4, num_blocks=16))
+    plan = backend.plan()
+    assert "dtype=float32" in plan and plan.endswith(panels), plan
+    # The linear weights still held: float32 (widened, or loaded so), or the packed head's bf16
+    # weight; where the kernels took every projection, the projections' own are gone.
+    kept = [m.weight for m in backend.loaded.model.modules() if isinstance(m, torch.nn.Linear) and m.weight.numel()]
+    head = backend._lm_head.weight if backend._packed_head is not None else None
+    assert all(w.dtype == torch.float32 or w is head for w in kept)
+    assert len(kept) <= 1 or not plan.endswith("bf16:9")
     ids = list(range(5, 25))
     got = backend.forward_logits([StepItem(seq_id=0, token_ids=ids, start_pos=0, block_table=list(range(5)))])[0]
     backend.close()
-    reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    reference = AutoModelForCausalLM.from_pretrained(bf16_dir, dtype=torch.float32).eval()
     with torch.inference_mode():
         want = reference(torch.tensor([ids])).logits[0]
     torch.testing.assert_close(got, want, atol=2e-4, rtol=1e-4)

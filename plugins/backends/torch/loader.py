@@ -22,6 +22,7 @@ from llmserve import progress
 from llmserve import ModelConfig
 from llmserve import ConfigError, refuse_injected_templates
 
+from . import bf16_rows
 from .architectures import HYBRID, check_config, check_config_file, check_modules
 from .attention import ATTN_IMPL, register_attention
 from .vision import is_vision_config, load_processor
@@ -354,8 +355,11 @@ def _resolve_source(model: str | None) -> tuple[str | None, str]:
     return None, os.path.basename(str(model).rstrip("/\\")) or str(model)
 
 
-def load_model(model_cfg: ModelConfig) -> LoadedModel:
-    """Load what the model section names onto its device with the paged attention wired in."""
+def load_model(model_cfg: ModelConfig, bf16_linears: bool = False) -> LoadedModel:
+    """Load what the model section names onto its device with the paged attention wired in.
+    ``bf16_linears``: a bf16 checkpoint on the CPU loads in bf16 and computes in float32, its
+    linear weights left in bf16 for the kernels (``bf16_rows.py``; the caller widens what they
+    do not take)."""
     # The source first: a path that does not exist fails before transformers' model classes load
     # (seconds of imports).
     source = model_cfg.model
@@ -368,7 +372,9 @@ def load_model(model_cfg: ModelConfig) -> LoadedModel:
     device = resolve_device(model_cfg.device)
     trust = model_cfg.trust_remote_code
     # A GGUF's converted weights are fp32 whatever the file held: only HF checkpoints keep theirs.
-    dtype = resolve_dtype(model_cfg.dtype, device, None if gguf_path else checkpoint_dtype(hf_dir))
+    stored = None if gguf_path else checkpoint_dtype(hf_dir)
+    rows = bf16_linears and bf16_rows.applies(device, model_cfg.dtype, stored)
+    dtype = torch.float32 if rows else resolve_dtype(model_cfg.dtype, device, stored)
 
     # What the backend cannot serve right is refused before any weight is read.
     shown = str(source) if source else name
@@ -396,9 +402,12 @@ def load_model(model_cfg: ModelConfig) -> LoadedModel:
     placement = {"device_map": str(device)} if device.type == "cuda" else {}
     try:
         with progress.phase(f"loading {name}"), quiet_bars():
-            model = model_class.from_pretrained(hf_dir, dtype=dtype, trust_remote_code=trust, **placement)
+            model = model_class.from_pretrained(hf_dir, dtype=torch.bfloat16 if rows else dtype,
+                                                trust_remote_code=trust, **placement)
     except (OSError, ValueError, KeyError) as exc:
         raise load_error(source, exc) from None
+    if rows:
+        bf16_rows.widen_all_but_linears(model)
     check_modules(model, shown, unverified or str(getattr(hf_config, "model_type", "?")))
     text_cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     if getattr(text_cfg, "attn_logit_softcapping", None):

@@ -20,6 +20,7 @@ from llmserve import ConfigError
 from .attention import PagedKVCache, StepMetadata, kv_cache_dtype, step_context
 from .cpu_threads import set_cpu_threads
 from .fused import FusedDecoder
+from . import bf16_rows
 from .fused_hybrid import HybridDecoder
 from .loader import LoadedModel, load_model
 from .options import TorchOptions
@@ -127,6 +128,10 @@ class TorchBackend(Backend):
                 builder = HybridDecoder if self._hybrid is not None else FusedDecoder
                 self._fused = builder.build(model, pack=packing, ops=ops, compact=opts.compact_weights,
                                             native_decode=opts.native_step, weights=self._gguf)
+        if lm.dtype == torch.float32:  # a bf16 checkpoint's linears left in bf16 (bf16_rows.py)
+            if self._packed_head is not None and self._lm_head.weight.dtype == torch.bfloat16:
+                self._lm_head.weight.data = self._lm_head.weight.data.new_empty(0)  # its bf16 rows hold it
+            bf16_rows.widen_leftovers(model)
         if self._gguf is not None and self._fused is None:
             raise ConfigError(f"the fused forward cannot run {lm.name}; serve it with --no-torch-gguf-native")
         self._num_layers = int(cfg.num_hidden_layers)
@@ -158,8 +163,11 @@ class TorchBackend(Backend):
         )
 
     def _load_model(self) -> LoadedModel:
-        """The loaded model, before anything is fused or packed (tensor parallel keeps its shard here)."""
-        return load_model(self.config.llm)
+        """The loaded model, before anything is fused or packed (tensor parallel keeps its shard here);
+        a bf16 checkpoint's linears stay bf16 where the fused forward will pack them (``bf16_rows.py``)."""
+        opts = self.options
+        return load_model(self.config.llm, bf16_linears=opts.cpu_kernels and opts.fused_forward
+                          and opts.compact_weights)
 
     def _stored_as(self) -> str | None:
         """The packed linears' formats, e.g. ``lossless panels: q4 120, q8 1`` (None when none is packed)."""

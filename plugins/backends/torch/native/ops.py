@@ -235,9 +235,12 @@ def packed_linear(weight: torch.Tensor, bias: torch.Tensor | None = None, compac
     lossless 4- and 8-bit panels (``panels.py``), then bf16 rows (``bf16_linear``), before keeping
     fp32 ones. Returns a ``PackedLinear`` or, for bf16 rows, a ``gguf_ops.GGUFLinear`` (the same
     call and the same ``kernel``/``packed`` pair for the native step)."""
-    if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2:
+    if weight.device.type != "cpu" or weight.dim() != 2 or (bias is not None and (
+            bias.dtype != torch.float32 or bias.device.type != "cpu")):
         return None
-    if bias is not None and (bias.dtype != torch.float32 or bias.device.type != "cpu"):
+    if weight.dtype == torch.bfloat16 and compact:  # a bf16 checkpoint's weights (bf16_rows.py), as they are
+        return bf16_linear(weight, bias)
+    if weight.dtype != torch.float32:
         return None
     lib = library("packed_linear", "linear-layer")
     if lib is None:
@@ -248,17 +251,20 @@ def packed_linear(weight: torch.Tensor, bias: torch.Tensor | None = None, compac
 
 def bf16_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> Any:
     """``weight`` kept as bf16 rows and read by the GGUF kernels (their BF16 type: each weight
-    widened exactly to fp32, then the same fp32 products), where every weight is a bf16 number,
-    as when a bf16 checkpoint is served in float32: half the bytes of fp32 panels, so half the
-    memory and the bandwidth a decode step needs, and the same products. None where some weight
-    is not, or the GGUF kernels are not built here."""
+    widened exactly to fp32, then the same fp32 products), where it is bf16 or every weight is a
+    bf16 number, as when a bf16 checkpoint is served in float32: half the bytes of fp32 panels,
+    so half the memory and the bandwidth a decode step needs, and the same products. None where
+    some weight is not, or the GGUF kernels are not built here."""
     w16 = weight.detach().to(torch.bfloat16)
-    if not torch.equal(w16.to(torch.float32), weight):
+    if weight.dtype != torch.bfloat16 and not torch.equal(w16.to(torch.float32), weight):
         return None
     from .gguf_ops import BF16, QuantTensor, gguf_linear
 
     rows = QuantTensor(qtype=BF16, data=w16.contiguous().view(torch.uint8), shape=(weight.shape[0], weight.shape[1]))
-    return gguf_linear([rows], bias)
+    lin = gguf_linear([rows], bias)
+    if lin is not None:
+        progress.advance(weight.numel())  # the start-up's "packing weights", as PackedLinear does
+    return lin
 
 
 class ElementwiseOps:
