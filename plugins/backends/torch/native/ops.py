@@ -255,7 +255,9 @@ def bf16_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> Any:
     bf16 number, as when a bf16 checkpoint is served in float32: half the bytes of fp32 panels,
     so half the memory and the bandwidth a decode step needs, and the same products. None where
     some weight is not, or the GGUF kernels are not built here."""
-    w16 = weight.detach().to(torch.bfloat16)
+    # A copy of its own even where the weight is bf16 already: a checkpoint's tensor may be a view
+    # of the memory-mapped file, whose whole mapping (every page read while loading) it would keep.
+    w16 = weight.detach().to(torch.bfloat16, copy=True)
     if weight.dtype != torch.bfloat16 and not torch.equal(w16.to(torch.float32), weight):
         return None
     from .gguf_ops import BF16, QuantTensor, gguf_linear
