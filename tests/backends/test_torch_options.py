@@ -12,6 +12,7 @@ pytest.importorskip("transformers")
 from llmserve.config import ServerConfig
 from llmserve.engine.backend import KVCacheSpec, StepItem
 from llmserve.errors import ConfigError
+from llmserve.plugins.backends.torch import bf16_rows
 from llmserve.plugins.backends.torch.native import build
 from llmserve.plugins.backends.torch.options import TorchOptions
 from llmserve.plugins.backends.torch.runner import TorchBackend
@@ -112,6 +113,43 @@ def test_a_bf16_checkpoint_computes_in_float32_on_bf16_rows(bf16_dir, threads, d
     got = backend.forward_logits([StepItem(seq_id=0, token_ids=ids, start_pos=0, block_table=list(range(5)))])[0]
     backend.close()
     reference = AutoModelForCausalLM.from_pretrained(bf16_dir, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        want = reference(torch.tensor([ids])).logits[0]
+    torch.testing.assert_close(got, want, atol=2e-4, rtol=1e-4)
+
+
+def test_a_bf16_moe_checkpoint_keeps_its_experts_as_bf16_rows(tmp_path, threads) -> None:
+    """A bf16 Qwen3-MoE checkpoint: its experts' 3-D matrices stay bf16 until each expert becomes
+    bf16 rows (no fp32 copy of them), and the logits are transformers' fp32 forward's."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from test_torch_paged import VOCAB, save_word_tokenizer
+
+    path = str(tmp_path / "moe-bf16")
+    torch.manual_seed(0)
+    cfg = AutoConfig.for_model("qwen3_moe", vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
+                               moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, head_dim=16, initializer_range=0.2,
+                               max_position_embeddings=256, tie_word_embeddings=False)
+    AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).save_pretrained(path)
+    save_word_tokenizer(path)
+    loaded = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+    bf16_rows.widen_all_but_linears(loaded)  # what the load does before the fused forward packs
+    mlp = loaded.model.layers[0].mlp
+    assert (mlp.experts.gate_up_proj.dtype, mlp.experts.down_proj.dtype) == (torch.bfloat16, torch.bfloat16)
+    assert (mlp.gate.weight.dtype, loaded.model.norm.weight.dtype) == (torch.float32, torch.float32)
+    assert loaded.model.layers[0].self_attn.q_proj.weight.dtype == torch.bfloat16
+    backend = TorchBackend(ServerConfig(model=path, dtype="float32", device="cpu"), TorchOptions(threads=1))
+    backend.load()
+    backend.init_kv_cache(KVCacheSpec(block_size=4, num_blocks=16))
+    held = [p for p in backend.loaded.model.parameters() if p.numel()]
+    assert all(p.dtype == torch.float32 for p in held), "an fp32 path holds bf16, or rows were not taken"
+    moe = backend._fused.layers[0].moe
+    assert {lin.format for lin in [*moe.gate_up, *moe.down]} == {"bf16"}
+    ids = list(range(5, 25))
+    got = backend.forward_logits([StepItem(seq_id=0, token_ids=ids, start_pos=0, block_table=list(range(5)))])[0]
+    backend.close()
+    reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     with torch.inference_mode():
         want = reference(torch.tensor([ids])).logits[0]
     torch.testing.assert_close(got, want, atol=2e-4, rtol=1e-4)

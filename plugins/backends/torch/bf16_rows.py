@@ -2,8 +2,8 @@
 
 The native CPU kernels compute in float32; a bf16 checkpoint loaded as float32 would hold four
 bytes a weight. Instead it loads in bf16 (two bytes a weight, as stored) and everything but the
-``nn.Linear`` weights (norms, embeddings, biases, buffers, experts' 3-D tensors) is widened to
-float32 at once; each projection the fused forward takes is then kept as its bf16 rows, read by
+``nn.Linear`` weights and a mixture of experts' 3-D matrices (norms, embeddings, biases, buffers)
+is widened to float32 at once; each projection the fused forward takes is then kept as its bf16 rows, read by
 the GGUF kernels' exact BF16 path (``native.ops.bf16_linear``: each weight widened exactly, the
 same float32 products). A linear nothing took (a vision tower's, or every one when the fused
 forward does not apply) is widened afterwards (``widen_leftovers``), so every path computes in
@@ -39,11 +39,17 @@ def bf16_tiles() -> bool:
 
 def widen_all_but_linears(model: Any) -> None:
     """Every floating parameter and buffer of ``model`` in float32 but the ``nn.Linear`` weights
-    (left in bf16 for the kernels to take as they are); a weight an embedding shares with a
-    linear (tied embeddings) is widened too, since the embedding reads it directly."""
+    and a mixture of experts' 3-D matrices (left in bf16 for the kernels to take as they are); a
+    weight an embedding shares with a linear (tied embeddings) is widened too, since the embedding
+    reads it directly."""
+    from .moe import moe_parts
+
     others = {id(p) for m in model.modules() if not isinstance(m, torch.nn.Linear)
               for p in m.parameters(recurse=False)}
     keep = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear)} - others
+    for m in model.modules():
+        if (sp := moe_parts(m)) is not None:
+            keep |= {id(sp.experts.gate_up_proj), id(sp.experts.down_proj)}
     for module in model.modules():
         for p in module.parameters(recurse=False):
             if p.is_floating_point() and p.dtype != torch.float32 and id(p) not in keep:
@@ -54,11 +60,11 @@ def widen_all_but_linears(model: Any) -> None:
 
 
 def widen_leftovers(model: Any) -> int:
-    """Widen to float32 each ``nn.Linear`` weight still held in bf16 (one no kernel took: a vision
-    tower's, or all of them without the fused forward); how many."""
+    """Widen to float32 each weight still held in bf16 (one no kernel took: a vision tower's, or
+    all of them without the fused forward); how many."""
     count = 0
-    for m in model.modules():
-        if isinstance(m, torch.nn.Linear) and m.weight.dtype == torch.bfloat16 and m.weight.numel():
-            m.weight.data = m.weight.data.float()
+    for p in model.parameters():
+        if p.dtype == torch.bfloat16 and p.numel():
+            p.data = p.data.float()
             count += 1
     return count
