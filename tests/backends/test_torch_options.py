@@ -74,6 +74,20 @@ def test_the_plan_is_one_log_line(tiny_dir: str, caplog, threads, options: Torch
     assert plan_lines(tiny_dir, options, caplog) == [f"execution plan: {plan}"]
 
 
+def assert_transformers_logits(backend: TorchBackend, path: str) -> None:
+    """The backend's logits of a 20-token prompt equal transformers' fp32 forward on ``path``'s
+    weights (then the backend is closed)."""
+    from transformers import AutoModelForCausalLM
+
+    ids = list(range(5, 25))
+    got = backend.forward_logits([StepItem(seq_id=0, token_ids=ids, start_pos=0, block_table=list(range(5)))])[0]
+    backend.close()
+    reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        want = reference(torch.tensor([ids])).logits[0]
+    torch.testing.assert_close(got, want, atol=2e-4, rtol=1e-4)
+
+
 @pytest.fixture(scope="module")
 def bf16_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     """The tiny model saved as a bf16 checkpoint."""
@@ -96,7 +110,6 @@ def test_a_bf16_checkpoint_computes_in_float32_on_bf16_rows(bf16_dir, threads, d
     float32: every projection and the head the kernels take stay bf16 rows (half of fp32 panels'
     bytes; no float32 copy of them is made), what they do not take is widened, and the logits are
     transformers' own on the same weights whichever path runs."""
-    from transformers import AutoModelForCausalLM
 
     backend = TorchBackend(ServerConfig(model=bf16_dir, dtype=dtype, device="cpu"), options)
     backend.load()
@@ -109,13 +122,7 @@ def test_a_bf16_checkpoint_computes_in_float32_on_bf16_rows(bf16_dir, threads, d
     head = backend._lm_head.weight if backend._packed_head is not None else None
     assert all(w.dtype == torch.float32 or w is head for w in kept)
     assert len(kept) <= 1 or not plan.endswith("bf16:9")
-    ids = list(range(5, 25))
-    got = backend.forward_logits([StepItem(seq_id=0, token_ids=ids, start_pos=0, block_table=list(range(5)))])[0]
-    backend.close()
-    reference = AutoModelForCausalLM.from_pretrained(bf16_dir, dtype=torch.float32).eval()
-    with torch.inference_mode():
-        want = reference(torch.tensor([ids])).logits[0]
-    torch.testing.assert_close(got, want, atol=2e-4, rtol=1e-4)
+    assert_transformers_logits(backend, bf16_dir)
 
 
 def test_a_bf16_moe_checkpoint_keeps_its_experts_as_bf16_rows(tmp_path, threads) -> None:
@@ -146,13 +153,7 @@ def test_a_bf16_moe_checkpoint_keeps_its_experts_as_bf16_rows(tmp_path, threads)
     assert all(p.dtype == torch.float32 for p in held), "an fp32 path holds bf16, or rows were not taken"
     moe = backend._fused.layers[0].moe
     assert {lin.format for lin in [*moe.gate_up, *moe.down]} == {"bf16"}
-    ids = list(range(5, 25))
-    got = backend.forward_logits([StepItem(seq_id=0, token_ids=ids, start_pos=0, block_table=list(range(5)))])[0]
-    backend.close()
-    reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    with torch.inference_mode():
-        want = reference(torch.tensor([ids])).logits[0]
-    torch.testing.assert_close(got, want, atol=2e-4, rtol=1e-4)
+    assert_transformers_logits(backend, path)
 
 
 def test_the_environment_sets_a_backend_built_without_options(tiny_dir: str, caplog, threads, monkeypatch,
