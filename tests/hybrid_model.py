@@ -31,6 +31,9 @@ SHAPES: dict[str, tuple[str, dict]] = {
     "qwen3_5": ("qwen3_5", {}),
     "lfm2": ("lfm2", dict(layer_types=["conv", "conv", "conv", "full_attention"], full_attn_idxs=[3], conv_L_cache=3,
                           conv_bias=True, block_auto_adjust_ff_dim=False)),
+    # LFM2-MoE: a dense feed-forward in the first layer, experts (a sigmoid router with expert bias) after.
+    "lfm2_moe": ("lfm2_moe", dict(layer_types=["conv", "conv", "conv", "full_attention"], conv_L_cache=3,
+                                  num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, num_dense_layers=1)),
     # Granite 4.0-H: Mamba2 layers of 4 heads of 32 in 2 groups, experts beside a shared MLP, and
     # Granite's multipliers away from one.
     "granitemoehybrid": ("granitemoehybrid", dict(

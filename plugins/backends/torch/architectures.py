@@ -82,13 +82,15 @@ HYBRID: dict[str, str] = {
     "lfm2": "short-convolution layers (a convolution window per sequence) with full attention and q/k norms",
     "granitemoehybrid": "Mamba2 layers (a convolution window and a selective state per sequence) with attention, "
                         "mixture of experts beside a shared MLP, Granite's multipliers",
+    "lfm2_moe": "short-convolution layers with full attention, dense then mixture-of-experts feed-forwards "
+                "(a sigmoid router with a per-expert bias)",
     "bamba": "Mamba2 layers with attention, a gated MLP after each",
     "nemotron_h": "Mamba2, attention, squared-ReLU MLP and mixture-of-experts blocks, each a layer of its own",
 }
 
 # Hybrid families served on transformers' forward with their recurrent layers replaced (the rest
 # run the fused hybrid forward, fused_hybrid.py).
-UNFUSED_HYBRID = frozenset({"granitemoehybrid", "bamba", "nemotron_h"})
+UNFUSED_HYBRID = frozenset({"granitemoehybrid", "bamba", "nemotron_h", "lfm2_moe"})
 
 # The families whose layers keep a state beside (or instead of) keys and values that the backend
 # does not hold yet: prefix caching and batching would mix it up, and the answers come out wrong.
@@ -99,7 +101,7 @@ STATEFUL: dict[str, str] = {
     **dict.fromkeys(("jamba", "falcon_h1", "zamba", "zamba2", "mamba",
                      "mamba2", "falcon_mamba"),
                     "Mamba layers keep a convolution and an SSM state"),
-    **dict.fromkeys(("lfm2_moe", "lfm3"), "short-convolution layers keep a convolution state"),
+    "lfm3": "short-convolution layers keep a convolution state",
     **dict.fromkeys(("zaya", "inkling_text", "inkling2_text", "inkling2_loop_text"),
                     "hybrid layers keep a linear-attention state"),
     "minimax": "lightning (linear) attention layers keep a recurrent state",

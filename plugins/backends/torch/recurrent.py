@@ -28,9 +28,9 @@ from .attention import current_step
 
 # Text model types whose recurrent layers this module runs: the Gated DeltaNet modules (Qwen3.5 and
 # Qwen3.5-MoE project q, k, v / z / b / a separately, Qwen3-Next fuses them per key head), LFM2's
-# short convolutions and the Mamba2 layers of Granite 4.0-H, Bamba and Nemotron-H.
-HYBRID_TYPES = frozenset({"qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "lfm2", "granitemoehybrid", "bamba",
-                          "nemotron_h"})
+# and LFM2-MoE's short convolutions and the Mamba2 layers of Granite 4.0-H, Bamba and Nemotron-H.
+HYBRID_TYPES = frozenset({"qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "lfm2", "lfm2_moe", "granitemoehybrid",
+                          "bamba", "nemotron_h"})
 
 
 @dataclass(frozen=True)
