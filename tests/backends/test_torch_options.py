@@ -122,7 +122,26 @@ def test_a_bf16_checkpoint_computes_in_float32_on_bf16_rows(bf16_dir, threads, d
     head = backend._lm_head.weight if backend._packed_head is not None else None
     assert all(w.dtype == torch.float32 or w is head for w in kept)
     assert len(kept) <= 1 or not plan.endswith("bf16:9")
+    # With the fused forward the embedding is looked up in bf16 rows of its own too.
+    fused = backend._fused is not None and options.cpu_kernels
+    assert isinstance(getattr(backend._fused, "embed", None), bf16_rows.Embedding) == fused
     assert_transformers_logits(backend, bf16_dir)
+
+
+def test_a_tied_bf16_head_shares_the_embeddings_rows(tmp_path, threads) -> None:
+    """Tied embeddings of a bf16 checkpoint: one copy of bf16 rows serves the lookup and the head."""
+    from transformers import AutoModelForCausalLM
+
+    path = str(tmp_path / "tied")
+    build_tiny_model(path, tie_word_embeddings=True)
+    AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).save_pretrained(path)
+    backend = TorchBackend(ServerConfig(model=path, dtype="float32", device="cpu"), TorchOptions(threads=1))
+    backend.load()
+    backend.init_kv_cache(KVCacheSpec(block_size=4, num_blocks=16))
+    embed = backend._fused.embed
+    assert isinstance(embed, bf16_rows.Embedding) and embed.tied
+    assert backend._packed_head._parts[0] is embed.rows and backend._lm_head.weight.numel() == 0
+    assert_transformers_logits(backend, path)
 
 
 def test_a_bf16_moe_checkpoint_keeps_its_experts_as_bf16_rows(tmp_path, threads) -> None:

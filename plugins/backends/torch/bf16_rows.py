@@ -5,7 +5,8 @@ bytes a weight. Instead it loads in bf16 (two bytes a weight, as stored) and eve
 ``nn.Linear`` weights and a mixture of experts' 3-D matrices (norms, embeddings, biases, buffers)
 is widened to float32 at once; each projection the fused forward takes is then kept as its bf16 rows, read by
 the GGUF kernels' exact BF16 path (``native.ops.bf16_linear``: each weight widened exactly, the
-same float32 products). A linear nothing took (a vision tower's, or every one when the fused
+same float32 products), and so is the input embedding (``Embedding``: looked up as float32 rows;
+a tied head shares its rows). A weight nothing took (a vision tower's, or every one when the fused
 forward does not apply) is widened afterwards (``widen_leftovers``), so every path computes in
 float32 either way and the peak memory is the checkpoint's, not twice it.
 """
@@ -50,6 +51,9 @@ def widen_all_but_linears(model: Any) -> None:
     for m in model.modules():
         if (sp := moe_parts(m)) is not None:
             keep |= {id(sp.experts.gate_up_proj), id(sp.experts.down_proj)}
+    embedding = model.get_input_embeddings()
+    if type(embedding).__name__.endswith("Embedding") and hasattr(embedding, "weight"):
+        keep.add(id(embedding.weight))  # read as bf16 rows too (``Embedding``), with a tied head
     for module in model.modules():
         for p in module.parameters(recurse=False):
             if p.is_floating_point() and p.dtype != torch.float32 and id(p) not in keep:
@@ -68,3 +72,48 @@ def widen_leftovers(model: Any) -> int:
             p.data = p.data.float()
             count += 1
     return count
+
+
+class Embedding:
+    """The language model's input embedding as bf16 rows the GGUF kernels read (a copy of its
+    own), looked up as float32 rows (times Gemma's scale, as its module multiplies), and, where the
+    output head is tied to it, the head over the same rows: one bf16 copy for both."""
+
+    def __init__(self, model: Any) -> None:
+        from .native.gguf_ops import BF16, QuantTensor
+
+        module = model.get_input_embeddings()
+        weight = module.weight.detach()
+        self.module = module
+        self.rows = QuantTensor(qtype=BF16, data=weight.to(torch.bfloat16, copy=True).view(torch.uint8),
+                                shape=(weight.shape[0], weight.shape[1]))
+        scale = getattr(module, "scalar_embed_scale", None)
+        self.factor = torch.tensor(float(scale), dtype=torch.float32) if scale is not None else None
+        head = model.get_output_embeddings()
+        self.tied = head is not None and getattr(head, "weight", None) is module.weight
+
+    @classmethod
+    def of(cls, model: Any) -> "Embedding | None":
+        """For a model loaded with bf16 rows (its embedding left bf16), else None."""
+        module = model.get_input_embeddings()
+        weight = getattr(module, "weight", None)
+        if not isinstance(weight, torch.Tensor) or weight.dtype != torch.bfloat16 or weight.dim() != 2:
+            return None
+        return cls(model)
+
+    def head(self, bias: torch.Tensor | None) -> Any:
+        """The tied head over these rows (a ``gguf_ops.GGUFLinear``), or None."""
+        from .native.gguf_ops import gguf_linear
+
+        return gguf_linear([self.rows], bias) if self.tied else None
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        from .native.gguf_ops import gguf_rows
+
+        out = gguf_rows(self.rows, ids)
+        return out if self.factor is None else out.mul_(self.factor)
+
+    def take(self, fused: Any) -> None:
+        """The fused forward looks its tokens up here; the module's own weight goes (the rows hold it)."""
+        fused.embed = self
+        self.module.weight.data = self.module.weight.data.new_empty(0)

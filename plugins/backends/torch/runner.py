@@ -97,7 +97,7 @@ class TorchBackend(Backend):
         self._lm_head = model.get_output_embeddings()
         # Native CPU kernels: fp32 on the CPU only, unless the options turn them off.
         pack = self._native = lm.device.type == "cpu" and lm.dtype == torch.float32 and opts.cpu_kernels
-        ops = None
+        ops, embedding = None, None
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         # Packing searches each matrix for lossless 4/8-bit panels: seconds per model, so it reports
         # (in weights, since one matrix, the head, may be a large part of them).
@@ -115,9 +115,11 @@ class TorchBackend(Backend):
                 if self._gguf is not None:
                     self._packed_head = self._gguf.head
                 elif type(self._lm_head) is torch.nn.Linear:
-                    # A copy: the weight is usually tied to the input embedding, which keeps its layout.
-                    self._packed_head = packed_linear(self._lm_head.weight, self._lm_head.bias,
-                                                      opts.compact_weights)
+                    # A copy: the weight is usually tied to the input embedding, which keeps its layout
+                    # (or, a bf16 checkpoint's, shares the embedding's bf16 rows).
+                    embedding = bf16_rows.Embedding.of(model) if opts.compact_weights else None
+                    self._packed_head = (embedding.head(self._lm_head.bias) if embedding else None) or packed_linear(
+                        self._lm_head.weight, self._lm_head.bias, opts.compact_weights)
             self._kernel = self._kernel_ops(lm.device, model)
             if self._kernel and ops is None:
                 from .cuda.ops import KernelOps
@@ -129,6 +131,8 @@ class TorchBackend(Backend):
                 self._fused = builder.build(model, pack=packing, ops=ops, compact=opts.compact_weights,
                                             native_decode=opts.native_step, weights=self._gguf)
         if lm.dtype == torch.float32:  # a bf16 checkpoint's linears left in bf16 (bf16_rows.py)
+            if self._fused is not None and embedding is not None:
+                embedding.take(self._fused)
             if self._packed_head is not None and self._lm_head.weight.dtype == torch.bfloat16:
                 self._lm_head.weight.data = self._lm_head.weight.data.new_empty(0)  # its bf16 rows hold it
             bf16_rows.widen_leftovers(model)
