@@ -126,6 +126,20 @@ def conv_step(x: torch.Tensor, weight: torch.Tensor, window: torch.Tensor) -> to
     return (full.to(weight.dtype) * weight).sum(-1)
 
 
+def conv_chunks(xs: torch.Tensor, lengths: list[int], weight: torch.Tensor, windows: torch.Tensor) -> torch.Tensor:
+    """``conv_chunk`` for B sequences at once: ``xs [B, n, C]`` (each one's first ``lengths[b]``
+    inputs; the rest padding), ``windows [B, C, K - 1]`` updated in place to each one's last K - 1
+    real inputs. Returns ``[B, n, C]`` (rows past a sequence's length are not meaningful)."""
+    n, K = xs.shape[1], weight.shape[1]
+    full = torch.cat((windows.to(xs.dtype), xs.transpose(1, 2)), -1).to(weight.dtype)  # [B, C, K - 1 + n]
+    for b, length in enumerate(lengths):
+        windows[b].copy_(full[b, :, length:length + K - 1])
+    out = full[..., K - 1:] * weight[:, K - 1:]
+    for j in range(K - 1):
+        out.addcmul_(full[..., j:j + n], weight[:, j:j + 1])
+    return out.transpose(1, 2)
+
+
 def conv_chunk(x: torch.Tensor, weight: torch.Tensor, window: torch.Tensor) -> torch.Tensor:
     """The same over ``n`` inputs of one sequence: ``x [n, C]``, ``window [C, K - 1]`` (updated in
     place to the last K - 1 inputs). Returns ``[n, C]``."""

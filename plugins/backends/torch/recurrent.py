@@ -311,6 +311,14 @@ def _padded_chunks(st: StateStep, pool: torch.Tensor, shift: int, out: torch.Ten
                 pool[saved].copy_(pool[slot])
 
 
+def _conv_padded(x: torch.Tensor, weight: torch.Tensor) -> Padded:
+    """Several sequences' prompt chunks of ``x [T, C]`` through the short convolution at once."""
+    def run(rows: list[slice], windows: torch.Tensor) -> torch.Tensor:
+        lengths = [r.stop - r.start for r in rows]
+        return deltanet.conv_chunks(_stacked(rows, x[:, None]).transpose(0, 1), lengths, weight, windows)
+    return run
+
+
 def _stacked(rows: list[slice], x: torch.Tensor) -> torch.Tensor:
     """The rows ``rows[i]`` of ``x [T, H, ...]`` as ``[longest, B * H, ...]`` (sequence-major within
     a row), zero past each one's end."""
@@ -340,7 +348,7 @@ def _mix_torch(p: DeltaNetParams, st: StateStep, mixed: torch.Tensor, z: torch.T
     conv_out = torch.empty_like(mixed)
     _over_rows(st, st.states.conv[layer], slots, shift, conv_out,
                lambda rows, window: deltanet.conv_step(mixed[rows], p.conv, window),
-               lambda rows, window: deltanet.conv_chunk(mixed[rows], p.conv, window))
+               lambda rows, window: deltanet.conv_chunk(mixed[rows], p.conv, window), _conv_padded(mixed, p.conv))
     conv_out = F.silu(conv_out)
     kd, T = p.key_heads * p.key_dim, mixed.shape[0]
     q = conv_out[:, :kd].reshape(T, p.key_heads, p.key_dim)
@@ -388,7 +396,7 @@ def short_conv(p: ShortConvParams, st: StateStep, bx: torch.Tensor) -> torch.Ten
     slots = st.decode_slots if st.num_decode else None
     _over_rows(st, st.states.conv[st.states.index[p.layer]], slots, 0, out,
                lambda rows, window: deltanet.conv_step(bx[rows], p.weight, window),
-               lambda rows, window: deltanet.conv_chunk(bx[rows], p.weight, window))
+               lambda rows, window: deltanet.conv_chunk(bx[rows], p.weight, window), _conv_padded(bx, p.weight))
     return out if p.bias is None else out.add_(p.bias)
 
 
@@ -415,7 +423,7 @@ def _mamba_forward(module: Any, hidden_states: torch.Tensor, *args: Any, **kwarg
     conv = torch.empty_like(xbc)
     _over_rows(st, st.states.conv[layer], slots, 0, conv,
                lambda rows, window: deltanet.conv_step(xbc[rows], weight, window),
-               lambda rows, window: deltanet.conv_chunk(xbc[rows], weight, window))
+               lambda rows, window: deltanet.conv_chunk(xbc[rows], weight, window), _conv_padded(xbc, weight))
     conv = module.act(conv if module.conv1d.bias is None else conv + module.conv1d.bias)
     xs, b, c = conv.split([H * P, G * N, G * N], dim=-1)
     xs = xs.reshape(T, H, P)
