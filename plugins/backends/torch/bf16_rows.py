@@ -80,8 +80,9 @@ class Embedding:
     output head is tied to it, the head over the same rows: one bf16 copy for both."""
 
     def __init__(self, model: Any) -> None:
-        from .native.gguf_ops import BF16, QuantTensor
+        from .native.gguf_ops import BF16, QuantTensor, gguf_rows
 
+        self._lookup = gguf_rows  # bound once: a lookup runs every step
         module = model.get_input_embeddings()
         weight = module.weight.detach()
         self.module = module
@@ -108,9 +109,7 @@ class Embedding:
         return gguf_linear([self.rows], bias) if self.tied else None
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
-        from .native.gguf_ops import gguf_rows
-
-        out = gguf_rows(self.rows, ids)
+        out = self._lookup(self.rows, ids)
         return out if self.factor is None else out.mul_(self.factor)
 
     def take(self, fused: Any) -> None:

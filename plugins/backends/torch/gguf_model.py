@@ -312,12 +312,13 @@ class _Mapper:
         gate_b, up_b = (self.expert_biases(f"{blk}ffn_{p}_exps.bias", count, inter) for p in ("gate", "up"))
         down_b = self.expert_biases(f"{blk}ffn_down_exps.bias", count, hidden)
         if (merged := f"{blk}ffn_gate_up_exps.weight") in f:  # each expert's gate rows, then its up rows
-            gate_up = [self.product([gu], None, merged) for gu in f.experts(merged, count, 2 * inter, hidden)]
+            parts = [[gu] for gu in f.experts(merged, count, 2 * inter, hidden)]
         else:
             gate, up = (f.experts(self.need(f"{blk}ffn_{p}_exps.weight"), count, inter, hidden)
                         for p in ("gate", "up"))
-            gate_up = [self.product([g, u], None if gb is None else torch.cat((gb, ub)), blk + "ffn_gate_exps")
-                       for g, u, gb, ub in zip(gate, up, gate_b, up_b)]
+            parts = [[g, u] for g, u in zip(gate, up)]
+        gate_up = [self.product(p, None if gb is None else torch.cat((gb, ub)), blk + "ffn_gate_exps")
+                   for p, gb, ub in zip(parts, gate_b, up_b)]
         down = f.experts(self.need(f"{blk}ffn_down_exps.weight"), count, hidden, inter)
         router_b = f.vector(blk + "ffn_gate_inp.bias") if blk + "ffn_gate_inp.bias" in f else None
         out = {"router": self.linear([blk + "ffn_gate_inp.weight"], bias=router_b, shapes=[(count, hidden)]),

@@ -409,6 +409,17 @@ def _short_conv_forward(module: Any, params: ShortConvParams, hidden_states: tor
     return module.out_proj(gate_out * short_conv(params, meta.states, gate_in * x))[None]
 
 
+def _mamba_padded(xs: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> Padded:
+    """Several sequences' prompt chunks through one chunked Mamba2 recurrence, their heads side by
+    side (positions past a sequence's end have dt = 0: they decay and write nothing)."""
+    def run(rows: list[slice], states: torch.Tensor) -> torch.Tensor:
+        n, H = len(rows), xs.shape[1]
+        o = mamba2.chunked(*(_stacked(rows, t) for t in (xs, dt)), a.repeat(n), *(_stacked(rows, t) for t in (b, c)),
+                           states.view(n * H, *states.shape[2:]))
+        return o.view(o.shape[0], n, H, -1).transpose(0, 1)
+    return run
+
+
 def _mamba_forward(module: Any, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     """A Mamba2 layer over a packed step ``[1, T, hidden]``: its convolution and selective state
     from each sequence's slot (``mamba2``), the ``D`` skip, the gated group norm, the output
@@ -434,15 +445,10 @@ def _mamba_forward(module: Any, hidden_states: torch.Tensor, *args: Any, **kwarg
         dt = dt.clamp(low, high)
     a = -module.A_log.float().exp()
     y = torch.empty(T, H, P, dtype=torch.float32, device=x.device)
-    def padded(rows: list[slice], states: torch.Tensor) -> torch.Tensor:  # dt = 0 past an end: no decay, no write
-        n = len(rows)
-        o = mamba2.chunked(*(_stacked(rows, t) for t in (xs, dt)), a.repeat(n), *(_stacked(rows, t) for t in (b, c)),
-                           states.view(n * H, *states.shape[2:]))
-        return o.view(o.shape[0], n, H, -1).transpose(0, 1)
-
     _over_rows(st, st.states.ssm[layer], slots, 0, y,
                lambda rows, state: mamba2.step(xs[rows], dt[rows], a, b[rows], c[rows], state),
-               lambda rows, state: mamba2.chunked(xs[rows], dt[rows], a, b[rows], c[rows], state), padded)
+               lambda rows, state: mamba2.chunked(xs[rows], dt[rows], a, b[rows], c[rows], state),
+               _mamba_padded(xs, dt, a, b, c))
     y = y + module.D.float()[:, None] * xs.float()
     return module.out_proj(module.norm(y.reshape(T, H * P).to(x.dtype), gate).to(x.dtype))[None]
 
