@@ -8,6 +8,11 @@ template's format (``User:<image>text<end_of_utterance>``). The image processor 
 settings (tiles of ``max_image_size`` after resizing the longest edge to ``size``, then a global
 image), scaled down so a test image makes a few small tiles: 64-pixel tiles of 16-pixel patches,
 a pixel shuffle of 2, so each tile becomes 4 image tokens.
+
+And a Qwen2.5-VL (windowed vision tower, 2x2 patch merger, a Qwen2 language model with positions
+along three axes) on the same tokenizer with Qwen's vision tokens, its chat template's format and
+its image processor config; its transformers processor needs torchvision for its video half, so
+the references here restate the processor's one rule (one ``<|image_pad|>`` per merged patch).
 """
 
 from __future__ import annotations
@@ -81,6 +86,121 @@ def write_idefics3(path: str, seed: int = 0, shape: str = "tiny") -> str:
     model.save_pretrained(path)
     processor.save_pretrained(path)
     return path
+
+
+# Qwen2.5-VL's chat template, in its format: an image part is the vision markers around one
+# ``<|image_pad|>``, which the processor repeats once per merged patch.
+QWEN_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}"
+    "{{ message['content'] }}{% else %}{% for part in message['content'] %}{% if part['type'] == 'text' %}"
+    "{{ part['text'] }}{% elif part['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+QWEN_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+# Qwen2.5-VL's preprocessor_config.json as its checkpoints ship it (CLIP's mean and std, 14-pixel
+# patches merged 2x2), its pixel bounds scaled down so a test picture makes a few dozen tokens.
+QWEN_PREPROCESSOR = {
+    "min_pixels": 3136, "max_pixels": 28 * 28 * 64, "patch_size": 14, "temporal_patch_size": 2, "merge_size": 2,
+    "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711],
+    "image_processor_type": "Qwen2VLImageProcessor", "processor_class": "Qwen2_5_VLProcessor"}
+QWEN_SHAPES: dict[str, dict[str, Any]] = {
+    # head_dim 16: RoPE's 8 frequencies split 2/3/3 between time, rows and columns.
+    "tiny": {"mrope": [2, 3, 3], "max_pixels": 28 * 28 * 64,
+             "vision": {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "window_size": 56,
+                        "fullatt_block_indexes": [1]},
+             "text": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+                      "num_key_value_heads": 2}},
+    # Qwen2.5-VL-3B-Instruct's shapes, for bench/vision_bench.py.
+    "qwen2.5-vl-3b": {"mrope": [16, 24, 24], "max_pixels": 12845056,
+                      "vision": {"depth": 32, "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16,
+                                 "window_size": 112, "fullatt_block_indexes": [7, 15, 23, 31]},
+                      "text": {"hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36,
+                               "num_attention_heads": 16, "num_key_value_heads": 2}},
+}
+
+
+def write_qwen2_5_vl(path: str, seed: int = 0, shape: str = "tiny") -> str:
+    """A Qwen2.5-VL checkpoint of ``shape`` (random weights) with its tokenizer, chat template and
+    image processor config in ``path``; returns ``path``."""
+    import json
+
+    import torch
+    from transformers import AutoTokenizer, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    from llmserve.plugins.backends.torch.loader import hf_directory
+
+    tokenizer = AutoTokenizer.from_pretrained(hf_directory(None))
+    tokenizer.add_special_tokens({"additional_special_tokens": QWEN_TOKENS})
+    tokenizer.chat_template = QWEN_TEMPLATE
+    dims = QWEN_SHAPES[shape]
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_TOKENS}
+    config = Qwen2_5_VLConfig(
+        text_config={**dims["text"], "vocab_size": len(tokenizer), "max_position_embeddings": 8192,
+                     "rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "mrope_section": dims["mrope"]},
+                     "tie_word_embeddings": True, "eos_token_id": tokenizer.convert_tokens_to_ids("<|im_end|>"),
+                     "bos_token_id": tokenizer.bos_token_id, "pad_token_id": tokenizer.pad_token_id},
+        vision_config={**dims["vision"], "out_hidden_size": dims["text"]["hidden_size"], "patch_size": 14,
+                       "spatial_merge_size": 2, "temporal_patch_size": 2},
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id, pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"))
+    torch.manual_seed(seed)
+    model = Qwen2_5_VLForConditionalGeneration(config).eval()
+    with torch.no_grad():  # as for Idefics3: an image must move the tiny model's answers
+        for name, p in model.model.language_model.named_parameters():
+            if name.endswith("proj.weight"):
+                p.mul_(4.0)
+        for p in model.model.visual.merger.parameters():
+            p.mul_(8.0)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    with open(os.path.join(path, "preprocessor_config.json"), "w") as f:
+        json.dump({**QWEN_PREPROCESSOR, "max_pixels": dims["max_pixels"]}, f)
+    return path
+
+
+def _qwen_inputs(path: str, text: str, images: list[Any]) -> tuple[Any, dict[str, Any]]:
+    """A Qwen-VL checkpoint's model and its inputs for ``text`` (one ``<|image_pad|>`` per image):
+    each placeholder repeated once per merged patch of its image's grid (the family's processor
+    rule, restated here); the model computes its own three-axis positions from them."""
+    import torch
+    from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
+    merge = model.config.vision_config.spatial_merge_size
+    pad = model.config.image_token_id
+    fed: dict[str, Any] = {}
+    counts: list[int] = []
+    if images:
+        fed = dict(AutoImageProcessor.from_pretrained(path)(images=images, return_tensors="pt"))
+        counts = [int(g.prod()) // merge ** 2 for g in fed["image_grid_thw"]]
+    ids: list[int] = []
+    for t in tokenizer(text, add_special_tokens=False)["input_ids"]:
+        ids += [pad] * counts.pop(0) if t == pad else [t]
+    input_ids = torch.tensor([ids])
+    return model, {"input_ids": input_ids, "mm_token_type_ids": (input_ids == pad).int(), **fed}
+
+
+def qwen_reference_logits(path: str, text: str, images: list[Any]) -> tuple[list[int], Any]:
+    """transformers' forward of a Qwen-VL checkpoint over ``text`` with ``images``: (the prompt's
+    ids, the logits at every position)."""
+    import torch
+
+    model, inputs = _qwen_inputs(path, text, images)
+    with torch.no_grad():
+        out = model(**inputs)
+    return inputs["input_ids"][0].tolist(), out.logits[0].float()
+
+
+def qwen_reference_generate(path: str, text: str, images: list[Any], n: int) -> list[int]:
+    """transformers' greedy ``generate`` of a Qwen-VL checkpoint: the ``n`` new token ids."""
+    import torch
+
+    model, inputs = _qwen_inputs(path, text, images)
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+    return out[0, inputs["input_ids"].shape[1]:].tolist()
 
 
 def picture(seed: int, size: tuple[int, int] = (150, 100)) -> Any:

@@ -100,9 +100,11 @@ class StepItem:
     last ``num_draft_tokens + 1`` positions, each as if the proposals before it had been output
     (``output_ids`` extended by them, for penalties and ``min_tokens``), and returns the first
     sample as usual and the others in ``StepResult.draft_samples``.
-    ``media`` are the prompt's images whose expansion meets the fed positions
+    ``media`` are the prompt's images whose expansion starts at or before the last fed position
     (``llmserve.media.inputs.MediaInput``, made by the backend's own ``ModelInfo.media``): the
-    backend feeds their embeddings at their placeholders' positions instead of the tokens'.
+    backend feeds the embeddings of those the fed positions meet at their placeholders' positions
+    instead of the tokens'; the earlier ones are there for a model whose positions they move
+    (a multimodal RoPE).
     ``state_slot`` (a hybrid model, ``KVCacheSpec.state_slots``): the slot holding the sequence's
     recurrent state, read before and written after the fed tokens; the state starts empty when
     ``start_pos`` is 0 (-1: the model keeps none). ``state_restore`` (not -1): first copy saved

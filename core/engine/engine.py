@@ -35,7 +35,7 @@ from llmserve.engine.sequence import Sequence
 from llmserve.engine.speculation import DraftRequest, Proposer, SpecTracker, accept, room_for_drafts
 from llmserve.engine.stats import EngineObserver, EngineStats
 from llmserve.errors import ConfigError, GenerationError, InvalidRequestError, LLMServeError
-from llmserve.media.inputs import overlapping
+from llmserve.media.inputs import started_before
 from llmserve.outputs import RequestOutput, Timings
 from llmserve.request import PreparedRequest
 from llmserve.text.token_floor import max_token_span
@@ -366,7 +366,7 @@ class LLMEngine:
             block_table=seq.block_table, sample=sched.sample, sampling=sp,
             prompt_ids=seq.prompt_token_ids if sp.repetition_penalty != 1.0 else [],
             output_ids=seq.output_token_ids, seed_offset=seq.index, mask=mask,
-            prompt_logprob_targets=targets, media=overlapping(seq.media, start, start + len(fed)) if seq.media else ())
+            prompt_logprob_targets=targets, media=started_before(seq.media, start + len(fed)) if seq.media else ())
         if seq.state_slot is not None:  # a hybrid model: its recurrent state's slot, restore and save
             item.state_slot = seq.state_slot
             if seq.state_restore is not None:  # the first step after a prefix hit

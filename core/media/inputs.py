@@ -71,6 +71,12 @@ def overlapping(media: Sequence[MediaInput], start: int, end: int) -> tuple[Medi
     return tuple(m for m in media if m.start < end and m.end > start)
 
 
+def started_before(media: Sequence[MediaInput], end: int) -> tuple[MediaInput, ...]:
+    """The images whose expansion starts before position ``end``: those that fed positions up to
+    ``end`` meet, and the earlier ones (whose shapes move a multimodal RoPE's later positions)."""
+    return tuple(m for m in media if m.start < end)
+
+
 def check_placeholders(ids: Sequence[int], media: Sequence[MediaInput], placeholder_id: int, param: str) -> None:
     """A 400 for a prompt holding the model's image placeholder token outside its images'
     expansions (typed into the text, or token ids from an earlier turn sent without its images):

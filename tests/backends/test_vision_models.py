@@ -19,7 +19,7 @@ pytest.importorskip("PIL")
 from llmserve.config import ServerConfig
 from llmserve.engine.backend import KVCacheSpec, StepItem
 from llmserve.errors import InvalidRequestError
-from llmserve.media.inputs import block_key, check_placeholders
+from llmserve.media.inputs import block_key, check_placeholders, started_before
 from llmserve.plugins.backends.torch.architectures import VISION, markdown_table
 from llmserve.plugins.backends.torch.options import TorchOptions
 from llmserve.plugins.backends.torch.runner import TorchBackend
@@ -58,7 +58,7 @@ def logits(backend: TorchBackend, seqs: list[tuple[list[int], tuple]], chunks: i
     for k in range(chunks):
         items = [StepItem(seq_id=i + 1, token_ids=ids[bounds[i][k]:bounds[i][k + 1]], start_pos=bounds[i][k],
                           block_table=list(range(i * blocks, (i + 1) * blocks)),
-                          media=tuple(m for m in media if m.start < bounds[i][k + 1] and m.end > bounds[i][k]))
+                          media=started_before(media, bounds[i][k + 1]))
                  for i, (ids, media) in enumerate(seqs)]
         for i, rows in enumerate(backend.forward_logits(items)):
             out[i].append(rows)

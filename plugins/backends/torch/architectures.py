@@ -68,6 +68,8 @@ VERIFIED: dict[str, str] = {
 VISION: dict[str, str] = {
     "idefics3": "SmolVLM-256M/500M and Idefics3: image tiles with row markers and a global image, a pixel-shuffle "
                 "projector, a Llama language model",
+    "qwen2_5_vl": "Qwen2.5-VL: a windowed-attention vision tower, patches merged 2x2, positions along three axes "
+                  "(time, rows, columns) for the image tokens and after them; a Qwen2 language model",
 }
 
 # Hybrid families served with a recurrent state per sequence beside the paged KV cache
@@ -219,7 +221,9 @@ def check_config(config: Any, source: str, allow_unverified: bool) -> str | None
         raise _refuse(source, arch, why)
     if getattr(text_cfg, "v_head_dim", None) is not None or getattr(text_cfg, "kv_lora_rank", None):
         raise _refuse(source, arch, UNSUPPORTED["deepseek_v3"])
-    if arch in VERIFIED or (arch in VISION and archs[-1] in VERIFIED):
+    # A vision model's language model: a verified family, or its own (Qwen-VL's ``qwen2_5_vl_text``),
+    # which the vision test verifies with it.
+    if arch in VERIFIED or (arch in VISION and archs[-1] in (*VERIFIED, f"{arch}_text")):
         return None
     if not allow_unverified:
         raise ConfigError(f"model {source!r} is a {arch!r} model, an architecture the torch backend has not verified "

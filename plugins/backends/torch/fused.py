@@ -23,6 +23,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+from . import mrope
 from .attention import PagedKVCache, StepMetadata, paged_attention
 from .moe import MoEFeedForward, SharedExpert, SparseParts, clamped_swiglu, moe_parts
 
@@ -45,6 +46,8 @@ _FAMILIES = {"llama": _Family(), "mistral": _Family(), "qwen2": _Family(), "qwen
 # Families that take their sliding window from the config for every layer (their attention modules keep none).
 _CONFIG_WINDOW = {"mistral", "mixtral", "phi3"}
 _ARCHITECTURES = set(_FAMILIES)
+# The language models of vision-language models (architectures.VISION), as their text families.
+_FAMILIES.update({"qwen2_5_vl_text": _FAMILIES["qwen2"], "qwen2_vl_text": _FAMILIES["qwen2"]})
 # RoPE types whose angles depend on the position alone: a table of every position gives the same
 # bits as computing them per step ("dynamic" and "longrope" rescale with the sequence length).
 _STATIC_ROPE = {"default", "linear", "llama3", "yarn"}
@@ -269,12 +272,13 @@ class FusedDecoder:
         self.heads = int(cfg.num_attention_heads)
         self.kv_heads = int(getattr(cfg, "num_key_value_heads", None) or self.heads)
         self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads)
+        # The axis each rotary dimension reads, for a multimodal RoPE (mrope.py); else None.
+        self.mrope_axes = mrope.frequency_axes(model, self.rotary, self.head_dim, self.norm_w.device)
         self.layers: list[_Layer] = []
         # Gemma 3 rotates local (sliding-window) and global layers with RoPE of their own bases:
         # its rotary module takes the layer type. None: one RoPE for every layer.
         self.rope_kinds: list[str | None] = [None]
-        # cos/sin of every position up to the context limit per RoPE kind (``tabulate_rope``): a
-        # lookup instead of the rotary module's computation, free of what a CUDA graph cannot hold.
+        # cos/sin of every position up to the context limit per RoPE kind (``tabulate_rope``): a lookup
         self.rope_table: dict[str | None, tuple[torch.Tensor, torch.Tensor]] | None = None
         self.ops = ops if ops is not None else TorchOps()  # norms, activations and RoPE
         # Decode-only steps as one native call when every part is native (native/step.py);
@@ -445,9 +449,11 @@ class FusedDecoder:
         return self._native[1]
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: PagedKVCache,
-                meta: StepMetadata, images: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                meta: StepMetadata, images: tuple[torch.Tensor, torch.Tensor] | None = None,
+                rope: torch.Tensor | None = None) -> torch.Tensor:
         """``input_ids``/``positions`` ``[T]`` -> final hidden states ``[T, hidden]``; writes the KV.
-        ``images``: (rows, features) fed instead of those rows' token embeddings (a vision model's)."""
+        ``images``: (rows, features) fed instead of those rows' token embeddings (a vision model's);
+        ``rope``: ``[3, T]`` positions by axis for a multimodal RoPE (mrope.py)."""
         T = input_ids.shape[0]
         H, kvh, D = self.heads, self.kv_heads, self.head_dim
         q_end, k_end = H * D, (H + kvh) * D
@@ -455,8 +461,8 @@ class FusedDecoder:
         if images is not None:
             h[images[0]] = images[1].to(h.dtype)
         table = self.rope_table
-        ropes = {kind: (table[kind][0][positions], table[kind][1][positions]) if table is not None
-                 else self._rotary(h, positions, kind) for kind in self.rope_kinds}
+        ropes = mrope.select_ropes(lambda pos, kind: (table[kind][0][pos], table[kind][1][pos]) if table is not None
+                                   else self._rotary(h, pos, kind), self.rope_kinds, positions, rope, self.mrope_axes)
         if meta.num_decode == T and not meta.prefills:
             native = self.native_step(cache)
             if native is not None:

@@ -396,7 +396,7 @@ def load_model(model_cfg: ModelConfig, bf16_linears: bool = False) -> LoadedMode
     if is_vision_config(hf_config) and getattr(hf_config, "model_type", None) not in HYBRID:
         from transformers import AutoModelForImageTextToText
 
-        model_class, processor = AutoModelForImageTextToText, load_processor(hf_dir, trust, tokenizer)
+        model_class, processor = AutoModelForImageTextToText, load_processor(hf_dir, trust, tokenizer, hf_config)
     t0 = time.monotonic()
     # On CUDA let accelerate place weights straight on the GPU instead of staging them in RAM.
     placement = {"device_map": str(device)} if device.type == "cuda" else {}

@@ -27,6 +27,7 @@ from .options import TorchOptions
 from .recurrent import RecurrentStates, hybrid_shape, install
 from .sampler import Sampler, ranked_prompt_logprobs
 from .step_batch import pack_batch
+from .mrope import step_positions
 from .vision import VisionInputs
 
 log = logging.getLogger("llmserve.backend.torch")
@@ -412,15 +413,19 @@ class TorchBackend(Backend):
             self.cache.zero_blocks(meta.fresh_blocks)
         # Image features where a prompt's images sit (vision.py), in place of those tokens' embeddings.
         images = self.vision.embeddings(batch, first_row) if self.vision and any(it.media for it in batch) else None
+        # Qwen-VL: positions along three axes, moved by the images at or before the fed tokens.
+        rope = step_positions(batch, first_row, positions) if self.vision and self.vision.mrope else None
         if self._fused is not None:
-            return self._fused.forward(input_ids, positions, self.cache, meta, images), first_row
+            return self._fused.forward(input_ids, positions, self.cache, meta, images, rope), first_row
         fed: dict[str, torch.Tensor] = {"input_ids": input_ids[None]}
         if images is not None:
             embeds = self._decoder.get_input_embeddings()(input_ids)
             embeds[images[0]] = images[1].to(embeds.dtype)
             fed = {"inputs_embeds": embeds[None]}
         with step_context(self.cache, meta):
-            out = self._decoder(**fed, position_ids=positions[None], use_cache=False)
+            # (three-axis positions go after the token indices, as transformers' packed form takes them)
+            fed_positions = positions[None] if rope is None else torch.cat((positions[None], rope))[:, None]
+            out = self._decoder(**fed, position_ids=fed_positions, use_cache=False)
         return out[0][0], first_row
 
     @torch.inference_mode()

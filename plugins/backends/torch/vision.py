@@ -27,6 +27,8 @@ import torch
 
 from llmserve import InvalidRequestError, MediaInput, StepItem, image_digest
 
+from .mrope import uses_mrope
+
 log = logging.getLogger("llmserve.backend.torch")
 
 #: Bytes of encoded images the encoder cache keeps (least recently used first out).
@@ -41,11 +43,13 @@ class ImageInputs:
     processor's tensors (None for a picture seen before, and dropped once encoded: the engine
     thread runs the processor again only if the encoder cache no longer holds its features; a
     13-tile picture's tensors are 41 MB, the picture itself 2.4 MB), and the positions (absolute,
-    in the prompt) its features go to, in order."""
+    in the prompt) its features go to, in order; for a model whose positions have three axes, the
+    picture's grid of image tokens."""
 
     image: Any
     tensors: dict[str, torch.Tensor] | None
     positions: torch.Tensor
+    grid: tuple[int, int, int] | None = None  # a multimodal-RoPE model's merged (t, h, w) grid (mrope.py)
 
 
 class VisionInputs:
@@ -67,8 +71,13 @@ class VisionInputs:
                         *getattr(processor, "unused_input_names", ())}
         self._cache: OrderedDict[str, torch.Tensor] = OrderedDict()
         self._cache_bytes = 0  # the cache is the engine thread's alone: no lock
-        self._known: OrderedDict[str, list[int]] = OrderedDict()  # digest -> expansion (tokenizer threads)
+        # digest -> expansion and grid (tokenizer threads)
+        self._known: OrderedDict[str, tuple[list[int], tuple[int, int, int] | None]] = OrderedDict()
         self._known_lock = threading.Lock()
+        # Qwen-VL: positions along three axes (mrope.py), an image's tokens placed on its grid of
+        # merged patches (``image_grid_thw`` over the merge size).
+        self.mrope = uses_mrope(model)
+        self._merge = int(getattr(getattr(config, "vision_config", None), "spatial_merge_size", 1) or 1)
         self.hits = 0    # images found in the encoder cache
         self.encoded = 0  # images run through the vision tower
 
@@ -97,22 +106,32 @@ class VisionInputs:
             out += prompt_ids[last:at]
             digest = image_digest(image)
             with self._known_lock:
-                ids = self._known.get(digest)
-                if ids is not None:
+                known = self._known.get(digest)
+                if known is not None:
                     self._known.move_to_end(digest)
             tensors = None
-            if ids is None:
+            if known is None:
                 ids, tensors = self._process(image, param)
+                known = ids, self._grid(tensors)
                 with self._known_lock:
-                    self._known[digest] = ids
+                    self._known[digest] = known
                     while len(self._known) > KNOWN_EXPANSIONS:
                         self._known.popitem(last=False)
+            ids, grid = known
             positions = torch.tensor([len(out) + k for k, t in enumerate(ids) if t == self.image_token_id])
-            media.append(MediaInput(digest, len(out), len(out) + len(ids), ImageInputs(image, tensors, positions)))
+            media.append(MediaInput(digest, len(out), len(out) + len(ids),
+                                    ImageInputs(image, tensors, positions, grid)))
             out += ids
             last = at + 1
         out += prompt_ids[last:]
         return out, tuple(media)
+
+    def _grid(self, tensors: dict[str, torch.Tensor]) -> tuple[int, int, int] | None:
+        """A multimodal-RoPE model's grid of image tokens for one picture's tensors."""
+        if not self.mrope:
+            return None
+        t, h, w = (int(v) for v in tensors["image_grid_thw"][0])
+        return t, h // self._merge, w // self._merge
 
     def _process(self, image: Any, param: str) -> tuple[list[int], dict[str, torch.Tensor]]:
         """The token ids that stand for ``image`` and its pixel inputs, by the model's processor."""
@@ -161,6 +180,8 @@ class VisionInputs:
         for it, row in zip(batch, first_row):
             lo, hi = it.start_pos, it.start_pos + len(it.token_ids)
             for item in it.media:
+                if item.end <= lo or item.start >= hi:  # an earlier image (its shape moves later positions)
+                    continue
                 positions = item.data.positions
                 inside = (positions >= lo) & (positions < hi)
                 if not bool(inside.any()):
@@ -172,16 +193,22 @@ class VisionInputs:
         return torch.cat(rows).to(self.device), torch.cat(values)
 
 
-def load_processor(model_dir: str, trust_remote_code: bool, tokenizer: Any) -> Any:
-    """The model's transformers processor around ``tokenizer`` (the server's, loaded once), or
-    None (logged) when its folder has none."""
+def load_processor(model_dir: str, trust_remote_code: bool, tokenizer: Any, config: Any) -> Any:
+    """The model's transformers processor around ``tokenizer`` (the server's, loaded once); where
+    transformers cannot build it here, its family's image-only processor (``image_tokens.py``);
+    else None (logged): the model then serves text only."""
     from transformers import AutoProcessor
+
+    from .image_tokens import image_token_processor
 
     try:
         return AutoProcessor.from_pretrained(model_dir, trust_remote_code=trust_remote_code, tokenizer=tokenizer)
-    except (OSError, ValueError, KeyError, ImportError) as exc:
-        log.warning("the image processor of %s cannot be loaded (%s): serving text only", model_dir, exc)
-        return None
+    except (OSError, ValueError, KeyError, ImportError, TypeError, AttributeError) as exc:
+        # (A processor with a video half raises AttributeError without torchvision.)
+        fallback = image_token_processor(model_dir, config, tokenizer, trust_remote_code)
+        if fallback is None:
+            log.warning("the image processor of %s cannot be loaded (%s): serving text only", model_dir, exc)
+        return fallback
 
 
 def is_vision_config(config: Any) -> bool:
