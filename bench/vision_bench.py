@@ -1,10 +1,15 @@
 """Vision-language models served: image encode time, time to first token with an image (new, and
-resent in a later turn), and decode speed, on a SmolVLM-256M-shaped Idefics3 (SigLIP base at 512
-pixels, a pixel shuffle of 4, SmolLM2-135M's language model: tests/vision_model.py's
-``smolvlm-256m`` shape, random weights, fp32) made once under ~/.cache/llmserve/bench-models.
+resent in a later turn), and decode speed, on a model of ``--shape`` (random weights, fp32, made
+once under ~/.cache/llmserve/bench-models by tests/vision_model.py):
 
-An image of ``--image-size`` pixels is cut by SmolVLM's processor into 512-pixel tiles plus a
-global tile, 64 image tokens each (1024x768: 2x2 tiles + 1, 320 tokens). The encode time is the
+- ``smolvlm-256m``: SmolVLM-256M's Idefics3 (SigLIP base at 512 pixels, a pixel shuffle of 4,
+  SmolLM2-135M's language model). An image of ``--image-size`` pixels is cut by SmolVLM's
+  processor into 512-pixel tiles plus a global tile, 64 image tokens each (1024x768: 2x2 tiles
+  + 1, 320 tokens).
+- ``qwen2.5-vl-3b``: Qwen2.5-VL-3B-Instruct's (a 32-layer windowed vision tower of 14-pixel
+  patches merged 2x2, a 36-layer Qwen2 language model with positions along three axes): one image
+  token per 28x28 pixels (1024x768: 1014 tokens).
+ The encode time is the
 vision tower and projector in-process (median of three, the encoder cache bypassed); the served
 numbers come from streamed chat completions, one request at a time: ``new image`` sends a
 picture the server has not seen, ``same image again`` resends the previous request's picture
@@ -13,6 +18,7 @@ without an image.
 
     python bench/vision_bench.py
     python bench/vision_bench.py --image-size 2048x1536 --max-tokens 64 --requests 4
+    python bench/vision_bench.py --shape qwen2.5-vl-3b --max-tokens 16 --requests 2
 """
 
 from __future__ import annotations
@@ -39,11 +45,14 @@ QUESTION = "Describe the picture in detail."
 MODELS = Path(os.path.expanduser("~/.cache/llmserve/bench-models"))
 
 
-def model_dir() -> str:
-    path = MODELS / "smolvlm-256m-shape"
+WRITERS = {"smolvlm-256m": vision_model.write_idefics3, "qwen2.5-vl-3b": vision_model.write_qwen2_5_vl}
+
+
+def model_dir(shape: str) -> str:
+    path = MODELS / f"{shape}-shape"
     if not (path / "config.json").exists():
-        print(f"writing a SmolVLM-256M-shaped model to {path}", flush=True)
-        vision_model.write_idefics3(str(path), shape="smolvlm-256m")
+        print(f"writing a {shape}-shaped model to {path}", flush=True)
+        WRITERS[shape](str(path), shape=shape)
     return str(path)
 
 
@@ -57,20 +66,20 @@ def encode_ms(path: str, size: tuple[int, int]) -> tuple[float, int]:
     backend = TorchBackend(ServerConfig(model=path, dtype="float32", device="cpu"))
     info = backend.info = backend.load()
     backend.init_kv_cache(KVCacheSpec(block_size=16, num_blocks=64))
-    ids = info.tokenizer("<image>", add_special_tokens=False)["input_ids"]
+    ids = info.tokenizer(info.media.placeholder, add_special_tokens=False)["input_ids"]
     _, (image,) = info.media.expand(ids, [vision_model.picture(0, size)], "bench")
     times = []
     for k in range(3):
         t0 = time.perf_counter()
         feats = backend.vision.features(MediaInput(f"bench-{k}", image.start, image.end, image.data))
         times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1000, int(feats.shape[0])
+    return statistics.median(times) * 1000, int(feats.shape[1])
 
 
 def peer_files(tools: llama_cpp.LlamaCpp, path: str) -> tuple[Path, Path]:
     """(text GGUF, mmproj GGUF) of the folder, converted by llama.cpp's converter when missing."""
-    out = Path(path).parent
-    text, mmproj = out / "smolvlm-256m-shape-F32.gguf", out / "mmproj-smolvlm-256m-shape-F32.gguf"
+    out, name = Path(path).parent, Path(path).name
+    text, mmproj = out / f"{name}-F32.gguf", out / f"mmproj-{name}-F32.gguf"
     converter_requirements()
     for target, extra in ((text, []), (mmproj, ["--mmproj"])):
         if target.exists():
@@ -139,6 +148,7 @@ def measure(name: str, cmd: list[str], url: str, port: int, log_dir: str, size: 
 
 def main() -> None:
     ap = bench_args.new_parser(__doc__)
+    ap.add_argument("--shape", choices=sorted(WRITERS), default="smolvlm-256m", help="the model's shape")
     ap.add_argument("--image-size", default="1024x768", help="WIDTHxHEIGHT of the test pictures")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--requests", type=int, default=3, help="requests per measurement")
@@ -148,7 +158,7 @@ def main() -> None:
     ap.add_argument("--llama-cpp", default=None, help="a llama.cpp build folder (default: found or built)")
     args = ap.parse_args()
     size = tuple(int(v) for v in args.image_size.split("x"))
-    path = model_dir()
+    path = model_dir(args.shape)
     if not args.skip_encode:
         ms, image_tokens = encode_ms(path, size)
         print(f"encode: {ms:.0f} ms for one {args.image_size} image ({image_tokens} image tokens)", flush=True)
@@ -163,7 +173,7 @@ def main() -> None:
                                    "-c", "4096", "--jinja", "-t", str(os.cpu_count() or 1)]
     results = {name: measure(name, cmd, f"http://127.0.0.1:{port}", port, args.log_dir, size, args.requests,
                              args.max_tokens) for name, cmd in servers.items()}
-    print(f"\nSmolVLM-256M shape, fp32, CPU; {args.image_size} images")
+    print(f"\n{args.shape} shape, fp32, CPU; {args.image_size} images")
     print("| server | request | prompt tokens | TTFT p50 (ms) | decode tok/s p50 |")
     print("|---|---|---|---|---|")
     for name, rows in results.items():

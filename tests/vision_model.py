@@ -159,6 +159,57 @@ def write_qwen2_5_vl(path: str, seed: int = 0, shape: str = "tiny") -> str:
     return path
 
 
+# Qwen3-VL: 16-pixel patches merged 2x2, the mean and std of 0.5 its checkpoints ship; the vision
+# tower's features at ``deepstack_visual_indexes`` go into the first language-model layers' outputs.
+QWEN3_PREPROCESSOR = {
+    "patch_size": 16, "temporal_patch_size": 2, "merge_size": 2, "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5], "size": {"shortest_edge": 32 * 32 * 4, "longest_edge": 32 * 32 * 64},
+    "image_processor_type": "Qwen2VLImageProcessorFast", "processor_class": "Qwen3VLProcessor"}
+
+
+def write_qwen3_vl(path: str, seed: int = 0) -> str:
+    """A tiny Qwen3-VL checkpoint (random weights) with its tokenizer, chat template and image
+    processor config in ``path``; returns ``path``."""
+    import json
+
+    import torch
+    from transformers import AutoTokenizer, Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    from llmserve.plugins.backends.torch.loader import hf_directory
+
+    tokenizer = AutoTokenizer.from_pretrained(hf_directory(None))
+    tokenizer.add_special_tokens({"additional_special_tokens": QWEN_TOKENS})
+    tokenizer.chat_template = QWEN_TEMPLATE
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_TOKENS}
+    special = {"bos_token_id": tokenizer.bos_token_id, "pad_token_id": tokenizer.pad_token_id,
+               "eos_token_id": tokenizer.convert_tokens_to_ids("<|im_end|>")}
+    config = Qwen3VLConfig(
+        text_config={"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3, "num_attention_heads": 4,
+                     "num_key_value_heads": 2, "head_dim": 16, "vocab_size": len(tokenizer),
+                     "max_position_embeddings": 8192, "tie_word_embeddings": True, **special,
+                     "rope_parameters": {"rope_type": "default", "rope_theta": 5e6, "mrope_section": [2, 3, 3],
+                                         "mrope_interleaved": True}},
+        vision_config={"depth": 3, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64,
+                       "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2,
+                       "num_position_embeddings": 64, "deepstack_visual_indexes": [0, 1]},
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=True, **special)
+    torch.manual_seed(seed)
+    model = Qwen3VLForConditionalGeneration(config).eval()
+    with torch.no_grad():  # as for the others: an image must move the tiny model's answers
+        for name, p in model.model.language_model.named_parameters():
+            if name.endswith("proj.weight"):
+                p.mul_(4.0)
+        for p in [*model.model.visual.merger.parameters(), *model.model.visual.deepstack_merger_list.parameters()]:
+            p.mul_(8.0)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    with open(os.path.join(path, "preprocessor_config.json"), "w") as f:
+        json.dump(QWEN3_PREPROCESSOR, f)
+    return path
+
+
 def _qwen_inputs(path: str, text: str, images: list[Any]) -> tuple[Any, dict[str, Any]]:
     """A Qwen-VL checkpoint's model and its inputs for ``text`` (one ``<|image_pad|>`` per image):
     each placeholder repeated once per merged patch of its image's grid (the family's processor

@@ -1,6 +1,7 @@
-"""Qwen2.5-VL on the torch backend: positions along three axes (``mrope.py``) and the image-only
-processor (``image_tokens.py``), against transformers' own forward with the same images on a tiny
-generated checkpoint (``tests/vision_model.py``).
+"""Qwen2.5-VL and Qwen3-VL on the torch backend: positions along three axes (``mrope.py``), Qwen3-VL's
+inner vision features added after the first layers, and the image-only processor
+(``image_tokens.py``), against transformers' own forward with the same images on tiny generated
+checkpoints (``tests/vision_model.py``).
 
 The positions of every token must be transformers' ``get_rope_index``'s, for any range of a
 prompt (prefill chunks start anywhere, after some images and inside others); the logits at every
@@ -34,19 +35,33 @@ TWO = "<|im_start|>user\nCompare<|vision_start|><|image_pad|><|vision_end|>with<
       "<|vision_end|>please.<|im_end|>\n<|im_start|>assistant\n"
 
 
+WRITERS = {"qwen2_5_vl": vision_model.write_qwen2_5_vl, "qwen3_vl": vision_model.write_qwen3_vl}
+# Each rotary dimension's axis (head_dim 16, mrope_section [2, 3, 3], per half): Qwen2.5-VL's
+# contiguous (time, rows, columns), Qwen3-VL's interleaved.
+AXES = {"qwen2_5_vl": [0, 0, 1, 1, 1, 2, 2, 2] * 2, "qwen3_vl": [0, 1, 2, 0, 1, 2, 0, 1] * 2}
+
+
+@pytest.fixture(scope="module", params=sorted(WRITERS))
+def family(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def path(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return vision_model.write_qwen2_5_vl(os.fspath(tmp_path_factory.mktemp("tiny-qwen2-5-vl")))
+def path(tmp_path_factory: pytest.TempPathFactory, family: str) -> str:
+    return WRITERS[family](os.fspath(tmp_path_factory.mktemp(f"tiny-{family}")))
 
 
-def test_positions_equal_transformers_rope_index() -> None:
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"], indirect=True)
+def test_positions_equal_transformers_rope_index(family: str) -> None:
     """Three images of other shapes (wide, tall, square) between text: every range's positions."""
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLModel
+    from transformers import AutoConfig, AutoModel
 
-    config = Qwen2_5_VLConfig(text_config={"hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
+    kind = AutoConfig.for_model(family)
+    config = type(kind)(text_config={"hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
                                            "num_key_value_heads": 1, "intermediate_size": 16, "vocab_size": 64},
                               vision_config={"depth": 1, "hidden_size": 16, "num_heads": 2, "out_hidden_size": 16},
                               image_token_id=7)
+    model = AutoModel.from_config(config)
     grids = [(1, 12, 20), (1, 8, 4), (1, 6, 6)]  # before the 2x2 merge
     ids, media = [1, 2, 3], []
     for g in grids:
@@ -55,7 +70,7 @@ def test_positions_equal_transformers_rope_index() -> None:
                                 ImageInputs(None, None, torch.empty(0), (g[0], g[1] // 2, g[2] // 2))))
         ids += [7] * n + [4, 5]
     input_ids = torch.tensor([ids])
-    want, delta = Qwen2_5_VLModel(config).get_rope_index(input_ids, (input_ids == 7).int(), torch.tensor(grids))
+    want, delta = model.get_rope_index(input_ids, (input_ids == 7).int(), torch.tensor(grids))
     want = want[:, 0]
     assert int(delta) < 0
     assert torch.equal(mrope.item_positions(media, 0, len(ids)), want)
@@ -66,10 +81,9 @@ def test_positions_equal_transformers_rope_index() -> None:
     assert after.tolist() == [[int(want.max()) + 1 + k for k in range(3)]] * 3
 
 
-def test_rotary_axes_follow_the_models_split(path: str) -> None:
+def test_rotary_axes_follow_the_models_split(path: str, family: str) -> None:
     backend = make_backend(path)
-    # head_dim 16, mrope_section [2, 3, 3]: frequencies 0-1 time, 2-4 rows, 5-7 columns, per half.
-    assert backend._fused.mrope_axes.tolist() == [0, 0, 1, 1, 1, 2, 2, 2] * 2
+    assert backend._fused.mrope_axes.tolist() == AXES[family]
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "transformers"])
@@ -103,5 +117,6 @@ def test_an_image_changes_the_answer_and_is_encoded_once(path: str) -> None:
 
 
 def test_qwen_vl_is_in_the_architecture_table() -> None:
-    assert "qwen2_5_vl" in VISION
-    assert "| `qwen2_5_vl` | images and text" in markdown_table()
+    for family in WRITERS:
+        assert family in VISION
+        assert f"| `{family}` | images and text" in markdown_table()

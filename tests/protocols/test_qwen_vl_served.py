@@ -1,5 +1,5 @@
-"""Qwen2.5-VL served (a tiny generated checkpoint, ``tests/vision_model.py``): its answers follow
-images through positions along three axes, so every answer token sits at a position moved by the
+"""Qwen2.5-VL and Qwen3-VL served (tiny generated checkpoints, ``tests/vision_model.py``): their
+answers follow images through positions along three axes, so every answer token sits at a position moved by the
 images before it. Each answer must be transformers' greedy ``generate`` on the same prompt and
 images, through the openai, anthropic and ollama clients; a second turn resends the first turn's
 image beside a new one.
@@ -29,9 +29,12 @@ def turn(role: str, text: str) -> str:
     return f"<|im_start|>{role}\n{text}<|im_end|>\n"
 
 
-@pytest.fixture(scope="module")
-def path(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return vision_model.write_qwen2_5_vl(os.fspath(tmp_path_factory.mktemp("tiny-qwen2-5-vl")))
+WRITERS = {"qwen2_5_vl": vision_model.write_qwen2_5_vl, "qwen3_vl": vision_model.write_qwen3_vl}
+
+
+@pytest.fixture(scope="module", params=sorted(WRITERS))
+def path(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> str:
+    return WRITERS[request.param](os.fspath(tmp_path_factory.mktemp(f"tiny-{request.param}")))
 
 
 @pytest.fixture(scope="module")

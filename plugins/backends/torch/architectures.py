@@ -70,6 +70,8 @@ VISION: dict[str, str] = {
                 "projector, a Llama language model",
     "qwen2_5_vl": "Qwen2.5-VL: a windowed-attention vision tower, patches merged 2x2, positions along three axes "
                   "(time, rows, columns) for the image tokens and after them; a Qwen2 language model",
+    "qwen3_vl": "Qwen3-VL: as Qwen2.5-VL with the rotary frequencies' axes interleaved, and the vision tower's inner "
+                "features added to the image tokens' hidden states after the first layers; a Qwen3 language model",
 }
 
 # Hybrid families served with a recurrent state per sequence beside the paged KV cache

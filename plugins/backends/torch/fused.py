@@ -23,7 +23,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from . import mrope
+from . import mrope, vision
 from .attention import PagedKVCache, StepMetadata, paged_attention
 from .moe import MoEFeedForward, SharedExpert, SparseParts, clamped_swiglu, moe_parts
 
@@ -47,7 +47,7 @@ _FAMILIES = {"llama": _Family(), "mistral": _Family(), "qwen2": _Family(), "qwen
 _CONFIG_WINDOW = {"mistral", "mixtral", "phi3"}
 _ARCHITECTURES = set(_FAMILIES)
 # The language models of vision-language models (architectures.VISION), as their text families.
-_FAMILIES.update({"qwen2_5_vl_text": _FAMILIES["qwen2"], "qwen2_vl_text": _FAMILIES["qwen2"]})
+_FAMILIES.update({"qwen2_5_vl_text": _FAMILIES["qwen2"], "qwen3_vl_text": _FAMILIES["qwen3"]})
 # RoPE types whose angles depend on the position alone: a table of every position gives the same
 # bits as computing them per step ("dynamic" and "longrope" rescale with the sequence length).
 _STATIC_ROPE = {"default", "linear", "llama3", "yarn"}
@@ -272,13 +272,13 @@ class FusedDecoder:
         self.heads = int(cfg.num_attention_heads)
         self.kv_heads = int(getattr(cfg, "num_key_value_heads", None) or self.heads)
         self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads)
-        # The axis each rotary dimension reads, for a multimodal RoPE (mrope.py); else None.
+        # Each rotary dimension's axis for a multimodal RoPE (mrope.py); else None.
         self.mrope_axes = mrope.frequency_axes(model, self.rotary, self.head_dim, self.norm_w.device)
         self.layers: list[_Layer] = []
         # Gemma 3 rotates local (sliding-window) and global layers with RoPE of their own bases:
         # its rotary module takes the layer type. None: one RoPE for every layer.
         self.rope_kinds: list[str | None] = [None]
-        # cos/sin of every position up to the context limit per RoPE kind (``tabulate_rope``): a lookup
+        # cos/sin of every position per RoPE kind (``tabulate_rope``): a lookup, which a CUDA graph can hold
         self.rope_table: dict[str | None, tuple[torch.Tensor, torch.Tensor]] | None = None
         self.ops = ops if ops is not None else TorchOps()  # norms, activations and RoPE
         # Decode-only steps as one native call when every part is native (native/step.py);
@@ -458,8 +458,7 @@ class FusedDecoder:
         H, kvh, D = self.heads, self.kv_heads, self.head_dim
         q_end, k_end = H * D, (H + kvh) * D
         h = self.embed(input_ids)
-        if images is not None:
-            h[images[0]] = images[1].to(h.dtype)
+        deep = vision.splice(h, images)  # a vision model's image features; Qwen3-VL's deeper ones go in below
         table = self.rope_table
         ropes = mrope.select_ropes(lambda pos, kind: (table[kind][0][pos], table[kind][1][pos]) if table is not None
                                    else self._rotary(h, pos, kind), self.rope_kinds, positions, rope, self.mrope_axes)
@@ -484,8 +483,7 @@ class FusedDecoder:
             v = qkv[:, k_end:].view(T, kvh, D)
             o = paged_attention(cache, meta, lay.idx, qk[:, :H], qk[:, H:], v, lay.scaling, lay.window,
                                 kv_written=fused_store, sinks=lay.sinks)
-            # reshape, not view: the attention output's layout is the kernel's choice (CUDA's
-            # SDPA returns decode rows with heads apart in memory, which no view can merge).
+            # reshape, not view: CUDA's SDPA returns decode rows with heads apart in memory (no view merges them)
             attn_out = lay.o(o.reshape(T, q_end))
             if self.reduce is not None:
                 self.reduce(attn_out)
@@ -497,4 +495,6 @@ class FusedDecoder:
                 self.reduce(delta)
             if lay.post_mlp is not None:
                 delta = ops.add_rms_norm(delta, None, lay.post_mlp, lay.post_eps)
+            if deep is not None and lay.idx < deep[1].shape[0]:  # added to the image rows' layer output
+                delta = delta.index_add(0, deep[0], deep[1][lay.idx])
         return ops.add_rms_norm(h, delta, self.norm_w, self.norm_eps)

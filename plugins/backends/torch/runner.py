@@ -28,7 +28,7 @@ from .recurrent import RecurrentStates, hybrid_shape, install
 from .sampler import Sampler, ranked_prompt_logprobs
 from .step_batch import pack_batch
 from .mrope import step_positions
-from .vision import VisionInputs
+from .vision import VisionInputs, splice
 
 log = logging.getLogger("llmserve.backend.torch")
 
@@ -411,19 +411,20 @@ class TorchBackend(Backend):
             meta.states = self.states.step(batch, first_row, meta.num_decode)
         if meta.fresh_blocks is not None:
             self.cache.zero_blocks(meta.fresh_blocks)
-        # Image features where a prompt's images sit (vision.py), in place of those tokens' embeddings.
-        images = self.vision.embeddings(batch, first_row) if self.vision and any(it.media for it in batch) else None
+        # Image features where a prompt's images sit (vision.py), in place of those tokens' embeddings;
         # Qwen-VL: positions along three axes, moved by the images at or before the fed tokens.
+        images = self.vision.embeddings(batch, first_row) if self.vision and any(it.media for it in batch) else None
         rope = step_positions(batch, first_row, positions) if self.vision and self.vision.mrope else None
         if self._fused is not None:
             return self._fused.forward(input_ids, positions, self.cache, meta, images, rope), first_row
-        fed: dict[str, torch.Tensor] = {"input_ids": input_ids[None]}
+        fed: dict[str, Any] = {"input_ids": input_ids[None]}
         if images is not None:
             embeds = self._decoder.get_input_embeddings()(input_ids)
-            embeds[images[0]] = images[1].to(embeds.dtype)
             fed = {"inputs_embeds": embeds[None]}
-        with step_context(self.cache, meta):
-            # (three-axis positions go after the token indices, as transformers' packed form takes them)
+            if (deep := splice(embeds, images)) is not None:  # Qwen3-VL's deeper features, by its own arguments
+                rows = torch.zeros_like(input_ids, dtype=torch.bool).index_fill_(0, deep[0], True)
+                fed |= {"visual_pos_masks": rows[None], "deepstack_visual_embeds": list(deep[1])}
+        with step_context(self.cache, meta):  # (three-axis positions after the token indices: transformers' form)
             fed_positions = positions[None] if rope is None else torch.cat((positions[None], rope))[:, None]
             out = self._decoder(**fed, position_ids=fed_positions, use_cache=False)
         return out[0][0], first_row

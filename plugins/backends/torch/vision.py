@@ -147,7 +147,10 @@ class VisionInputs:
 
     # -------------------------------------------------------------- engine thread
     def features(self, item: MediaInput) -> torch.Tensor:
-        """``[image tokens, hidden]``: the image's features, from the encoder cache or the vision tower."""
+        """``[levels, image tokens, hidden]``: the image's features, from the encoder cache or the
+        vision tower. Level 0 replaces the image tokens' embeddings; a model with more (Qwen3-VL's
+        deepstack: features from inner layers of the vision tower) adds level i to the image
+        tokens' hidden states after its language model's layer i - 1."""
         cached = self._cache.get(item.digest)
         if cached is not None:
             self._cache.move_to_end(item.digest)
@@ -159,10 +162,12 @@ class VisionInputs:
         inputs = {k: v.to(self.device) for k, v in tensors.items()}
         out = self.model.get_image_features(**inputs, return_dict=True)
         pooled = out.pooler_output
-        feats = torch.cat([f.reshape(-1, f.shape[-1]) for f in pooled]) if isinstance(pooled, (list, tuple)) else (
-            pooled.reshape(-1, pooled.shape[-1]))
-        if feats.shape[0] != data.positions.numel():
-            raise RuntimeError(f"the vision tower gave {feats.shape[0]} image tokens for {data.positions.numel()} "
+        levels = [pooled, *(getattr(out, "deepstack_features", None) or ())]
+        feats = torch.stack([torch.cat([f.reshape(-1, f.shape[-1]) for f in level])
+                             if isinstance(level, (list, tuple)) else level.reshape(-1, level.shape[-1])
+                             for level in levels])
+        if feats.shape[1] != data.positions.numel():
+            raise RuntimeError(f"the vision tower gave {feats.shape[1]} image tokens for {data.positions.numel()} "
                                "placeholders")
         data.tensors = None  # the features are cached; the picture stays, should they be evicted
         self.encoded += 1
@@ -174,7 +179,8 @@ class VisionInputs:
         return feats
 
     def embeddings(self, batch: list[StepItem], first_row: list[int]) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(rows of the packed step, their image features) for every image token fed this step."""
+        """(rows of the packed step in order, their image features ``[levels, rows, hidden]``) for
+        every image token fed this step."""
         rows: list[torch.Tensor] = []
         values: list[torch.Tensor] = []
         for it, row in zip(batch, first_row):
@@ -187,10 +193,24 @@ class VisionInputs:
                 if not bool(inside.any()):
                     continue
                 rows.append(positions[inside] - lo + row)
-                values.append(self.features(item)[inside.to(self.device)])
+                values.append(self.features(item)[:, inside.to(self.device)])
         if not rows:
             return None
-        return torch.cat(rows).to(self.device), torch.cat(values)
+        # In row order: decode rows are packed before prefill chunks, whatever the batch's order.
+        at = torch.cat(rows).to(self.device)
+        order = at.argsort()
+        return at[order], torch.cat(values, 1)[:, order]
+
+
+def splice(h: torch.Tensor, images: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[torch.Tensor, ...] | None:
+    """Put a step's image features (``VisionInputs.embeddings``) into its embeddings ``h`` in place
+    of the image tokens'; returns (rows, the deeper levels ``[levels - 1, rows, hidden]``) for a
+    model that adds those after its first layers (Qwen3-VL's deepstack), else None."""
+    if images is None:
+        return None
+    rows, values = images
+    h[rows] = values[0].to(h.dtype)
+    return (rows, values[1:].to(h.dtype)) if values.shape[0] > 1 else None
 
 
 def load_processor(model_dir: str, trust_remote_code: bool, tokenizer: Any, config: Any) -> Any:
