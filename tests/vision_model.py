@@ -210,6 +210,53 @@ def write_qwen3_vl(path: str, seed: int = 0) -> str:
     return path
 
 
+def write_qwen3_5(path: str, seed: int = 0, moe: bool = False) -> str:
+    """A tiny Qwen3.5 checkpoint, vision tower and all (random weights): Gated DeltaNet and gated
+    attention layers, part of each head rotated with its frequencies' axes interleaved; with its
+    tokenizer, chat template and Qwen3-VL's image processor config (Qwen3.5 ships the same).
+    ``moe``: Qwen3.5-MoE's (experts with a shared one instead of the MLP)."""
+    import json
+
+    import torch
+    from transformers import (AutoTokenizer, Qwen3_5Config, Qwen3_5ForConditionalGeneration, Qwen3_5MoeConfig,
+                              Qwen3_5MoeForConditionalGeneration)
+
+    from llmserve.plugins.backends.torch.loader import hf_directory
+
+    tokenizer = AutoTokenizer.from_pretrained(hf_directory(None))
+    tokenizer.add_special_tokens({"additional_special_tokens": QWEN_TOKENS})
+    tokenizer.chat_template = QWEN_TEMPLATE
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_TOKENS}
+    special = {"bos_token_id": tokenizer.bos_token_id, "pad_token_id": tokenizer.pad_token_id,
+               "eos_token_id": tokenizer.convert_tokens_to_ids("<|im_end|>")}
+    experts = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+               "shared_expert_intermediate_size": 32} if moe else {}
+    config = (Qwen3_5MoeConfig if moe else Qwen3_5Config)(
+        text_config={**experts, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+                     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "vocab_size": len(tokenizer),
+                     "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+                     "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4, "max_position_embeddings": 8192,
+                     "tie_word_embeddings": True, **special,
+                     "rope_parameters": {"rope_type": "default", "rope_theta": 1e7, "mrope_section": [2, 3, 3],
+                                         "mrope_interleaved": True, "partial_rotary_factor": 0.5}},
+        vision_config={"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64,
+                       "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2,
+                       "num_position_embeddings": 64},
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=True, **special)
+    torch.manual_seed(seed)
+    model = (Qwen3_5MoeForConditionalGeneration if moe else Qwen3_5ForConditionalGeneration)(config).eval()
+    with torch.no_grad():  # as for the others: an image must move the tiny model's answers
+        for p in model.model.visual.merger.parameters():
+            p.mul_(8.0)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    with open(os.path.join(path, "preprocessor_config.json"), "w") as f:
+        json.dump(QWEN3_PREPROCESSOR, f)
+    return path
+
+
 def _qwen_inputs(path: str, text: str, images: list[Any]) -> tuple[Any, dict[str, Any]]:
     """A Qwen-VL checkpoint's model and its inputs for ``text`` (one ``<|image_pad|>`` per image):
     each placeholder repeated once per merged patch of its image's grid (the family's processor

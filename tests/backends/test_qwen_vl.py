@@ -1,5 +1,6 @@
-"""Qwen2.5-VL and Qwen3-VL on the torch backend: positions along three axes (``mrope.py``), Qwen3-VL's
-inner vision features added after the first layers, and the image-only processor
+"""Qwen2.5-VL, Qwen3-VL and Qwen3.5 (dense and MoE) on the torch backend: positions along three axes (``mrope.py``),
+Qwen3-VL's inner vision features added after the first layers, Qwen3.5's images on the hybrid
+forward (its recurrent layers read the image rows too), and the image-only processor
 (``image_tokens.py``), against transformers' own forward with the same images on tiny generated
 checkpoints (``tests/vision_model.py``).
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
+from functools import partial
 
 import pytest
 
@@ -35,7 +37,8 @@ TWO = "<|im_start|>user\nCompare<|vision_start|><|image_pad|><|vision_end|>with<
       "<|vision_end|>please.<|im_end|>\n<|im_start|>assistant\n"
 
 
-WRITERS = {"qwen2_5_vl": vision_model.write_qwen2_5_vl, "qwen3_vl": vision_model.write_qwen3_vl}
+WRITERS = {"qwen2_5_vl": vision_model.write_qwen2_5_vl, "qwen3_vl": vision_model.write_qwen3_vl,
+           "qwen3_5": vision_model.write_qwen3_5, "qwen3_5_moe": partial(vision_model.write_qwen3_5, moe=True)}
 # Each rotary dimension's axis (head_dim 16, mrope_section [2, 3, 3], per half): Qwen2.5-VL's
 # contiguous (time, rows, columns), Qwen3-VL's interleaved.
 AXES = {"qwen2_5_vl": [0, 0, 1, 1, 1, 2, 2, 2] * 2, "qwen3_vl": [0, 1, 2, 0, 1, 2, 0, 1] * 2}
@@ -51,7 +54,7 @@ def path(tmp_path_factory: pytest.TempPathFactory, family: str) -> str:
     return WRITERS[family](os.fspath(tmp_path_factory.mktemp(f"tiny-{family}")))
 
 
-@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"], indirect=True)
+@pytest.mark.parametrize("family", sorted(WRITERS), indirect=True)
 def test_positions_equal_transformers_rope_index(family: str) -> None:
     """Three images of other shapes (wide, tall, square) between text: every range's positions."""
     from transformers import AutoConfig, AutoModel
@@ -83,6 +86,9 @@ def test_positions_equal_transformers_rope_index(family: str) -> None:
 
 def test_rotary_axes_follow_the_models_split(path: str, family: str) -> None:
     backend = make_backend(path)
+    if family.startswith("qwen3_5"):  # the hybrid forward hands the three axes to the model's own rotary module
+        assert type(backend._fused).__name__ == "HybridDecoder" and backend.vision.mrope
+        return
     assert backend._fused.mrope_axes.tolist() == AXES[family]
 
 

@@ -40,7 +40,7 @@ def path(tmp_path_factory: pytest.TempPathFactory) -> str:
 def make_backend(path: str, **options: object) -> TorchBackend:
     backend = TorchBackend(ServerConfig(model=path, dtype="float32", device="cpu"), TorchOptions(**options))
     backend.info = backend.load()
-    backend.init_kv_cache(KVCacheSpec(block_size=BS, num_blocks=64))
+    backend.init_kv_cache(KVCacheSpec(block_size=BS, num_blocks=64, state_slots=4))  # (slots: a hybrid's)
     return backend
 
 
@@ -57,7 +57,7 @@ def logits(backend: TorchBackend, seqs: list[tuple[list[int], tuple]], chunks: i
     bounds = [[len(ids) * k // chunks for k in range(chunks + 1)] for ids, _ in seqs]
     for k in range(chunks):
         items = [StepItem(seq_id=i + 1, token_ids=ids[bounds[i][k]:bounds[i][k + 1]], start_pos=bounds[i][k],
-                          block_table=list(range(i * blocks, (i + 1) * blocks)),
+                          block_table=list(range(i * blocks, (i + 1) * blocks)), state_slot=i,
                           media=started_before(media, bounds[i][k + 1]))
                  for i, (ids, media) in enumerate(seqs)]
         for i, rows in enumerate(backend.forward_logits(items)):

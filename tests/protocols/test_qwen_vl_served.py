@@ -1,4 +1,5 @@
-"""Qwen2.5-VL and Qwen3-VL served (tiny generated checkpoints, ``tests/vision_model.py``): their
+"""Qwen2.5-VL, Qwen3-VL and Qwen3.5, dense and MoE (a hybrid: its recurrent states resume from saved ones on a
+prefix-cache hit) served (tiny generated checkpoints, ``tests/vision_model.py``): their
 answers follow images through positions along three axes, so every answer token sits at a position moved by the
 images before it. Each answer must be transformers' greedy ``generate`` on the same prompt and
 images, through the openai, anthropic and ollama clients; a second turn resends the first turn's
@@ -10,6 +11,7 @@ from __future__ import annotations
 import base64
 import os
 import sys
+from functools import partial
 
 import anthropic
 import ollama
@@ -29,7 +31,8 @@ def turn(role: str, text: str) -> str:
     return f"<|im_start|>{role}\n{text}<|im_end|>\n"
 
 
-WRITERS = {"qwen2_5_vl": vision_model.write_qwen2_5_vl, "qwen3_vl": vision_model.write_qwen3_vl}
+WRITERS = {"qwen2_5_vl": vision_model.write_qwen2_5_vl, "qwen3_vl": vision_model.write_qwen3_vl,
+           "qwen3_5": vision_model.write_qwen3_5, "qwen3_5_moe": partial(vision_model.write_qwen3_5, moe=True)}
 
 
 @pytest.fixture(scope="module", params=sorted(WRITERS))

@@ -72,11 +72,14 @@ VISION: dict[str, str] = {
                   "(time, rows, columns) for the image tokens and after them; a Qwen2 language model",
     "qwen3_vl": "Qwen3-VL: as Qwen2.5-VL with the rotary frequencies' axes interleaved, and the vision tower's inner "
                 "features added to the image tokens' hidden states after the first layers; a Qwen3 language model",
+    "qwen3_5": "Qwen3.5's images: Qwen3-VL's vision tower without its inner features, positions along three axes "
+               "for the gated attention layers; the hybrid language model below",
+    "qwen3_5_moe": "Qwen3.5-MoE's images: as Qwen3.5's",
 }
 
 # Hybrid families served with a recurrent state per sequence beside the paged KV cache
 # (recurrent.py), each verified by tests/backends/test_hybrid_models.py against transformers:
-# model_type -> what its layers are. A multimodal checkpoint (Qwen3.5's) serves its language model.
+# model_type -> what its layers are. A multimodal checkpoint (Qwen3.5's) reads images too (VISION).
 HYBRID: dict[str, str] = {
     **dict.fromkeys(("qwen3_5", "qwen3_5_text"),
                     "Gated DeltaNet layers (a recurrent state per sequence) with gated full attention, partial RoPE"),

@@ -33,6 +33,7 @@ from .attention import PagedKVCache, StepMetadata, paged_attention
 from .fused import Linear, TorchOps, _eps, _experts, _pack_experts, _packed, _TorchLinear, given_experts
 from .moe import MoEFeedForward, SparseParts, moe_parts
 from .recurrent import DeltaNetParams, ShortConvParams, mix, short_conv
+from .vision import splice
 
 log = logging.getLogger("llmserve.backend.torch")
 
@@ -270,10 +271,13 @@ class HybridDecoder:
         return lay.out(mixed)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: PagedKVCache,
-                meta: StepMetadata, images: Any = None) -> torch.Tensor:
-        """``input_ids``/``positions`` ``[T]`` -> final hidden states ``[T, hidden]``."""
+                meta: StepMetadata, images: Any = None, rope: torch.Tensor | None = None) -> torch.Tensor:
+        """``input_ids``/``positions`` ``[T]`` -> final hidden states ``[T, hidden]``. ``images``: a
+        vision model's image features (``vision.splice``); ``rope``: ``[3, T]`` positions by axis
+        for its multimodal RoPE, which the model's rotary module takes as they are (mrope.py)."""
         h = self.embed(input_ids)
-        cos, sin = self.rotary(h, positions[None])
+        splice(h, images)
+        cos, sin = self.rotary(h, positions[None] if rope is None else rope[:, None])
         cos, sin = cos[0].to(h.dtype), sin[0].to(h.dtype)
         ops = self.ops
         delta = None

@@ -392,11 +392,13 @@ def load_model(model_cfg: ModelConfig, bf16_linears: bool = False) -> LoadedMode
     # A vision-language model loads whole (vision tower, projector, language model) with its processor.
     model_class: Any = AutoModelForCausalLM
     processor = None
-    # (A hybrid's checkpoint with a vision tower serves its language model: images are refused.)
-    if is_vision_config(hf_config) and getattr(hf_config, "model_type", None) not in HYBRID:
+    # (A hybrid's checkpoint with a vision tower but no image processor serves its language model alone.)
+    if is_vision_config(hf_config):
         from transformers import AutoModelForImageTextToText
 
-        model_class, processor = AutoModelForImageTextToText, load_processor(hf_dir, trust, tokenizer, hf_config)
+        processor = load_processor(hf_dir, trust, tokenizer, hf_config)
+        if processor is not None or getattr(hf_config, "model_type", None) not in HYBRID:
+            model_class = AutoModelForImageTextToText
     t0 = time.monotonic()
     # On CUDA let accelerate place weights straight on the GPU instead of staging them in RAM.
     placement = {"device_map": str(device)} if device.type == "cuda" else {}
