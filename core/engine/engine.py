@@ -248,6 +248,8 @@ class LLMEngine:
             block_size=self.block_size, prefix_caching=blocks.enable_prefix_caching, cache_dtype=self.cache_dtype,
             state_slots_used=blocks.state_slots.num_used if blocks.state_slots else 0,
             state_slots_total=blocks.state_slots.num_slots if blocks.state_slots else 0,
+            encoder_queries=getattr(self.info.media, "encoder_queries", 0),
+            encoder_hits=getattr(self.info.media, "encoder_hits", 0),
             **(self.spec.counters() if self.spec is not None else {}))
 
     def _count_finished(self, state: RequestState, reason: str, generated: int, now: float | None = None) -> None:

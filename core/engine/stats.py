@@ -48,6 +48,8 @@ class EngineStats:
     spec_accepted_per_pos: tuple[int, ...] = ()  # confirmed proposals by position (0: the first proposed)
     state_slots_used: int = 0           # recurrent-state slots held by running sequences (hybrid models)
     state_slots_total: int = 0          # ... allocated (0: the model keeps no recurrent state)
+    encoder_queries: int = 0            # request images looked up in the backend's encoder cache
+    encoder_hits: int = 0               # ... whose features it held (not encoded again)
 
     @property
     def kv_usage(self) -> float:

@@ -43,6 +43,10 @@ class MediaProcessor(Protocol):
     placeholder: str
     placeholder_id: int
 
+    # Optional counters the engine reports (``vllm:mm_cache_queries_total``, ``vllm:mm_cache_hits_total``)
+    # when the backend keeps an encoder cache: ``encoder_queries`` (each request's images, at their
+    # first lookup) and ``encoder_hits`` (those whose features the cache held).
+
     def expand(self, prompt_ids: list[int], images: Sequence[Any],
                param: str) -> tuple[list[int], tuple[MediaInput, ...]]:
         """``prompt_ids`` with each placeholder replaced by its image's expansion (``images``:

@@ -52,7 +52,8 @@ class ChatTurn:
     unlimited). ``truncate`` cuts the prompt's ids (vLLM's ``truncate_prompt_tokens``).
     ``no_template``, when given, is the refusal for a model without a chat template.
     ``images`` are the request's images in order (``llmserve.media.parts.ImagePart``, each naming
-    its field); the messages hold an ``{"type": "image"}`` part where each one was.
+    its field); the messages hold an ``{"type": "image"}`` part where each one was. ``deadline``
+    (``llmserve.deadline_after``): when the engine gives up on the request (MindIE's ``timeout``).
 
     ``policy`` is the dialect's ``RequestPolicy``: the field prompt errors name (``messages``),
     its names for the sampling fields, and its length policy (``reject`` as OpenAI, ``cap`` as
@@ -83,6 +84,7 @@ class ChatTurn:
     truncate: Callable[[list[int]], list[int]] | None = None
     policy: RequestPolicy = CHAT
     priority: int = 5
+    deadline: float | None = None
     no_template: str | None = None
     images: list[ImagePart] = field(default_factory=list)
 
@@ -199,7 +201,8 @@ def _request(context: "ServerContext", turn: ChatTurn, plan: ToolPlan, chains: C
                           "tokens or send fewer images", turn.images[0].param if turn.images else turn.policy.prompt)
         text, ids = None, kept
     request = GenerateRequest(prompt=text, prompt_token_ids=ids, sampling=chains.keep_markers(turn.sampling),
-                              request_id=turn.request_id, priority=turn.priority, add_special_tokens=False,
+                              request_id=turn.request_id, priority=turn.priority, deadline=turn.deadline,
+                              add_special_tokens=False,
                               mask_factory=mask_factory, media=media,
                               reasoning_budget=_budget(context, turn, chains, text, ids))
     return engine.prepare(request, turn.policy)

@@ -235,6 +235,11 @@ class Metrics(EngineObserver):
         counter("vllm:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.",
                 stats.prefix_queried_tokens)
         counter("vllm:prefix_cache_hits_total", "Prompt tokens found in the prefix cache.", stats.prefix_hit_tokens)
+        if stats.encoder_queries:  # a vision model has encoded or looked up an image
+            counter("vllm:mm_cache_queries_total", "Request images looked up in the encoder cache (the vision tower's "
+                    "output by image digest).", stats.encoder_queries)
+            counter("vllm:mm_cache_hits_total", "Request images whose features the encoder cache held.",
+                    stats.encoder_hits)
         counter("vllm:num_preemptions_total", "Sequences preempted (KV blocks reclaimed, recomputed later).",
                 stats.preemptions)
         if stats.spec_accepted_per_pos:  # speculative decoding is on

@@ -72,12 +72,14 @@ def test_greedy_stream_equals_non_stream(smollm_server):
     assert last["generated_text"] == text and text
 
 
-def test_spec_multimodal_infer_example_is_rejected(smollm_server):
+def test_spec_multimodal_infer_example_to_a_text_model_is_422(smollm_server):
+    """The spec's multimodal example, sent to a model that reads text only (tests/protocols/
+    test_qwen_vl_served.py sends one to a vision model)."""
     body = {**INFER_EXAMPLE, "inputs": [{"type": "text", "text": "My name is Olivier and I"},
                                         {"type": "image_url", "image_url": "/xxxx/test.png"}]}
     r = post(smollm_server, "/infer", body)
     assert r.status_code == 422
-    assert r.json()["error_type"] == "Input Validation Error" and "multimodal" in r.json()["error"]
+    assert r.json()["error_type"] == "Input Validation Error" and "takes text only" in r.json()["error"]
 
 
 def test_spec_tokenizer_example(smollm_server):

@@ -3,7 +3,7 @@ prefix-cache hit) served (tiny generated checkpoints, ``tests/vision_model.py``)
 answers follow images through positions along three axes, so every answer token sits at a position moved by the
 images before it. Each answer must be transformers' greedy ``generate`` on the same prompt and
 images, through the openai, anthropic and ollama clients; a second turn resends the first turn's
-image beside a new one.
+image beside a new one, and the encoder cache's counters on ``/metrics`` count what it held.
 """
 
 from __future__ import annotations
@@ -61,8 +61,31 @@ def decode(path: str, ids: list[int]) -> str:
     return AutoTokenizer.from_pretrained(path).decode(ids, skip_special_tokens=True)
 
 
+def encoder_cache(url: str) -> tuple[float, float]:
+    """(queries, hits) of the encoder cache, from ``/metrics``."""
+    import httpx
+
+    values = {line.split("{")[0]: float(line.rsplit(" ", 1)[1])
+              for line in httpx.get(url + "/metrics").text.splitlines() if line.startswith("vllm:mm_cache_")}
+    return values.get("vllm:mm_cache_queries_total", 0.0), values.get("vllm:mm_cache_hits_total", 0.0)
+
+
+def first_image_end(path: str, prompt: str, pictures: list) -> int:
+    """The position after the first image's tokens in ``prompt`` with ``pictures``."""
+    from transformers import AutoTokenizer
+
+    pad = AutoTokenizer.from_pretrained(path).convert_tokens_to_ids("<|image_pad|>")
+    ids, _ = vision_model.qwen_reference_logits(path, prompt, pictures)
+    start = ids.index(pad)
+    end = start
+    while ids[end] == pad:
+        end += 1
+    return end
+
+
 def test_openai_chat_two_turns_with_images(server, path) -> None:
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+    queries, hits = encoder_cache(server.url)
     options = {"model": "tiny-qwen-vl", "max_tokens": N, "temperature": 0, "logprobs": True,
                "extra_body": {"return_tokens_as_token_ids": True, "min_tokens": N}}
     first = [{"type": "image_url", "image_url": {"url": data_url(1)}}, {"type": "text", "text": QUESTION}]
@@ -82,6 +105,36 @@ def test_openai_chat_two_turns_with_images(server, path) -> None:
     want = vision_model.qwen_reference_generate(path, prompt, pictures, N)
     assert ids_of(reply.choices[0]) == want
     assert reply.usage.prompt_tokens_details.cached_tokens >= 16  # the first turn's blocks, image included
+    # The first turn's image, the new one, and the first one again unless the cached prefix (its KV; a hybrid's
+    # saved state) reached past it: then it was never fed.
+    cached = reply.usage.prompt_tokens_details.cached_tokens
+    refed = int(cached < first_image_end(path, prompt, pictures))
+    assert encoder_cache(server.url) == (queries + 2 + refed, hits + refed)
+    # The first picture after other words: no prefix to reuse, but the encoder cache holds its features.
+    other = [{"type": "text", "text": "Look:"}, *first]
+    reply = client.chat.completions.create(messages=[{"role": "user", "content": other}], **options)
+    prompt = turn("user", "Look:" + IMAGE + QUESTION) + "<|im_start|>assistant\n"
+    assert ids_of(reply.choices[0]) == vision_model.qwen_reference_generate(path, prompt, [vision_model.picture(1)], N)
+    assert encoder_cache(server.url) == (queries + 3 + refed, hits + 1 + refed)
+
+
+def test_mindie_multimodal_inputs(server, path) -> None:
+    """MindIE's ``/infer`` with a list of text and image items: one user message of the chat
+    template, the image in place; a server path outside ``--allowed-local-media-path`` is a 422."""
+    import httpx
+
+    prompt = turn("user", IMAGE + QUESTION) + "<|im_start|>assistant\n"
+    want = decode(path, vision_model.qwen_reference_generate(path, prompt, [vision_model.picture(4)], N))
+    inputs = [{"type": "image_url", "image_url": base64.b64encode(vision_model.png(4)).decode()},
+              {"type": "text", "text": QUESTION}]
+    reply = httpx.post(server.url + "/infer", timeout=300, json={
+        "inputs": inputs, "parameters": {"max_new_tokens": N, "do_sample": False, "details": True}})
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["generated_text"] == want
+    refused = httpx.post(server.url + "/infer", timeout=300, json={
+        "inputs": [{"type": "image_url", "image_url": "/etc/hostname"}, {"type": "text", "text": QUESTION}]})
+    assert refused.status_code == 422 and refused.json()["error_type"] == "Input Validation Error"
+    assert "--allowed-local-media-path" in refused.json()["error"]
 
 
 def test_anthropic_and_ollama_images(server, path) -> None:

@@ -50,6 +50,7 @@ class ImageInputs:
     tensors: dict[str, torch.Tensor] | None
     positions: torch.Tensor
     grid: tuple[int, int, int] | None = None  # a multimodal-RoPE model's merged (t, h, w) grid (mrope.py)
+    looked_up: bool = False  # counted in the encoder cache's queries (once per image of a request)
 
 
 class VisionInputs:
@@ -78,8 +79,12 @@ class VisionInputs:
         # merged patches (``image_grid_thw`` over the merge size).
         self.mrope = uses_mrope(model)
         self._merge = int(getattr(getattr(config, "vision_config", None), "spatial_merge_size", 1) or 1)
-        self.hits = 0    # images found in the encoder cache
+        self.hits = 0    # lookups the encoder cache answered (a prefill chunk after the image's first counts)
         self.encoded = 0  # images run through the vision tower
+        # The engine's counters (``MediaProcessor``): each request's images at their first lookup,
+        # and those the encoder cache held then.
+        self.encoder_queries = 0
+        self.encoder_hits = 0
 
     @classmethod
     def build(cls, model: Any, processor: Any, tokenizer: Any, device: torch.device) -> "VisionInputs | None":
@@ -152,11 +157,15 @@ class VisionInputs:
         deepstack: features from inner layers of the vision tower) adds level i to the image
         tokens' hidden states after its language model's layer i - 1."""
         cached = self._cache.get(item.digest)
+        data: ImageInputs = item.data
+        if not data.looked_up:
+            data.looked_up = True
+            self.encoder_queries += 1
+            self.encoder_hits += cached is not None
         if cached is not None:
             self._cache.move_to_end(item.digest)
             self.hits += 1
             return cached
-        data: ImageInputs = item.data
         # A picture seen before comes without its pixel inputs: processed here, once more.
         tensors = data.tensors if data.tensors is not None else self._process(data.image, "image")[1]
         inputs = {k: v.to(self.device) for k, v in tensors.items()}

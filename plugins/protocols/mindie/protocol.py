@@ -12,8 +12,10 @@ from llmserve import PreparedRequest
 from llmserve import STREAM_HEADERS, MalformedBodyError, dialect_router, in_band_errors, parse_body, sse
 from llmserve import SSE_RESPONSES, openapi_body
 from llmserve import Protocol
+from llmserve import ChatTurn, prepare_chat
 
-from .params import MAX_INPUT_CHARS, new_request
+from .media import multimodal_turn
+from .params import MAX_INPUT_CHARS, POLICY, build_sampling, deadline, new_request, priority
 from .events import TokenClock, first_sequence
 from .wire import InferBody, InferParameters, TokenizerBody
 
@@ -48,9 +50,7 @@ class MindIEProtocol(Protocol):
 
     @staticmethod
     def _prompt(body: InferBody) -> str:
-        if not isinstance(body.inputs, str):
-            raise InvalidRequestError("inputs: multimodal (list) inputs are not supported by this server; "
-                                      "send the prompt as a string", param="inputs")
+        assert isinstance(body.inputs, str)
         if not body.inputs:
             raise InvalidRequestError("inputs: must not be empty", param="inputs")
         if len(body.inputs) > MAX_INPUT_CHARS:
@@ -59,11 +59,20 @@ class MindIEProtocol(Protocol):
 
     async def infer(self, request: Request) -> Response:
         body = parse_body(InferBody, await request.body())
-        prompt = self._prompt(body)
         p = body.parameters or InferParameters()
         engine = self._engine()
-        self.context.admission.check(1)  # before tokenizing
-        req, seed = await engine.in_worker(new_request, engine, p, text=prompt)  # tokenizes
+        if isinstance(body.inputs, list):  # text and images, through the model's chat template
+            content, images = multimodal_turn(body.inputs, self.context.config.media.max_image_bytes)
+            self.context.admission.check(1)  # before fetching and tokenizing
+            sampling, seed = build_sampling(p)
+            turn = ChatTurn(sampling=sampling, messages=[{"role": "user", "content": content}], images=images,
+                            policy=POLICY, priority=priority(p.priority), deadline=deadline(p.timeout),
+                            no_template="inputs: a multimodal list needs the model's chat template, which it lacks")
+            req = (await prepare_chat(self.context, turn)).request
+        else:
+            prompt = self._prompt(body)
+            self.context.admission.check(1)  # before tokenizing
+            req, seed = await engine.in_worker(new_request, engine, p, text=prompt)  # tokenizes
         if body.stream:
             return self.context.sse_response(in_band_errors(self, self._stream(req, p, seed), sse),
                                              headers=STREAM_HEADERS)

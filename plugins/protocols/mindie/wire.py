@@ -35,7 +35,8 @@ class InferParameters(WireModel):
 
 class InferBody(WireModel):
     inputs: Union[str, list[Any]] = Field(
-        description="The prompt (non-empty text; multimodal lists are not supported).")
+        description="The prompt: non-empty text, or a multimodal list of {\"type\": \"text\", \"text\"} and "
+                    "{\"type\": \"image_url\", \"image_url\"} items (a vision model's).")
     stream: bool | None = Field(False, description="true: SSE stream, one event per token.")
     parameters: InferParameters | None = None
 
