@@ -46,7 +46,8 @@ _EXPORTS = {
     **dict.fromkeys(("render_chat", "message_text", "message_content", "content_text", "arguments_as_object"),
                     "llmserve.text.chat_template"),
     # images in requests: the one internal image part, made from each dialect's form
-    **dict.fromkeys(("ImagePart", "image_from_url", "image_from_base64"), "llmserve.media.parts"),
+    **dict.fromkeys(("ImagePart", "image_from_url", "image_from_base64", "image_from_string"),
+                    "llmserve.media.parts"),
     "load_images": "llmserve.media.image",
     # images on their way to the model: a prompt's image as a backend expands it
     **dict.fromkeys(("MediaInput", "MediaProcessor", "image_digest", "reads_images", "after_cut"),

@@ -76,3 +76,19 @@ def image_from_url(url: Any, param: str, max_bytes: int, detail: Any = None,
         raise InvalidRequestError("an image URL must be a data: URL, or an http(s) or file URL the server allows",
                                   param=param)
     return ImagePart(param=param, url=url.strip(), detail=detail)
+
+
+def image_from_string(value: Any, param: str, max_bytes: int, paths: bool = False) -> ImagePart:
+    """An image given as one string in any of the forms a dialect allows there (MindIE's
+    ``image_url``, vLLM's ``multi_modal_data``): an http(s), ``file`` or ``data:`` URL; with
+    ``paths``, an absolute path on the server (read under the same rules as a ``file`` URL); else
+    bare base64."""
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidRequestError(f"{param}: must be a non-empty string (a URL or base64)", param=param)
+    text = value.strip()
+    if re.match(r"(https?|file|data):", text, re.IGNORECASE):
+        return image_from_url(text, param, max_bytes)
+    if paths and text.startswith("/"):
+        return image_from_url("file://" + text, param, max_bytes)
+    return image_from_base64(text, param, max_bytes)
+

@@ -137,6 +137,26 @@ def test_mindie_multimodal_inputs(server, path) -> None:
     assert "--allowed-local-media-path" in refused.json()["error"]
 
 
+def test_vllm_native_multi_modal_data(server, path) -> None:
+    """vLLM's ``/generate``: the prompt as the model reads it, with one placeholder per image of
+    ``multi_modal_data`` (a data: URL and bare base64, in order); the reply is prompt + answer."""
+    import httpx
+
+    prompt = turn("user", IMAGE + "and" + IMAGE + QUESTION) + "<|im_start|>assistant\n"
+    pictures = [vision_model.picture(5), vision_model.picture(6, (90, 60))]
+    want = decode(path, vision_model.qwen_reference_generate(path, prompt, pictures, N))
+    images = [data_url(5), base64.b64encode(vision_model.png(6, (90, 60))).decode()]
+    reply = httpx.post(server.url + "/generate", timeout=300, json={
+        "prompt": prompt, "multi_modal_data": {"image": images}, "max_tokens": N, "min_tokens": N,
+        "temperature": 0})
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["text"] == [prompt + want]
+    fewer = httpx.post(server.url + "/generate", timeout=300, json={
+        "prompt": prompt, "multi_modal_data": {"image": images[:1]}, "max_tokens": 2})
+    assert fewer.status_code == 400 and fewer.json()["error"]["param"] == "multi_modal_data.image"
+    assert "2 image placeholders" in fewer.json()["error"]["message"]
+
+
 def test_anthropic_and_ollama_images(server, path) -> None:
     prompt = turn("user", IMAGE + QUESTION) + "<|im_start|>assistant\n"
     want = decode(path, vision_model.qwen_reference_generate(path, prompt, [vision_model.picture(3)], N))

@@ -72,6 +72,14 @@ def test_spec_multimodal_example_is_rejected_clearly(url):
     assert err["param"] == "prompt" and "multimodal" in err["message"]
 
 
+def test_images_for_a_text_model_are_refused(url):
+    body = {**SPEC_TEXT_EXAMPLE, "multi_modal_data": {"image": "aGVsbG8="}}
+    r = httpx.post(url, json=body, timeout=60)
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["param"] == "multi_modal_data.image" and "takes text only" in err["message"]
+
+
 def test_stream_last_record_equals_non_stream(url):
     body = {"prompt": PROMPT, "max_tokens": 12, "temperature": 0}
     full = httpx.post(url, json=body, timeout=120).json()["text"][0]

@@ -110,6 +110,8 @@ def test_ignore_eos_and_special_tokens(client):
                                                                    "vocabulary"),
     ({"prompt": ""}, "prompt", "prompt must be a non-empty string"),
     ({"prompt": [{"type": "text", "text": "hi"}]}, "prompt", "prompt: multimodal (list) prompts are not supported"),
+    ({"prompt": "x", "multi_modal_data": {"video": "v"}}, "multi_modal_data.video", "multi_modal_data: video inputs "
+                                                                                   "are not supported"),
     ({"prompt": 5}, "prompt", "prompt: Input should be a valid string"),
     ({"prompt": "x" * 600}, "prompt", "This model's maximum context length is 512 tokens. However, your request "
                                       "has 600 input tokens."),

@@ -9,22 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmserve import ImagePart, InvalidRequestError, image_from_base64, image_from_url
+from llmserve import ImagePart, InvalidRequestError, image_from_string
 
 # "The total number of image_url, video_url and audio_url in a single request should be <= 20."
 MAX_MEDIA = 20
-URL_SCHEMES = ("http://", "https://", "file://", "data:")
-
-
-def _image(value: Any, param: str, max_bytes: int) -> ImagePart:
-    if not isinstance(value, str) or not value.strip():
-        raise InvalidRequestError(f"{param}: must be a non-empty string (a URL, a path or base64)", param=param)
-    text = value.strip()
-    if text.lower().startswith(URL_SCHEMES):
-        return image_from_url(text, param, max_bytes)
-    if text.startswith("/"):  # a path on the server, under the same rules as a file:// URL
-        return image_from_url("file://" + text, param, max_bytes)
-    return image_from_base64(text, param, max_bytes)
 
 
 def multimodal_turn(inputs: list[Any], max_bytes: int) -> tuple[list[dict[str, Any]], list[ImagePart]]:
@@ -43,7 +31,7 @@ def multimodal_turn(inputs: list[Any], max_bytes: int) -> tuple[list[dict[str, A
                 raise InvalidRequestError(f"{param}.text: must be a non-empty string", param=f"{param}.text")
             content.append({"type": "text", "text": text})
         elif kind == "image_url":
-            images.append(_image(item.get("image_url"), f"{param}.image_url", max_bytes))
+            images.append(image_from_string(item.get("image_url"), f"{param}.image_url", max_bytes, paths=True))
             content.append({"type": "image"})
         elif kind in ("video_url", "audio_url"):
             raise InvalidRequestError(f"{param}: {kind} inputs are not supported by this server (images are)",

@@ -1,7 +1,8 @@
 """vLLM's native ``POST /generate`` (the ``prompt`` half of the shared route).
 
 Request: ``{"prompt": str, "stream"?: bool, ...sampling fields}`` (vLLM's api_server passes
-every other key to SamplingParams; MindIE documents the set below). Reply:
+every other key to SamplingParams; MindIE documents the set below), and for a vision model
+``multi_modal_data: {"image": ...}`` (vLLM's own name) with one placeholder per image in the prompt. Reply:
 ``{"text": [prompt + output, ...]}``, one string per sequence, the prompt and the output
 concatenated verbatim. Stream: a plain chunked body (not SSE) of JSON records, each followed by
 ``\\0``; every record holds the *cumulative* ``prompt + output so far`` of every sequence, which
@@ -19,7 +20,7 @@ from typing import Any, AsyncGenerator
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from llmserve import InvalidRequestError
+from llmserve import InvalidRequestError, image_from_string, load_images, reads_images
 from llmserve import GenerateRequest, PreparedRequest
 from llmserve import STREAM_HEADERS, dialect_router, in_band_errors, parse_model
 from llmserve import Protocol
@@ -56,8 +57,9 @@ class VLLMNativeProtocol(Protocol):
 
     def _request(self, body: VLLMGenerateRequest) -> GenerateRequest:
         if not isinstance(body.prompt, str):
-            raise InvalidRequestError("prompt: multimodal (list) prompts are not supported by this server",
-                                      param="prompt")
+            raise InvalidRequestError("prompt: multimodal (list) prompts are not supported by this server; send the "
+                                      "prompt as text with the model's image placeholders, and the images in "
+                                      "multi_modal_data", param="prompt")
         if not body.prompt:
             raise InvalidRequestError("prompt must be a non-empty string", param="prompt")
         if len(body.prompt) > MAX_PROMPT_CHARS:
@@ -73,6 +75,8 @@ class VLLMNativeProtocol(Protocol):
         self.context.admission.check(max(body.n or 1, body.best_of or 1, 1))  # before tokenizing
         spec = guided_spec(body)
         wanted = self._request(body)
+        if body.multi_modal_data is not None:
+            await self._images(body.multi_modal_data, wanted)
         if spec is not None:
             wanted.mask_factory = await self.context.guided.compile_async(spec)
         req = await self.context.engine.aprepare(wanted)  # a bad request fails here, with a status code
@@ -85,6 +89,29 @@ class VLLMNativeProtocol(Protocol):
                 if d.index < len(texts):
                     texts[d.index] += d.text
         return JSONResponse({"text": [body.prompt + t for t in texts]})
+
+    async def _images(self, data: dict[str, Any], wanted: GenerateRequest) -> None:
+        """``multi_modal_data``'s images into ``wanted``: fetched and decoded under the server's
+        rules, then each placeholder of the tokenized prompt expanded for its image."""
+        param = "multi_modal_data.image"
+        unknown = sorted(k for k in data if k != "image")
+        if unknown:
+            raise InvalidRequestError(f"multi_modal_data: {unknown[0]} inputs are not supported by this server "
+                                      "(image is)", param=f"multi_modal_data.{unknown[0]}")
+        engine = self.context.engine
+        if not reads_images(engine.info):
+            raise InvalidRequestError("images are not supported: the served model takes text only", param=param)
+        items = data.get("image")
+        items = items if isinstance(items, list) else [items]
+        config = self.context.config.media
+        parts = [image_from_string(v, f"{param}.{i}", config.max_image_bytes) for i, v in enumerate(items)]
+        images = await load_images(parts, config)
+
+        def expand() -> tuple[list[int], tuple[Any, ...]]:  # in a tokenizer thread
+            return engine.info.media.expand(engine.encode(str(wanted.prompt)), images, param)
+
+        wanted.prompt_token_ids, wanted.media = await engine.in_worker(expand)
+        wanted.prompt = None
 
     @staticmethod
     def _texts(req: PreparedRequest) -> list[str]:

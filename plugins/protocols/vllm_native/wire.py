@@ -25,7 +25,11 @@ class VLLMGenerateRequest(WireModel):
     """Body of vLLM-native ``POST /generate``. Unknown keys are ignored; nulls mean the default."""
 
     prompt: Union[str, list[dict[str, Any]]] = Field(
-        description="The prompt (text only; multimodal lists are rejected).")
+        description="The prompt, as the model reads it (a vision model's: one image placeholder per image in "
+                    "`multi_modal_data`; multimodal lists are rejected).")
+    multi_modal_data: dict[str, Any] | None = Field(
+        None, description="{\"image\": one image or a list}: each an http(s), file or data: URL, or base64; "
+                          "in the order of the prompt's placeholders (a vision model's).")
     stream: bool | None = Field(False, description="true: `\\0`-separated JSON records instead of one JSON object.")
     n: int | None = Field(None, description="Sequences returned (default 1).")
     best_of: int | None = Field(None, description="Sequences generated; the n most likely are returned.")
