@@ -118,32 +118,54 @@ QWEN_SHAPES: dict[str, dict[str, Any]] = {
 }
 
 
-def write_qwen2_5_vl(path: str, seed: int = 0, shape: str = "tiny") -> str:
-    """A Qwen2.5-VL checkpoint of ``shape`` (random weights) with its tokenizer, chat template and
-    image processor config in ``path``; returns ``path``."""
-    import json
-
-    import torch
-    from transformers import AutoTokenizer, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+def _qwen_tokenizer() -> tuple[Any, dict[str, int], dict[str, Any]]:
+    """SmolLM2's tokenizer with Qwen's vision tokens and chat template: (the tokenizer, those
+    tokens' ids, the special token ids a config takes)."""
+    from transformers import AutoTokenizer
 
     from llmserve.plugins.backends.torch.loader import hf_directory
 
     tokenizer = AutoTokenizer.from_pretrained(hf_directory(None))
     tokenizer.add_special_tokens({"additional_special_tokens": QWEN_TOKENS})
     tokenizer.chat_template = QWEN_TEMPLATE
-    dims = QWEN_SHAPES[shape]
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_TOKENS}
+    special = {"bos_token_id": tokenizer.bos_token_id, "pad_token_id": tokenizer.pad_token_id,
+               "eos_token_id": tokenizer.convert_tokens_to_ids("<|im_end|>")}
+    return tokenizer, ids, special
+
+
+def _qwen_vision_ids(ids: dict[str, int]) -> dict[str, int]:
+    """A Qwen-VL config's vision token ids."""
+    return {"image_token_id": ids["<|image_pad|>"], "video_token_id": ids["<|video_pad|>"],
+            "vision_start_token_id": ids["<|vision_start|>"], "vision_end_token_id": ids["<|vision_end|>"]}
+
+
+def _save_qwen(model: Any, tokenizer: Any, path: str, preprocessor: dict[str, Any]) -> str:
+    """Save a Qwen-VL checkpoint as the Hub has it: weights, tokenizer, image processor config."""
+    import json
+
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    with open(os.path.join(path, "preprocessor_config.json"), "w") as f:
+        json.dump(preprocessor, f)
+    return path
+
+
+def write_qwen2_5_vl(path: str, seed: int = 0, shape: str = "tiny") -> str:
+    """A Qwen2.5-VL checkpoint of ``shape`` (random weights) with its tokenizer, chat template and
+    image processor config in ``path``; returns ``path``."""
+    import torch
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    tokenizer, ids, special = _qwen_tokenizer()
+    dims = QWEN_SHAPES[shape]
     config = Qwen2_5_VLConfig(
         text_config={**dims["text"], "vocab_size": len(tokenizer), "max_position_embeddings": 8192,
                      "rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "mrope_section": dims["mrope"]},
-                     "tie_word_embeddings": True, "eos_token_id": tokenizer.convert_tokens_to_ids("<|im_end|>"),
-                     "bos_token_id": tokenizer.bos_token_id, "pad_token_id": tokenizer.pad_token_id},
+                     "tie_word_embeddings": True, **special},
         vision_config={**dims["vision"], "out_hidden_size": dims["text"]["hidden_size"], "patch_size": 14,
                        "spatial_merge_size": 2, "temporal_patch_size": 2},
-        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
-        tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id, pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"))
+        **_qwen_vision_ids(ids), tie_word_embeddings=True, **special)
     torch.manual_seed(seed)
     model = Qwen2_5_VLForConditionalGeneration(config).eval()
     with torch.no_grad():  # as for Idefics3: an image must move the tiny model's answers
@@ -152,11 +174,7 @@ def write_qwen2_5_vl(path: str, seed: int = 0, shape: str = "tiny") -> str:
                 p.mul_(4.0)
         for p in model.model.visual.merger.parameters():
             p.mul_(8.0)
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    with open(os.path.join(path, "preprocessor_config.json"), "w") as f:
-        json.dump({**QWEN_PREPROCESSOR, "max_pixels": dims["max_pixels"]}, f)
-    return path
+    return _save_qwen(model, tokenizer, path, {**QWEN_PREPROCESSOR, "max_pixels": dims["max_pixels"]})
 
 
 # Qwen3-VL: 16-pixel patches merged 2x2, the mean and std of 0.5 its checkpoints ship; the vision
@@ -170,19 +188,10 @@ QWEN3_PREPROCESSOR = {
 def write_qwen3_vl(path: str, seed: int = 0) -> str:
     """A tiny Qwen3-VL checkpoint (random weights) with its tokenizer, chat template and image
     processor config in ``path``; returns ``path``."""
-    import json
-
     import torch
-    from transformers import AutoTokenizer, Qwen3VLConfig, Qwen3VLForConditionalGeneration
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
-    from llmserve.plugins.backends.torch.loader import hf_directory
-
-    tokenizer = AutoTokenizer.from_pretrained(hf_directory(None))
-    tokenizer.add_special_tokens({"additional_special_tokens": QWEN_TOKENS})
-    tokenizer.chat_template = QWEN_TEMPLATE
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_TOKENS}
-    special = {"bos_token_id": tokenizer.bos_token_id, "pad_token_id": tokenizer.pad_token_id,
-               "eos_token_id": tokenizer.convert_tokens_to_ids("<|im_end|>")}
+    tokenizer, ids, special = _qwen_tokenizer()
     config = Qwen3VLConfig(
         text_config={"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3, "num_attention_heads": 4,
                      "num_key_value_heads": 2, "head_dim": 16, "vocab_size": len(tokenizer),
@@ -192,9 +201,7 @@ def write_qwen3_vl(path: str, seed: int = 0) -> str:
         vision_config={"depth": 3, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64,
                        "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2,
                        "num_position_embeddings": 64, "deepstack_visual_indexes": [0, 1]},
-        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
-        tie_word_embeddings=True, **special)
+        **_qwen_vision_ids(ids), tie_word_embeddings=True, **special)
     torch.manual_seed(seed)
     model = Qwen3VLForConditionalGeneration(config).eval()
     with torch.no_grad():  # as for the others: an image must move the tiny model's answers
@@ -203,11 +210,7 @@ def write_qwen3_vl(path: str, seed: int = 0) -> str:
                 p.mul_(4.0)
         for p in [*model.model.visual.merger.parameters(), *model.model.visual.deepstack_merger_list.parameters()]:
             p.mul_(8.0)
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    with open(os.path.join(path, "preprocessor_config.json"), "w") as f:
-        json.dump(QWEN3_PREPROCESSOR, f)
-    return path
+    return _save_qwen(model, tokenizer, path, QWEN3_PREPROCESSOR)
 
 
 def write_qwen3_5(path: str, seed: int = 0, moe: bool = False) -> str:
@@ -215,20 +218,11 @@ def write_qwen3_5(path: str, seed: int = 0, moe: bool = False) -> str:
     attention layers, part of each head rotated with its frequencies' axes interleaved; with its
     tokenizer, chat template and Qwen3-VL's image processor config (Qwen3.5 ships the same).
     ``moe``: Qwen3.5-MoE's (experts with a shared one instead of the MLP)."""
-    import json
-
     import torch
-    from transformers import (AutoTokenizer, Qwen3_5Config, Qwen3_5ForConditionalGeneration, Qwen3_5MoeConfig,
+    from transformers import (Qwen3_5Config, Qwen3_5ForConditionalGeneration, Qwen3_5MoeConfig,
                               Qwen3_5MoeForConditionalGeneration)
 
-    from llmserve.plugins.backends.torch.loader import hf_directory
-
-    tokenizer = AutoTokenizer.from_pretrained(hf_directory(None))
-    tokenizer.add_special_tokens({"additional_special_tokens": QWEN_TOKENS})
-    tokenizer.chat_template = QWEN_TEMPLATE
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_TOKENS}
-    special = {"bos_token_id": tokenizer.bos_token_id, "pad_token_id": tokenizer.pad_token_id,
-               "eos_token_id": tokenizer.convert_tokens_to_ids("<|im_end|>")}
+    tokenizer, ids, special = _qwen_tokenizer()
     experts = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                "shared_expert_intermediate_size": 32} if moe else {}
     config = (Qwen3_5MoeConfig if moe else Qwen3_5Config)(
@@ -242,19 +236,13 @@ def write_qwen3_5(path: str, seed: int = 0, moe: bool = False) -> str:
         vision_config={"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64,
                        "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2,
                        "num_position_embeddings": 64},
-        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
-        tie_word_embeddings=True, **special)
+        **_qwen_vision_ids(ids), tie_word_embeddings=True, **special)
     torch.manual_seed(seed)
     model = (Qwen3_5MoeForConditionalGeneration if moe else Qwen3_5ForConditionalGeneration)(config).eval()
     with torch.no_grad():  # as for the others: an image must move the tiny model's answers
         for p in model.model.visual.merger.parameters():
             p.mul_(8.0)
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    with open(os.path.join(path, "preprocessor_config.json"), "w") as f:
-        json.dump(QWEN3_PREPROCESSOR, f)
-    return path
+    return _save_qwen(model, tokenizer, path, QWEN3_PREPROCESSOR)
 
 
 def _qwen_inputs(path: str, text: str, images: list[Any]) -> tuple[Any, dict[str, Any]]:
