@@ -26,7 +26,8 @@ SNAPSHOT = Path(__file__).resolve().parent / "config_surface.json"
 # A valid value, as text, for every setting: unlike the defaults, each one shows that the
 # source reached its setting.
 SAMPLES = {
-    "model": "/models/m", "revision": "v1.0", "offline": "true", "hf_token": "hf_sample",
+    "model": "/models/m", "mmproj": "/models/mmproj-m.gguf", "revision": "v1.0", "offline": "true",
+    "hf_token": "hf_sample",
     "served_model_name": "a,b", "strict_model_name": "true", "tokenizer": "/tok",
     "generation_config": "vllm", "seed": "7", "backend": "echo", "dtype": "float32", "device": "cpu",
     "max_model_len": "1024", "trust_remote_code": "true", "allow_unverified_architecture": "true",

@@ -295,6 +295,10 @@ def test_warmup_builds_the_kernels_and_converts_the_model(tmp_path, monkeypatch)
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained",
                         lambda path, *a, gguf_file=None, **k: real_tok(str(source) if gguf_file else path, *a, **k))
     built: list[str] = []
+    # The kernels' own modules, imported first: one imported under the patch below would keep the
+    # stand-in as its `library` for the rest of the process (later tests lose the native path).
+    from llmserve.plugins.backends.torch.native import gguf_ops, ops, step
+    assert gguf_ops.library is ops.library is step.library is build.library
     monkeypatch.setattr(build, "library", lambda name, what: built.append(name) or None)
     config, _ = load_config({"model": str(gguf), "cache_dir": str(tmp_path / "cache")}, environ={})
     warm_up(config, PluginManager().load(autoload=False))

@@ -26,7 +26,7 @@ ORDER = [GENERAL, MODEL, ENGINE, LIMITS, SERVER, SECURITY, MEDIA, TEMPLATES, TOO
 
 PANELS: dict[str, str] = {
     # model
-    "model": MODEL, "revision": MODEL, "offline": MODEL, "hf_token": MODEL,
+    "model": MODEL, "mmproj": MODEL, "revision": MODEL, "offline": MODEL, "hf_token": MODEL,
     "served_model_name": MODEL, "strict_model_name": MODEL, "tokenizer": MODEL,
     "generation_config": MODEL, "seed": MODEL, "backend": MODEL, "dtype": MODEL, "device": MODEL,
     "max_model_len": MODEL, "trust_remote_code": MODEL, "allow_unverified_architecture": MODEL, "task": MODEL,

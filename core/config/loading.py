@@ -28,7 +28,7 @@ ENV_PREFIX = "LLMSERVE_"
 # Every setting, in the order of the flags in --help and of the rows of `config show` (the order
 # of the flat configuration the sections were drawn from, which a section's grouping does not keep).
 FIELDS = [
-    "model", "revision", "offline", "hf_token", "served_model_name", "strict_model_name", "tokenizer",
+    "model", "mmproj", "revision", "offline", "hf_token", "served_model_name", "strict_model_name", "tokenizer",
     "generation_config", "seed", "backend", "dtype", "device", "max_model_len", "trust_remote_code",
     "allow_unverified_architecture", "task", "cache_dir", "models", "models_dir", "serve_cached_models",
     "max_loaded_models", "idle_unload_seconds", "allow_pull",

@@ -29,6 +29,9 @@ class ModelConfig(Section):
         "A local model directory or .gguf file, or a Hugging Face repo id (org/name, or org/name:QUANT for a GGUF "
         "repo) served from the local Hugging Face cache and downloaded into it when missing (default: the "
         "embedded SmolLM2-135M-Instruct)."))
+    mmproj: str | None = Field(None, description=(
+        "A GGUF vision model's projector file (mmproj*.gguf, as llama.cpp's converter writes it), for its images "
+        "(default: the one mmproj file beside a .gguf MODEL)."))
     revision: str | None = Field(None, description=(
         "Branch, tag or commit of a Hugging Face repo MODEL (default: main)."))
     offline: bool = Field(False, description=(

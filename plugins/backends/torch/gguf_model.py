@@ -34,6 +34,7 @@ from llmserve import ConfigError
 from .gguf_config import config_from_header, rope_factors
 from .gguf_file import GGUFFile
 from .gguf_metadata import metadata_dir
+from .gguf_vision import projector
 from .fused import _TorchLinear
 from .moe import moe_parts
 from .loader import (LoadedModel, _eos_ids, _resolve_source, load_error, load_tokenizer, resolve_device, resolve_dtype)
@@ -235,6 +236,8 @@ def load_native(model_cfg: ModelConfig, path: str, bf16_matmul: bool = False,
         vocab_size=int(model_config.vocab_size), eos_token_ids=_eos_ids(model, tokenizer),
         chat_template=getattr(tokenizer, "chat_template", None), dtype=torch.float32, device=torch.device("cpu"),
     )
+    # A vision model's projector file (named, or beside the model): its images (gguf_vision.py).
+    lm.vision_model, lm.processor = projector(path, model_cfg.mmproj, model_config, tokenizer) or (None, None)
     return lm, parts
 
 

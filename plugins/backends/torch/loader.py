@@ -51,6 +51,7 @@ class LoadedModel:
     device: torch.device
     unverified: str | None = None   # the architecture, when served with --allow-unverified-architecture
     processor: Any = None           # a vision-language model's transformers processor (vision.py)
+    vision_model: Any = None        # what encodes its images, when not ``model`` (a GGUF model's mmproj file)
 
 
 def embedded_model_path() -> str:
@@ -363,6 +364,9 @@ def load_model(model_cfg: ModelConfig, bf16_linears: bool = False) -> LoadedMode
     # The source first: a path that does not exist fails before transformers' model classes load
     # (seconds of imports).
     source = model_cfg.model
+    if model_cfg.mmproj:
+        raise ConfigError("--mmproj serves a GGUF model's images on the native GGUF path (the CPU, float32, the "
+                          "fused forward): this model is not served there")
     gguf_path, name = _resolve_source(source)
     path = os.path.abspath(gguf_path) if gguf_path else str(source)
     hf_dir = hf_directory(source, model_cfg.cache_dir)

@@ -148,12 +148,12 @@ class TorchBackend(Backend):
         heads = int(cfg.num_attention_heads)
         self._kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
         self._head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
-        # Post-lm_head logit transforms some architectures do in their *ForCausalLM.forward.
         self._softcap = getattr(cfg, "final_logit_softcapping", None)
-        self._logit_scale = getattr(cfg, "logit_scale", None)
+        self._logit_scale = getattr(cfg, "logit_scale", None)  # (logit transforms of their *ForCausalLM.forward)
         if getattr(cfg, "logits_scaling", None):  # Granite divides its logits by this instead
             self._logit_scale = 1.0 / float(cfg.logits_scaling)
-        self.vision = VisionInputs.build(model, lm.processor, lm.tokenizer, lm.device) if lm.processor else None
+        self.vision = VisionInputs.build(lm.vision_model or model, lm.processor, lm.tokenizer,  # (mmproj: its own)
+                                         lm.device) if lm.processor else None
         self.sampler = Sampler(lm.vocab_size, lm.eos_token_ids, lm.device)
         if ops is not None:
             self.sampler.greedy_kernel = ops.greedy

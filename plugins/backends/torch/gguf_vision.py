@@ -1,0 +1,147 @@
+"""GGUF vision models: the projector file (``mmproj``) that llama.cpp's converter writes beside a
+vision-language model's text GGUF holds the vision tower and its projector, and a header that
+describes the image preprocessing. Here they become transformers modules again (fp32, the file's
+weights) and the transformers processor that header describes, so that a GGUF vision model takes
+the image path of a Hugging Face folder (``vision.py``) while its language model runs from the
+text GGUF on the native path. Families: ``idefics3`` (SmolVLM, Idefics3).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from llmserve import ConfigError
+
+from .gguf_file import GGUFFile
+
+log = logging.getLogger("llmserve.backend.torch")
+
+
+def find_mmproj(model_path: str, given: str | None) -> str | None:
+    """The projector file served with the GGUF at ``model_path``: ``given`` (``--mmproj``), else
+    the one file beside it whose name holds ``mmproj`` (None: none, or several: logged)."""
+    if given:
+        if not os.path.isfile(given):
+            raise ConfigError(f"--mmproj {given}: no such file")
+        return os.path.abspath(given)
+    folder = os.path.dirname(os.path.abspath(model_path))
+    found = sorted(n for n in os.listdir(folder) if "mmproj" in n.lower() and n.lower().endswith(".gguf"))
+    if len(found) > 1:
+        log.warning("several vision projector files beside %s (%s): serving text only; pick one with --mmproj",
+                    model_path, ", ".join(found))
+        return None
+    return os.path.join(folder, found[0]) if found else None
+
+
+def _tensors(f: GGUFFile) -> dict[str, torch.Tensor]:
+    """Every tensor of the file in fp32, shaped as transformers keeps it (GGUF lists the fastest
+    dimension first)."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    out = {}
+    for name, t in f.tensors.items():
+        values = dequantize(np.asarray(t.data), GGMLQuantizationType(t.tensor_type))
+        out[name] = torch.from_numpy(np.array(values, dtype=np.float32).reshape(tuple(reversed(t.shape))))
+    return out
+
+
+# SigLIP's layers (Idefics3's vision tower) by the names llama.cpp's converter gives them.
+_SIGLIP_LAYER = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+                 "attn_out": "self_attn.out_proj", "ln1": "layer_norm1", "ln2": "layer_norm2",
+                 "ffn_up": "mlp.fc1", "ffn_down": "mlp.fc2"}
+_SIGLIP = {"v.patch_embd": "embeddings.patch_embedding", "v.position_embd": "embeddings.position_embedding",
+           "v.post_ln": "post_layernorm"}
+
+
+def _siglip_name(name: str) -> str | None:
+    stem, kind = name.rsplit(".", 1)
+    if stem in _SIGLIP:
+        return f"{_SIGLIP[stem]}.{kind}"
+    parts = stem.split(".")
+    if len(parts) == 4 and parts[:2] == ["v", "blk"] and parts[3] in _SIGLIP_LAYER:
+        return f"encoder.layers.{parts[2]}.{_SIGLIP_LAYER[parts[3]]}.{kind}"
+    return None
+
+
+def _idefics3(f: GGUFFile, text_config: Any, tokenizer: Any) -> tuple[Any, Any]:
+    from transformers import Idefics3Config, Idefics3Model, Idefics3Processor
+    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+    from transformers.models.idefics3.modeling_idefics3 import Idefics3Connector, Idefics3VisionTransformer
+
+    h = f.fields
+    tile, patch, scale = int(h["clip.vision.image_size"]), int(h["clip.vision.patch_size"]), int(
+        h.get("clip.vision.projector.scale_factor") or 2)
+    vision = {"hidden_size": int(h["clip.vision.embedding_length"]),
+              "intermediate_size": int(h["clip.vision.feed_forward_length"]),
+              "num_hidden_layers": int(h["clip.vision.block_count"]),
+              "num_attention_heads": int(h["clip.vision.attention.head_count"]), "image_size": tile,
+              "patch_size": patch, "layer_norm_eps": float(h.get("clip.vision.attention.layer_norm_epsilon") or 1e-6)}
+    config = Idefics3Config(vision_config=vision, text_config=text_config.to_dict(), scale_factor=scale,
+                            image_token_id=int(tokenizer.convert_tokens_to_ids("<image>")))
+    with torch.device("meta"):  # the language model runs from the text GGUF: only its shape is wanted here
+        model = Idefics3Model(config)
+    model.vision_model = Idefics3VisionTransformer(config.vision_config)
+    model.connector = Idefics3Connector(config)
+    weights = _tensors(f)
+    tower = {_siglip_name(k): v for k, v in weights.items() if _siglip_name(k)}
+    model.vision_model.load_state_dict(tower, strict=True)
+    model.connector.load_state_dict({"modality_projection.proj.weight": weights["mm.model.fc.weight"]}, strict=True)
+    model.eval().requires_grad_(False)
+    images = Idefics3ImageProcessorPil(
+        size={"longest_edge": int(h.get("clip.vision.preproc_image_size") or tile * 4)},
+        max_image_size={"longest_edge": tile}, image_mean=list(h["clip.vision.image_mean"]),
+        image_std=list(h["clip.vision.image_std"]))
+    processor = Idefics3Processor(image_processor=images, tokenizer=tokenizer,
+                                  image_seq_len=(tile // patch) ** 2 // scale ** 2,
+                                  chat_template=getattr(tokenizer, "chat_template", None))
+    return model, processor
+
+
+# clip.projector_type -> the builder of (a module with transformers' get_image_features, the processor)
+PROJECTORS: dict[str, Callable[[GGUFFile, Any, Any], tuple[Any, Any]]] = {"idefics3": _idefics3}
+
+
+def load_mmproj(path: str, text_config: Any, tokenizer: Any) -> tuple[Any, Any]:
+    """(the vision tower and projector, the processor) of the projector file at ``path`` for a
+    language model of ``text_config`` whose tokenizer is ``tokenizer``; an unknown projector type
+    or a broken file is a ``ConfigError`` naming it."""
+    try:
+        f = GGUFFile(path)
+    except (ValueError, OSError) as exc:
+        raise ConfigError(f"--mmproj {path}: {exc}") from None
+    kind = str(f.fields.get("clip.projector_type") or "")
+    if f.architecture != "clip" or not f.fields.get("clip.has_vision_encoder"):
+        raise ConfigError(f"--mmproj {path}: not a vision projector file (general.architecture {f.architecture!r})")
+    if kind not in PROJECTORS:
+        raise ConfigError(f"--mmproj {path}: projector type {kind!r} is not served (served: "
+                          f"{', '.join(sorted(PROJECTORS))}); serve the model's Hugging Face folder for its images")
+    try:
+        return PROJECTORS[kind](f, text_config, tokenizer)
+    except (KeyError, RuntimeError, ValueError) as exc:
+        raise ConfigError(f"--mmproj {path}: the {kind} projector does not fit its header or the model ({exc})"
+                          ) from None
+
+
+def projector(model_path: str, given: str | None, text_config: Any, tokenizer: Any) -> tuple[Any, Any] | None:
+    """(vision tower and projector, processor) for the GGUF at ``model_path``: from ``given``
+    (``--mmproj``: any fault is a ``ConfigError``), else from the projector file beside it (a
+    fault there is logged and the model serves text only); None when there is none."""
+    path = find_mmproj(model_path, given)
+    if path is None:
+        return None
+    try:
+        loaded = load_mmproj(path, text_config, tokenizer)
+    except ConfigError as exc:
+        if given:
+            raise
+        log.warning("%s: serving text only", exc)
+        return None
+    log.info("images: the vision tower and projector of %s", path)
+    return loaded
+
