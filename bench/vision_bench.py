@@ -19,6 +19,7 @@ without an image.
     python bench/vision_bench.py
     python bench/vision_bench.py --image-size 2048x1536 --max-tokens 64 --requests 4
     python bench/vision_bench.py --shape qwen2.5-vl-3b --max-tokens 16 --requests 2
+    python bench/vision_bench.py --gguf      # both servers on the same text GGUF and mmproj files
 """
 
 from __future__ import annotations
@@ -155,6 +156,8 @@ def main() -> None:
     ap.add_argument("--log-dir", default="bench/logs")
     ap.add_argument("--skip-peer", action="store_true", help="llmserve alone")
     ap.add_argument("--skip-encode", action="store_true", help="no in-process encode timing")
+    ap.add_argument("--gguf", action="store_true", help="llmserve serves llama-server's files too (the text GGUF "
+                                                       "with --mmproj) instead of the Hugging Face folder")
     ap.add_argument("--llama-cpp", default=None, help="a llama.cpp build folder (default: found or built)")
     args = ap.parse_args()
     size = tuple(int(v) for v in args.image_size.split("x"))
@@ -164,16 +167,20 @@ def main() -> None:
         print(f"encode: {ms:.0f} ms for one {args.image_size} image ({image_tokens} image tokens)", flush=True)
     os.makedirs(args.log_dir, exist_ok=True)
     port = free_port()
-    servers = {"llmserve": [sys.executable, "-m", "llmserve", "serve", path, "--port", str(port), "--dtype", "float32",
-                            "--served-model-name", "vlm", "--log-level", "warning"]}
-    if not args.skip_peer:
+    served = [path]
+    if args.gguf or not args.skip_peer:
         tools = llama_cpp.ensure(args.llama_cpp, need_source=True)
         text, mmproj = peer_files(tools, path)
+        served = [str(text), "--mmproj", str(mmproj)] if args.gguf else served
+    servers = {"llmserve": [sys.executable, "-m", "llmserve", "serve", *served, "--port", str(port), "--dtype",
+                            "float32", "--served-model-name", "vlm", "--log-level", "warning"]}
+    if not args.skip_peer:
         servers["llama-server"] = [str(tools.server), "-m", str(text), "--mmproj", str(mmproj), "--port", str(port),
                                    "-c", "4096", "--jinja", "-t", str(os.cpu_count() or 1)]
     results = {name: measure(name, cmd, f"http://127.0.0.1:{port}", port, args.log_dir, size, args.requests,
                              args.max_tokens) for name, cmd in servers.items()}
-    print(f"\n{args.shape} shape, fp32, CPU; {args.image_size} images")
+    print(f"\n{args.shape} shape, fp32, CPU; {args.image_size} images; llmserve serves "
+          + ("the F32 GGUF and mmproj" if args.gguf else "the Hugging Face folder"))
     print("| server | request | prompt tokens | TTFT p50 (ms) | decode tok/s p50 |")
     print("|---|---|---|---|---|")
     for name, rows in results.items():
