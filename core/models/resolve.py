@@ -105,10 +105,12 @@ def plan_model(text: str, *, revision: str | None = None, offline: bool = False,
 
 
 def plan_config_model(llm: ModelConfig) -> ModelSource | None:
-    """``plan_model`` for the model section's ``model`` (None: the backend's default model)."""
+    """``plan_model`` for the model section's ``model`` (None: the backend's default model). A
+    GGUF repo's vision projector comes with a fresh download (the model reads images with it); a
+    cached copy without one is served as it is."""
     if llm.model is None:
         return None
-    return plan_model(str(llm.model), revision=llm.revision, offline=llm.offline, token=llm.hf_token)
+    return plan_model(str(llm.model), revision=llm.revision, offline=llm.offline, token=llm.hf_token, mmproj=True)
 
 
 def apply_resolved(llm: ModelConfig, resolved: ResolvedModel) -> None:

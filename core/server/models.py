@@ -74,7 +74,7 @@ def pull_slot(context: "ServerContext", text: str) -> ModelSlot:
         return found
     llm = context.config.llm
     try:
-        plan_model(name, offline=llm.offline, token=llm.hf_token).resolve()
+        plan_model(name, offline=llm.offline, token=llm.hf_token, mmproj=True).resolve()
     except ConfigError as exc:
         raise NotFoundError(f"cannot pull {name}: {exc}", param="model") from None
     slot = entry_slot(context.config, name)

@@ -58,7 +58,7 @@ def gguf_repo() -> dict[str, bytes]:
         write_tiny_gguf(os.path.join(folder, "tiny-F16.gguf"), qtype="F16", seed=3, split_max_tensors=8,
                         **GGUF_SHAPE)
         files = read_folder(folder)
-    files["mmproj-tiny-f16.gguf"] = b"GGUF a vision projector, fetched only when asked"
+    files["mmproj-tiny-f16.gguf"] = b"GGUF a vision projector (not a real one)"
     files["README.md"] = b"# tiny GGUF\n"
     return files
 

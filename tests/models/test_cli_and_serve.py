@@ -108,11 +108,13 @@ def test_serve_a_split_gguf_from_the_hub_and_an_offline_miss(hub_env, fake_hub, 
     finally:
         server.stop()
     assert "tiny-F16-00001-of-00003.gguf" in server.log
-    assert "mmproj" not in "".join(fake_hub.gets())
+    # The repo's vision projector came with it (this one is no real file: logged, the model serves text).
+    assert "mmproj-tiny-f16.gguf" in "".join(fake_hub.gets())
+    assert "mmproj-tiny-f16.gguf" in server.log and "serving text only" in server.log
     miss = cli("serve", "org/tiny-GGUF:Q8_0", "--offline", "--port", "0", env=hub_env)
     assert miss.returncode == 2
     assert miss.stderr.strip().splitlines()[-1] == (
         f"error: org/tiny-GGUF:Q8_0 is not in the local Hugging Face cache ({tmp_path}/hf/hub) and --offline "
         "forbids downloads: fetch it first with `llmserve pull org/tiny-GGUF:Q8_0`")
-    assert files_under(tmp_path / "hf" / "hub" / "models--org--tiny-GGUF" / "snapshots")[0].endswith(
-        "tiny-F16-00001-of-00003.gguf")
+    stored = [f.split("/")[-1] for f in files_under(tmp_path / "hf" / "hub" / "models--org--tiny-GGUF" / "snapshots")]
+    assert stored == ["mmproj-tiny-f16.gguf", *(f"tiny-F16-0000{i}-of-00003.gguf" for i in (1, 2, 3))]

@@ -114,18 +114,19 @@ def load_mmproj(path: str, text_config: Any, tokenizer: Any) -> tuple[Any, Any]:
     try:
         f = GGUFFile(path)
     except (ValueError, OSError) as exc:
-        raise ConfigError(f"--mmproj {path}: {exc}") from None
+        raise ConfigError(f"vision projector {path}: {exc}") from None
     kind = str(f.fields.get("clip.projector_type") or "")
     if f.architecture != "clip" or not f.fields.get("clip.has_vision_encoder"):
-        raise ConfigError(f"--mmproj {path}: not a vision projector file (general.architecture {f.architecture!r})")
+        raise ConfigError(f"vision projector {path}: not a vision projector file (general.architecture "
+                          f"{f.architecture!r})")
     if kind not in PROJECTORS:
-        raise ConfigError(f"--mmproj {path}: projector type {kind!r} is not served (served: "
+        raise ConfigError(f"vision projector {path}: projector type {kind!r} is not served (served: "
                           f"{', '.join(sorted(PROJECTORS))}); serve the model's Hugging Face folder for its images")
     try:
         return PROJECTORS[kind](f, text_config, tokenizer)
     except (KeyError, RuntimeError, ValueError) as exc:
-        raise ConfigError(f"--mmproj {path}: the {kind} projector does not fit its header or the model ({exc})"
-                          ) from None
+        raise ConfigError(f"vision projector {path}: the {kind} projector does not fit its header or the model "
+                          f"({exc})") from None
 
 
 def projector(model_path: str, given: str | None, text_config: Any, tokenizer: Any) -> tuple[Any, Any] | None:
