@@ -177,6 +177,35 @@ def write_qwen2_5_vl(path: str, seed: int = 0, shape: str = "tiny") -> str:
     return _save_qwen(model, tokenizer, path, {**QWEN_PREPROCESSOR, "max_pixels": dims["max_pixels"]})
 
 
+def write_qwen2_vl(path: str, seed: int = 0) -> str:
+    """A tiny Qwen2-VL checkpoint (random weights: a vision tower of full attention and QuickGELU
+    MLPs, patches merged 2x2, a Qwen2 language model with positions along three axes) with its
+    tokenizer, chat template and image processor config (Qwen2.5-VL's, whose processor it shares)."""
+    import torch
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    tokenizer, ids, special = _qwen_tokenizer()
+    dims = QWEN_SHAPES["tiny"]
+    config = Qwen2VLConfig(
+        text_config={**dims["text"], "vocab_size": len(tokenizer), "max_position_embeddings": 8192,
+                     "rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "mrope_section": dims["mrope"]},
+                     "tie_word_embeddings": True, **special},
+        vision_config={"depth": 2, "embed_dim": 32, "num_heads": 2, "mlp_ratio": 2,
+                       "hidden_size": dims["text"]["hidden_size"], "patch_size": 14, "spatial_merge_size": 2,
+                       "temporal_patch_size": 2},
+        **_qwen_vision_ids(ids), tie_word_embeddings=True, **special)
+    torch.manual_seed(seed)
+    model = Qwen2VLForConditionalGeneration(config).eval()
+    with torch.no_grad():  # as for the others: an image must move the tiny model's answers
+        for name, p in model.model.language_model.named_parameters():
+            if name.endswith("proj.weight"):
+                p.mul_(4.0)
+        for p in model.model.visual.merger.parameters():
+            p.mul_(8.0)
+    preprocessor = {**QWEN_PREPROCESSOR, "max_pixels": dims["max_pixels"], "processor_class": "Qwen2VLProcessor"}
+    return _save_qwen(model, tokenizer, path, preprocessor)
+
+
 # Qwen3-VL: 16-pixel patches merged 2x2, the mean and std of 0.5 its checkpoints ship; the vision
 # tower's features at ``deepstack_visual_indexes`` go into the first language-model layers' outputs.
 QWEN3_PREPROCESSOR = {

@@ -1,13 +1,13 @@
-"""Qwen2.5-VL, Qwen3-VL and Qwen3.5 (dense and MoE) on the torch backend: positions along three axes (``mrope.py``),
-Qwen3-VL's inner vision features added after the first layers, Qwen3.5's images on the hybrid
-forward (its recurrent layers read the image rows too), and the image-only processor
-(``image_tokens.py``), against transformers' own forward with the same images on tiny generated
-checkpoints (``tests/vision_model.py``).
+"""Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen3.5 (dense and MoE) on the torch backend: positions along
+three axes (``mrope.py``), Qwen3-VL's inner vision features added after the first layers, Qwen3.5's
+images on the hybrid forward (its recurrent layers read the image rows too), and the image-only
+processor (``image_tokens.py``), against transformers' own forward with the same images on tiny
+generated checkpoints (``tests/vision_model.py``).
 
-The positions of every token must be transformers' ``get_rope_index``'s, for any range of a
-prompt (prefill chunks start anywhere, after some images and inside others); the logits at every
-position, on the fused forward and on transformers' modules, whole or in chunks, beside another
-sequence with other images in the same step.
+The positions of every token must be transformers' ``get_rope_index``'s, for any range of a prompt
+(prefill chunks start anywhere, after some images and inside others); the logits at every position,
+on the fused forward and on transformers' modules, whole or in chunks, beside another sequence with
+other images in the same step.
 """
 
 from __future__ import annotations
@@ -37,11 +37,13 @@ TWO = "<|im_start|>user\nCompare<|vision_start|><|image_pad|><|vision_end|>with<
       "<|vision_end|>please.<|im_end|>\n<|im_start|>assistant\n"
 
 
-WRITERS = {"qwen2_5_vl": vision_model.write_qwen2_5_vl, "qwen3_vl": vision_model.write_qwen3_vl,
-           "qwen3_5": vision_model.write_qwen3_5, "qwen3_5_moe": partial(vision_model.write_qwen3_5, moe=True)}
-# Each rotary dimension's axis (head_dim 16, mrope_section [2, 3, 3], per half): Qwen2.5-VL's
-# contiguous (time, rows, columns), Qwen3-VL's interleaved.
-AXES = {"qwen2_5_vl": [0, 0, 1, 1, 1, 2, 2, 2] * 2, "qwen3_vl": [0, 1, 2, 0, 1, 2, 0, 1] * 2}
+WRITERS = {"qwen2_vl": vision_model.write_qwen2_vl, "qwen2_5_vl": vision_model.write_qwen2_5_vl,
+           "qwen3_vl": vision_model.write_qwen3_vl, "qwen3_5": vision_model.write_qwen3_5,
+           "qwen3_5_moe": partial(vision_model.write_qwen3_5, moe=True)}
+# Each rotary dimension's axis (head_dim 16, mrope_section [2, 3, 3], per half): Qwen2-VL's and
+# Qwen2.5-VL's contiguous (time, rows, columns), Qwen3-VL's interleaved.
+CONTIGUOUS = [0, 0, 1, 1, 1, 2, 2, 2] * 2
+AXES = {"qwen2_vl": CONTIGUOUS, "qwen2_5_vl": CONTIGUOUS, "qwen3_vl": [0, 1, 2, 0, 1, 2, 0, 1] * 2}
 
 
 @pytest.fixture(scope="module", params=sorted(WRITERS))

@@ -1,9 +1,10 @@
-"""Qwen2.5-VL, Qwen3-VL and Qwen3.5, dense and MoE (a hybrid: its recurrent states resume from saved ones on a
-prefix-cache hit) served (tiny generated checkpoints, ``tests/vision_model.py``): their
-answers follow images through positions along three axes, so every answer token sits at a position moved by the
-images before it. Each answer must be transformers' greedy ``generate`` on the same prompt and
-images, through the openai, anthropic and ollama clients; a second turn resends the first turn's
-image beside a new one, and the encoder cache's counters on ``/metrics`` count what it held.
+"""Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen3.5, dense and MoE (a hybrid: its recurrent states resume
+from saved ones on a prefix-cache hit) served (tiny generated checkpoints,
+``tests/vision_model.py``): their answers follow images through positions along three axes, so every
+answer token sits at a position moved by the images before it. Each answer must be transformers'
+greedy ``generate`` on the same prompt and images, through the openai, anthropic and ollama clients;
+a second turn resends the first turn's image beside a new one, and the encoder cache's counters on
+``/metrics`` count what it held.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ def turn(role: str, text: str) -> str:
     return f"<|im_start|>{role}\n{text}<|im_end|>\n"
 
 
-WRITERS = {"qwen2_5_vl": vision_model.write_qwen2_5_vl, "qwen3_vl": vision_model.write_qwen3_vl,
-           "qwen3_5": vision_model.write_qwen3_5, "qwen3_5_moe": partial(vision_model.write_qwen3_5, moe=True)}
+WRITERS = {"qwen2_vl": vision_model.write_qwen2_vl, "qwen2_5_vl": vision_model.write_qwen2_5_vl,
+           "qwen3_vl": vision_model.write_qwen3_vl, "qwen3_5": vision_model.write_qwen3_5,
+           "qwen3_5_moe": partial(vision_model.write_qwen3_5, moe=True)}
 
 
 @pytest.fixture(scope="module", params=sorted(WRITERS))

@@ -68,6 +68,8 @@ VERIFIED: dict[str, str] = {
 VISION: dict[str, str] = {
     "idefics3": "SmolVLM-256M/500M and Idefics3: image tiles with row markers and a global image, a pixel-shuffle "
                 "projector, a Llama language model",
+    "qwen2_vl": "Qwen2-VL: a vision tower of full attention, patches merged 2x2, positions along three axes; a "
+                "Qwen2 language model",
     "qwen2_5_vl": "Qwen2.5-VL: a windowed-attention vision tower, patches merged 2x2, positions along three axes "
                   "(time, rows, columns) for the image tokens and after them; a Qwen2 language model",
     "qwen3_vl": "Qwen3-VL: as Qwen2.5-VL with the rotary frequencies' axes interleaved, and the vision tower's inner "

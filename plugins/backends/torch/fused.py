@@ -46,8 +46,8 @@ _FAMILIES = {"llama": _Family(), "mistral": _Family(), "qwen2": _Family(), "qwen
 # Families that take their sliding window from the config for every layer (their attention modules keep none).
 _CONFIG_WINDOW = {"mistral", "mixtral", "phi3"}
 _ARCHITECTURES = set(_FAMILIES)
-# The language models of vision-language models (architectures.VISION), as their text families.
-_FAMILIES.update({"qwen2_5_vl_text": _FAMILIES["qwen2"], "qwen3_vl_text": _FAMILIES["qwen3"]})
+_FAMILIES.update({"qwen2_vl_text": _FAMILIES["qwen2"], "qwen2_5_vl_text": _FAMILIES["qwen2"],  # (vision models')
+                  "qwen3_vl_text": _FAMILIES["qwen3"]})
 # RoPE types whose angles depend on the position alone: a table of every position gives the same
 # bits as computing them per step ("dynamic" and "longrope" rescale with the sequence length).
 _STATIC_ROPE = {"default", "linear", "llama3", "yarn"}
