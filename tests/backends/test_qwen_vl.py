@@ -113,6 +113,18 @@ def test_logits_with_images_equal_transformers(path: str, fused: bool) -> None:
         assert_close(got_two, two_want)
 
 
+def test_steps_after_an_image_run_eagerly(path: str) -> None:
+    """A decode step after an image has moved positions, which a CUDA graph's plain positions
+    would miss (an Idefics3 decode step after its image may replay one: test_vision_models)."""
+    from llmserve.engine.backend import StepItem
+
+    backend = make_backend(path)
+    ids, media = expand(backend, ONE, [vision_model.picture(1)])
+    decode = StepItem(seq_id=1, token_ids=[5], start_pos=len(ids), block_table=[0, 1, 2], media=media)
+    text = StepItem(seq_id=2, token_ids=[5], start_pos=len(ids), block_table=[3, 4, 5])
+    assert backend.vision.eager([text, decode]) and not backend.vision.eager([text])
+
+
 def test_an_image_changes_the_answer_and_is_encoded_once(path: str) -> None:
     backend = make_backend(path)
     first = logits(backend, [expand(backend, ONE, [vision_model.picture(1)])])[0]

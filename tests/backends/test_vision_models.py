@@ -130,6 +130,17 @@ def test_an_evicted_image_is_processed_and_encoded_again(path: str, monkeypatch)
     assert backend.vision.encoded == 3
 
 
+def test_only_steps_feeding_an_image_run_eagerly(path: str) -> None:
+    """Positions do not move after an Idefics3 image: a decode step after it may replay a CUDA
+    graph; a prefill chunk holding image rows may not."""
+    backend = make_backend(path)
+    ids, media = expand(backend, PROMPT, [vision_model.picture(1)])
+    decode = StepItem(seq_id=1, token_ids=[5], start_pos=len(ids), block_table=list(range(8)), media=media)
+    chunk = StepItem(seq_id=2, token_ids=ids[:8], start_pos=media[0].start - 4, block_table=list(range(8, 16)),
+                     media=media)
+    assert not backend.vision.eager([decode]) and backend.vision.eager([decode, chunk])
+
+
 def test_placeholders_and_images_must_agree(path: str) -> None:
     backend = make_backend(path)
     with pytest.raises(InvalidRequestError, match=r"2 image placeholders \(<image>\) for 1 images"):

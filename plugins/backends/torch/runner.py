@@ -442,7 +442,7 @@ class TorchBackend(Backend):
         if not batch:
             return []
         self.steps += 1
-        if self._graphs is not None and self._graphs.fits(batch) and not any(it.media for it in batch):
+        if self._graphs is not None and self._graphs.fits(batch) and not (self.vision and self.vision.eager(batch)):
             outs = self.sampler.sample(self._graphs.run(batch), batch)
             return [StepResult(seq_id=it.seq_id, token_id=o.token_id, logprob=o.logprob, top=o.top)
                     for it, o in zip(batch, outs)]

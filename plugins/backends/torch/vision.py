@@ -187,6 +187,12 @@ class VisionInputs:
             self._cache_bytes -= old.numel() * old.element_size()
         return feats
 
+    def eager(self, batch: list[StepItem]) -> bool:
+        """Whether the step must run eagerly (no CUDA graph): it feeds an image's rows, or a
+        sequence's positions are moved by its images (a multimodal RoPE after an image)."""
+        return any(self.mrope or (m.start < it.start_pos + len(it.token_ids) and m.end > it.start_pos)
+                   for it in batch for m in it.media)
+
     def embeddings(self, batch: list[StepItem], first_row: list[int]) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(rows of the packed step in order, their image features ``[levels, rows, hidden]``) for
         every image token fed this step."""
