@@ -140,6 +140,22 @@ def _qwen_vision_ids(ids: dict[str, int]) -> dict[str, int]:
             "vision_start_token_id": ids["<|vision_start|>"], "vision_end_token_id": ids["<|vision_end|>"]}
 
 
+def _stir(model: Any, *extra: Any, projections: bool = True) -> None:
+    """Larger weights than the default init, as for Idefics3: an image must move the tiny Qwen
+    model's answers. The merger (and ``extra`` modules) times 8; with ``projections``, the
+    language model's projections times 4."""
+    import torch
+
+    with torch.no_grad():
+        if projections:
+            for name, p in model.model.language_model.named_parameters():
+                if name.endswith("proj.weight"):
+                    p.mul_(4.0)
+        for module in (model.model.visual.merger, *extra):
+            for p in module.parameters():
+                p.mul_(8.0)
+
+
 def _save_qwen(model: Any, tokenizer: Any, path: str, preprocessor: dict[str, Any]) -> str:
     """Save a Qwen-VL checkpoint as the Hub has it: weights, tokenizer, image processor config."""
     import json
@@ -168,12 +184,7 @@ def write_qwen2_5_vl(path: str, seed: int = 0, shape: str = "tiny") -> str:
         **_qwen_vision_ids(ids), tie_word_embeddings=True, **special)
     torch.manual_seed(seed)
     model = Qwen2_5_VLForConditionalGeneration(config).eval()
-    with torch.no_grad():  # as for Idefics3: an image must move the tiny model's answers
-        for name, p in model.model.language_model.named_parameters():
-            if name.endswith("proj.weight"):
-                p.mul_(4.0)
-        for p in model.model.visual.merger.parameters():
-            p.mul_(8.0)
+    _stir(model)
     return _save_qwen(model, tokenizer, path, {**QWEN_PREPROCESSOR, "max_pixels": dims["max_pixels"]})
 
 
@@ -196,12 +207,7 @@ def write_qwen2_vl(path: str, seed: int = 0) -> str:
         **_qwen_vision_ids(ids), tie_word_embeddings=True, **special)
     torch.manual_seed(seed)
     model = Qwen2VLForConditionalGeneration(config).eval()
-    with torch.no_grad():  # as for the others: an image must move the tiny model's answers
-        for name, p in model.model.language_model.named_parameters():
-            if name.endswith("proj.weight"):
-                p.mul_(4.0)
-        for p in model.model.visual.merger.parameters():
-            p.mul_(8.0)
+    _stir(model)
     preprocessor = {**QWEN_PREPROCESSOR, "max_pixels": dims["max_pixels"], "processor_class": "Qwen2VLProcessor"}
     return _save_qwen(model, tokenizer, path, preprocessor)
 
@@ -233,12 +239,7 @@ def write_qwen3_vl(path: str, seed: int = 0) -> str:
         **_qwen_vision_ids(ids), tie_word_embeddings=True, **special)
     torch.manual_seed(seed)
     model = Qwen3VLForConditionalGeneration(config).eval()
-    with torch.no_grad():  # as for the others: an image must move the tiny model's answers
-        for name, p in model.model.language_model.named_parameters():
-            if name.endswith("proj.weight"):
-                p.mul_(4.0)
-        for p in [*model.model.visual.merger.parameters(), *model.model.visual.deepstack_merger_list.parameters()]:
-            p.mul_(8.0)
+    _stir(model, model.model.visual.deepstack_merger_list)
     return _save_qwen(model, tokenizer, path, QWEN3_PREPROCESSOR)
 
 
@@ -268,9 +269,7 @@ def write_qwen3_5(path: str, seed: int = 0, moe: bool = False) -> str:
         **_qwen_vision_ids(ids), tie_word_embeddings=True, **special)
     torch.manual_seed(seed)
     model = (Qwen3_5MoeForConditionalGeneration if moe else Qwen3_5ForConditionalGeneration)(config).eval()
-    with torch.no_grad():  # as for the others: an image must move the tiny model's answers
-        for p in model.model.visual.merger.parameters():
-            p.mul_(8.0)
+    _stir(model, projections=False)
     return _save_qwen(model, tokenizer, path, QWEN3_PREPROCESSOR)
 
 

@@ -144,16 +144,21 @@ async def count_chat_tokens(context: "ServerContext", turn: ChatTurn, tools: lis
 
 
 async def turn_images(context: "ServerContext", turn: ChatTurn) -> list[Any]:
-    """The turn's images, fetched under the server's rules and decoded (``llmserve.media``), or a
-    400 naming the first one when the served model takes text only."""
-    if not turn.images:
+    """The turn's images, fetched and decoded (``request_images``)."""
+    return await request_images(context, turn.images)
+
+
+async def request_images(context: "ServerContext", parts: list[ImagePart], param: str | None = None) -> list[Any]:
+    """A request's images, fetched under the server's rules and decoded (``llmserve.media``), or a
+    400 naming ``param`` (default: the first image's field) when the served model takes text only."""
+    if not parts:
         return []
     if not reads_images(context.engine.info if context.engine is not None else None):
         raise InvalidRequestError("images are not supported: the served model takes text only",
-                                  param=turn.images[0].param)
+                                  param=param or parts[0].param)
     from llmserve.media.image import load_images
 
-    return await load_images(turn.images, context.config.media)
+    return await load_images(parts, context.config.media)
 
 
 def _prompt(context: "ServerContext", turn: ChatTurn, tools: list[dict[str, Any]] | None,

@@ -54,9 +54,15 @@ def combine(by_axis: Sequence[tuple[torch.Tensor, torch.Tensor]],
 def item_positions(media: Sequence[Any], lo: int, hi: int) -> torch.Tensor:
     """``[3, hi - lo]``: the positions of token indices ``lo .. hi - 1`` of a prompt whose images
     are ``media`` (``MediaInput``, in prompt order, each ``data.grid`` its merged (t, h, w))."""
-    out = torch.arange(lo, hi).expand(3, -1).clone()
     shift = 0  # positions less token indices, after the images so far
+    for m in media:  # those wholly before the range only shift it (every decode step's case)
+        if m.end > lo:
+            break
+        shift += max(m.data.grid[1:]) - (m.end - m.start)
+    out = torch.arange(lo + shift, hi + shift).expand(3, -1).clone()
     for m in media:
+        if m.end <= lo:
+            continue
         if m.start >= hi:
             break
         t, h, w = m.data.grid

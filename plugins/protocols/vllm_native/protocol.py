@@ -20,7 +20,7 @@ from typing import Any, AsyncGenerator
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from llmserve import InvalidRequestError, image_from_string, load_images, reads_images
+from llmserve import InvalidRequestError, image_from_string, request_images
 from llmserve import GenerateRequest, PreparedRequest
 from llmserve import STREAM_HEADERS, dialect_router, in_band_errors, parse_model
 from llmserve import Protocol
@@ -99,13 +99,11 @@ class VLLMNativeProtocol(Protocol):
             raise InvalidRequestError(f"multi_modal_data: {unknown[0]} inputs are not supported by this server "
                                       "(image is)", param=f"multi_modal_data.{unknown[0]}")
         engine = self.context.engine
-        if not reads_images(engine.info):
-            raise InvalidRequestError("images are not supported: the served model takes text only", param=param)
         items = data.get("image")
         items = items if isinstance(items, list) else [items]
-        config = self.context.config.media
-        parts = [image_from_string(v, f"{param}.{i}", config.max_image_bytes) for i, v in enumerate(items)]
-        images = await load_images(parts, config)
+        cap = self.context.config.media.max_image_bytes
+        parts = [image_from_string(v, f"{param}.{i}", cap) for i, v in enumerate(items)]
+        images = await request_images(self.context, parts, param)
 
         def expand() -> tuple[list[int], tuple[Any, ...]]:  # in a tokenizer thread
             return engine.info.media.expand(engine.encode(str(wanted.prompt)), images, param)
