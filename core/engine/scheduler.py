@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from llmserve.engine.block_manager import BlockManager
 from llmserve.engine.sequence import Sequence, SequenceStatus
+from llmserve.media.inputs import chunk_end
 
 
 @dataclass(slots=True)
@@ -130,7 +131,8 @@ class Scheduler:
                 if not self.enable_chunked_prefill:
                     i += 1
                     continue
-                n = budget
+                n = chunk_end(seq.media, seq.num_computed_tokens, seq.num_computed_tokens + budget) - \
+                    seq.num_computed_tokens
             while not bm.allocate(seq, n):
                 if len(self.running) == 1:  # alone with the whole pool and still short
                     self._mark_unschedulable(seq)
@@ -165,7 +167,7 @@ class Scheduler:
                 self._pop_waiting(seq)  # would never fit in any step
                 self._mark_unschedulable(seq)
                 continue
-            n = min(remaining, budget)
+            n = chunk_end(seq.media, cached, cached + min(remaining, budget)) - cached
             if not self.enable_chunked_prefill and n < remaining:
                 bm.free(seq)  # give the prefix hits back: waiting sequences hold no blocks
                 break  # fits a later, emptier step

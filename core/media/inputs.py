@@ -19,16 +19,23 @@ class MediaInput:
     """One image of a prompt: its expansion fills token positions ``start .. end - 1`` (the
     model's placeholder tokens, and whatever markers its processor puts around them); ``digest``
     names its content (``image_digest``); ``data`` is the backend's processed form (pixels and
-    whatever its vision tower takes), opaque to the core."""
+    whatever its vision tower takes), opaque to the core.
+
+    ``bidirectional``: runs of positions ``(a, b)`` (``a .. b - 1``) whose tokens attend to each
+    other both ways, a model whose image tokens see the whole image (Gemma 3): a token's keys then
+    include later ones of its run, so the scheduler never ends a prefill chunk inside a run
+    (``chunk_end``) and the backend's attention reads the runs from the step's images."""
 
     digest: str
     start: int
     end: int
     data: Any = field(default=None, compare=False, repr=False)
+    bidirectional: tuple[tuple[int, int], ...] = field(default=(), compare=False)
 
     def shifted(self, by: int) -> "MediaInput":
         """The same image ``by`` positions later (negative: earlier)."""
-        return MediaInput(self.digest, self.start + by, self.end + by, self.data)
+        return MediaInput(self.digest, self.start + by, self.end + by, self.data,
+                          tuple((a + by, b + by) for a, b in self.bidirectional))
 
 
 class MediaProcessor(Protocol):
@@ -79,6 +86,18 @@ def started_before(media: Sequence[MediaInput], end: int) -> tuple[MediaInput, .
     """The images whose expansion starts before position ``end``: those that fed positions up to
     ``end`` meet, and the earlier ones (whose shapes move a multimodal RoPE's later positions)."""
     return tuple(m for m in media if m.start < end)
+
+
+def chunk_end(media: Sequence[MediaInput], start: int, end: int) -> int:
+    """Where a prefill chunk from position ``start`` that would end before ``end`` (the step's token
+    budget) ends so that it cuts no image run that attends both ways (``MediaInput.bidirectional``):
+    before the run, or, for a chunk that starts inside it (after a prefix-cache hit within the
+    image), past its end (over the budget by less than one image)."""
+    for m in media:
+        for a, b in m.bidirectional:
+            if a < end < b:
+                return a if a > start else b
+    return end
 
 
 def check_placeholders(ids: Sequence[int], media: Sequence[MediaInput], placeholder_id: int, param: str) -> None:

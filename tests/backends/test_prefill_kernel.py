@@ -20,10 +20,11 @@ def kernel():
     return fn
 
 
-def reference(q, pool, chunks, bs, scale, window, sinks=None):
+def reference(q, pool, chunks, bs, scale, window, sinks=None, key_end=None):
     """Each chunk's rows: attention of its queries (positions start ..) over positions 0 .. its
     last, causal (and windowed), in float64, keys and values read through its block table;
-    ``sinks [H]`` (or None) as a last softmax column, then dropped."""
+    ``sinks [H]`` (or None) as a last softmax column, then dropped; ``key_end`` (per packed row,
+    or None) the last key each row sees in place of its own position."""
     T, H, D = q.shape
     kvh = pool.shape[0] // 2
     G = H // kvh
@@ -34,7 +35,7 @@ def reference(q, pool, chunks, bs, scale, window, sinks=None):
         blk, off = torch.tensor(table)[pos // bs], pos % bs
         keys, vals = pool[:kvh, blk, off], pool[kvh:, blk, off]                 # [kvh, ctx, D]
         q_pos, k_pos = torch.arange(start, start + n)[:, None], pos[None, :]
-        allowed = k_pos <= q_pos
+        allowed = k_pos <= (q_pos if key_end is None else key_end[row:row + n, None])
         if window:
             allowed &= k_pos > q_pos - window
         for h in range(H):
@@ -66,9 +67,9 @@ def poison_past_contexts(pool: torch.Tensor, chunks: list, bs: int) -> None:
             pool[:, table[(ctx - 1) // bs], ctx % bs:] = float("nan")
 
 
-def run(kernel, q, pool, chunks, bs, window, out=None):
+def run(kernel, q, pool, chunks, bs, window, out=None, key_end=None):
     out = torch.full(q.shape, float("nan")) if out is None else out
-    plan = kernels.PrefillPlan(chunks, bs, pool.shape[1] - 1)
+    plan = kernels.PrefillPlan(chunks, bs, pool.shape[1] - 1, key_end)
     kernel(q, pool, plan, out, q.shape[-1] ** -0.5, window)
     return out
 
@@ -124,6 +125,37 @@ def test_every_prefix_split_of_a_long_prompt(kernel, window) -> None:
         got = run(kernel, torch.cat(rows), pool, chunks, bs, window)
         for (_, _, s, _), part in zip(chunks, got.split([c[1] for c in chunks])):
             torch.testing.assert_close(part.double(), whole[s:], atol=2e-6, rtol=1e-5, msg=f"split at {s}")
+
+
+@pytest.mark.parametrize("kvh,G,D,bs,window,dtype", [CASES[0], CASES[3], CASES[4], CASES[6], CASES[8]])
+def test_rows_that_see_later_keys_match_reference(kernel, kvh, G, D, bs, window, dtype) -> None:
+    """Runs of rows that attend to each other both ways (an image's tokens, Gemma 3): each row sees
+    keys up to its run's end. Runs at a chunk's start, crossing query tiles and key tiles, longer
+    than the window, and one that began in the cached prefix (its earlier rows computed before)."""
+    gen = torch.Generator().manual_seed(kvh * 1000 + G * 100 + D + 1)
+    shapes = [(40, 0, [(0, 16)]), (300, 20, [(30, 286), (290, 300)]), (50, 100, [(90, 120), (130, 131)])]
+    tables = scattered_tables([n + s for n, s, _ in shapes], bs, 600 // bs + 40, gen)
+    chunks, limits, row = [], [], 0
+    for (n, start, runs), table in zip(shapes, tables):
+        chunks.append((row, n, start, table))
+        ends = list(range(start, start + n))
+        for a, b in runs:
+            ends[max(a, start) - start:b - start] = [b - 1] * (b - max(a, start))
+        limits += ends
+        row += n
+    pool = torch.randn(2 * kvh, 600 // bs + 41, bs, D, generator=gen).to(dtype)
+    poison_past_contexts(pool, chunks, bs)
+    q = torch.randn(row, kvh * G, D, generator=gen)
+    key_end = torch.tensor(limits)
+    got = run(kernel, q, pool, chunks, bs, window, key_end=key_end)
+    want = reference(q, pool, chunks, bs, D ** -0.5, window, key_end=key_end)
+    torch.testing.assert_close(got.double(), want, atol=2e-6, rtol=1e-5)
+    assert not torch.allclose(want, reference(q, pool, chunks, bs, D ** -0.5, window))  # the runs matter
+    for bad in (start - 1, start + n):  # before a row's own position, past the chunk's last
+        wrong = key_end.clone()
+        wrong[row - 1] = bad
+        with pytest.raises(ValueError, match="key limits"):
+            kernels.PrefillPlan(chunks, bs, pool.shape[1] - 1, wrong)
 
 
 def test_strided_queries_and_rows_of_a_larger_output(kernel) -> None:

@@ -229,6 +229,31 @@ def test_prefix_hits_and_cached_tokens_recorded_on_first_admission_only():
     assert sched.check_idle()
 
 
+def test_a_chunk_never_ends_inside_an_image_that_attends_both_ways():
+    """Gemma 3's image tokens see the whole image: a chunk stops before such a run, or, starting
+    inside one (a prefix-cache hit within the image), goes past its end over the budget."""
+    from llmserve.media.inputs import MediaInput, chunk_end
+
+    image = MediaInput("pic", 6, 26, None, ((8, 24),))
+    assert [chunk_end([image], s, e) for s, e in [(0, 8), (0, 12), (0, 24), (8, 20), (12, 13), (24, 30)]] == \
+        [8, 8, 24, 24, 24, 30]
+    assert chunk_end([MediaInput("plain", 6, 26)], 0, 12) == 12  # an image of causal tokens is cut anywhere
+    sched = make_sched(budget=12)
+    a = Sequence("ra", list(range(40)), media=(image,))
+    sched.add(a)
+    assert [item.num_tokens for item in (step(sched)[0], step(sched)[0], step(sched)[0], step(sched)[0])] == \
+        [8, 16, 12, 4]
+    # A prompt sharing the first 18 tokens and the image: its cached blocks (4 tokens each) end
+    # inside the run, and the chunk that continues them, over a budget of 6, ends at the run's end.
+    sched.finish(a)
+    sched.max_num_batched_tokens = 6
+    b = Sequence("rb", list(range(18)) + [99] * 22, media=(image,))
+    sched.add(b)
+    first = step(sched)[-1]
+    assert first.seq is b and b.num_cached_tokens == 16 and first.num_tokens == 8
+    assert shape(step(sched))[-1] == (b.seq_id, 6, False)
+
+
 def test_seq_larger_than_pool_is_unschedulable_not_livelocked():
     sched = make_sched(num_blocks=4, block_size=4, budget=8)
     ok = make_seq(3, base=100, priority=9)

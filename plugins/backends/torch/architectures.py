@@ -77,6 +77,8 @@ VISION: dict[str, str] = {
     "qwen3_5": "Qwen3.5's images: Qwen3-VL's vision tower without its inner features, positions along three axes "
                "for the gated attention layers; the hybrid language model below",
     "qwen3_5_moe": "Qwen3.5-MoE's images: as Qwen3.5's",
+    "gemma3": "Gemma 3 (4B, 12B, 27B): a SigLIP vision tower, patches average-pooled to 256 image tokens that "
+              "attend to each other both ways (each image fed in one step); a Gemma 3 language model",
 }
 
 # Hybrid families served with a recurrent state per sequence beside the paged KV cache

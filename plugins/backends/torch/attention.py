@@ -110,14 +110,15 @@ class PagedKVCache:
     def bytes_per_block(num_layers: int, block_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
         return num_layers * 2 * kv_heads * block_size * row_width(head_dim, dtype) * dtype.itemsize
 
-    def plan_prefill(self, chunks: list[tuple[int, int, int, list[int]]]) -> Any:
+    def plan_prefill(self, chunks: list[tuple[int, int, int, list[int]]], key_end: torch.Tensor | None = None) -> Any:
         """The step's prompt chunks (first row, length, first position, block table) for the
-        native prefill kernel (``native.ops.PrefillPlan``), or None when it does not run here."""
+        native prefill kernel (``native.ops.PrefillPlan``), or None when it does not run here;
+        ``key_end``: per packed row the last key position it sees (None: its own, causal)."""
         if self.prefill_kernel is None or not chunks:
             return None
         from .native.ops import PrefillPlan
 
-        return PrefillPlan(chunks, self.block_size, self.null_block)
+        return PrefillPlan(chunks, self.block_size, self.null_block, key_end)
 
     def zero_blocks(self, blocks: torch.Tensor) -> None:
         """Clear blocks a sequence starts writing (all layers, one op).
@@ -158,18 +159,22 @@ class PrefillSegment:
     n: int
     start: int
     blocks: torch.Tensor | None = None  # block ids covering 0..start+n-1; None when start == 0
+    # Runs of positions (a, b) whose tokens attend to each other both ways (an image's, Gemma 3).
+    spans: list[tuple[int, int]] = field(default_factory=list)
     _masks: dict[int | None, torch.Tensor | None] = field(default_factory=dict)
 
     def mask(self, window: int | None, device: torch.device) -> torch.Tensor | None:
         """Bool ``[n, ctx]`` (True = attend), or None when plain causal attention over the chunk works."""
         if window not in self._masks:
             ctx = self.start + self.n
-            if self.start == 0 and (window is None or window >= self.n):
+            if self.start == 0 and (window is None or window >= self.n) and not self.spans:
                 self._masks[window] = None
             else:
                 q_pos = torch.arange(self.start, ctx, device=device)[:, None]
                 k_pos = torch.arange(ctx, device=device)[None, :]
                 m = k_pos <= q_pos
+                for a, b in self.spans:  # (causal or within the run), then the window: transformers' order
+                    m |= (q_pos >= a) & (q_pos < b) & (k_pos >= a) & (k_pos < b)
                 if window is not None:
                     m &= k_pos > q_pos - window  # HF sliding-window semantics
                 self._masks[window] = m

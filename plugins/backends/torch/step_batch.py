@@ -46,6 +46,7 @@ def pack_batch(cache: PagedKVCache, device: torch.device,
     segments: list[PrefillSegment] = []
     cached: list[tuple[int, int, int, list[int]]] = []  # chunks continuing a prefix (kernel operators)
     native_chunks: list[tuple[int, int, int, list[int]]] = []  # every chunk (native CPU prefill kernel)
+    wide: list[tuple[int, int, int]] = []  # packed rows lo .. hi - 1 that see keys up to a position (native)
     for i in prefill:
         it = batch[i]
         n, s, table = len(it.token_ids), it.start_pos, it.block_table
@@ -54,16 +55,18 @@ def pack_batch(cache: PagedKVCache, device: torch.device,
         pos += range(s, s + n)
         slots += [table[p // bs] * bs + p % bs for p in range(s, s + n)]
         fresh += table[-(-s // bs): (s + n - 1) // bs + 1]  # blocks whose slot 0 is written now
+        spans = both_ways(it, s, n)
         blocks = None
         if cache.prefill_kernel is not None:  # the native kernel reads every chunk's context in place
             native_chunks.append((first_row[i], n, s, table[: (s + n - 1) // bs + 1]))
+            wide += [(first_row[i] + max(a, s) - s, first_row[i] + b - s, b - 1) for a, b in spans]
             continue
-        if s > 0 and cache.kernel_ops:  # the prefill operator reads the cached prefix in place
+        if s > 0 and cache.kernel_ops and not spans:  # the prefill operator reads the cached prefix in place
             cached.append((first_row[i], n, s, table[: (s + n - 1) // bs + 1]))
             continue
         if s > 0:  # attends to cached positions: gather the sequence's blocks
             blocks = torch.tensor(table[: (s + n - 1) // bs + 1], dtype=torch.long).to(device, non_blocking=True)
-        segments.append(PrefillSegment(row=first_row[i], n=n, start=s, blocks=blocks))
+        segments.append(PrefillSegment(row=first_row[i], n=n, start=s, blocks=blocks, spans=spans))
     rows = len(dec_ctx)
     if len(dec_blocks) and len(dec_blocks) != rows * max_blocks:
         raise ValueError("a decode item's block_table is shorter than its context")
@@ -71,8 +74,14 @@ def pack_batch(cache: PagedKVCache, device: torch.device,
     def t(values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long).to(device, non_blocking=True)
 
+    key_end = None
+    if wide:  # each row's last key: its own position, or the end of the run it attends to both ways
+        limits = list(pos)
+        for lo, hi, last in wide:
+            limits[lo:hi] = [last] * (hi - lo)
+        key_end = torch.tensor(limits, dtype=torch.long)
     meta = StepMetadata(slot_mapping=t(slots), num_decode=rows, prefills=segments,
-                        prefill_plan=cache.plan_prefill(native_chunks))
+                        prefill_plan=cache.plan_prefill(native_chunks, key_end))
     if cached:
         width = max(len(c[3]) for c in cached)
         meta.cached_prefill = tuple(torch.tensor(v, dtype=torch.int32).to(device, non_blocking=True) for v in (
@@ -88,3 +97,14 @@ def pack_batch(cache: PagedKVCache, device: torch.device,
     elif decode:
         meta.decode_blocks, meta.decode_ctx, meta.decode_max_blocks = t(dec_blocks), t(dec_ctx), max_blocks
     return t(ids), t(pos), meta, first_row
+
+
+def both_ways(item: StepItem, start: int, n: int) -> list[tuple[int, int]]:
+    """The runs of positions of ``item``'s images (``MediaInput.bidirectional``) that its chunk of
+    ``n`` positions from ``start`` feeds: their tokens attend to each other both ways. The
+    scheduler never ends a chunk inside one (``chunk_end``); a step that would is refused, as its
+    tokens would miss keys that are not written yet."""
+    spans = [(a, b) for m in item.media for a, b in m.bidirectional if a < start + n and b > start]
+    if any(b > start + n for _, b in spans):
+        raise RuntimeError("a prefill chunk ends inside an image whose tokens attend to each other both ways")
+    return spans

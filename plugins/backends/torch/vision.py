@@ -35,6 +35,9 @@ log = logging.getLogger("llmserve.backend.torch")
 ENCODER_CACHE_BYTES = 256 << 20
 #: Pictures whose token expansion is remembered (a list of ids each).
 KNOWN_EXPANSIONS = 4096
+#: Model types whose image tokens attend to each other both ways (transformers marks them with
+#: token types and lets each contiguous run of them see the whole run).
+BIDIRECTIONAL_IMAGES = frozenset({"gemma3"})
 
 
 @dataclass(slots=True)
@@ -78,6 +81,7 @@ class VisionInputs:
         # Qwen-VL: positions along three axes (mrope.py), an image's tokens placed on its grid of
         # merged patches (``image_grid_thw`` over the merge size).
         self.mrope = uses_mrope(model)
+        self.bidirectional = getattr(config, "model_type", None) in BIDIRECTIONAL_IMAGES
         self._merge = int(getattr(getattr(config, "vision_config", None), "spatial_merge_size", 1) or 1)
         self.hits = 0    # lookups the encoder cache answered (a prefill chunk after the image's first counts)
         self.encoded = 0  # images run through the vision tower
@@ -123,9 +127,10 @@ class VisionInputs:
                     while len(self._known) > KNOWN_EXPANSIONS:
                         self._known.popitem(last=False)
             ids, grid = known
-            positions = torch.tensor([len(out) + k for k, t in enumerate(ids) if t == self.image_token_id])
+            rows = [len(out) + k for k, t in enumerate(ids) if t == self.image_token_id]
             media.append(MediaInput(digest, len(out), len(out) + len(ids),
-                                    ImageInputs(image, tensors, positions, grid)))
+                                    ImageInputs(image, tensors, torch.tensor(rows), grid),
+                                    runs(rows) if self.bidirectional else ()))
             out += ids
             last = at + 1
         out += prompt_ids[last:]
@@ -215,6 +220,17 @@ class VisionInputs:
         at = torch.cat(rows).to(self.device)
         order = at.argsort()
         return at[order], torch.cat(values, 1)[:, order]
+
+
+def runs(positions: list[int]) -> tuple[tuple[int, int], ...]:
+    """The runs of consecutive ``positions`` (sorted), as ``(first, last + 1)``."""
+    out: list[tuple[int, int]] = []
+    for p in positions:
+        if out and out[-1][1] == p:
+            out[-1] = (out[-1][0], p + 1)
+        else:
+            out.append((p, p + 1))
+    return tuple(out)
 
 
 def splice(h: torch.Tensor, images: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[torch.Tensor, ...] | None:

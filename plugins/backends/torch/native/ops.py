@@ -103,7 +103,7 @@ def prefill_kernel() -> Callable[..., None] | None:
     lib = library("paged_prefill", "prefill-attention")
     if lib is None:
         return None
-    cfn = bind(lib, "paged_prefill", INT, PTR, I64, I64, PTR, INT, PTR, I64, PTR, PTR, PTR, I64, PTR,
+    cfn = bind(lib, "paged_prefill", INT, PTR, I64, I64, PTR, INT, PTR, I64, PTR, PTR, PTR, I64, PTR, PTR,
                *[I64] * 6, F32, I64, PTR, INT)
 
     def paged_prefill(q: torch.Tensor, blocks_view: torch.Tensor, plan: "PrefillPlan", out: torch.Tensor,
@@ -120,7 +120,8 @@ def prefill_kernel() -> Callable[..., None] | None:
         sinks_ptr = _sinks_ptr(sinks, H, "paged_prefill")
         rc = cfn(q.data_ptr(), q_row, q_head, blocks_view.data_ptr(), PREFILL_POOL_DTYPES[blocks_view.dtype],
                  plan.tables.data_ptr(), plan.width, plan.rows.data_ptr(), plan.lens.data_ptr(),
-                 plan.starts.data_ptr(), plan.count, out.data_ptr(), out_row, H, kvh, D, nblocks, bs,
+                 plan.starts.data_ptr(), plan.count, 0 if plan.key_end is None else plan.key_end.data_ptr(),
+                 out.data_ptr(), out_row, H, kvh, D, nblocks, bs,
                  scale, window or 0, sinks_ptr, torch.get_num_threads())
         if rc != 0:
             raise MemoryError("the prefill-attention kernel could not allocate its scratch memory")
@@ -133,11 +134,16 @@ class PrefillPlan:
     row, its length, its first position and its block table (padded to one width), as int64
     tensors built once per step and read by every layer."""
 
-    __slots__ = ("tables", "width", "rows", "lens", "starts", "count", "rows_end", "max_block", "block_size")
+    __slots__ = ("tables", "width", "rows", "lens", "starts", "count", "rows_end", "max_block", "block_size",
+                 "key_end")
 
-    def __init__(self, chunks: list[tuple[int, int, int, list[int]]], block_size: int, pad_block: int) -> None:
+    def __init__(self, chunks: list[tuple[int, int, int, list[int]]], block_size: int, pad_block: int,
+                 key_end: torch.Tensor | None = None) -> None:
         """``chunks``: (first row, length, first position, block table covering every position up
-        to the chunk's last) per chunk; ``pad_block``: a valid block id to pad the tables with."""
+        to the chunk's last) per chunk; ``pad_block``: a valid block id to pad the tables with;
+        ``key_end`` (int64, one per packed row; None: causal): the last key position each row sees,
+        past its own for an image's tokens that attend to each other both ways (Gemma 3), each
+        within its chunk."""
         for row, n, start, table in chunks:
             if n < 1 or start < 0 or row < 0 or len(table) < -(-(start + n) // block_size):
                 raise ValueError("a prefill chunk needs a length, a non-negative row and start and a block "
@@ -152,6 +158,14 @@ class PrefillPlan:
                                              for i in range(3))
         self.rows_end = max((c[0] + c[1] for c in chunks), default=0)
         self.max_block = max(flat, default=pad_block)
+        if key_end is not None:  # the kernel reads keys up to these through the tables: each within its chunk
+            key_end = key_end.to(torch.int64).contiguous()
+            for row, n, start, _ in chunks:
+                rows = key_end[row:row + n]
+                if rows.numel() != n or bool(((rows < torch.arange(start, start + n)) | (rows >= start + n)).any()):
+                    raise ValueError("a prefill chunk's key limits must lie between each row's position and the "
+                                     "chunk's last")
+        self.key_end = key_end
 
 
 def kv_writer(int8: bool = False) -> Callable[..., None] | None:

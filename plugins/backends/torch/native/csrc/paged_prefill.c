@@ -20,6 +20,9 @@
  * of them written (the chunk's own keys and values are stored before this runs). Query head j
  * of row t starts at ``q + t * q_row + j * q_head``, its output at ``out + t * out_row + j * D``.
  * ``window`` > 0 is sliding-window attention (key k seen by query p when p - window < k <= p).
+ * ``key_end`` (NULL: causal) holds per packed row the last key position the row sees, past its
+ * own for the tokens of an image that attend to each other both ways (Gemma 3); every position up
+ * to it is written.
  * ``sinks`` (NULL: none) holds one attention-sink logit per query head (gpt-oss): a term of the
  * head's softmax denominator with no value row. A row's online softmax starts from it (running
  * maximum = the sink, running sum = exp(0) = 1, output 0) instead of from nothing, which the
@@ -46,7 +49,8 @@ typedef struct {
     const void *kv;
     int kv_dtype;
     const int64_t *tables, *rows, *lens, *starts;
-    const float *sinks; /* [H] or NULL */
+    const int64_t *key_end; /* [packed rows] each row's last key position, or NULL: its own (causal) */
+    const float *sinks;     /* [H] or NULL */
     int64_t width;
     float *out;
     int64_t out_row, kvh, G, D, nblocks, bs, window, bq, mp, row_bytes;
@@ -307,7 +311,10 @@ static void fold_row_avx2(float *s, int64_t nk, int64_t lo, int64_t hi, float *m
 static void attend_tile(const Plan *p, int64_t seg, int64_t tile, int64_t h, Scratch *w) {
     const int64_t D = p->D, G = p->G, mp = p->mp;
     const int64_t i0 = tile * p->bq, nq = p->lens[seg] - i0 < p->bq ? p->lens[seg] - i0 : p->bq;
-    const int64_t first = p->starts[seg] + i0, last = first + nq - 1, row0 = p->rows[seg] + i0;
+    const int64_t first = p->starts[seg] + i0, row0 = p->rows[seg] + i0;
+    int64_t last = first + nq - 1; /* the last key any of the item's rows sees */
+    if (p->key_end != NULL)
+        for (int64_t i = 0; i < nq; i++) last = p->key_end[row0 + i] > last ? p->key_end[row0 + i] : last;
     const int64_t *table = p->tables + seg * p->width;
     const int vec =
 #ifdef HAVE_AVX2
@@ -345,9 +352,10 @@ static void attend_tile(const Plan *p, int64_t seg, int64_t tile, int64_t h, Scr
 #endif
             scores_portable(p, w, nk);
         for (int64_t r = 0; r < mp; r++) {
-            const int64_t pos = first + (r < nq * G ? r / G : nq - 1);
+            const int64_t i = r < nq * G ? r / G : nq - 1, pos = first + i;
+            const int64_t end = p->key_end != NULL ? p->key_end[row0 + i] : pos;
             const int64_t lo_pos = p->window > 0 ? pos - p->window + 1 : 0;
-            const int64_t lo = lo_pos > k0 ? lo_pos - k0 : 0, hi = pos - k0 < nk - 1 ? pos - k0 : nk - 1;
+            const int64_t lo = lo_pos > k0 ? lo_pos - k0 : 0, hi = end - k0 < nk - 1 ? end - k0 : nk - 1;
 #ifdef HAVE_AVX2
             if (vec) {
                 fold_row_avx2(w->s + r * KT, nk, lo, hi, w->m + r, w->l + r, w->o + r * D, D);
@@ -385,14 +393,14 @@ static int heavier_first(const void *a, const void *b) {
 /* Returns 0, or -1 when scratch memory could not be allocated (out is then incomplete). */
 int paged_prefill(const float *q, int64_t q_row, int64_t q_head, const void *kv, int kv_dtype, const int64_t *tables,
                   int64_t width, const int64_t *rows, const int64_t *lens, const int64_t *starts, int64_t nseg,
-                  float *out, int64_t out_row, int64_t H, int64_t kvh, int64_t D, int64_t nblocks, int64_t bs,
-                  float scale, int64_t window, const float *sinks, int nthreads) {
+                  const int64_t *key_end, float *out, int64_t out_row, int64_t H, int64_t kvh, int64_t D,
+                  int64_t nblocks, int64_t bs, float scale, int64_t window, const float *sinks, int nthreads) {
     const int64_t G = H / kvh;
     /* About ROWS query rows per item: enough to reuse each packed key tile many times, few
      * enough to keep the item's scratch in L2 and to give every thread work on short chunks. */
     const int64_t bq = G >= ROWS ? 1 : (ROWS + G - 1) / G, mp = (bq * G + MR - 1) / MR * MR;
     Plan p = {.q = q, .q_row = q_row, .q_head = q_head, .kv = kv, .kv_dtype = kv_dtype, .tables = tables,
-              .rows = rows, .lens = lens, .starts = starts, .sinks = sinks, .width = width, .out = out, .out_row = out_row,
+              .rows = rows, .lens = lens, .starts = starts, .key_end = key_end, .sinks = sinks, .width = width, .out = out, .out_row = out_row,
               .kvh = kvh, .G = G, .D = D, .nblocks = nblocks, .bs = bs, .window = window, .bq = bq, .mp = mp,
               .row_bytes = kv_dtype == KV_F32 ? 4 * D : kv_dtype == KV_BF16 ? 2 * D : D + 4 * ((D + 31) / 32),
               .scale = scale};
