@@ -20,7 +20,9 @@ pytest.importorskip("PIL")
 pytest.importorskip("gguf")
 
 from llmserve.config import ServerConfig
+from llmserve.engine.backend import StepItem
 from llmserve.errors import ConfigError
+from llmserve.media.inputs import started_before
 from llmserve.plugins.backends.torch.options import TorchOptions
 from llmserve.plugins.backends.torch.runner import TorchBackend
 
@@ -113,3 +115,26 @@ def test_served_answer_equals_transformers_generate(folder: str, gguf_path: str)
             messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
                                                    {"type": "text", "text": "What is in the picture?"}]}])
     assert [int(t.token.removeprefix("token_id:")) for t in reply.choices[0].logprobs.content] == want
+
+
+def test_gemma3_gguf_with_its_projector_equals_transformers(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A Gemma 3 GGUF (``gemma3``) and its ``gemma3`` projector: the pooled image tokens attend to
+    each other both ways on the native path too, in one chunk or after a chunk stopping before
+    the image."""
+    import vision_gemma3
+
+    folder = vision_gemma3.write_gemma3(os.fspath(tmp_path_factory.mktemp("tiny-gemma3")))
+    path = vision_gguf.write_gemma3_gguf(folder, os.fspath(tmp_path_factory.mktemp("gguf-gemma3")))
+    backend = make_backend(path)
+    assert backend._gguf is not None and backend.info.input_modalities == ("text", "image")
+    assert backend.vision.bidirectional
+    text = "<start_of_turn>user\nDescribe<start_of_image>please.<end_of_turn>\n<start_of_turn>model\n"
+    ids, media = expand(backend, text, [vision_model.picture(1)])
+    (a, b), = media[0].bidirectional  # (the file's tokenizer: the folder's ids, another pre-tokenizer)
+    assert set(ids[a:b]) == {backend.info.tokenizer.convert_tokens_to_ids("<image_soft_token>")} and b - a == 16
+    want = vision_gemma3.reference(folder, ids, [vision_model.picture(1)])
+    for chunks in ([0, len(ids)], [0, a, len(ids)]):
+        got = torch.cat([backend.forward_logits([StepItem(
+            seq_id=1, token_ids=ids[lo:hi], start_pos=lo, block_table=[0, 1, 2, 3],
+            media=started_before(media, hi))])[0] for lo, hi in zip(chunks, chunks[1:])])
+        assert_close(got, want)

@@ -3,7 +3,7 @@ vision-language model's text GGUF holds the vision tower and its projector, and 
 describes the image preprocessing. Here they become transformers modules again (fp32, the file's
 weights) and the transformers processor that header describes, so that a GGUF vision model takes
 the image path of a Hugging Face folder (``vision.py``) while its language model runs from the
-text GGUF on the native path. Families: ``idefics3`` (SmolVLM, Idefics3).
+text GGUF on the native path. Families: ``idefics3`` (SmolVLM, Idefics3), ``gemma3`` (Gemma 3).
 """
 
 from __future__ import annotations
@@ -69,19 +69,25 @@ def _siglip_name(name: str) -> str | None:
     return None
 
 
+def _siglip_config(h: dict[str, Any]) -> dict[str, Any]:
+    """A SigLIP vision tower's transformers config values from a projector file's header."""
+    return {"hidden_size": int(h["clip.vision.embedding_length"]),
+            "intermediate_size": int(h["clip.vision.feed_forward_length"]),
+            "num_hidden_layers": int(h["clip.vision.block_count"]),
+            "num_attention_heads": int(h["clip.vision.attention.head_count"]),
+            "image_size": int(h["clip.vision.image_size"]), "patch_size": int(h["clip.vision.patch_size"]),
+            "layer_norm_eps": float(h.get("clip.vision.attention.layer_norm_epsilon") or 1e-6)}
+
+
 def _idefics3(f: GGUFFile, text_config: Any, tokenizer: Any) -> tuple[Any, Any]:
     from transformers import Idefics3Config, Idefics3Model, Idefics3Processor
     from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
     from transformers.models.idefics3.modeling_idefics3 import Idefics3Connector, Idefics3VisionTransformer
 
     h = f.fields
-    tile, patch, scale = int(h["clip.vision.image_size"]), int(h["clip.vision.patch_size"]), int(
+    vision = _siglip_config(h)
+    tile, patch, scale = vision["image_size"], vision["patch_size"], int(
         h.get("clip.vision.projector.scale_factor") or 2)
-    vision = {"hidden_size": int(h["clip.vision.embedding_length"]),
-              "intermediate_size": int(h["clip.vision.feed_forward_length"]),
-              "num_hidden_layers": int(h["clip.vision.block_count"]),
-              "num_attention_heads": int(h["clip.vision.attention.head_count"]), "image_size": tile,
-              "patch_size": patch, "layer_norm_eps": float(h.get("clip.vision.attention.layer_norm_epsilon") or 1e-6)}
     config = Idefics3Config(vision_config=vision, text_config=text_config.to_dict(), scale_factor=scale,
                             image_token_id=int(tokenizer.convert_tokens_to_ids("<image>")))
     with torch.device("meta"):  # the language model runs from the text GGUF: only its shape is wanted here
@@ -103,8 +109,46 @@ def _idefics3(f: GGUFFile, text_config: Any, tokenizer: Any) -> tuple[Any, Any]:
     return model, processor
 
 
+def _gemma3(f: GGUFFile, text_config: Any, tokenizer: Any) -> tuple[Any, Any]:
+    """Gemma 3: a SigLIP tower; its patches average-pooled (``scale_factor`` x ``scale_factor``,
+    4 unless the header says) into the image tokens, an RMS norm (stored as 1 + weight, as the
+    converter writes Gemma's norms) and a projection into the language model."""
+    from transformers import Gemma3Config, Gemma3Model, SiglipVisionModel
+    from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3MultiModalProjector
+
+    from .image_tokens import ImageSequenceProcessor
+
+    h = f.fields
+    vision = _siglip_config(h)
+    side = vision["image_size"] // vision["patch_size"] // int(h.get("clip.vision.projector.scale_factor") or 4)
+    marks = {name: tokenizer.convert_tokens_to_ids(token) for name, token in (
+        ("boi_token_index", "<start_of_image>"), ("eoi_token_index", "<end_of_image>"),
+        ("image_token_index", "<image_soft_token>"))}
+    if any(not isinstance(i, int) or i == tokenizer.unk_token_id for i in marks.values()):
+        raise ValueError("the model's tokenizer lacks Gemma 3's image tokens")
+    config = Gemma3Config(text_config=text_config.to_dict(), vision_config={**vision, "vision_use_head": False},
+                          mm_tokens_per_image=side * side, **marks)
+    with torch.device("meta"):  # the language model runs from the text GGUF: only its shape is wanted here
+        model = Gemma3Model(config)
+    model.vision_tower = SiglipVisionModel(config.vision_config)
+    model.multi_modal_projector = Gemma3MultiModalProjector(config)
+    weights = _tensors(f)
+    tower = {_siglip_name(k): v for k, v in weights.items() if _siglip_name(k)}
+    model.vision_tower.load_state_dict(tower, strict=True)
+    model.multi_modal_projector.load_state_dict({
+        "mm_input_projection_weight": weights["mm.input_projection.weight"],
+        "mm_soft_emb_norm.weight": weights["mm.soft_emb_norm.weight"] - 1.0}, strict=True)
+    model.eval().requires_grad_(False)
+    size = vision["image_size"]
+    images = Gemma3ImageProcessorPil(size={"height": size, "width": size}, image_mean=list(h["clip.vision.image_mean"]),
+                                     image_std=list(h["clip.vision.image_std"]))
+    sequence = f"\n\n<start_of_image>{'<image_soft_token>' * (side * side)}<end_of_image>\n\n"
+    return model, ImageSequenceProcessor(images, tokenizer, "<start_of_image>", sequence)
+
+
 # clip.projector_type -> the builder of (a module with transformers' get_image_features, the processor)
-PROJECTORS: dict[str, Callable[[GGUFFile, Any, Any], tuple[Any, Any]]] = {"idefics3": _idefics3}
+PROJECTORS: dict[str, Callable[[GGUFFile, Any, Any], tuple[Any, Any]]] = {"idefics3": _idefics3, "gemma3": _gemma3}
 
 
 def load_mmproj(path: str, text_config: Any, tokenizer: Any) -> tuple[Any, Any]:

@@ -3,7 +3,11 @@ built on this machine: the Qwen-VL family's processors carry a video half whose 
 torchvision, which a CPU install of torch does not have. Their images need only the model's own
 image processor (its PIL implementation, no torchvision) and the family's rule for how many image
 tokens stand for a picture; this module is that pair, called as transformers' processors are
-(``vision.py`` calls it with one placeholder and one image)."""
+(``vision.py`` calls it with one placeholder and one image).
+
+And the processor of a family whose every picture stands for one fixed token sequence (Gemma 3's:
+newlines, markers and 256 image tokens), for a GGUF vision model whose projector file's header
+gives its image preprocessing but no transformers processor (``gguf_vision.py``)."""
 
 from __future__ import annotations
 
@@ -68,3 +72,23 @@ def image_token_processor(model_dir: str, config: Any, tokenizer: Any, trust_rem
         return None
     merge = int(getattr(config.vision_config, "spatial_merge_size", 1) or 1)
     return ImageTokenProcessor(images, tokenizer, family[0], family[1], merge)
+
+
+class ImageSequenceProcessor:
+    """A picture as one fixed token sequence: ``processor(text=[placeholder], images=[image])``
+    gives the ids of ``sequence`` (the placeholder expanded, markers and image tokens) and the
+    image processor's ``pixel_values``."""
+
+    def __init__(self, images: Any, tokenizer: Any, placeholder: str, sequence: str) -> None:
+        self.image_processor = images
+        self.tokenizer = tokenizer
+        self.image_token = placeholder
+        self._ids = [int(t) for t in tokenizer(sequence, add_special_tokens=False)["input_ids"]]
+        self.unused_input_names: tuple[str, ...] = ("num_crops",)
+
+    def __call__(self, text: list[str], images: list[Any], **_: Any) -> dict[str, torch.Tensor]:
+        if text != [self.image_token] or len(images) != 1:
+            raise ValueError("the image-sequence processor takes one placeholder and one image")
+        out = self.image_processor(images=images, return_tensors="pt")
+        tensors = {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}
+        return {"input_ids": torch.tensor([self._ids]), **tensors}
