@@ -1,6 +1,7 @@
 """What transformers' GGUF mapping leaves out of a model's config, read from the file's header as
 llama.cpp reads it: head sizes, expert sizes, Gemma 3's query scale and local RoPE, gpt-oss's
-window and YaRN, and Llama 3.1's RoPE scaling stored as a tensor (``rope_freqs.weight``).
+window and YaRN, and Llama 3.1's RoPE scaling stored as a tensor (``rope_freqs.weight``); and the
+whole config of the architectures it does not know (the hybrids, LFM2, Qwen2-VL's language model).
 
 ``f`` below is ``gguf_model._File``: its ``architecture``, ``fields`` (metadata by key) and
 ``vector(name)`` (a 1-D tensor as fp32).
@@ -202,10 +203,47 @@ def lfm2_config(header: Any) -> Any:
     return config
 
 
+def qwen2vl_config(header: Any) -> Any:
+    """The config of a ``qwen2vl`` file (the language model of Qwen2-VL and Qwen2.5-VL as llama.cpp's
+    converter writes it; transformers' GGUF reading does not know it): a Qwen2 decoder whose rotary
+    frequencies read three position axes, ``rope.dimension_sections`` of them each, in contiguous
+    runs (time, rows, columns): ``mrope_axes`` names each frequency's axis for the fused forward
+    (``mrope.frequency_axes``). Text alone reads the same axis thrice: plain RoPE."""
+    from transformers import Qwen2Config
+
+    f, t = header.fields, header.tensors
+
+    def need(key: str) -> Any:
+        if f.get(f"qwen2vl.{key}") is None:
+            raise ConfigError(f"GGUF file lacks qwen2vl.{key}; it is not a complete qwen2vl model")
+        return f[f"qwen2vl.{key}"]
+
+    heads, hidden = int(need("attention.head_count")), int(need("embedding_length"))
+    sections = [int(n) for n in need("rope.dimension_sections")]
+    if sum(sections) * 2 != hidden // heads or any(sections[3:]):
+        raise ConfigError(f"GGUF file's qwen2vl.rope.dimension_sections {sections} do not split the "
+                          f"{hidden // heads // 2} rotary frequencies of a head into time, rows and columns")
+    config = Qwen2Config(
+        vocab_size=int(t["token_embd.weight"].shape[-1]), hidden_size=hidden,
+        intermediate_size=int(need("feed_forward_length")), num_hidden_layers=int(need("block_count")),
+        num_attention_heads=heads, num_key_value_heads=int(need("attention.head_count_kv")),
+        rms_norm_eps=float(need("attention.layer_norm_rms_epsilon")),
+        max_position_embeddings=int(need("context_length")),
+        rope_parameters={"rope_type": "default", "rope_theta": float(need("rope.freq_base"))},
+        tie_word_embeddings="output.weight" not in t,
+        bos_token_id=f.get("tokenizer.ggml.bos_token_id"), eos_token_id=f.get("tokenizer.ggml.eos_token_id"),
+        pad_token_id=f.get("tokenizer.ggml.padding_token_id"))
+    config.mrope_section = sections[:3]
+    config.mrope_axes = [axis for axis, n in enumerate(sections[:3]) for _ in range(n)]
+    config.architectures = ["Qwen2ForCausalLM"]
+    return config
+
+
 # GGUF architectures whose config llmserve writes from the header itself: architecture -> (the
 # architecture its tokenizer converts under, where transformers does not know the file's own, or
 # None; the config maker).
 OWN_CONFIGS: dict[str, tuple[str | None, Callable[[Any], Any]]] = {
-    **{arch: ("qwen3", hybrid_config) for arch in ("qwen35", "qwen35moe", "qwen3next")}, "lfm2": (None, lfm2_config)}
+    **{arch: ("qwen3", hybrid_config) for arch in ("qwen35", "qwen35moe", "qwen3next")}, "lfm2": (None, lfm2_config),
+    "qwen2vl": ("qwen2", qwen2vl_config)}
 # GGUF architectures whose weights transformers' GGUF conversion cannot read.
 UNCONVERTIBLE = {"gpt-oss", "qwen35", "qwen35moe", "qwen3next"}

@@ -3,7 +3,9 @@ vision-language model's text GGUF holds the vision tower and its projector, and 
 describes the image preprocessing. Here they become transformers modules again (fp32, the file's
 weights) and the transformers processor that header describes, so that a GGUF vision model takes
 the image path of a Hugging Face folder (``vision.py``) while its language model runs from the
-text GGUF on the native path. Families: ``idefics3`` (SmolVLM, Idefics3), ``gemma3`` (Gemma 3).
+text GGUF on the native path. Families: ``idefics3`` (SmolVLM, Idefics3), ``gemma3`` (Gemma 3),
+``qwen2vl_merger`` and ``qwen2.5vl_merger`` (Qwen2-VL and Qwen2.5-VL, whose language model is a
+``qwen2vl`` text GGUF: positions along three axes, ``mrope.py``).
 """
 
 from __future__ import annotations
@@ -147,8 +149,93 @@ def _gemma3(f: GGUFFile, text_config: Any, tokenizer: Any) -> tuple[Any, Any]:
     return model, ImageSequenceProcessor(images, tokenizer, "<start_of_image>", sequence)
 
 
+# The Qwen-VL towers' layers by llama.cpp's names (Qwen2-VL: LayerNorms and fc1/fc2; Qwen2.5-VL:
+# RMSNorms and a gated MLP); the attention's q, k and v are one qkv projection in transformers.
+_QWEN_LAYER = {"attn_out": "attn.proj", "ln1": "norm1", "ln2": "norm2", "ffn_gate": "mlp.gate_proj",
+               "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+_QWEN_TOP = {"v.post_ln": "merger.ln_q", "mm.0": "merger.mlp.0", "mm.2": "merger.mlp.2"}
+
+
+def _qwen_tower_weights(weights: dict[str, torch.Tensor], gated: bool) -> dict[str, torch.Tensor]:
+    """A Qwen-VL vision tower's state dict from a projector file's tensors: the patch embedding's
+    two temporal frames (stored as two 2-D convolutions) stacked back into one 3-D one, q, k and v
+    joined into qkv."""
+    out = {"patch_embed.proj.weight": torch.stack((weights["v.patch_embd.weight"], weights["v.patch_embd.weight.1"]),
+                                                  2)}
+    layer = _QWEN_LAYER if gated else {**_QWEN_LAYER, "ffn_up": "mlp.fc1", "ffn_down": "mlp.fc2"}
+    for name, value in weights.items():
+        stem, kind = name.rsplit(".", 1)
+        parts = stem.split(".")
+        if stem in _QWEN_TOP:
+            out[f"{_QWEN_TOP[stem]}.{kind}"] = value
+        elif len(parts) == 4 and parts[:2] == ["v", "blk"] and parts[3] in layer:
+            out[f"blocks.{parts[2]}.{layer[parts[3]]}.{kind}"] = value
+        elif len(parts) == 4 and parts[:2] == ["v", "blk"] and parts[3] == "attn_q":
+            blk = f"v.blk.{parts[2]}"
+            out[f"blocks.{parts[2]}.attn.qkv.{kind}"] = torch.cat(
+                [weights[f"{blk}.attn_{x}.{kind}"] for x in "qkv"])
+    return out
+
+
+def _qwen_vl(f: GGUFFile, text_config: Any, tokenizer: Any) -> tuple[Any, Any]:
+    """Qwen2-VL (``qwen2vl_merger``) and Qwen2.5-VL (``qwen2.5vl_merger``: windowed attention but in
+    every ``n_wa_pattern``-th block, RMSNorms, a gated MLP): 14-pixel patches of two frames, merged
+    2 x 2 into one token; the language model's positions along three axes (``mrope.py``)."""
+    from transformers import (Qwen2_5_VLConfig, Qwen2_5_VLModel, Qwen2VLConfig, Qwen2VLImageProcessorPil,
+                              Qwen2VLModel)
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
+
+    from .image_tokens import FAMILIES, ImageTokenProcessor
+
+    h = f.fields
+    v25 = h["clip.projector_type"] == "qwen2.5vl_merger"
+    family = "qwen2_5_vl" if v25 else "qwen2_vl"
+    weights = _tensors(f)
+    hidden, depth, merge = (int(h["clip.vision.embedding_length"]), int(h["clip.vision.block_count"]),
+                            int(h.get("clip.vision.spatial_merge_size") or 2))
+    common = {"depth": depth, "num_heads": int(h["clip.vision.attention.head_count"]),
+              "patch_size": int(h["clip.vision.patch_size"]), "spatial_merge_size": merge, "temporal_patch_size": 2}
+    if v25:
+        pattern = int(h["clip.vision.n_wa_pattern"])
+        vision = {**common, "hidden_size": hidden, "intermediate_size": int(h["clip.vision.feed_forward_length"]),
+                  "out_hidden_size": int(h["clip.vision.projection_dim"]), "hidden_act": "silu",
+                  "window_size": int(h.get("clip.vision.window_size") or 112),
+                  "fullatt_block_indexes": [i for i in range(depth) if (i + 1) % pattern == 0]}
+    else:  # the MLP's width is the ratio of its tensors (the header's feed-forward length is not it)
+        width = int(weights["v.blk.0.ffn_up.weight"].shape[0])
+        if width % hidden:
+            raise ValueError(f"the MLP's width {width} is not a multiple of the tower's {hidden}")
+        vision = {**common, "embed_dim": hidden, "hidden_size": int(h["clip.vision.projection_dim"]),
+                  "mlp_ratio": width // hidden}
+    marks = {"image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>",
+             "vision_start_token_id": "<|vision_start|>", "vision_end_token_id": "<|vision_end|>"}
+    ids = {k: tokenizer.convert_tokens_to_ids(t) for k, t in marks.items()}
+    if any(not isinstance(i, int) or i == tokenizer.unk_token_id for i in ids.values()):
+        raise ValueError("the model's tokenizer lacks the Qwen-VL vision tokens")
+    text = {k: v for k, v in text_config.to_dict().items() if k not in ("model_type", "architectures", "mrope_axes")}
+    text["rope_parameters"] = {**text_config.rope_parameters, "mrope_section": list(text_config.mrope_section)}
+    config = (Qwen2_5_VLConfig if v25 else Qwen2VLConfig)(text_config=text, vision_config=vision, **ids)
+    with torch.device("meta"):  # the language model runs from the text GGUF: only its shape is wanted here
+        model = (Qwen2_5_VLModel if v25 else Qwen2VLModel)(config)
+    tower = (Qwen2_5_VisionTransformerPretrainedModel if v25
+             else Qwen2VisionTransformerPretrainedModel)(config.vision_config)
+    tower.load_state_dict(_qwen_tower_weights(weights, v25), strict=True)
+    model.visual = tower
+    model.eval().requires_grad_(False)
+    min_pixels = int(h.get("clip.vision.image_min_pixels") or 56 * 56)
+    max_pixels = int(h.get("clip.vision.image_max_pixels") or 28 * 28 * 1280)
+    images = Qwen2VLImageProcessorPil(
+        patch_size=common["patch_size"], temporal_patch_size=2, merge_size=merge,
+        image_mean=list(h["clip.vision.image_mean"]), image_std=list(h["clip.vision.image_std"]),
+        size={"shortest_edge": min_pixels, "longest_edge": max_pixels})
+    token, count = FAMILIES[family]
+    return model, ImageTokenProcessor(images, tokenizer, token, count, merge)
+
+
 # clip.projector_type -> the builder of (a module with transformers' get_image_features, the processor)
-PROJECTORS: dict[str, Callable[[GGUFFile, Any, Any], tuple[Any, Any]]] = {"idefics3": _idefics3, "gemma3": _gemma3}
+PROJECTORS: dict[str, Callable[[GGUFFile, Any, Any], tuple[Any, Any]]] = {
+    "idefics3": _idefics3, "gemma3": _gemma3, "qwen2vl_merger": _qwen_vl, "qwen2.5vl_merger": _qwen_vl}
 
 
 def load_mmproj(path: str, text_config: Any, tokenizer: Any) -> tuple[Any, Any]:

@@ -30,8 +30,14 @@ def uses_mrope(model: Any) -> bool:
 
 def frequency_axes(model: Any, rotary: Any, head_dim: int, device: torch.device) -> torch.Tensor | None:
     """``[head_dim]``: the axis (0 time, 1 rows, 2 columns) each rotary dimension of ``model``
-    reads, from its rotary module (None: its RoPE has one axis). Token k of the probe sits at
-    position 1 on axis k and 0 on the others: the dimensions whose sine moves for it read axis k."""
+    reads, from the config where it states them, else from its rotary module (None: its RoPE has one
+    axis). Token k of the probe sits at position 1 on axis k and 0 on the others: the dimensions
+    whose sine moves for it read axis k."""
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    stated = getattr(cfg, "mrope_axes", None)  # a GGUF file's contiguous sections (gguf_config.qwen2vl_config)
+    if stated is not None:
+        axes = torch.tensor(list(stated), dtype=torch.long, device=device)
+        return torch.cat((axes, axes)) if axes.numel() * 2 == head_dim else axes
     if not uses_mrope(model):
         return None
     probe = torch.eye(3, dtype=torch.long, device=device)[:, None, :]  # [axis, batch 1, token]
