@@ -81,6 +81,26 @@ def _siglip_config(h: dict[str, Any]) -> dict[str, Any]:
             "layer_norm_eps": float(h.get("clip.vision.attention.layer_norm_epsilon") or 1e-6)}
 
 
+def _assemble(model_class: Any, config: Any, parts: dict[str, tuple[Any, dict[str, torch.Tensor]]]) -> Any:
+    """A vision-language model's base built on the meta device (its language model runs from the
+    text GGUF: only its shape is wanted here), with its vision modules (``parts``: attribute ->
+    (module, the file's weights)) real."""
+    with torch.device("meta"):
+        model = model_class(config)
+    for attr, (module, state) in parts.items():
+        module.load_state_dict(state, strict=True)
+        setattr(model, attr, module)
+    return model.eval().requires_grad_(False)
+
+
+def _token_ids(tokenizer: Any, tokens: dict[str, str], family: str) -> dict[str, int]:
+    """The ids of a family's image tokens (config key -> token), all of which the tokenizer must know."""
+    ids = {key: tokenizer.convert_tokens_to_ids(token) for key, token in tokens.items()}
+    if any(not isinstance(i, int) or i == tokenizer.unk_token_id for i in ids.values()):
+        raise ValueError(f"the model's tokenizer lacks {family}'s image tokens ({', '.join(tokens.values())})")
+    return ids
+
+
 def _idefics3(f: GGUFFile, text_config: Any, tokenizer: Any) -> tuple[Any, Any]:
     from transformers import Idefics3Config, Idefics3Model, Idefics3Processor
     from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
@@ -91,16 +111,12 @@ def _idefics3(f: GGUFFile, text_config: Any, tokenizer: Any) -> tuple[Any, Any]:
     tile, patch, scale = vision["image_size"], vision["patch_size"], int(
         h.get("clip.vision.projector.scale_factor") or 2)
     config = Idefics3Config(vision_config=vision, text_config=text_config.to_dict(), scale_factor=scale,
-                            image_token_id=int(tokenizer.convert_tokens_to_ids("<image>")))
-    with torch.device("meta"):  # the language model runs from the text GGUF: only its shape is wanted here
-        model = Idefics3Model(config)
-    model.vision_model = Idefics3VisionTransformer(config.vision_config)
-    model.connector = Idefics3Connector(config)
+                            **_token_ids(tokenizer, {"image_token_id": "<image>"}, "Idefics3"))
     weights = _tensors(f)
-    tower = {_siglip_name(k): v for k, v in weights.items() if _siglip_name(k)}
-    model.vision_model.load_state_dict(tower, strict=True)
-    model.connector.load_state_dict({"modality_projection.proj.weight": weights["mm.model.fc.weight"]}, strict=True)
-    model.eval().requires_grad_(False)
+    model = _assemble(Idefics3Model, config, {
+        "vision_model": (Idefics3VisionTransformer(config.vision_config),
+                         {_siglip_name(k): v for k, v in weights.items() if _siglip_name(k)}),
+        "connector": (Idefics3Connector(config), {"modality_projection.proj.weight": weights["mm.model.fc.weight"]})})
     images = Idefics3ImageProcessorPil(
         size={"longest_edge": int(h.get("clip.vision.preproc_image_size") or tile * 4)},
         max_image_size={"longest_edge": tile}, image_mean=list(h["clip.vision.image_mean"]),
@@ -124,24 +140,17 @@ def _gemma3(f: GGUFFile, text_config: Any, tokenizer: Any) -> tuple[Any, Any]:
     h = f.fields
     vision = _siglip_config(h)
     side = vision["image_size"] // vision["patch_size"] // int(h.get("clip.vision.projector.scale_factor") or 4)
-    marks = {name: tokenizer.convert_tokens_to_ids(token) for name, token in (
-        ("boi_token_index", "<start_of_image>"), ("eoi_token_index", "<end_of_image>"),
-        ("image_token_index", "<image_soft_token>"))}
-    if any(not isinstance(i, int) or i == tokenizer.unk_token_id for i in marks.values()):
-        raise ValueError("the model's tokenizer lacks Gemma 3's image tokens")
+    marks = _token_ids(tokenizer, {"boi_token_index": "<start_of_image>", "eoi_token_index": "<end_of_image>",
+                                   "image_token_index": "<image_soft_token>"}, "Gemma 3")
     config = Gemma3Config(text_config=text_config.to_dict(), vision_config={**vision, "vision_use_head": False},
                           mm_tokens_per_image=side * side, **marks)
-    with torch.device("meta"):  # the language model runs from the text GGUF: only its shape is wanted here
-        model = Gemma3Model(config)
-    model.vision_tower = SiglipVisionModel(config.vision_config)
-    model.multi_modal_projector = Gemma3MultiModalProjector(config)
     weights = _tensors(f)
-    tower = {_siglip_name(k): v for k, v in weights.items() if _siglip_name(k)}
-    model.vision_tower.load_state_dict(tower, strict=True)
-    model.multi_modal_projector.load_state_dict({
-        "mm_input_projection_weight": weights["mm.input_projection.weight"],
-        "mm_soft_emb_norm.weight": weights["mm.soft_emb_norm.weight"] - 1.0}, strict=True)
-    model.eval().requires_grad_(False)
+    model = _assemble(Gemma3Model, config, {
+        "vision_tower": (SiglipVisionModel(config.vision_config),
+                         {_siglip_name(k): v for k, v in weights.items() if _siglip_name(k)}),
+        "multi_modal_projector": (Gemma3MultiModalProjector(config), {
+            "mm_input_projection_weight": weights["mm.input_projection.weight"],
+            "mm_soft_emb_norm.weight": weights["mm.soft_emb_norm.weight"] - 1.0})})
     size = vision["image_size"]
     images = Gemma3ImageProcessorPil(size={"height": size, "width": size}, image_mean=list(h["clip.vision.image_mean"]),
                                      image_std=list(h["clip.vision.image_std"]))
@@ -208,21 +217,16 @@ def _qwen_vl(f: GGUFFile, text_config: Any, tokenizer: Any) -> tuple[Any, Any]:
             raise ValueError(f"the MLP's width {width} is not a multiple of the tower's {hidden}")
         vision = {**common, "embed_dim": hidden, "hidden_size": int(h["clip.vision.projection_dim"]),
                   "mlp_ratio": width // hidden}
-    marks = {"image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>",
-             "vision_start_token_id": "<|vision_start|>", "vision_end_token_id": "<|vision_end|>"}
-    ids = {k: tokenizer.convert_tokens_to_ids(t) for k, t in marks.items()}
-    if any(not isinstance(i, int) or i == tokenizer.unk_token_id for i in ids.values()):
-        raise ValueError("the model's tokenizer lacks the Qwen-VL vision tokens")
+    ids = _token_ids(tokenizer, {"image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>",
+                                 "vision_start_token_id": "<|vision_start|>",
+                                 "vision_end_token_id": "<|vision_end|>"}, "Qwen-VL")
     text = {k: v for k, v in text_config.to_dict().items() if k not in ("model_type", "architectures", "mrope_axes")}
     text["rope_parameters"] = {**text_config.rope_parameters, "mrope_section": list(text_config.mrope_section)}
     config = (Qwen2_5_VLConfig if v25 else Qwen2VLConfig)(text_config=text, vision_config=vision, **ids)
-    with torch.device("meta"):  # the language model runs from the text GGUF: only its shape is wanted here
-        model = (Qwen2_5_VLModel if v25 else Qwen2VLModel)(config)
     tower = (Qwen2_5_VisionTransformerPretrainedModel if v25
              else Qwen2VisionTransformerPretrainedModel)(config.vision_config)
-    tower.load_state_dict(_qwen_tower_weights(weights, v25), strict=True)
-    model.visual = tower
-    model.eval().requires_grad_(False)
+    model = _assemble(Qwen2_5_VLModel if v25 else Qwen2VLModel, config,
+                      {"visual": (tower, _qwen_tower_weights(weights, v25))})
     min_pixels = int(h.get("clip.vision.image_min_pixels") or 56 * 56)
     max_pixels = int(h.get("clip.vision.image_max_pixels") or 28 * 28 * 1280)
     images = Qwen2VLImageProcessorPil(
