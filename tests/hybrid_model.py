@@ -11,6 +11,8 @@ reference has a clear winner, so rounding never decides a token).
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import numpy as np
 import torch
 
@@ -201,7 +203,8 @@ GGUF_KINDS = {"qwen35": "qwen3_5_text", "qwen35moe": "qwen3_5_moe_text", "qwen3n
 
 def write_hybrid_gguf(path: str, qtype: str = "F32", seed: int = 0,
                       replace: dict[str, np.ndarray | None] | None = None, kind: str = "qwen35",
-                      merged: bool = False) -> torch.nn.Module:
+                      merged: bool = False, source: torch.nn.Module | None = None,
+                      tokenizer: Callable[[Any], None] | None = None) -> torch.nn.Module:
     """A tiny Qwen3.5 text model (vocabulary and tokenizer of the embedded SmolLM2) saved as a
     ``qwen35`` GGUF file the way llama.cpp's converter writes one: ``A_log`` as ``-exp(A_log)``
     (``ssm_a``), ``dt_bias`` as ``ssm_dt.bias``, the convolution squeezed to ``[channels, K]``,
@@ -210,16 +213,22 @@ def write_hybrid_gguf(path: str, qtype: str = "F32", seed: int = 0,
     ``kind``: ``qwen35moe`` for Qwen3.5-MoE (experts and a shared expert, ``MOE``'s sizes;
     ``merged``: each expert's gate and up in one tensor), ``qwen3next`` for Qwen3-Next (as the
     MoE, its value heads grouped, F32 only). ``replace``: tensors written with these
-    values instead (None: left out). Returns the model (transformers, float32, eval mode) the file
-    was made from, holding its matrices as the file decodes them (a quantized ``qtype`` rounds
-    them)."""
+    values instead (None: left out). ``source``: a model of ``kind`` to write instead of a random
+    one (a vision model's language model; its rotary sections written as the converter writes
+    them), ``tokenizer``: what writes the file's tokenizer fields instead of the embedded one's.
+    Returns the model (transformers, float32, eval mode) the file was made from, holding its
+    matrices as the file decodes them (a quantized ``qtype`` rounds them)."""
     import gguf
     from gguf_writer import _write_tokenizer
 
     torch.manual_seed(seed)
     moe, arch = kind != "qwen35", kind
     assert qtype == "F32" or kind != "qwen3next", "quantized qwen3next files are not written here"
-    model, cfg, sd = _file_model(GGUF_KINDS[kind], seed, **(MOE if moe else {}))
+    if source is None:
+        model, cfg, sd = _file_model(GGUF_KINDS[kind], seed, **(MOE if moe else {}))
+    else:
+        model, cfg = source, source.config
+        sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     hk, hv, dk, dv = (cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
                       cfg.linear_value_head_dim)
     r = hv // hk
@@ -273,7 +282,9 @@ def write_hybrid_gguf(path: str, qtype: str = "F32", seed: int = 0,
         w.add_uint32(f"{arch}.{key}", int(value))
     w.add_float32(f"{arch}.rope.freq_base", float(cfg.rope_parameters["rope_theta"]))
     w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", float(cfg.rms_norm_eps))
-    _write_tokenizer(w)
+    if source is not None and "mrope_section" in cfg.rope_parameters:
+        w.add_rope_dimension_sections([*cfg.rope_parameters["mrope_section"], 0])
+    (tokenizer or _write_tokenizer)(w)
     _write_tensors(w, {**tensors, **(replace or {})}, qtype, seed)
     return model
 

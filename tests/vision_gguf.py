@@ -7,10 +7,8 @@ model's logits can be held to transformers' forward of the folder they came from
 
 And a tiny Gemma 3 (``tests/vision_gemma3.py``) likewise: a ``gemma3`` text GGUF (norms stored as
 1 + weight, its sliding-window pattern) and an ``mmproj`` of projector type ``gemma3`` (its
-projection as transformers keeps it, the pooled tokens' norm stored as 1 + weight). And a tiny
-Qwen2-VL or Qwen2.5-VL: a ``qwen2vl`` text GGUF (its rotary split into time, rows and columns as
-``rope.dimension_sections``) and an ``mmproj`` of projector type ``qwen2vl_merger`` or
-``qwen2.5vl_merger`` (q, k and v apart, the patch embedding's two frames as two tensors).
+projection as transformers keeps it, the pooled tokens' norm stored as 1 + weight). The Qwen-VL
+families' files: ``tests/vision_gguf_qwen.py``.
 """
 
 from __future__ import annotations
@@ -200,88 +198,3 @@ def write_idefics3_gguf(folder: str, out_dir: str) -> str:
     write_text_gguf(folder, text)
     write_mmproj(folder, os.path.join(out_dir, "mmproj-model-F32.gguf"))
     return text
-
-
-def _qwen_tower_tensors(sd: dict[str, np.ndarray], v25: bool) -> dict[str, np.ndarray]:
-    """A Qwen-VL vision tower's tensors (transformers' runtime names) by llama.cpp's names, as its
-    converter splits them."""
-    layer = {"attn.proj": "attn_out", "norm1": "ln1", "norm2": "ln2", "mlp.gate_proj": "ffn_gate",
-             "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down", "mlp.fc1": "ffn_up", "mlp.fc2": "ffn_down"}
-    top = {"merger.ln_q": "v.post_ln", "merger.mlp.0": "mm.0", "merger.mlp.2": "mm.2"}
-    out: dict[str, np.ndarray] = {}
-    for name, value in sd.items():
-        if not name.startswith("model.visual."):
-            continue
-        stem, kind = name.removeprefix("model.visual.").rsplit(".", 1)
-        if stem == "patch_embed.proj":
-            out["v.patch_embd.weight"], out["v.patch_embd.weight.1"] = value[:, :, 0], value[:, :, 1]
-        elif stem in top:
-            out[f"{top[stem]}.{kind}"] = value
-        elif stem.endswith("attn.qkv"):
-            i = stem.split(".")[1]
-            for x, part in zip("qkv", np.split(value, 3)):
-                out[f"v.blk.{i}.attn_{x}.{kind}"] = part
-        else:
-            _, i, rest = stem.split(".", 2)  # blocks.N.<module>
-            out[f"v.blk.{i}.{layer[rest]}.{kind}"] = value
-    return out
-
-
-def write_qwen_vl_gguf(folder: str, out_dir: str) -> str:
-    """The Qwen2-VL or Qwen2.5-VL checkpoint in ``folder`` as ``model-F32.gguf`` (``qwen2vl``) and
-    ``mmproj-model-F32.gguf`` in ``out_dir``; returns the text GGUF's path."""
-    import json
-
-    import gguf
-    import torch
-    from transformers import AutoModelForImageTextToText, AutoTokenizer
-
-    model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32)
-    cfg, tokenizer = model.config, AutoTokenizer.from_pretrained(folder)
-    text, v = cfg.text_config, cfg.vision_config
-    v25 = cfg.model_type == "qwen2_5_vl"
-    sd = {k: t.detach().float().numpy() for k, t in model.state_dict().items()}
-    lm = "model.language_model."
-    tensors = {"token_embd.weight": sd[lm + "embed_tokens.weight"], "output_norm.weight": sd[lm + "norm.weight"]}
-    for i in range(text.num_hidden_layers):
-        for hf, gg in _LAYER_NAMES.items():
-            for kind in ("weight", "bias"):
-                if (value := sd.get(f"{lm}layers.{i}.{hf}.{kind}")) is not None:
-                    tensors[f"blk.{i}.{gg}.{kind}"] = value
-    path = os.path.join(out_dir, "model-F32.gguf")
-    w = gguf.GGUFWriter(path, "qwen2vl")
-    _hparams(w, f"tiny-{cfg.model_type}", text.num_hidden_layers, text.hidden_size, text.intermediate_size,
-             text.num_attention_heads, text.num_key_value_heads, context=text.max_position_embeddings,
-             rope_theta=text.rope_parameters["rope_theta"], eps=text.rms_norm_eps, vocab=len(tokenizer))
-    w.add_rope_dimension_sections([*text.rope_parameters["mrope_section"], 0])
-    _tokenizer(w, tokenizer, "<|im_end|>")
-    _write(w, tensors)
-    with open(os.path.join(folder, "preprocessor_config.json")) as f:
-        pre = json.load(f)
-    w = gguf.GGUFWriter(os.path.join(out_dir, "mmproj-model-F32.gguf"), "clip")
-    w.add_type("mmproj")
-    w.add_bool("clip.has_vision_encoder", True)
-    w.add_uint32("clip.vision.projection_dim", text.hidden_size)
-    w.add_uint32("clip.vision.image_size", 560)
-    w.add_uint32("clip.vision.patch_size", v.patch_size)
-    # (the converter's Qwen2-VL values: its embed_dim, and the merger's output width as the feed-forward length)
-    w.add_uint32("clip.vision.embedding_length", v.hidden_size if v25 else v.embed_dim)
-    w.add_uint32("clip.vision.feed_forward_length", v.intermediate_size if v25 else v.hidden_size)
-    w.add_uint32("clip.vision.block_count", v.depth)
-    w.add_uint32("clip.vision.attention.head_count", v.num_heads)
-    w.add_array("clip.vision.image_mean", [float(x) for x in pre["image_mean"]])
-    w.add_array("clip.vision.image_std", [float(x) for x in pre["image_std"]])
-    w.add_string("clip.projector_type", "qwen2.5vl_merger" if v25 else "qwen2vl_merger")
-    # (the tiny ones' window and pixel bounds are not the real checkpoints', which readers assume)
-    w.add_uint32("clip.vision.image_min_pixels", pre["min_pixels"])
-    w.add_uint32("clip.vision.image_max_pixels", pre["max_pixels"])
-    if v25:
-        w.add_bool("clip.use_silu", True)
-        w.add_uint32("clip.vision.n_wa_pattern", v.fullatt_block_indexes[0] + 1)
-        w.add_uint32("clip.vision.window_size", v.window_size)
-    else:
-        w.add_bool("clip.use_gelu", True)
-    w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
-    w.add_file_type(0)
-    _write(w, _qwen_tower_tensors(sd, v25))
-    return path

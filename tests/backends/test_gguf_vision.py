@@ -140,18 +140,23 @@ def test_gemma3_gguf_with_its_projector_equals_transformers(tmp_path_factory: py
         assert_close(got, want)
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl"])
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5"])
 def test_qwen_vl_gguf_with_its_projector_equals_transformers(family: str, tmp_path_factory) -> None:
-    """A ``qwen2vl`` text GGUF and its ``qwen2vl_merger`` / ``qwen2.5vl_merger`` projector: positions
-    along three axes on the native path (the rotary split read from the file's sections), two
-    images of other shapes, whole and in chunks."""
+    """A ``qwen2vl`` / ``qwen3vl`` / ``qwen35`` text GGUF and its ``qwen2vl_merger`` /
+    ``qwen2.5vl_merger`` / ``qwen3vl_merger`` projector: positions along three axes on the native
+    path (the rotary split read from the file's sections, contiguous or interleaved; Qwen3.5's
+    hybrid forward hands them to its rotary module), Qwen3-VL's deepstack features, two images of
+    other shapes, whole and in chunks."""
     import test_qwen_vl
+    import vision_gguf_qwen
 
     folder = test_qwen_vl.WRITERS[family](os.fspath(tmp_path_factory.mktemp(f"tiny-{family}")))
-    path = vision_gguf.write_qwen_vl_gguf(folder, os.fspath(tmp_path_factory.mktemp(f"gguf-{family}")))
+    write = vision_gguf_qwen.write_qwen3_5_gguf if family == "qwen3_5" else vision_gguf_qwen.write_qwen_vl_gguf
+    path = write(folder, os.fspath(tmp_path_factory.mktemp(f"gguf-{family}")))
     backend = make_backend(path)
-    assert backend._gguf is not None and backend.info.input_modalities == ("text", "image")
-    assert backend._fused.mrope_axes.tolist() == test_qwen_vl.CONTIGUOUS and backend.vision.mrope
+    assert backend._gguf is not None and backend.info.input_modalities == ("text", "image") and backend.vision.mrope
+    if family != "qwen3_5":  # (the hybrid forward's rotary module reads the axes itself)
+        assert backend._fused.mrope_axes.tolist() == test_qwen_vl.AXES[family]
     pictures = [vision_model.picture(2, (60, 90)), vision_model.picture(3, (200, 40))]
     ids, media = expand(backend, test_qwen_vl.TWO, pictures)
     want_ids, want = vision_model.qwen_reference_logits(folder, test_qwen_vl.TWO, pictures)
@@ -165,16 +170,16 @@ def test_a_qwen2vl_file_is_read_whole_or_refused() -> None:
     """The ``qwen2vl`` header's rotary sections must split a head's frequencies into three axes."""
     from types import SimpleNamespace
 
-    from llmserve.plugins.backends.torch.gguf_config import qwen2vl_config
+    from llmserve.plugins.backends.torch.gguf_config import qwen_vl_config
 
     fields = {f"qwen2vl.{k}": v for k, v in {
         "attention.head_count": 4, "attention.head_count_kv": 2, "embedding_length": 64, "feed_forward_length": 128,
         "block_count": 2, "attention.layer_norm_rms_epsilon": 1e-6, "context_length": 4096, "rope.freq_base": 1e6,
         "rope.dimension_sections": (2, 3, 3, 0)}.items()}
     tensors = {"token_embd.weight": SimpleNamespace(shape=(64, 100))}
-    config = qwen2vl_config(SimpleNamespace(fields=fields, tensors=tensors))
+    config = qwen_vl_config(SimpleNamespace(fields=fields, tensors=tensors, architecture="qwen2vl"))
     assert config.mrope_axes == [0, 0, 1, 1, 1, 2, 2, 2] and config.tie_word_embeddings and config.vocab_size == 100
     for key, value in [("qwen2vl.rope.dimension_sections", (2, 3, 2, 0)), ("qwen2vl.rope.dimension_sections", None),
                        ("qwen2vl.block_count", None)]:
         with pytest.raises(ConfigError, match="qwen2vl"):
-            qwen2vl_config(SimpleNamespace(fields={**fields, key: value}, tensors=tensors))
+            qwen_vl_config(SimpleNamespace(fields={**fields, key: value}, tensors=tensors, architecture="qwen2vl"))

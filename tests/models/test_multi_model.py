@@ -260,8 +260,10 @@ def test_cached_models_are_served_and_an_idle_one_unloads_and_gives_the_memory_b
         # Idle for --idle-unload-seconds: unloaded without a request asking, and its weights leave the process.
         assert wait_for(lambda: loaded(own.url)["org/big"] is False), own.log
         assert wait_for(lambda: "model org/big unloaded" in own.log), own.log  # logged once its engine stopped
-        after = rss(own)
-        assert after < loaded_rss - 0.6 * grown, (before, loaded_rss, after)
+        # Most of the 56 MB of weights leave (not all that came in: the allocator keeps some of the
+        # rest, how much varies by run; CI has read 55 and 66 of 111-121 MB returned). Trimming
+        # happens after the log line on a worker thread, so the reading waits for it, bounded.
+        assert wait_for(lambda: loaded_rss - rss(own) > 40 * 2**20, 30), (before, loaded_rss, rss(own))
         assert loaded(own.url) == {"thinker": True, "org/big": False}  # the default model stays
     finally:
         own.stop()

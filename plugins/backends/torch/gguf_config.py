@@ -1,7 +1,7 @@
 """What transformers' GGUF mapping leaves out of a model's config, read from the file's header as
 llama.cpp reads it: head sizes, expert sizes, Gemma 3's query scale and local RoPE, gpt-oss's
 window and YaRN, and Llama 3.1's RoPE scaling stored as a tensor (``rope_freqs.weight``); and the
-whole config of the architectures it does not know (the hybrids, LFM2, Qwen2-VL's language model).
+whole config of the architectures it does not know (the hybrids, LFM2, the Qwen-VL language models).
 
 ``f`` below is ``gguf_model._File``: its ``architecture``, ``fields`` (metadata by key) and
 ``vector(name)`` (a 1-D tensor as fp32).
@@ -149,6 +149,11 @@ def hybrid_config(header: Any) -> Any:
     if arch == "qwen35" or (arch == "qwen3next" and mlp["mlp_only_layers"]):
         mlp["intermediate_size"] = int(need("feed_forward_length"))
     model_type = {"qwen35": "qwen3_5_text", "qwen35moe": "qwen3_5_moe_text", "qwen3next": "qwen3_next"}[arch]
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": float(need("rope.freq_base")),
+                            "partial_rotary_factor": int(need("rope.dimension_count")) / head_dim}
+    sections = [int(n) for n in f.get(f"{arch}.rope.dimension_sections") or ()]
+    if sections:  # Qwen3.5's rotary reads three position axes, interleaved (its images: gguf_vision.py)
+        rope |= {"mrope_section": sections[:3], "mrope_interleaved": True}
     config = AutoConfig.for_model(
         model_type, vocab_size=int(t["token_embd.weight"].shape[-1]), hidden_size=int(need("embedding_length")),
         num_hidden_layers=layers, num_attention_heads=int(need("attention.head_count")),
@@ -158,13 +163,14 @@ def hybrid_config(header: Any) -> Any:
         linear_conv_kernel_dim=int(need("ssm.conv_kernel")), linear_key_head_dim=int(need("ssm.state_size")),
         linear_num_key_heads=int(need("ssm.group_count")), linear_num_value_heads=value_heads,
         linear_value_head_dim=int(need("ssm.inner_size")) // value_heads,
-        rope_parameters={"rope_type": "default", "rope_theta": float(need("rope.freq_base")),
-                         "partial_rotary_factor": int(need("rope.dimension_count")) / head_dim},
+        rope_parameters=rope,
         tie_word_embeddings="output.weight" not in t,
         bos_token_id=f.get("tokenizer.ggml.bos_token_id"), eos_token_id=f.get("tokenizer.ggml.eos_token_id"),
         pad_token_id=f.get("tokenizer.ggml.padding_token_id"), **mlp)
     config.architectures = [{"qwen35": "Qwen3_5ForCausalLM", "qwen35moe": "Qwen3_5MoeForCausalLM",
                              "qwen3next": "Qwen3NextForCausalLM"}[arch]]
+    if sections:
+        config.mrope_section = sections[:3]
     return config
 
 
@@ -203,39 +209,53 @@ def lfm2_config(header: Any) -> Any:
     return config
 
 
-def qwen2vl_config(header: Any) -> Any:
-    """The config of a ``qwen2vl`` file (the language model of Qwen2-VL and Qwen2.5-VL as llama.cpp's
-    converter writes it; transformers' GGUF reading does not know it): a Qwen2 decoder whose rotary
-    frequencies read three position axes, ``rope.dimension_sections`` of them each, in contiguous
-    runs (time, rows, columns): ``mrope_axes`` names each frequency's axis for the fused forward
-    (``mrope.frequency_axes``). Text alone reads the same axis thrice: plain RoPE."""
-    from transformers import Qwen2Config
+def mrope_axes(sections: list[int], interleaved: bool) -> list[int]:
+    """Each rotary frequency's position axis (0 time, 1 rows, 2 columns) for a GGUF file's
+    ``rope.dimension_sections``: contiguous runs of that many (llama.cpp's M-RoPE, Qwen2-VL), or
+    interleaved (its I-M-RoPE, Qwen3-VL and Qwen3.5: frequency i reads rows when i % 3 == 1 and
+    columns when i % 3 == 2, within three times those axes' sections; time otherwise)."""
+    t, h, w = sections[:3]
+    if not interleaved:
+        return [0] * t + [1] * h + [2] * w
+    return [1 if i % 3 == 1 and i < 3 * h else 2 if i % 3 == 2 and i < 3 * w else 0 for i in range(t + h + w)]
 
-    f, t = header.fields, header.tensors
+
+def qwen_vl_config(header: Any) -> Any:
+    """The config of a ``qwen2vl`` or ``qwen3vl`` file (the language model of Qwen2-VL / Qwen2.5-VL,
+    a Qwen2 decoder, or of Qwen3-VL, a Qwen3 one, as llama.cpp's converter writes them; transformers'
+    GGUF reading knows neither), whose rotary frequencies read three position axes,
+    ``rope.dimension_sections`` of them each: ``mrope_axes`` names each frequency's axis for the
+    fused forward (``mrope.frequency_axes``), ``mrope_section`` keeps the sections. Text alone reads
+    the same position on every axis: plain RoPE."""
+    from transformers import Qwen2Config, Qwen3Config
+
+    f, t, arch = header.fields, header.tensors, header.architecture
 
     def need(key: str) -> Any:
-        if f.get(f"qwen2vl.{key}") is None:
-            raise ConfigError(f"GGUF file lacks qwen2vl.{key}; it is not a complete qwen2vl model")
-        return f[f"qwen2vl.{key}"]
+        if f.get(f"{arch}.{key}") is None:
+            raise ConfigError(f"GGUF file lacks {arch}.{key}; it is not a complete {arch} model")
+        return f[f"{arch}.{key}"]
 
     heads, hidden = int(need("attention.head_count")), int(need("embedding_length"))
+    head_dim = int(f.get(f"{arch}.attention.key_length") or hidden // heads)
     sections = [int(n) for n in need("rope.dimension_sections")]
-    if sum(sections) * 2 != hidden // heads or any(sections[3:]):
-        raise ConfigError(f"GGUF file's qwen2vl.rope.dimension_sections {sections} do not split the "
-                          f"{hidden // heads // 2} rotary frequencies of a head into time, rows and columns")
-    config = Qwen2Config(
+    if sum(sections) * 2 != head_dim or any(sections[3:]):
+        raise ConfigError(f"GGUF file's {arch}.rope.dimension_sections {sections} do not split the {head_dim // 2} "
+                          "rotary frequencies of a head into time, rows and columns")
+    qwen3 = arch == "qwen3vl"
+    config = (Qwen3Config if qwen3 else Qwen2Config)(
         vocab_size=int(t["token_embd.weight"].shape[-1]), hidden_size=hidden,
         intermediate_size=int(need("feed_forward_length")), num_hidden_layers=int(need("block_count")),
         num_attention_heads=heads, num_key_value_heads=int(need("attention.head_count_kv")),
         rms_norm_eps=float(need("attention.layer_norm_rms_epsilon")),
         max_position_embeddings=int(need("context_length")),
         rope_parameters={"rope_type": "default", "rope_theta": float(need("rope.freq_base"))},
-        tie_word_embeddings="output.weight" not in t,
+        tie_word_embeddings="output.weight" not in t, **({"head_dim": head_dim} if qwen3 else {}),
         bos_token_id=f.get("tokenizer.ggml.bos_token_id"), eos_token_id=f.get("tokenizer.ggml.eos_token_id"),
         pad_token_id=f.get("tokenizer.ggml.padding_token_id"))
     config.mrope_section = sections[:3]
-    config.mrope_axes = [axis for axis, n in enumerate(sections[:3]) for _ in range(n)]
-    config.architectures = ["Qwen2ForCausalLM"]
+    config.mrope_axes = mrope_axes(sections, interleaved=qwen3)
+    config.architectures = ["Qwen3ForCausalLM" if qwen3 else "Qwen2ForCausalLM"]
     return config
 
 
@@ -244,6 +264,6 @@ def qwen2vl_config(header: Any) -> Any:
 # None; the config maker).
 OWN_CONFIGS: dict[str, tuple[str | None, Callable[[Any], Any]]] = {
     **{arch: ("qwen3", hybrid_config) for arch in ("qwen35", "qwen35moe", "qwen3next")}, "lfm2": (None, lfm2_config),
-    "qwen2vl": ("qwen2", qwen2vl_config)}
+    "qwen2vl": ("qwen2", qwen_vl_config), "qwen3vl": ("qwen3", qwen_vl_config)}
 # GGUF architectures whose weights transformers' GGUF conversion cannot read.
 UNCONVERTIBLE = {"gpt-oss", "qwen35", "qwen35moe", "qwen3next"}

@@ -24,16 +24,19 @@ from .loader import publish_dir, read_gguf
 log = logging.getLogger("llmserve.backend.torch")
 
 _METADATA_DIR = "gguf-metadata"
+#: Part of every cache key: raised when the configs written here change, so no stale one is read
+#: (2: the Qwen-VL and Qwen3.5 files' rotary sections).
+_CONFIG_VERSION = 2
 
 
 def _header_key(path: str, fields_end: int, names: list[str]) -> str:
     """sha256 of what transformers derives the config and tokenizer from: the metadata's bytes,
     the tensors' names (tied embeddings are read from them; their types and offsets are not
-    read, so files that differ only in how their tensors are quantized share one entry) and the
-    transformers version that converts them."""
+    read, so files that differ only in how their tensors are quantized share one entry), the
+    transformers version that converts them and the version of the configs written here."""
     import transformers
 
-    digest = hashlib.sha256(transformers.__version__.encode())
+    digest = hashlib.sha256(f"{transformers.__version__}\n{_CONFIG_VERSION}".encode())
     digest.update("\n".join(sorted(names)).encode())
     with open(path, "rb") as fh:
         remaining = fields_end

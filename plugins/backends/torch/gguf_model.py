@@ -44,7 +44,7 @@ log = logging.getLogger("llmserve.backend.torch")
 # GGUF architectures the fused decoder runs (llama.cpp files Mistral models as "llama").
 # GGUF architectures of hybrid decoders (``fused_hybrid.HybridDecoder``; ``gguf_hybrid.HybridMapper``).
 HYBRID = {"qwen35", "qwen35moe", "qwen3next", "lfm2"}
-ARCHITECTURES = {"llama", "qwen2", "qwen2vl", "qwen3", "qwen3moe", "gemma3", "gpt-oss", *HYBRID}
+ARCHITECTURES = {"llama", "qwen2", "qwen2vl", "qwen3", "qwen3vl", "qwen3moe", "gemma3", "gpt-oss", *HYBRID}
 # transformers' projection name -> the GGUF tensor name within block N.
 _PROJECTIONS = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output",
                 "gate": "ffn_gate", "up": "ffn_up", "down": "ffn_down"}

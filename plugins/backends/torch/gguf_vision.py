@@ -5,7 +5,8 @@ weights) and the transformers processor that header describes, so that a GGUF vi
 the image path of a Hugging Face folder (``vision.py``) while its language model runs from the
 text GGUF on the native path. Families: ``idefics3`` (SmolVLM, Idefics3), ``gemma3`` (Gemma 3),
 ``qwen2vl_merger`` and ``qwen2.5vl_merger`` (Qwen2-VL and Qwen2.5-VL, whose language model is a
-``qwen2vl`` text GGUF: positions along three axes, ``mrope.py``).
+``qwen2vl`` text GGUF: positions along three axes, ``mrope.py``), ``qwen3vl_merger`` (Qwen3-VL with
+its ``qwen3vl`` text GGUF, and Qwen3.5 with its hybrid ``qwen35``/``qwen35moe`` one).
 """
 
 from __future__ import annotations
@@ -158,32 +159,52 @@ def _gemma3(f: GGUFFile, text_config: Any, tokenizer: Any) -> tuple[Any, Any]:
     return model, ImageSequenceProcessor(images, tokenizer, "<start_of_image>", sequence)
 
 
-# The Qwen-VL towers' layers by llama.cpp's names (Qwen2-VL: LayerNorms and fc1/fc2; Qwen2.5-VL:
-# RMSNorms and a gated MLP); the attention's q, k and v are one qkv projection in transformers.
+# The Qwen-VL towers' modules by llama.cpp's names, per generation: Qwen2-VL's LayerNorms and
+# fc1/fc2, Qwen2.5-VL's RMSNorms and gated MLP, Qwen3-VL's (and Qwen3.5's) LayerNorms, linear_fc1/2,
+# a learned position embedding and the deepstack mergers; q, k and v are one qkv in transformers
+# (stored apart for Qwen2/2.5-VL, as one ``attn_qkv`` for Qwen3-VL).
 _QWEN_LAYER = {"attn_out": "attn.proj", "ln1": "norm1", "ln2": "norm2", "ffn_gate": "mlp.gate_proj",
-               "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
-_QWEN_TOP = {"v.post_ln": "merger.ln_q", "mm.0": "merger.mlp.0", "mm.2": "merger.mlp.2"}
+               "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj", "attn_qkv": "attn.qkv"}
+_QWEN_STYLES = {
+    "qwen2": ({**_QWEN_LAYER, "ffn_up": "mlp.fc1", "ffn_down": "mlp.fc2"},
+              {"v.post_ln": "merger.ln_q", "mm.0": "merger.mlp.0", "mm.2": "merger.mlp.2"}),
+    "qwen2.5": (_QWEN_LAYER, {"v.post_ln": "merger.ln_q", "mm.0": "merger.mlp.0", "mm.2": "merger.mlp.2"}),
+    "qwen3": ({**_QWEN_LAYER, "ffn_up": "mlp.linear_fc1", "ffn_down": "mlp.linear_fc2"},
+              {"v.post_ln": "merger.norm", "mm.0": "merger.linear_fc1", "mm.2": "merger.linear_fc2",
+               "v.position_embd": "pos_embed", "v.patch_embd": "patch_embed.proj"}),
+}
+_DEEPSTACK = {"norm": "norm", "fc1": "linear_fc1", "fc2": "linear_fc2"}
 
 
-def _qwen_tower_weights(weights: dict[str, torch.Tensor], gated: bool) -> dict[str, torch.Tensor]:
+def _qwen_tower_weights(weights: dict[str, torch.Tensor], style: str, deepstack: list[int]) -> dict[str, torch.Tensor]:
     """A Qwen-VL vision tower's state dict from a projector file's tensors: the patch embedding's
     two temporal frames (stored as two 2-D convolutions) stacked back into one 3-D one, q, k and v
-    joined into qkv."""
+    joined into qkv, a deepstack merger's absolute layer index back to its place in ``deepstack``."""
+    layer, top = _QWEN_STYLES[style]
     out = {"patch_embed.proj.weight": torch.stack((weights["v.patch_embd.weight"], weights["v.patch_embd.weight.1"]),
                                                   2)}
-    layer = _QWEN_LAYER if gated else {**_QWEN_LAYER, "ffn_up": "mlp.fc1", "ffn_down": "mlp.fc2"}
     for name, value in weights.items():
         stem, kind = name.rsplit(".", 1)
         parts = stem.split(".")
-        if stem in _QWEN_TOP:
-            out[f"{_QWEN_TOP[stem]}.{kind}"] = value
+        if stem in top and name != "v.patch_embd.weight":
+            out[f"{top[stem]}.{kind}"] = value
         elif len(parts) == 4 and parts[:2] == ["v", "blk"] and parts[3] in layer:
             out[f"blocks.{parts[2]}.{layer[parts[3]]}.{kind}"] = value
         elif len(parts) == 4 and parts[:2] == ["v", "blk"] and parts[3] == "attn_q":
             blk = f"v.blk.{parts[2]}"
             out[f"blocks.{parts[2]}.attn.qkv.{kind}"] = torch.cat(
                 [weights[f"{blk}.attn_{x}.{kind}"] for x in "qkv"])
+        elif len(parts) == 4 and parts[:2] == ["v", "deepstack"] and int(parts[2]) in deepstack:
+            out[f"deepstack_merger_list.{deepstack.index(int(parts[2]))}.{_DEEPSTACK[parts[3]]}.{kind}"] = value
     return out
+
+
+def _sections(text_config: Any) -> list[int]:
+    """The language model's rotary sections (time, rows, columns) from its text GGUF's header."""
+    sections = getattr(text_config, "mrope_section", None)
+    if not sections:
+        raise ValueError("the language model's file gives no rope.dimension_sections: its positions have one axis")
+    return list(sections)
 
 
 def _qwen_vl(f: GGUFFile, text_config: Any, tokenizer: Any) -> tuple[Any, Any]:
@@ -221,12 +242,12 @@ def _qwen_vl(f: GGUFFile, text_config: Any, tokenizer: Any) -> tuple[Any, Any]:
                                  "vision_start_token_id": "<|vision_start|>",
                                  "vision_end_token_id": "<|vision_end|>"}, "Qwen-VL")
     text = {k: v for k, v in text_config.to_dict().items() if k not in ("model_type", "architectures", "mrope_axes")}
-    text["rope_parameters"] = {**text_config.rope_parameters, "mrope_section": list(text_config.mrope_section)}
+    text["rope_parameters"] = {**text_config.rope_parameters, "mrope_section": _sections(text_config)}
     config = (Qwen2_5_VLConfig if v25 else Qwen2VLConfig)(text_config=text, vision_config=vision, **ids)
     tower = (Qwen2_5_VisionTransformerPretrainedModel if v25
              else Qwen2VisionTransformerPretrainedModel)(config.vision_config)
     model = _assemble(Qwen2_5_VLModel if v25 else Qwen2VLModel, config,
-                      {"visual": (tower, _qwen_tower_weights(weights, v25))})
+                      {"visual": (tower, _qwen_tower_weights(weights, "qwen2.5" if v25 else "qwen2", []))})
     min_pixels = int(h.get("clip.vision.image_min_pixels") or 56 * 56)
     max_pixels = int(h.get("clip.vision.image_max_pixels") or 28 * 28 * 1280)
     images = Qwen2VLImageProcessorPil(
@@ -237,9 +258,63 @@ def _qwen_vl(f: GGUFFile, text_config: Any, tokenizer: Any) -> tuple[Any, Any]:
     return model, ImageTokenProcessor(images, tokenizer, token, count, merge)
 
 
+def _qwen3_vl(f: GGUFFile, text_config: Any, tokenizer: Any) -> tuple[Any, Any]:
+    """Qwen3-VL and Qwen3.5 (``qwen3vl_merger``): 16-pixel patches of two frames with a learned
+    position embedding, merged 2 x 2 into one token; Qwen3-VL's features from inner layers
+    (``is_deepstack_layers``) added to the image tokens after the language model's first layers.
+    The language model (a ``qwen3vl`` file, or Qwen3.5's hybrid ``qwen35``/``qwen35moe``) reads
+    positions along three axes with its rotary frequencies interleaved."""
+    from transformers import (Qwen3_5Config, Qwen3_5Model, Qwen3_5MoeConfig, Qwen3_5MoeModel, Qwen3VLConfig,
+                              Qwen3VLModel, Qwen2VLImageProcessorPil)
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5VisionModel
+    from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeVisionModel
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
+
+    from .image_tokens import FAMILIES, ImageTokenProcessor
+
+    h = f.fields
+    weights = _tensors(f)
+    depth, patch = int(h["clip.vision.block_count"]), int(h["clip.vision.patch_size"])
+    merge = int(h.get("clip.vision.spatial_merge_size") or 2)
+    deepstack = [i for i, on in enumerate(h.get("clip.vision.is_deepstack_layers") or ()) if on]
+    vision = {"depth": depth, "hidden_size": int(h["clip.vision.embedding_length"]),
+              "intermediate_size": int(h["clip.vision.feed_forward_length"]),
+              "num_heads": int(h["clip.vision.attention.head_count"]), "patch_size": patch,
+              "spatial_merge_size": merge, "temporal_patch_size": 2,
+              "out_hidden_size": int(h["clip.vision.projection_dim"]),
+              "num_position_embeddings": int(weights["v.position_embd.weight"].shape[0])}
+    kind = getattr(text_config, "model_type", "")
+    config_class, model_class, tower_class, family = {
+        "qwen3_5_text": (Qwen3_5Config, Qwen3_5Model, Qwen3_5VisionModel, "qwen3_5"),
+        "qwen3_5_moe_text": (Qwen3_5MoeConfig, Qwen3_5MoeModel, Qwen3_5MoeVisionModel, "qwen3_5_moe"),
+    }.get(kind, (Qwen3VLConfig, Qwen3VLModel, Qwen3VLVisionModel, "qwen3_vl"))
+    if family == "qwen3_vl":
+        vision["deepstack_visual_indexes"] = deepstack
+    elif deepstack:
+        raise ValueError("Qwen3.5's vision tower has no deepstack layers")
+    ids = _token_ids(tokenizer, {"image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>",
+                                 "vision_start_token_id": "<|vision_start|>",
+                                 "vision_end_token_id": "<|vision_end|>"}, "Qwen-VL")
+    text = {k: v for k, v in text_config.to_dict().items() if k not in ("model_type", "architectures", "mrope_axes")}
+    text["rope_parameters"] = {**text_config.rope_parameters, "mrope_section": _sections(text_config),
+                               "mrope_interleaved": True}
+    config = config_class(text_config=text, vision_config=vision, **ids)
+    tower = tower_class(config.vision_config)
+    model = _assemble(model_class, config, {"visual": (tower, _qwen_tower_weights(weights, "qwen3", deepstack))})
+    unit = (patch * merge) ** 2  # pixels per image token
+    images = Qwen2VLImageProcessorPil(
+        patch_size=patch, temporal_patch_size=2, merge_size=merge,
+        image_mean=list(h["clip.vision.image_mean"]), image_std=list(h["clip.vision.image_std"]),
+        size={"shortest_edge": int(h.get("clip.vision.image_min_pixels") or unit * 4),
+              "longest_edge": int(h.get("clip.vision.image_max_pixels") or unit * 1280)})
+    token, count = FAMILIES[family]
+    return model, ImageTokenProcessor(images, tokenizer, token, count, merge)
+
+
 # clip.projector_type -> the builder of (a module with transformers' get_image_features, the processor)
 PROJECTORS: dict[str, Callable[[GGUFFile, Any, Any], tuple[Any, Any]]] = {
-    "idefics3": _idefics3, "gemma3": _gemma3, "qwen2vl_merger": _qwen_vl, "qwen2.5vl_merger": _qwen_vl}
+    "idefics3": _idefics3, "gemma3": _gemma3, "qwen2vl_merger": _qwen_vl, "qwen2.5vl_merger": _qwen_vl,
+    "qwen3vl_merger": _qwen3_vl}
 
 
 def load_mmproj(path: str, text_config: Any, tokenizer: Any) -> tuple[Any, Any]:

@@ -34,7 +34,7 @@ def frequency_axes(model: Any, rotary: Any, head_dim: int, device: torch.device)
     axis). Token k of the probe sits at position 1 on axis k and 0 on the others: the dimensions
     whose sine moves for it read axis k."""
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    stated = getattr(cfg, "mrope_axes", None)  # a GGUF file's contiguous sections (gguf_config.qwen2vl_config)
+    stated = getattr(cfg, "mrope_axes", None)  # a GGUF file's sections (gguf_config.qwen_vl_config)
     if stated is not None:
         axes = torch.tensor(list(stated), dtype=torch.long, device=device)
         return torch.cat((axes, axes)) if axes.numel() * 2 == head_dim else axes
