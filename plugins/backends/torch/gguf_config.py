@@ -113,6 +113,18 @@ def _gpt_oss_config(config: Any, fields: dict[str, Any]) -> None:
     config.rope_parameters = rope
 
 
+def _need(header: Any) -> Callable[[str], Any]:
+    """``need(key)``: the header's ``{architecture}.{key}``, or a ConfigError naming the key missing."""
+    f, arch = header.fields, header.architecture
+
+    def need(key: str) -> Any:
+        if f.get(f"{arch}.{key}") is None:
+            raise ConfigError(f"GGUF file lacks {arch}.{key}; it is not a complete {arch} model")
+        return f[f"{arch}.{key}"]
+
+    return need
+
+
 def hybrid_config(header: Any) -> Any:
     """The config of a ``qwen35``, ``qwen35moe`` or ``qwen3next`` file (Qwen3.5's text model,
     dense or MoE, and Qwen3-Next), which transformers' GGUF reading does not know, from its
@@ -125,11 +137,7 @@ def hybrid_config(header: Any) -> Any:
     from transformers import AutoConfig
 
     f, t, arch = header.fields, header.tensors, header.architecture
-
-    def need(key: str) -> Any:
-        if f.get(f"{arch}.{key}") is None:
-            raise ConfigError(f"GGUF file lacks {arch}.{key}; it is not a complete {arch} model")
-        return f[f"{arch}.{key}"]
+    need = _need(header)
 
     layers, head_dim = int(need("block_count")), int(need("attention.key_length"))
     kinds = ["linear_attention" if f"blk.{i}.ssm_a" in t else "full_attention" for i in range(layers)]
@@ -182,11 +190,7 @@ def lfm2_config(header: Any) -> Any:
     from transformers import AutoConfig
 
     f, t = header.fields, header.tensors
-
-    def need(key: str) -> Any:
-        if f.get(f"lfm2.{key}") is None:
-            raise ConfigError(f"GGUF file lacks lfm2.{key}; it is not a complete lfm2 model")
-        return f[f"lfm2.{key}"]
+    need = _need(header)
 
     layers = int(need("block_count"))
     kv = need("attention.head_count_kv")
@@ -230,11 +234,7 @@ def qwen_vl_config(header: Any) -> Any:
     from transformers import Qwen2Config, Qwen3Config
 
     f, t, arch = header.fields, header.tensors, header.architecture
-
-    def need(key: str) -> Any:
-        if f.get(f"{arch}.{key}") is None:
-            raise ConfigError(f"GGUF file lacks {arch}.{key}; it is not a complete {arch} model")
-        return f[f"{arch}.{key}"]
+    need = _need(header)
 
     heads, hidden = int(need("attention.head_count")), int(need("embedding_length"))
     head_dim = int(f.get(f"{arch}.attention.key_length") or hidden // heads)
