@@ -27,6 +27,7 @@ import torch
 
 from llmserve import InvalidRequestError, MediaInput, StepItem, image_digest
 
+from . import image_batch
 from .mrope import uses_mrope
 
 log = logging.getLogger("llmserve.backend.torch")
@@ -173,24 +174,59 @@ class VisionInputs:
             return cached
         # A picture seen before comes without its pixel inputs: processed here, once more.
         tensors = data.tensors if data.tensors is not None else self._process(data.image, "image")[1]
-        inputs = {k: v.to(self.device) for k, v in tensors.items()}
-        out = self.model.get_image_features(**inputs, return_dict=True)
-        pooled = out.pooler_output
-        levels = [pooled, *(getattr(out, "deepstack_features", None) or ())]
-        feats = torch.stack([torch.cat([f.reshape(-1, f.shape[-1]) for f in level])
-                             if isinstance(level, (list, tuple)) else level.reshape(-1, level.shape[-1])
-                             for level in levels])
+        feats = self._tower(tensors)
         if feats.shape[1] != data.positions.numel():
             raise RuntimeError(f"the vision tower gave {feats.shape[1]} image tokens for {data.positions.numel()} "
                                "placeholders")
-        data.tensors = None  # the features are cached; the picture stays, should they be evicted
+        self._keep(item, feats)
+        return feats
+
+    def _tower(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+        """``[levels, image tokens, hidden]`` of one vision-tower call (one picture or several)."""
+        out = self.model.get_image_features(**{k: v.to(self.device) for k, v in tensors.items()}, return_dict=True)
+        levels = [out.pooler_output, *(getattr(out, "deepstack_features", None) or ())]
+        return torch.stack([torch.cat([f.reshape(-1, f.shape[-1]) for f in level])
+                            if isinstance(level, (list, tuple)) else level.reshape(-1, level.shape[-1])
+                            for level in levels])
+
+    def _keep(self, item: MediaInput, feats: torch.Tensor) -> None:
+        """Count an encoded picture and keep its features in the encoder cache."""
+        item.data.tensors = None  # the features are cached; the picture stays, should they be evicted
         self.encoded += 1
         self._cache[item.digest] = feats
         self._cache_bytes += feats.numel() * feats.element_size()
         while self._cache_bytes > ENCODER_CACHE_BYTES and len(self._cache) > 1:
             _, old = self._cache.popitem(last=False)
             self._cache_bytes -= old.numel() * old.element_size()
-        return feats
+
+    def encode_together(self, items: list[MediaInput]) -> dict[str, torch.Tensor]:
+        """By digest, the features of those of ``items`` (a step's images) that the encoder cache
+        lacks and whose pixel inputs join (``image_batch``): each group encoded in one call, and
+        kept. The others are left to ``features``, one by one."""
+        todo: dict[str, MediaInput] = {}
+        for item in items:
+            if item.digest not in self._cache and item.data.tensors is not None:
+                todo.setdefault(item.digest, item)
+        if len(todo) < 2:
+            return {}
+        pending = list(todo.values())
+        out: dict[str, torch.Tensor] = {}
+        for group in image_batch.groups([it.data.tensors for it in pending]):
+            members = [pending[i] for i in group]
+            joined = image_batch.join([it.data.tensors for it in members]) if len(members) > 1 else None
+            if joined is None:
+                continue
+            feats = self._tower(joined)
+            sizes = [it.data.positions.numel() for it in members]
+            if feats.shape[1] != sum(sizes):  # not this family's way: one by one, in features()
+                log.debug("joined images gave %d tokens for %d: encoding them apart", feats.shape[1], sum(sizes))
+                continue
+            for it, part in zip(members, feats.split(sizes, 1)):
+                it.data.looked_up = True  # a query the cache missed
+                self.encoder_queries += 1
+                self._keep(it, part.contiguous())
+                out[it.digest] = self._cache[it.digest]
+        return out
 
     def eager(self, batch: list[StepItem]) -> bool:
         """Whether the step must run eagerly (no CUDA graph): it feeds an image's rows, or a
@@ -202,7 +238,7 @@ class VisionInputs:
         """(rows of the packed step in order, their image features ``[levels, rows, hidden]``) for
         every image token fed this step."""
         rows: list[torch.Tensor] = []
-        values: list[torch.Tensor] = []
+        wanted: list[tuple[MediaInput, torch.Tensor]] = []
         for it, row in zip(batch, first_row):
             lo, hi = it.start_pos, it.start_pos + len(it.token_ids)
             for item in it.media:
@@ -213,9 +249,21 @@ class VisionInputs:
                 if not bool(inside.any()):
                     continue
                 rows.append(positions[inside] - lo + row)
-                values.append(self.features(item)[:, inside.to(self.device)])
+                wanted.append((item, inside))
         if not rows:
             return None
+        fresh = self.encode_together([item for item, _ in wanted])  # new images of several requests, one call
+        values: list[torch.Tensor] = []
+        for item, inside in wanted:
+            feats = fresh.get(item.digest)
+            if feats is None:
+                feats = self.features(item)
+            elif not item.data.looked_up:  # the same picture in another request: the cache held it by then
+                item.data.looked_up = True
+                self.encoder_queries += 1
+                self.encoder_hits += 1
+                self.hits += 1
+            values.append(feats[:, inside.to(self.device)])
         # In row order: decode rows are packed before prefill chunks, whatever the batch's order.
         at = torch.cat(rows).to(self.device)
         order = at.argsort()
