@@ -9,6 +9,9 @@ once under ~/.cache/llmserve/bench-models by tests/vision_model.py):
 - ``qwen2.5-vl-3b``: Qwen2.5-VL-3B-Instruct's (a 32-layer windowed vision tower of 14-pixel
   patches merged 2x2, a 36-layer Qwen2 language model with positions along three axes): one image
   token per 28x28 pixels (1024x768: 1014 tokens).
+- ``gemma3-4b``: Gemma 3 4B's (a 27-layer SigLIP so400m tower at 896 pixels, its 4096 patches
+  pooled into 256 image tokens that attend to each other both ways; a 34-layer Gemma 3 language
+  model), made in bfloat16 and converted to F16 files (F32 ones would not fit beside it on disk).
  The encode time is the
 vision tower and projector in-process (median of three, the encoder cache bypassed); the served
 numbers come from streamed chat completions, one request at a time: ``new image`` sends a
@@ -40,13 +43,40 @@ from serve_bench import free_port, start, stop
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+import vision_gemma3  # tests/vision_gemma3.py: Gemma 3's
 import vision_model  # tests/vision_model.py: the model and picture makers
 
 QUESTION = "Describe the picture in detail."
 MODELS = Path(os.path.expanduser("~/.cache/llmserve/bench-models"))
 
 
-WRITERS = {"smolvlm-256m": vision_model.write_idefics3, "qwen2.5-vl-3b": vision_model.write_qwen2_5_vl}
+WRITERS = {"smolvlm-256m": vision_model.write_idefics3, "qwen2.5-vl-3b": vision_model.write_qwen2_5_vl,
+           "gemma3-4b": lambda path, shape: hub_layout(vision_gemma3.write_gemma3(path, shape=shape,
+                                                                                  dtype="bfloat16"))}
+# The converter's output type per shape (F32 unless the files would not fit).
+OUTTYPES = {"gemma3-4b": "f16"}
+
+
+def hub_layout(path: str) -> str:
+    """A Gemma 3 folder's vision tower under the names its Hub checkpoints use
+    (``vision_tower.vision_model.``), which llama.cpp's converter reads; transformers reads both."""
+    from safetensors.torch import load_file, save_file
+
+    index = Path(path) / "model.safetensors.index.json"
+    files = sorted({*json.loads(index.read_text())["weight_map"].values()}) if index.exists() else ["model.safetensors"]
+    rename = {}
+    for name in files:
+        tensors = load_file(str(Path(path) / name))
+        moved = {("vision_tower.vision_model." + k.removeprefix("vision_tower.")
+                  if k.startswith("vision_tower.") and not k.startswith("vision_tower.vision_model.") else k): v
+                 for k, v in tensors.items()}
+        rename |= {k: new for k, new in zip(tensors, moved) if k != new}
+        save_file(moved, str(Path(path) / name), metadata={"format": "pt"})
+    if index.exists():
+        data = json.loads(index.read_text())
+        data["weight_map"] = {rename.get(k, k): v for k, v in data["weight_map"].items()}
+        index.write_text(json.dumps(data, indent=2))
+    return path
 
 
 def model_dir(shape: str) -> str:
@@ -80,7 +110,8 @@ def encode_ms(path: str, size: tuple[int, int]) -> tuple[float, int]:
 def peer_files(tools: llama_cpp.LlamaCpp, path: str) -> tuple[Path, Path]:
     """(text GGUF, mmproj GGUF) of the folder, converted by llama.cpp's converter when missing."""
     out, name = Path(path).parent, Path(path).name
-    text, mmproj = out / f"{name}-F32.gguf", out / f"mmproj-{name}-F32.gguf"
+    outtype = OUTTYPES.get(name.removesuffix("-shape"), "f32")
+    text, mmproj = out / f"{name}-{outtype.upper()}.gguf", out / f"mmproj-{name}-{outtype.upper()}.gguf"
     converter_requirements()
     for target, extra in ((text, []), (mmproj, ["--mmproj"])):
         if target.exists():
@@ -88,7 +119,7 @@ def peer_files(tools: llama_cpp.LlamaCpp, path: str) -> tuple[Path, Path]:
         # The converter names an mmproj file itself (an "mmproj-" prefix): convert into a folder of its own.
         tmp = out / (target.name + ".partial")
         tmp.mkdir(exist_ok=True)
-        cmd = [sys.executable, str(tools.converter), path, "--outfile", str(tmp / "out.gguf"), "--outtype", "f32",
+        cmd = [sys.executable, str(tools.converter), path, "--outfile", str(tmp / "out.gguf"), "--outtype", outtype,
                *extra]
         print("converting: " + " ".join(cmd), flush=True)
         run_quietly(cmd, env=tools.converter_env())
@@ -180,7 +211,7 @@ def main() -> None:
     results = {name: measure(name, cmd, f"http://127.0.0.1:{port}", port, args.log_dir, size, args.requests,
                              args.max_tokens) for name, cmd in servers.items()}
     print(f"\n{args.shape} shape, fp32, CPU; {args.image_size} images; llmserve serves "
-          + ("the F32 GGUF and mmproj" if args.gguf else "the Hugging Face folder"))
+          + ("the GGUF and mmproj" if args.gguf else "the Hugging Face folder"))
     print("| server | request | prompt tokens | TTFT p50 (ms) | decode tok/s p50 |")
     print("|---|---|---|---|---|")
     for name, rows in results.items():
