@@ -207,16 +207,42 @@ def _sections(text_config: Any) -> list[int]:
     return list(sections)
 
 
+_QWEN_TOKENS = {"image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>",
+                "vision_start_token_id": "<|vision_start|>", "vision_end_token_id": "<|vision_end|>"}
+
+
+def _qwen_text(text_config: Any, interleaved: bool) -> dict[str, Any]:
+    """A Qwen-VL config's text part from the text GGUF's config, its rotary sections stated."""
+    text = {k: v for k, v in text_config.to_dict().items() if k not in ("model_type", "architectures", "mrope_axes")}
+    text["rope_parameters"] = {**text_config.rope_parameters, "mrope_section": _sections(text_config),
+                               **({"mrope_interleaved": True} if interleaved else {})}
+    return text
+
+
+def _qwen_processor(h: dict[str, Any], tokenizer: Any, family: str, patch: int, merge: int) -> Any:
+    """A Qwen-VL family's image-only processor from the header: pictures resized between its pixel
+    bounds (else 4 and 1,280 image tokens, transformers' Qwen2-VL defaults), the family's token rule."""
+    from transformers import Qwen2VLImageProcessorPil
+
+    from .image_tokens import FAMILIES, ImageTokenProcessor
+
+    unit = (patch * merge) ** 2  # pixels per image token
+    images = Qwen2VLImageProcessorPil(
+        patch_size=patch, temporal_patch_size=2, merge_size=merge,
+        image_mean=list(h["clip.vision.image_mean"]), image_std=list(h["clip.vision.image_std"]),
+        size={"shortest_edge": int(h.get("clip.vision.image_min_pixels") or unit * 4),
+              "longest_edge": int(h.get("clip.vision.image_max_pixels") or unit * 1280)})
+    token, count = FAMILIES[family]
+    return ImageTokenProcessor(images, tokenizer, token, count, merge)
+
+
 def _qwen_vl(f: GGUFFile, text_config: Any, tokenizer: Any) -> tuple[Any, Any]:
     """Qwen2-VL (``qwen2vl_merger``) and Qwen2.5-VL (``qwen2.5vl_merger``: windowed attention but in
     every ``n_wa_pattern``-th block, RMSNorms, a gated MLP): 14-pixel patches of two frames, merged
     2 x 2 into one token; the language model's positions along three axes (``mrope.py``)."""
-    from transformers import (Qwen2_5_VLConfig, Qwen2_5_VLModel, Qwen2VLConfig, Qwen2VLImageProcessorPil,
-                              Qwen2VLModel)
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLModel, Qwen2VLConfig, Qwen2VLModel
     from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
     from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
-
-    from .image_tokens import FAMILIES, ImageTokenProcessor
 
     h = f.fields
     v25 = h["clip.projector_type"] == "qwen2.5vl_merger"
@@ -238,24 +264,14 @@ def _qwen_vl(f: GGUFFile, text_config: Any, tokenizer: Any) -> tuple[Any, Any]:
             raise ValueError(f"the MLP's width {width} is not a multiple of the tower's {hidden}")
         vision = {**common, "embed_dim": hidden, "hidden_size": int(h["clip.vision.projection_dim"]),
                   "mlp_ratio": width // hidden}
-    ids = _token_ids(tokenizer, {"image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>",
-                                 "vision_start_token_id": "<|vision_start|>",
-                                 "vision_end_token_id": "<|vision_end|>"}, "Qwen-VL")
-    text = {k: v for k, v in text_config.to_dict().items() if k not in ("model_type", "architectures", "mrope_axes")}
-    text["rope_parameters"] = {**text_config.rope_parameters, "mrope_section": _sections(text_config)}
-    config = (Qwen2_5_VLConfig if v25 else Qwen2VLConfig)(text_config=text, vision_config=vision, **ids)
+    config = (Qwen2_5_VLConfig if v25 else Qwen2VLConfig)(
+        text_config=_qwen_text(text_config, interleaved=False), vision_config=vision,
+        **_token_ids(tokenizer, _QWEN_TOKENS, "Qwen-VL"))
     tower = (Qwen2_5_VisionTransformerPretrainedModel if v25
              else Qwen2VisionTransformerPretrainedModel)(config.vision_config)
     model = _assemble(Qwen2_5_VLModel if v25 else Qwen2VLModel, config,
                       {"visual": (tower, _qwen_tower_weights(weights, "qwen2.5" if v25 else "qwen2", []))})
-    min_pixels = int(h.get("clip.vision.image_min_pixels") or 56 * 56)
-    max_pixels = int(h.get("clip.vision.image_max_pixels") or 28 * 28 * 1280)
-    images = Qwen2VLImageProcessorPil(
-        patch_size=common["patch_size"], temporal_patch_size=2, merge_size=merge,
-        image_mean=list(h["clip.vision.image_mean"]), image_std=list(h["clip.vision.image_std"]),
-        size={"shortest_edge": min_pixels, "longest_edge": max_pixels})
-    token, count = FAMILIES[family]
-    return model, ImageTokenProcessor(images, tokenizer, token, count, merge)
+    return model, _qwen_processor(h, tokenizer, family, common["patch_size"], merge)
 
 
 def _qwen3_vl(f: GGUFFile, text_config: Any, tokenizer: Any) -> tuple[Any, Any]:
@@ -265,12 +281,10 @@ def _qwen3_vl(f: GGUFFile, text_config: Any, tokenizer: Any) -> tuple[Any, Any]:
     The language model (a ``qwen3vl`` file, or Qwen3.5's hybrid ``qwen35``/``qwen35moe``) reads
     positions along three axes with its rotary frequencies interleaved."""
     from transformers import (Qwen3_5Config, Qwen3_5Model, Qwen3_5MoeConfig, Qwen3_5MoeModel, Qwen3VLConfig,
-                              Qwen3VLModel, Qwen2VLImageProcessorPil)
+                              Qwen3VLModel)
     from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5VisionModel
     from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeVisionModel
     from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
-
-    from .image_tokens import FAMILIES, ImageTokenProcessor
 
     h = f.fields
     weights = _tensors(f)
@@ -292,23 +306,11 @@ def _qwen3_vl(f: GGUFFile, text_config: Any, tokenizer: Any) -> tuple[Any, Any]:
         vision["deepstack_visual_indexes"] = deepstack
     elif deepstack:
         raise ValueError("Qwen3.5's vision tower has no deepstack layers")
-    ids = _token_ids(tokenizer, {"image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>",
-                                 "vision_start_token_id": "<|vision_start|>",
-                                 "vision_end_token_id": "<|vision_end|>"}, "Qwen-VL")
-    text = {k: v for k, v in text_config.to_dict().items() if k not in ("model_type", "architectures", "mrope_axes")}
-    text["rope_parameters"] = {**text_config.rope_parameters, "mrope_section": _sections(text_config),
-                               "mrope_interleaved": True}
-    config = config_class(text_config=text, vision_config=vision, **ids)
+    config = config_class(text_config=_qwen_text(text_config, interleaved=True), vision_config=vision,
+                          **_token_ids(tokenizer, _QWEN_TOKENS, "Qwen-VL"))
     tower = tower_class(config.vision_config)
     model = _assemble(model_class, config, {"visual": (tower, _qwen_tower_weights(weights, "qwen3", deepstack))})
-    unit = (patch * merge) ** 2  # pixels per image token
-    images = Qwen2VLImageProcessorPil(
-        patch_size=patch, temporal_patch_size=2, merge_size=merge,
-        image_mean=list(h["clip.vision.image_mean"]), image_std=list(h["clip.vision.image_std"]),
-        size={"shortest_edge": int(h.get("clip.vision.image_min_pixels") or unit * 4),
-              "longest_edge": int(h.get("clip.vision.image_max_pixels") or unit * 1280)})
-    token, count = FAMILIES[family]
-    return model, ImageTokenProcessor(images, tokenizer, token, count, merge)
+    return model, _qwen_processor(h, tokenizer, family, patch, merge)
 
 
 # clip.projector_type -> the builder of (a module with transformers' get_image_features, the processor)

@@ -224,8 +224,8 @@ class VisionInputs:
             for it, part in zip(members, feats.split(sizes, 1)):
                 it.data.looked_up = True  # a query the cache missed
                 self.encoder_queries += 1
-                self._keep(it, part.contiguous())
-                out[it.digest] = self._cache[it.digest]
+                out[it.digest] = part = part.contiguous()
+                self._keep(it, part)
         return out
 
     def eager(self, batch: list[StepItem]) -> bool:
