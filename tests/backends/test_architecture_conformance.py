@@ -37,7 +37,7 @@ from llmserve.plugins.backends.torch import architectures
 from llmserve.plugins.backends.torch.architectures import FUSED, STATEFUL, VERIFIED
 from llmserve.plugins.backends.torch.loader import load_model
 from llmserve.plugins.backends.torch.options import TorchOptions
-from llmserve.plugins.backends.torch.runner import TorchBackend
+from llmserve.plugins.backends.torch.runner import OWN_FORWARDS, TorchBackend
 
 WINDOW = 8  # every windowed tiny model's sliding window: the long prompt crosses it several times
 PAD = 2     # t0 is the BOS, t1 the EOS, t2 the padding
@@ -61,6 +61,13 @@ TINY: dict[str, dict] = {
     "gemma": {},
     "gemma2": dict(SLIDING, attn_logit_softcapping=None, final_logit_softcapping=30.0, query_pre_attn_scalar=16),
     "gemma3_text": dict(SLIDING, layer_types=["sliding_attention", "full_attention"], query_pre_attn_scalar=16),
+    # Global layers of one 32-wide head whose keys are its values, the last two layers reading the first two's
+    # keys and values (the wider MLP there), per-layer embeddings, proportional RoPE on a quarter of each head.
+    "gemma4_text": dict(SLIDING, num_hidden_layers=4, global_head_dim=32, num_global_key_value_heads=1,
+                        attention_k_eq_v=True, num_kv_shared_layers=2, use_double_wide_mlp=True,
+                        hidden_size_per_layer_input=8, vocab_size_per_layer_input=VOCAB,
+                        final_logit_softcapping=30.0,
+                        layer_types=["sliding_attention", "full_attention"] * 2),
     "phi3": {},
     "olmo2": {},
     "olmo": {},
@@ -217,7 +224,7 @@ def test_the_lists_agree() -> None:
 
     assert set(TINY) == set(VERIFIED)
     assert len(VERIFIED) >= 20
-    assert set(FUSED) == fused._ARCHITECTURES and set(FUSED) <= set(VERIFIED)
+    assert set(FUSED) == fused._ARCHITECTURES | set(OWN_FORWARDS) and set(FUSED) <= set(VERIFIED)
     refused = set(STATEFUL) | set(architectures.UNSUPPORTED)
     assert not refused & set(VERIFIED) and not refused & set(architectures.HYBRID)
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
@@ -305,14 +312,6 @@ def test_a_stateful_layer_kind_is_refused_whatever_the_model_type(tmp_path) -> N
     path = tiny_dir_with(tmp_path, layer_types=["conv"])
     line = refusal(path, allow_unverified_architecture=True)
     assert "conv layers keep a convolution state outside the KV cache" in line
-
-
-def test_gemma4_is_refused_whatever_the_flag_says(tmp_path) -> None:
-    """Its global layers' heads are wider than its sliding layers' and some layers reuse another's
-    keys and values: one pool of one head size would answer wrong, so it is refused before loading."""
-    path = tiny_dir_with(tmp_path, model_type="gemma4_text", architectures=["Gemma4ForCausalLM"])
-    line = refusal(path, allow_unverified_architecture=True)
-    assert "'gemma4_text'" in line and "two head sizes" in line
 
 
 def test_a_model_type_transformers_does_not_know_is_refused(tmp_path) -> None:

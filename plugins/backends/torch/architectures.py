@@ -14,7 +14,8 @@ FLAG = "--allow-unverified-architecture"
 
 # The backend's own forward (fused.py) runs these when it recognises the layers exactly (a test
 # holds this to fused.py's own set); their transformers forward is verified as well.
-FUSED = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "phi3", "gemma3_text", "gpt_oss")
+FUSED = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "phi3", "gemma3_text", "gpt_oss",
+         "gemma4_text")
 
 # model_type -> what its tiny model in the conformance test exercises beyond a plain decoder.
 # Each one's greedy continuations equal transformers' generate alone, four requests at once, past
@@ -30,6 +31,8 @@ VERIFIED: dict[str, str] = {
     "gemma": "scaled embeddings, GeLU",
     "gemma2": "sliding-window layers, final logit softcapping (attention softcapping is refused)",
     "gemma3_text": "sliding-window layers, local and global RoPE",
+    "gemma4_text": "global layers of fewer, wider heads than the sliding ones (keys as values), layers reading an "
+                   "earlier layer's keys and values, per-layer embeddings, proportional RoPE",
     "phi3": "fused QKV and gate-up projections",
     "olmo2": "post-norms, q/k norms",
     "olmo": "non-parametric layer norm",
@@ -81,6 +84,13 @@ VISION: dict[str, str] = {
               "attend to each other both ways (each image fed in one step); a Gemma 3 language model",
 }
 
+# Multimodal checkpoints whose language model alone is served (loaded without the other towers'
+# weights; a request with an image is refused): model_type -> what is left out.
+LANGUAGE_ONLY: dict[str, str] = {
+    "gemma4": "Gemma 4's checkpoints (E2B, E4B, 26B-A4B, 31B): the language model above; its vision and audio "
+              "towers are not loaded, so images and audio are refused",
+}
+
 # Hybrid families served with a recurrent state per sequence beside the paged KV cache
 # (recurrent.py), each verified by tests/backends/test_hybrid_models.py against transformers:
 # model_type -> what its layers are. A multimodal checkpoint (Qwen3.5's) reads images too (VISION).
@@ -127,10 +137,6 @@ UNSUPPORTED: dict[str, str] = {
                     "multi-head latent attention (keys and values of different head sizes), which the paged KV "
                     "cache does not hold"),
     **dict.fromkeys(("llama4", "llama4_text"), "chunked attention layers, which the paged attention does not mask"),
-    **dict.fromkeys(("gemma4", "gemma4_text"),
-                    "layers of two head sizes (its global layers' keys and values are wider than its sliding "
-                    "layers') and layers that reuse another layer's keys and values, which the paged KV cache "
-                    "does not hold"),
     "phimoe": "its attention does not pass its sliding window to the attention function, so the paged attention "
               "would attend past it",
 }
@@ -232,7 +238,8 @@ def check_config(config: Any, source: str, allow_unverified: bool) -> str | None
         raise _refuse(source, arch, UNSUPPORTED["deepseek_v3"])
     # A vision model's language model: a verified family, or its own (Qwen-VL's ``qwen2_5_vl_text``),
     # which the vision test verifies with it.
-    if arch in VERIFIED or (arch in VISION and archs[-1] in (*VERIFIED, f"{arch}_text")):
+    if arch in VERIFIED or (arch in VISION and archs[-1] in (*VERIFIED, f"{arch}_text")) or (
+            arch in LANGUAGE_ONLY and archs[-1] in VERIFIED):
         return None
     if not allow_unverified:
         raise ConfigError(f"model {source!r} is a {arch!r} model, an architecture the torch backend has not verified "
@@ -264,6 +271,8 @@ def markdown_table() -> str:
         rows.append(f"| `{arch}` | {how} | {note or 'a plain decoder'} |")
     for arch, note in sorted(VISION.items()):
         rows.append(f"| `{arch}` | images and text; its language model as above | {note} |")
+    for arch, note in sorted(LANGUAGE_ONLY.items()):
+        rows.append(f"| `{arch}` | text only; its language model as above | {note} |")
     for arch, note in sorted(HYBRID.items()):
         forward = "transformers' forward" if arch in UNFUSED_HYBRID else "fused forward"
         rows.append(f"| `{arch}` | {forward}; its recurrent layers on the state slots | {note} |")

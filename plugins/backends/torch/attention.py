@@ -57,29 +57,47 @@ class PagedKVCache:
     ``kernel_ops``: the KV write and decode attention through the ``llmserve::store_kv`` and
     ``llmserve::paged_decode`` operators (``cuda/ops.py``): Triton kernels that read the pools in
     place on CUDA, their torch reference elsewhere. They read written positions only.
+    ``shapes``: per pool layer its own ``(kv_heads, head_dim)`` (Gemma 4's global layers keep
+    fewer, wider heads than its sliding ones; ``kv_layout.py``); None: ``kv_heads``/``head_dim`` for
+    every layer. Layers of different shapes share one flat allocation, each a contiguous
+    ``[2 * kv_heads, num_blocks + 1, block_size, width]`` view of its own part, so every kernel
+    reads a layer exactly as it reads a layer of a uniform pool.
     """
 
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, kv_heads: int,
                  head_dim: int, dtype: torch.dtype, device: torch.device, native: bool = True,
-                 matmul_decode: bool = True, kernel_ops: bool = False) -> None:
+                 matmul_decode: bool = True, kernel_ops: bool = False,
+                 shapes: list[tuple[int, int]] | None = None) -> None:
         self.num_blocks, self.block_size = num_blocks, block_size
         self.kv_heads, self.head_dim = kv_heads, head_dim
+        self.shapes = list(shapes) if shapes else [(kv_heads, head_dim)] * num_layers
+        if len(self.shapes) != num_layers:
+            raise ValueError(f"{len(self.shapes)} layer shapes for {num_layers} cache layers")
         # Model layer number -> pool layer, for a model whose other layers keep no keys and values
         # (a hybrid's recurrent layers; ``recurrent.RecurrentStates.kv_layers``). None: the same.
         self.layer_of: dict[int, int] | None = None
         if dtype == torch.int8 and not (native and device.type == "cpu" and not kernel_ops):
             raise ValueError("the int8 KV cache is read by the native CPU kernels only: it needs a CPU model "
                              "computing in float32 with the kernels on (elsewhere use --kv-cache-dtype bfloat16)")
-        width = row_width(head_dim, dtype)
-        # torch.empty: on CPU the pages are only committed when a block is first written.
-        self.pool = torch.empty(num_layers, 2, kv_heads, num_blocks + 1, block_size, width,
-                                dtype=dtype, device=device)
-        self.pool[:, :, :, num_blocks].zero_()
         self.null_block = num_blocks
+        # torch.empty: on CPU the pages are only committed when a block is first written.
+        if len(set(self.shapes)) <= 1:
+            width = row_width(head_dim, dtype)
+            self.pool = torch.empty(num_layers, 2, kv_heads, num_blocks + 1, block_size, width,
+                                    dtype=dtype, device=device)
+            self.pool[:, :, :, num_blocks].zero_()
+            parts = list(self.pool)
+        else:
+            sizes = [2 * h * (num_blocks + 1) * block_size * row_width(d, dtype) for h, d in self.shapes]
+            self.pool = torch.empty(sum(sizes), dtype=dtype, device=device)
+            parts = list(self.pool.split(sizes))
         # Per-layer views built once. Keys and values of a layer are adjacent, so one op writes
         # or gathers both: "blocks" [2*kvh, N+1, bs, D] and "slots" [2*kvh, (N+1)*bs, D].
-        self.layers = [(kv.view(2 * kv_heads, num_blocks + 1, block_size, width),
-                        kv.view(2 * kv_heads, -1, width)) for kv in self.pool]
+        self.layers = [(kv.view(2 * h, num_blocks + 1, block_size, row_width(d, dtype)),
+                        kv.view(2 * h, -1, row_width(d, dtype))) for kv, (h, d) in zip(parts, self.shapes)]
+        if self.pool.dim() == 1:
+            for blocks_view, _ in self.layers:
+                blocks_view[:, num_blocks].zero_()
         self._work = torch.empty(0, dtype=dtype, device=device)
         # Decode attention read straight from the blocks (CPU fp32), prefill attention likewise
         # (CPU, fp32 queries, an fp32 or bf16 pool); None keeps the torch path.
@@ -107,8 +125,10 @@ class PagedKVCache:
                                  "(is a C compiler installed?)")
 
     @staticmethod
-    def bytes_per_block(num_layers: int, block_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-        return num_layers * 2 * kv_heads * block_size * row_width(head_dim, dtype) * dtype.itemsize
+    def bytes_per_block(num_layers: int, block_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+                        shapes: list[tuple[int, int]] | None = None) -> int:
+        per_token = sum(2 * h * row_width(d, dtype) for h, d in shapes or [(kv_heads, head_dim)] * num_layers)
+        return per_token * block_size * dtype.itemsize
 
     def plan_prefill(self, chunks: list[tuple[int, int, int, list[int]]], key_end: torch.Tensor | None = None) -> Any:
         """The step's prompt chunks (first row, length, first position, block table) for the
@@ -128,8 +148,13 @@ class PagedKVCache:
         The native decode kernel and the kernel operators read only written positions (as does
         prefill, which slices gathered blocks to the context), so with them there is nothing to clear.
         """
-        if self.decode_kernel is None and not self.kernel_ops:
+        if self.decode_kernel is not None or self.kernel_ops:
+            return
+        if self.pool.dim() > 1:
             self.pool.index_fill_(3, blocks, 0)
+        else:
+            for blocks_view, _ in self.layers:
+                blocks_view.index_fill_(1, blocks, 0)
 
     def gather(self, blocks_view: torch.Tensor, blocks: torch.Tensor,
                dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -140,14 +165,15 @@ class PagedKVCache:
         Gathers into a workspace reused by every layer and step: a fresh multi-MB tensor per layer
         costs page faults on CPU that are slower than the copy itself.
         """
-        need = 2 * self.kv_heads * blocks.numel() * self.block_size * self.head_dim
+        two_kvh, _, _, D = blocks_view.shape  # this layer's own shape (``shapes``)
+        need = two_kvh * blocks.numel() * self.block_size * D
         if self._work.numel() < need:
             self._work = torch.empty(need + need // 2, dtype=self.pool.dtype, device=self.pool.device)
-        out = self._work[:need].view(2 * self.kv_heads, blocks.numel(), self.block_size, self.head_dim)
+        out = self._work[:need].view(two_kvh, blocks.numel(), self.block_size, D)
         torch.index_select(blocks_view, 1, blocks, out=out)
         if dtype is not None and dtype != out.dtype:
             out = out.to(dtype)
-        kv = out.view(2, self.kv_heads, -1, self.head_dim)
+        kv = out.view(2, two_kvh // 2, -1, D)
         return kv[0], kv[1]
 
 
@@ -274,11 +300,11 @@ def paged_attention(cache: PagedKVCache, meta: StepMetadata, layer: int, q: torc
     """Attention of one layer over the paged cache: ``q [T, H, D]``, ``k``/``v [T, kvh, D]`` -> ``[T, H, D]``.
 
     Writes the step's keys and values into their slots first (unless ``kv_written``: the kernel
-    operators' RoPE already stored them), then attends: decode rows (the first
-    ``meta.num_decode``) over their gathered blocks, each prefill segment over its own chunk or,
-    when it continues a cached prefix, over its gathered blocks. ``sinks``: one logit per query
-    head ``[H]`` that joins each softmax's denominator (gpt-oss); the kernel operators have none,
-    so a model with sinks runs without them (the runner's choice).
+    operators' RoPE already stored them, or another layer did, whose keys this one reads), then
+    attends: decode rows (the first ``meta.num_decode``) over their gathered blocks, each prefill
+    segment over its own chunk or, when it continues a cached prefix, over its gathered blocks.
+    ``sinks``: one logit per query head ``[H]`` that joins each softmax's denominator (gpt-oss);
+    the kernel operators have none, so a model with sinks runs without them (the runner's choice).
     """
     T, H, D = q.shape
     kvh = k.shape[1]
@@ -305,7 +331,9 @@ def paged_attention(cache: PagedKVCache, meta: StepMetadata, layer: int, q: torc
             torch.ops.llmserve.paged_prefill(q, blocks_view, *meta.cached_prefill[:4], out, scale, window or 0,
                                              meta.cached_prefill[4])
         return _prefill(cache, meta, blocks_view, q, k, v, out, scaling, window, group)
-    if cache.write_kv is not None:
+    if kv_written:
+        pass
+    elif cache.write_kv is not None:
         cache.write_kv(slots_view, meta.slot_mapping, k if k.stride(2) == 1 else k.contiguous(),
                        v if v.stride(2) == 1 else v.contiguous())
     else:

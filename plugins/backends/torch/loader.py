@@ -23,6 +23,7 @@ from llmserve import ModelConfig
 from llmserve import ConfigError, refuse_injected_templates
 
 from . import bf16_rows
+from . import language_only
 from .architectures import HYBRID, check_config, check_config_file, check_modules
 from .attention import ATTN_IMPL, register_attention
 from .vision import is_vision_config, load_processor
@@ -396,8 +397,10 @@ def load_model(model_cfg: ModelConfig, bf16_linears: bool = False) -> LoadedMode
     # A vision-language model loads whole (vision tower, projector, language model) with its processor.
     model_class: Any = AutoModelForCausalLM
     processor = None
-    # (A hybrid's checkpoint with a vision tower but no image processor serves its language model alone.)
-    if is_vision_config(hf_config):
+    # (A hybrid's checkpoint with a vision tower but no image processor serves its language model
+    # alone; so does a LANGUAGE_ONLY one, whose other towers' weights are not even read.)
+    only = language_only.load_arguments(hf_config)
+    if is_vision_config(hf_config) and not only:
         from transformers import AutoModelForImageTextToText
 
         processor = load_processor(hf_dir, trust, tokenizer, hf_config)
@@ -407,11 +410,14 @@ def load_model(model_cfg: ModelConfig, bf16_linears: bool = False) -> LoadedMode
     # On CUDA let accelerate place weights straight on the GPU instead of staging them in RAM.
     placement = {"device_map": str(device)} if device.type == "cuda" else {}
     try:
-        with progress.phase(f"loading {name}"), quiet_bars():
+        with progress.phase(f"loading {name}"), quiet_bars(), language_only.load_report(quiet=bool(only)):
             model = model_class.from_pretrained(hf_dir, dtype=torch.bfloat16 if rows else dtype,
-                                                trust_remote_code=trust, **placement)
+                                                trust_remote_code=trust, **placement, **only)
     except (OSError, ValueError, KeyError) as exc:
         raise load_error(source, exc) from None
+    if only:
+        model, report = model
+        language_only.check(report, shown)
     if rows:
         bf16_rows.widen_all_but_linears(model)
     check_modules(model, shown, unverified or str(getattr(hf_config, "model_type", "?")))

@@ -41,17 +41,18 @@ class MoEFeedForward:
 
     def __init__(self, router: Linear, gate_up: list[Linear], down: list[Linear], top_k: int, normalize: bool,
                  act: Callable[[torch.Tensor], torch.Tensor], softmax_first: bool = True,
-                 shared: SharedExpert | None = None) -> None:
+                 shared: SharedExpert | None = None, expert_scale: torch.Tensor | None = None) -> None:
         """``router``: hidden -> one logit per expert; ``gate_up[e]``: hidden -> [gate | up] of
         expert e; ``down[e]``: its intermediate -> hidden; ``act``: the gated activation of a
         ``[T, 2 * I]`` gate-and-up tensor (``silu_mul``); ``softmax_first``: softmax over every
         expert, then the top k (renormalised when ``normalize``), else the top k logits and a
-        softmax over them (gpt-oss); ``shared``: the shared expert, added to every row."""
+        softmax over them (gpt-oss); ``shared``: the shared expert, added to every row;
+        ``expert_scale``: a learned factor per expert on its routing weight (Gemma 4, fp32 ``[E]``)."""
         if len(gate_up) != len(down) or not 0 < top_k <= len(gate_up):
             raise ValueError(f"{len(gate_up)} experts' gate-and-up, {len(down)} down projections and top {top_k}")
         self.router, self.gate_up, self.down = router, gate_up, down
         self.top_k, self.normalize, self.act, self.softmax_first = top_k, normalize, act, softmax_first
-        self.shared = shared
+        self.shared, self.expert_scale = shared, expert_scale
         self.num_experts = len(gate_up)
         # How many rows each expert has served since load (the router's choices; tests and the
         # memory check read it).
@@ -67,10 +68,14 @@ class MoEFeedForward:
         weights, experts = torch.topk(probs, self.top_k, dim=-1)
         if self.normalize:
             weights /= weights.sum(dim=-1, keepdim=True)
+        if self.expert_scale is not None:
+            weights = weights * self.expert_scale[experts]
         return experts, weights.to(x.dtype)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        experts, weights = self.route(x)
+    def __call__(self, x: torch.Tensor, route: torch.Tensor | None = None) -> torch.Tensor:
+        """The experts over ``x``, routed by ``route`` (Gemma 4 routes the residual stream and feeds
+        the experts its own norm of it) or, when None, by ``x`` itself."""
+        experts, weights = self.route(x if route is None else route)
         out = torch.zeros_like(x)
         flat = experts.reshape(-1)
         order = torch.argsort(flat, stable=True)   # the (row, slot) pairs grouped by expert

@@ -13,15 +13,15 @@ from typing import Any
 import torch
 
 from llmserve import progress
-from llmserve import ServerConfig
-from llmserve import Backend, KVCacheSpec, ModelInfo, StepItem, StepResult
-from llmserve import ConfigError
+from llmserve import Backend, ConfigError, KVCacheSpec, ModelInfo, ServerConfig, StepItem, StepResult
 
 from .attention import PagedKVCache, StepMetadata, kv_cache_dtype, step_context
 from .cpu_threads import set_cpu_threads
 from .fused import FusedDecoder
 from . import bf16_rows
+from .fused_gemma4 import Gemma4Decoder
 from .fused_hybrid import HybridDecoder
+from .kv_layout import kv_layout
 from .loader import LoadedModel, load_model
 from .options import TorchOptions
 from .recurrent import RecurrentStates, hybrid_shape, install
@@ -31,6 +31,7 @@ from .mrope import step_positions
 from .vision import VisionInputs, splice
 
 log = logging.getLogger("llmserve.backend.torch")
+OWN_FORWARDS = {"gemma4_text": Gemma4Decoder}  # model types whose fused forward is a module of its own
 
 
 def _available_cpu_memory() -> int:
@@ -65,7 +66,7 @@ class TorchBackend(Backend):
         self._decoder: Any = None   # the base model (hidden states), set by load()
         self._lm_head: Any = None
         self._packed_head: Any = None  # lm_head in the native CPU kernel's layout, when it applies
-        self._fused: FusedDecoder | HybridDecoder | None = None  # our own forward, when the architecture allows
+        self._fused: FusedDecoder | HybridDecoder | Gemma4Decoder | None = None  # our own forward, where it applies
         self._ops: Any = None  # the native elementwise operations, when they apply
         self._native = False  # native CPU kernels apply (CPU, fp32, options.cpu_kernels)
         self._gguf: Any = None  # a GGUF file's own weights (gguf_model.GGUFParts) on the native GGUF path
@@ -100,9 +101,8 @@ class TorchBackend(Backend):
         pack = self._native = lm.device.type == "cpu" and lm.dtype == torch.float32 and opts.cpu_kernels
         ops, embedding = None, None
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-        # Packing searches each matrix for lossless 4/8-bit panels: seconds per model, so it reports
-        # (in weights, since one matrix, the head, may be a large part of them).
-        # (A vision model's tower is not packed: its language model and head are.)
+        # Packing searches each matrix for lossless 4/8-bit panels: seconds per model, so it reports (in
+        # weights: one matrix, the head, may be a large part). A vision model's tower is not packed.
         scope = [self._decoder, self._lm_head] if lm.processor is not None else [model]
         linears = [m for part in scope for m in part.modules() if isinstance(m, torch.nn.Linear)] if (
             opts.fused_forward) else [self._lm_head]
@@ -128,7 +128,7 @@ class TorchBackend(Backend):
                 ops = KernelOps()  # norms, SiLU-mul and RoPE + KV store as one Triton launch each
             self._hybrid = hybrid_shape(model)
             if opts.fused_forward:
-                builder = HybridDecoder if self._hybrid is not None else FusedDecoder
+                builder = OWN_FORWARDS.get(cfg.model_type, HybridDecoder if self._hybrid is not None else FusedDecoder)
                 self._fused = builder.build(model, pack=packing, ops=ops, compact=opts.compact_weights,
                                             native_decode=opts.native_step, weights=self._gguf)
         if lm.dtype == torch.float32:  # a bf16 checkpoint's linears left in bf16 (bf16_rows.py)
@@ -139,15 +139,14 @@ class TorchBackend(Backend):
             bf16_rows.widen_leftovers(model)
         if self._gguf is not None and self._fused is None:
             raise ConfigError(f"the fused forward cannot run {lm.name}; serve it with --no-torch-gguf-native")
-        self._num_layers = int(cfg.num_hidden_layers)
+        self._layout = kv_layout(cfg)  # which layers keep keys and values, and of what shape
+        self._num_layers = len(self._layout.shapes)
         state_bytes = 0
         if self._hybrid is not None:  # only the attention layers keep keys and values
             install(model)
             self._num_layers = len(self._hybrid.attention)
             state_bytes = RecurrentStates.bytes_per_slot(self._hybrid.shape, len(self._hybrid.recurrent), lm.dtype)
-        heads = int(cfg.num_attention_heads)
-        self._kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
-        self._head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+        self._kv_heads, self._head_dim = self._layout.shapes[0]
         self._softcap = getattr(cfg, "final_logit_softcapping", None)
         self._logit_scale = getattr(cfg, "logit_scale", None)  # (logit transforms of their *ForCausalLM.forward)
         if getattr(cfg, "logits_scaling", None):  # Granite divides its logits by this instead
@@ -217,8 +216,9 @@ class TorchBackend(Backend):
             kv_dtype = kv_cache_dtype(self.config.cache.kv_cache_dtype, lm.dtype)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+        shapes = None if self._layout.uniform else self._layout.shapes
         per_block = PagedKVCache.bytes_per_block(self._num_layers, spec.block_size, self._kv_heads,
-                                                 self._head_dim, kv_dtype)
+                                                 self._head_dim, kv_dtype, shapes)
         states = self._init_states(spec.state_slots, spec.state_snapshots)
         if spec.num_blocks is not None:
             num_blocks = int(spec.num_blocks)
@@ -238,7 +238,7 @@ class TorchBackend(Backend):
             self.cache = PagedKVCache(self._num_layers, num_blocks, spec.block_size, self._kv_heads,
                                       self._head_dim, kv_dtype, lm.device, native=self._native,
                                       matmul_decode=self.options.cpu_matmul_decode,
-                                      kernel_ops=self._kernel)
+                                      kernel_ops=self._kernel, shapes=shapes)
         except ValueError as exc:  # a cache dtype this model's path cannot read (int8 off the native kernels)
             raise ConfigError(f"--kv-cache-dtype {self.config.cache.kv_cache_dtype}: {exc}") from None
         except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
@@ -246,8 +246,7 @@ class TorchBackend(Backend):
                 f"cannot allocate a KV cache of {num_blocks} blocks ({num_blocks * per_block / 2**30:.1f} GiB): "
                 f"{str(exc).splitlines()[0]}; use fewer KV blocks or a smaller --max-model-len"
             ) from None
-        if self.states is not None:
-            self.cache.layer_of = self.states.kv_layers
+        self.cache.layer_of = self.states.kv_layers if self.states is not None else self._layout.layer_of
         log.info("KV cache: %d blocks x %d tokens (%.2f GiB, %s, %s)", num_blocks, spec.block_size,
                  num_blocks * per_block / 2**30, lm.device, str(kv_dtype).removeprefix("torch."))
         if self.cache.kernel_ops and lm.device.type == "cuda" and not self.config.llm.enforce_eager:

@@ -1,0 +1,242 @@
+"""The fused forward of Gemma 4's text decoder (``gemma4_text``): fused projections over the paged
+KV cache, as ``fused.FusedDecoder`` runs Llama-style stacks, with what Gemma 4 adds:
+
+- global layers with fewer, wider heads than the sliding ones (each a pool layer of its own shape,
+  ``kv_layout.py``), whose keys may double as their values (``attention_k_eq_v``);
+- RMSNorm of every query, key and value head (values without a scale), attention scaled by 1;
+- the last ``num_kv_shared_layers`` layers project queries only and attend over the keys and
+  values of the last earlier layer of their kind (this step's rows come from that layer, the
+  cached ones from its pool layer, which they never write);
+- per-layer embeddings: a table lookup per token and a projection of its embedding, one slice of
+  each added through a gate after every layer's feed-forward, then a scalar per layer;
+- the 26B-A4B's mixture of experts beside the dense MLP, each with norms of its own, the router
+  over a scaled RMSNorm of the residual stream with a learned scale per expert;
+- RoPE per layer kind, the global layers' "proportional" kind rotating a quarter of each head
+  (its table's other angles are zero: cos 1, sin 0).
+
+``Gemma4Decoder.build`` returns None for anything it does not recognise exactly (transformers'
+forward then runs with the paged attention plugged in).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from .attention import PagedKVCache, StepMetadata, paged_attention
+from .fused import _STATIC_ROPE, TorchOps, _eps, _fuse, _is_rms_norm, _packed, _TorchLinear
+from .moe import MoEFeedForward
+
+log = logging.getLogger("llmserve.backend.torch")
+
+_STATIC = _STATIC_ROPE | {"proportional"}
+_LAYER_PARTS = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                "post_feedforward_layernorm"}
+_PLE_PARTS = {"act_fn", "per_layer_input_gate", "per_layer_projection", "post_per_layer_input_norm"}
+_MOE_PARTS = {"router", "experts", "post_feedforward_layernorm_1", "post_feedforward_layernorm_2",
+              "pre_feedforward_layernorm_2"}
+_OWN_KV = {"q_proj", "k_proj", "o_proj", "q_norm", "k_norm", "v_norm"}  # (+ v_proj unless keys are values)
+_MLP = {"gate_proj", "up_proj", "down_proj", "act_fn"}
+
+
+class _Layer:
+    __slots__ = ("idx", "kind", "kv_heads", "head_dim", "shared", "store", "keys_are_values", "qkv", "o", "gu",
+                 "down", "ln1", "post_attn", "ln2", "post_mlp", "q_norm", "k_norm", "window", "ple_gate",
+                 "ple_proj", "ple_norm", "scalar", "moe", "moe_pre", "moe_post", "mlp_post")
+
+
+def _router(router: Any) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Gemma 4's router logits: its projection of an unscaled RMSNorm of the residual stream times
+    a learned scale and ``hidden ** -0.5`` (transformers' order of operations)."""
+    proj = _TorchLinear(router.proj.weight, None)
+    scale, root, eps = router.scale.detach(), float(router.scalar_root_size), float(router.eps)
+
+    def logits(x: torch.Tensor) -> torch.Tensor:
+        return proj(F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype).mul_(scale).mul_(root))
+    return logits
+
+
+class Gemma4Decoder:
+    """Runs Gemma 4's text decoder stack over one packed step."""
+
+    def __init__(self, model: Any, cfg: Any, pack: bool = False, ops: Any = None, compact: bool = True) -> None:
+        base = model.get_decoder()
+        self.embed = base.embed_tokens  # (its module multiplies by sqrt(hidden))
+        self.rotary = base.rotary_emb
+        self.norm_w, self.norm_eps = base.norm.weight, _eps(base.norm)
+        self.eps = float(cfg.rms_norm_eps)
+        self.heads = int(cfg.num_attention_heads)
+        self.ops = ops if ops is not None else TorchOps()
+        self.reduce: Callable[[torch.Tensor], None] | None = None  # (no tensor parallel: kv_layout shapes)
+        self.rope_table: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
+        # Per-layer embeddings: the token table (its module scales by sqrt(width)), the projection of
+        # the token's embedding and its norm; None when the model has none.
+        self.ple = None
+        if getattr(cfg, "hidden_size_per_layer_input", 0):
+            self.ple = (base.embed_tokens_per_layer, _TorchLinear(base.per_layer_model_projection.weight, None),
+                        float(base.per_layer_model_projection_scale), base.per_layer_projection_norm.weight,
+                        float(base.per_layer_input_scale), int(cfg.hidden_size_per_layer_input))
+        modes = list(cfg.kv_sharing_modes)
+        self.layers: list[_Layer] = []
+        owners: list[tuple[_Layer, dict[str, list[torch.nn.Linear]]]] = []
+        for i, dec in enumerate(base.layers):
+            attn, mlp = dec.self_attn, dec.mlp
+            lay = _Layer()
+            lay.idx, lay.kind = i, str(attn.layer_type)
+            lay.shared, lay.store = modes[i] == "reuse", modes[i] == "store"
+            lay.head_dim = int(attn.head_dim)
+            lay.kv_heads = 0 if lay.shared else attn.k_proj.weight.shape[0] // lay.head_dim
+            lay.keys_are_values = not lay.shared and attn.v_proj is None
+            qkv = [attn.q_proj] + ([] if lay.shared else [attn.k_proj] + ([] if lay.keys_are_values else
+                                                                           [attn.v_proj]))
+            lay.qkv, lay.o = _TorchLinear(*_fuse(qkv)), _TorchLinear(attn.o_proj.weight, None)
+            gu = [mlp.gate_proj, mlp.up_proj]
+            lay.gu, lay.down = _TorchLinear(*_fuse(gu)), _TorchLinear(mlp.down_proj.weight, None)
+            owners.append((lay, {"qkv": qkv, "o": [attn.o_proj], "gu": gu, "down": [mlp.down_proj]}))
+            lay.ln1, lay.post_attn = dec.input_layernorm.weight, dec.post_attention_layernorm.weight
+            lay.ln2, lay.post_mlp = dec.pre_feedforward_layernorm.weight, dec.post_feedforward_layernorm.weight
+            lay.q_norm = attn.q_norm.weight
+            lay.k_norm = attn.q_norm.weight if lay.shared else attn.k_norm.weight
+            lay.window = attn.sliding_window
+            lay.ple_gate = lay.ple_proj = lay.ple_norm = None
+            if self.ple is not None:
+                lay.ple_gate = _TorchLinear(dec.per_layer_input_gate.weight, None)
+                lay.ple_proj = _TorchLinear(dec.per_layer_projection.weight, None)
+                lay.ple_norm = dec.post_per_layer_input_norm.weight
+            lay.scalar = dec.layer_scalar.detach()
+            lay.moe = lay.moe_pre = lay.moe_post = lay.mlp_post = None
+            if getattr(dec, "enable_moe_block", False):
+                ex = dec.experts
+                count = ex.gate_up_proj.shape[0]
+                lay.moe = MoEFeedForward(_router(dec.router), [_TorchLinear(ex.gate_up_proj[e], None)
+                                                               for e in range(count)],
+                                         [_TorchLinear(ex.down_proj[e], None) for e in range(count)],
+                                         int(cfg.top_k_experts), True, self.ops.gelu_tanh_mul,
+                                         expert_scale=dec.router.per_expert_scale.detach().float())
+                lay.moe_pre = dec.pre_feedforward_layernorm_2.weight
+                lay.moe_post = dec.post_feedforward_layernorm_2.weight
+                lay.mlp_post = dec.post_feedforward_layernorm_1.weight
+            self.layers.append(lay)
+        self.rope_kinds = list(dict.fromkeys(lay.kind for lay in self.layers))
+        for lay, parts in owners if pack else ():
+            for name, mods in parts.items():
+                setattr(lay, name, _packed(getattr(lay, name), mods, compact))
+
+    @classmethod
+    def build(cls, model: Any, pack: bool = False, ops: Any = None, compact: bool = True,
+              native_decode: bool = True, weights: Any = None) -> "Gemma4Decoder | None":
+        """The fused forward for a Gemma 4 text model, or None when its layers are not exactly the
+        ones this forward knows (see ``FusedDecoder.build`` for the arguments; there is no
+        one-call native decode step, and a GGUF file's own weights are not read yet)."""
+        cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        if (getattr(cfg, "model_type", None) != "gemma4_text" or cfg.hidden_activation != "gelu_pytorch_tanh"
+                or weights is not None):
+            return None
+        try:
+            base = model.get_decoder()
+            ok = base.norm.weight.dtype == torch.float32 and not getattr(cfg, "use_bidirectional_attention", None)
+            ok = ok and not getattr(cfg, "attention_bias", False)
+            kinds = getattr(base.rotary_emb, "rope_type", {})
+            ok = ok and isinstance(kinds, dict) and set(kinds.values()) <= _STATIC
+            for dec in base.layers:
+                parts = {n for n, _ in dec.named_children()}
+                moe = getattr(dec, "enable_moe_block", False)
+                want = _LAYER_PARTS | (_PLE_PARTS if cfg.hidden_size_per_layer_input else set()) | (
+                    _MOE_PARTS if moe else set())
+                attn = dec.self_attn
+                own = {n for n, _ in attn.named_children()}
+                want_attn = ({"q_proj", "o_proj", "q_norm"} if attn.is_kv_shared_layer
+                             else _OWN_KV | ({"v_proj"} if attn.v_proj is not None else set()))
+                ok = ok and parts == want and own == want_attn and {n for n, _ in dec.mlp.named_children()} == _MLP
+                ok = ok and all(_is_rms_norm(m) for n, m in dec.named_children() if "norm" in n)
+                ok = ok and tuple(dec.layer_scalar.shape) == (1,)
+            if not ok:
+                return None
+            return cls(model, cfg, pack, ops, compact)
+        except (AttributeError, TypeError, ValueError) as exc:
+            log.info("fused decoder not used for %s: %s", type(model).__name__, exc)
+            return None
+
+    def linears(self) -> list[Any]:
+        out: list[Any] = []
+        for lay in self.layers:
+            out += [lay.qkv, lay.o, lay.gu, lay.down, lay.ple_gate, lay.ple_proj]
+            if lay.moe is not None:
+                out += lay.moe.linears()
+        return [lin for lin in out if lin is not None]
+
+    def native_step(self, cache: PagedKVCache) -> None:
+        """No one-call native decode step: its layers differ in shape (the Python layer loop runs)."""
+        return None
+
+    def _rotary(self, probe: torch.Tensor, positions: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = self.rotary(probe, positions[None], kind)
+        return cos[0].contiguous(), sin[0].contiguous()
+
+    def tabulate_rope(self, max_len: int, dtype: torch.dtype) -> bool:
+        """cos/sin of positions ``0 .. max_len - 1`` per layer kind, computed once (every Gemma 4
+        RoPE kind depends on the position alone)."""
+        device = self.norm_w.device
+        probe, positions = torch.empty(1, dtype=dtype, device=device), torch.arange(max_len, device=device)
+        self.rope_table = {kind: self._rotary(probe, positions, kind) for kind in self.rope_kinds}
+        return True
+
+    def _per_layer_inputs(self, input_ids: torch.Tensor, h: torch.Tensor) -> torch.Tensor | None:
+        """``[T, layers, width]``: each token's per-layer embedding joined with the projection of
+        its embedding, as transformers' ``project_per_layer_inputs`` computes them."""
+        if self.ple is None:
+            return None
+        table, proj, proj_scale, norm_w, join_scale, width = self.ple
+        T, L = h.shape[0], len(self.layers)
+        tokens = table(input_ids).view(T, L, width)
+        mixed = proj(h).mul_(proj_scale).view(T, L, width)
+        mixed = self.ops.add_rms_norm(mixed.reshape(T * L, width), None, norm_w, self.eps).view(T, L, width)
+        return mixed.add_(tokens).mul_(join_scale)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: PagedKVCache,
+                meta: StepMetadata, images: tuple[torch.Tensor, torch.Tensor] | None = None,
+                rope: torch.Tensor | None = None) -> torch.Tensor:
+        """``input_ids``/``positions`` ``[T]`` -> final hidden states ``[T, hidden]``; writes the KV."""
+        if images is not None or rope is not None:
+            raise ValueError("Gemma 4's fused forward reads text only")
+        T, H, ops, eps = input_ids.shape[0], self.heads, self.ops, self.eps
+        h = self.embed(input_ids)
+        ple = self._per_layer_inputs(input_ids, h)
+        table = self.rope_table
+        ropes = {kind: (table[kind][0][positions], table[kind][1][positions]) if table is not None
+                 else self._rotary(h, positions, kind) for kind in self.rope_kinds}
+        current: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # kind -> this step's keys and values to share
+        for lay in self.layers:
+            D, kvh = lay.head_dim, lay.kv_heads
+            cos, sin = ropes[lay.kind]
+            x = ops.add_rms_norm(h, None, lay.ln1, eps)
+            qkv = lay.qkv(x)
+            if lay.shared:
+                k, v = current[lay.kind]
+            else:  # values: the projection's (or the keys' before their norm), RMSNorm'd without a scale
+                raw = qkv[:, (H + kvh) * D:] if not lay.keys_are_values else qkv[:, H * D:(H + kvh) * D]
+                v = F.rms_norm(raw.reshape(T, kvh, D), (D,), eps=eps)
+                k = qkv[:, H * D:(H + kvh) * D].view(T, kvh, D)
+            ops.qk_norm(qkv, H, kvh, D, lay.q_norm, lay.k_norm, eps)
+            ops.rope(qkv, H + kvh, D, cos, sin)
+            if lay.store:
+                current[lay.kind] = (k, v)
+            layer = lay.idx if cache.layer_of is None else cache.layer_of[lay.idx]
+            o = paged_attention(cache, meta, layer, qkv[:, :H * D].view(T, H, D), k, v, 1.0, lay.window,
+                                kv_written=lay.shared)
+            attn = ops.add_rms_norm(lay.o(o.reshape(T, H * D)), None, lay.post_attn, eps)
+            x = ops.add_rms_norm(h, attn, lay.ln2, eps)                        # h += attention
+            y = lay.down(ops.gelu_tanh_mul(lay.gu(x)))
+            if lay.moe is not None:  # the experts beside the dense MLP, each normed, then summed
+                y = ops.add_rms_norm(y, None, lay.mlp_post, eps)
+                z = lay.moe(ops.add_rms_norm(h, None, lay.moe_pre, eps), route=h)
+                y = y.add_(ops.add_rms_norm(z, None, lay.moe_post, eps))
+            h.add_(ops.add_rms_norm(y, None, lay.post_mlp, eps))
+            if ple is not None:
+                g = ops.gelu_tanh_mul(torch.cat((lay.ple_gate(h), ple[:, lay.idx]), -1))
+                h.add_(ops.add_rms_norm(lay.ple_proj(g), None, lay.ple_norm, eps))
+            h.mul_(lay.scalar)
+        return ops.add_rms_norm(h, None, self.norm_w, self.norm_eps)
