@@ -43,9 +43,9 @@ def _stir(model: torch.nn.Module, seed: int) -> None:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.3 + 1.0)
 
 
-def write_gemma4(name: str, path: str, seed: int = 0) -> torch.nn.Module:
-    """Save the tiny model ``name`` (``SHAPES``) to ``path``; returns transformers' model over the
-    saved directory, in eval mode."""
+def write_gemma4(name: str, path: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """Save the tiny model ``name`` (``SHAPES``) to ``path`` in ``dtype`` (bf16: as the Hub's
+    checkpoints are); returns transformers' model over the saved directory in float32, in eval mode."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(seed)
@@ -56,7 +56,7 @@ def write_gemma4(name: str, path: str, seed: int = 0) -> torch.nn.Module:
     with torch.inference_mode():
         spread = float(model(ids).logits.std())
         model.get_output_embeddings().weight.mul_(min(LOGIT_SPREAD / spread, 4.0))
-    model.save_pretrained(path)
+    model.to(dtype).save_pretrained(path)
     save_word_tokenizer(path)
     served = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     served.generation_config.eos_token_id = None  # the engine runs with ignore_eos: neither stops early

@@ -54,18 +54,24 @@ class Served:
     name: str
 
 
-RUNS = [(name, forward) for name in sorted(gemma4_model.SHAPES) for forward in ("fused", "transformers")]
+# "fused-bf16": a bf16 checkpoint computed in float32 on the CPU, its projections kept as bf16 rows.
+RUNS = [(name, forward) for name in sorted(gemma4_model.SHAPES) for forward in ("fused", "transformers")] + [
+    ("e2b", "fused-bf16"), ("moe", "fused-bf16")]
 
 
 @pytest.fixture(scope="module", params=RUNS, ids=[f"{n}-{f}" for n, f in RUNS])
 def served(request, tmp_path_factory):
     name, forward = request.param
     path = str(tmp_path_factory.mktemp(f"gemma4-{name}"))
-    reference = gemma4_model.write_gemma4(name, path)
+    bf16 = forward == "fused-bf16"
+    reference = gemma4_model.write_gemma4(name, path, dtype=torch.bfloat16 if bf16 else torch.float32)
     backend = TorchBackend(ServerConfig(model=path, dtype="float32", device="cpu"),
-                           TorchOptions.from_environ(fused_forward=forward == "fused"))
+                           TorchOptions.from_environ(fused_forward=forward != "transformers"))
     info = dataclasses.replace(backend.load(), tokenizer=PreTrainedTokenizerFast.from_pretrained(path))
-    assert isinstance(backend._fused, Gemma4Decoder) == (forward == "fused")
+    assert isinstance(backend._fused, Gemma4Decoder) == (forward != "transformers")
+    if bf16:  # every projection and the embeddings read from bf16 rows; nothing held in bf16 elsewhere
+        assert "bf16" in (info.quantization or ""), info.quantization
+        assert not [n for n, p in backend.loaded.model.named_parameters() if p.dtype == torch.bfloat16 and p.numel()]
     yield Served(backend, info, reference, name)
     backend.close()
 

@@ -39,10 +39,9 @@ def bf16_tiles() -> bool:
 
 
 def widen_all_but_linears(model: Any) -> None:
-    """Every floating parameter and buffer of ``model`` in float32 but the ``nn.Linear`` weights
-    and a mixture of experts' 3-D matrices (left in bf16 for the kernels to take as they are); a
-    weight an embedding shares with a linear (tied embeddings) is widened too, since the embedding
-    reads it directly."""
+    """Every floating parameter and buffer of ``model`` in float32 but the ``nn.Linear`` weights,
+    the experts' 3-D matrices and the token tables (left in bf16 for the kernels to take as they
+    are; ``widen_leftovers`` widens what none took)."""
     from .moe import moe_parts
 
     others = {id(p) for m in model.modules() if not isinstance(m, torch.nn.Linear)
@@ -51,9 +50,13 @@ def widen_all_but_linears(model: Any) -> None:
     for m in model.modules():
         if (sp := moe_parts(m)) is not None:
             keep |= {id(sp.experts.gate_up_proj), id(sp.experts.down_proj)}
-    embedding = model.get_input_embeddings()
-    if type(embedding).__name__.endswith("Embedding") and hasattr(embedding, "weight"):
-        keep.add(id(embedding.weight))  # read as bf16 rows too (``Embedding``), with a tied head
+        # Other experts' 3-D matrices (Gemma 4's, beside its dense MLP) and other token tables (its
+        # per-layer embeddings): the fused forward reads them as bf16 rows too, or they are widened after.
+        experts = [getattr(m, n, None) for n in ("gate_up_proj", "down_proj")]
+        if all(isinstance(t, torch.Tensor) and t.dim() == 3 for t in experts):
+            keep |= {id(t) for t in experts}
+        if type(m).__name__.endswith("Embedding") and isinstance(getattr(m, "weight", None), torch.Tensor):
+            keep.add(id(m.weight))  # (the input one: ``Embedding``'s rows, shared with a tied head)
     for module in model.modules():
         for p in module.parameters(recurse=False):
             if p.is_floating_point() and p.dtype != torch.float32 and id(p) not in keep:

@@ -45,18 +45,51 @@ _MLP = {"gate_proj", "up_proj", "down_proj", "act_fn"}
 class _Layer:
     __slots__ = ("idx", "kind", "kv_heads", "head_dim", "shared", "store", "keys_are_values", "qkv", "o", "gu",
                  "down", "ln1", "post_attn", "ln2", "post_mlp", "q_norm", "k_norm", "window", "ple_gate",
-                 "ple_proj", "ple_norm", "scalar", "moe", "moe_pre", "moe_post", "mlp_post")
+                 "ple_proj", "ple_norm", "scalar", "moe", "moe_router", "moe_pre", "moe_post", "mlp_post")
 
 
-def _router(router: Any) -> Callable[[torch.Tensor], torch.Tensor]:
+class _Router:
     """Gemma 4's router logits: its projection of an unscaled RMSNorm of the residual stream times
     a learned scale and ``hidden ** -0.5`` (transformers' order of operations)."""
-    proj = _TorchLinear(router.proj.weight, None)
-    scale, root, eps = router.scale.detach(), float(router.scalar_root_size), float(router.eps)
 
-    def logits(x: torch.Tensor) -> torch.Tensor:
-        return proj(F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype).mul_(scale).mul_(root))
-    return logits
+    def __init__(self, router: Any) -> None:
+        self.proj: Callable[[torch.Tensor], torch.Tensor] = _TorchLinear(router.proj.weight, None)
+        self.scale, self.root, self.eps = router.scale.detach(), float(router.scalar_root_size), float(router.eps)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
+        return self.proj(normed.mul_(self.scale).mul_(self.root))
+
+
+class _PerLayerInputs:
+    """The per-layer embeddings' two parts (transformers' ``get_per_layer_inputs`` and
+    ``project_per_layer_inputs``): each token's row of a table of every layer's slices, scaled by
+    the square root of a slice's width, and a projection of its embedding, normed per slice;
+    their sum times ``2 ** -0.5``."""
+
+    def __init__(self, base: Any, width: int) -> None:
+        table = base.embed_tokens_per_layer
+        self.table, self.width = table.weight.detach(), width
+        # The scale as a float32 number: a bf16 checkpoint's buffer holds it rounded to bf16, which
+        # its float32 forward does not (transformers' float32 load computes it in float32).
+        self.factor = float(table.scalar_embed_scale)
+        self.proj: Callable[[torch.Tensor], torch.Tensor] = _TorchLinear(base.per_layer_model_projection.weight, None)
+        self.proj_scale = float(base.per_layer_model_projection_scale)
+        self.norm_w = base.per_layer_projection_norm.weight
+        self.join = float(base.per_layer_input_scale)
+
+    def take(self, module: Any) -> None:
+        """Hold the table as stored (a bf16 checkpoint's stays bf16, looked up as float32 rows)."""
+        module.weight.data = module.weight.data.new_empty(0)
+
+    def __call__(self, input_ids: torch.Tensor, h: torch.Tensor, layers: int, ops: Any, eps: float) -> torch.Tensor:
+        """``[T, layers, width]`` for the tokens ``input_ids`` whose scaled embeddings are ``h``."""
+        T, width = h.shape[0], self.width
+        factor = torch.tensor(self.factor, dtype=torch.float32).to(h.dtype)
+        tokens = F.embedding(input_ids, self.table).to(h.dtype).mul_(factor).view(T, layers, width)
+        mixed = self.proj(h).mul_(self.proj_scale).reshape(T * layers, width)
+        mixed = ops.add_rms_norm(mixed, None, self.norm_w, eps).view(T, layers, width)
+        return mixed.add_(tokens).mul_(self.join)
 
 
 class Gemma4Decoder:
@@ -74,11 +107,9 @@ class Gemma4Decoder:
         self.rope_table: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
         # Per-layer embeddings: the token table (its module scales by sqrt(width)), the projection of
         # the token's embedding and its norm; None when the model has none.
-        self.ple = None
+        self.ple: _PerLayerInputs | None = None
         if getattr(cfg, "hidden_size_per_layer_input", 0):
-            self.ple = (base.embed_tokens_per_layer, _TorchLinear(base.per_layer_model_projection.weight, None),
-                        float(base.per_layer_model_projection_scale), base.per_layer_projection_norm.weight,
-                        float(base.per_layer_input_scale), int(cfg.hidden_size_per_layer_input))
+            self.ple = _PerLayerInputs(base, int(cfg.hidden_size_per_layer_input))
         modes = list(cfg.kv_sharing_modes)
         self.layers: list[_Layer] = []
         owners: list[tuple[_Layer, dict[str, list[torch.nn.Linear]]]] = []
@@ -107,12 +138,12 @@ class Gemma4Decoder:
                 lay.ple_proj = _TorchLinear(dec.per_layer_projection.weight, None)
                 lay.ple_norm = dec.post_per_layer_input_norm.weight
             lay.scalar = dec.layer_scalar.detach()
-            lay.moe = lay.moe_pre = lay.moe_post = lay.mlp_post = None
+            lay.moe = lay.moe_router = lay.moe_pre = lay.moe_post = lay.mlp_post = None
             if getattr(dec, "enable_moe_block", False):
                 ex = dec.experts
                 count = ex.gate_up_proj.shape[0]
-                lay.moe = MoEFeedForward(_router(dec.router), [_TorchLinear(ex.gate_up_proj[e], None)
-                                                               for e in range(count)],
+                lay.moe_router = _Router(dec.router)
+                lay.moe = MoEFeedForward(lay.moe_router, [_TorchLinear(ex.gate_up_proj[e], None) for e in range(count)],
                                          [_TorchLinear(ex.down_proj[e], None) for e in range(count)],
                                          int(cfg.top_k_experts), True, self.ops.gelu_tanh_mul,
                                          expert_scale=dec.router.per_expert_scale.detach().float())
@@ -121,9 +152,34 @@ class Gemma4Decoder:
                 lay.mlp_post = dec.post_feedforward_layernorm_1.weight
             self.layers.append(lay)
         self.rope_kinds = list(dict.fromkeys(lay.kind for lay in self.layers))
-        for lay, parts in owners if pack else ():
+        if pack:
+            self._pack(base, owners, compact)
+
+    def _pack(self, base: Any, owners: list[tuple[_Layer, dict[str, list[torch.nn.Linear]]]], compact: bool) -> None:
+        """Every product in the native kernel's layout where it applies (a bf16 checkpoint's as bf16
+        rows), the model's own weights emptied so nothing is held twice; the per-layer token
+        table kept as stored (bf16 rows are looked up as float32)."""
+        from .native.ops import packed_linear
+
+        for lay, parts in owners:
             for name, mods in parts.items():
                 setattr(lay, name, _packed(getattr(lay, name), mods, compact))
+        for lay, dec in zip(self.layers, base.layers):
+            if lay.ple_gate is not None:
+                lay.ple_gate = _packed(lay.ple_gate, [dec.per_layer_input_gate], compact)
+                lay.ple_proj = _packed(lay.ple_proj, [dec.per_layer_projection], compact)
+            if lay.moe is not None:
+                ex, moe = dec.experts, lay.moe
+                groups = [[packed_linear(lin.weight.contiguous(), None, compact) for lin in group]
+                          for group in (moe.gate_up, moe.down)]
+                if all(p is not None for group in groups for p in group):
+                    moe.gate_up, moe.down = groups[0], groups[1]
+                    for t in (ex.gate_up_proj, ex.down_proj):
+                        t.data = t.data.new_empty(0)
+                lay.moe_router.proj = _packed(lay.moe_router.proj, [dec.router.proj], compact)
+        if self.ple is not None:
+            self.ple.proj = _packed(self.ple.proj, [base.per_layer_model_projection], compact)
+            self.ple.take(base.embed_tokens_per_layer)
 
     @classmethod
     def build(cls, model: Any, pack: bool = False, ops: Any = None, compact: bool = True,
@@ -161,7 +217,7 @@ class Gemma4Decoder:
             return None
 
     def linears(self) -> list[Any]:
-        out: list[Any] = []
+        out: list[Any] = [self.ple.proj] if self.ple is not None else []
         for lay in self.layers:
             out += [lay.qkv, lay.o, lay.gu, lay.down, lay.ple_gate, lay.ple_proj]
             if lay.moe is not None:
@@ -184,18 +240,6 @@ class Gemma4Decoder:
         self.rope_table = {kind: self._rotary(probe, positions, kind) for kind in self.rope_kinds}
         return True
 
-    def _per_layer_inputs(self, input_ids: torch.Tensor, h: torch.Tensor) -> torch.Tensor | None:
-        """``[T, layers, width]``: each token's per-layer embedding joined with the projection of
-        its embedding, as transformers' ``project_per_layer_inputs`` computes them."""
-        if self.ple is None:
-            return None
-        table, proj, proj_scale, norm_w, join_scale, width = self.ple
-        T, L = h.shape[0], len(self.layers)
-        tokens = table(input_ids).view(T, L, width)
-        mixed = proj(h).mul_(proj_scale).view(T, L, width)
-        mixed = self.ops.add_rms_norm(mixed.reshape(T * L, width), None, norm_w, self.eps).view(T, L, width)
-        return mixed.add_(tokens).mul_(join_scale)
-
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: PagedKVCache,
                 meta: StepMetadata, images: tuple[torch.Tensor, torch.Tensor] | None = None,
                 rope: torch.Tensor | None = None) -> torch.Tensor:
@@ -204,7 +248,7 @@ class Gemma4Decoder:
             raise ValueError("Gemma 4's fused forward reads text only")
         T, H, ops, eps = input_ids.shape[0], self.heads, self.ops, self.eps
         h = self.embed(input_ids)
-        ple = self._per_layer_inputs(input_ids, h)
+        ple = self.ple(input_ids, h, len(self.layers), ops, eps) if self.ple is not None else None
         table = self.rope_table
         ropes = {kind: (table[kind][0][positions], table[kind][1][positions]) if table is not None
                  else self._rotary(h, positions, kind) for kind in self.rope_kinds}
