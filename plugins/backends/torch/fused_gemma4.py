@@ -52,8 +52,8 @@ class _Router:
     """Gemma 4's router logits: its projection of an unscaled RMSNorm of the residual stream times
     a learned scale and ``hidden ** -0.5`` (transformers' order of operations)."""
 
-    def __init__(self, router: Any) -> None:
-        self.proj: Callable[[torch.Tensor], torch.Tensor] = _TorchLinear(router.proj.weight, None)
+    def __init__(self, router: Any, proj: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+        self.proj: Callable[[torch.Tensor], torch.Tensor] = proj or _TorchLinear(router.proj.weight, None)
         self.scale, self.root, self.eps = router.scale.detach(), float(router.scalar_root_size), float(router.eps)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -67,13 +67,22 @@ class _PerLayerInputs:
     the square root of a slice's width, and a projection of its embedding, normed per slice;
     their sum times ``2 ** -0.5``."""
 
-    def __init__(self, base: Any, width: int) -> None:
+    def __init__(self, base: Any, width: int, given: dict[str, Any] | None = None) -> None:
         table = base.embed_tokens_per_layer
-        self.table, self.width = table.weight.detach(), width
+        self.width = width
+        # Token ids -> float32 rows of the table: the model's own tensor, or a GGUF file's rows in place.
+        if given:
+            from .gguf_gemma4 import ple_lookup
+
+            self.lookup = ple_lookup(given["ple_table"])
+        else:
+            weight = table.weight.detach()
+            self.lookup = lambda ids: F.embedding(ids, weight)
         # The scale as a float32 number: a bf16 checkpoint's buffer holds it rounded to bf16, which
         # its float32 forward does not (transformers' float32 load computes it in float32).
         self.factor = float(table.scalar_embed_scale)
-        self.proj: Callable[[torch.Tensor], torch.Tensor] = _TorchLinear(base.per_layer_model_projection.weight, None)
+        self.proj: Callable[[torch.Tensor], torch.Tensor] = (given["ple_proj"] if given else _TorchLinear(
+            base.per_layer_model_projection.weight, None))
         self.proj_scale = float(base.per_layer_model_projection_scale)
         self.norm_w = base.per_layer_projection_norm.weight
         self.join = float(base.per_layer_input_scale)
@@ -86,7 +95,7 @@ class _PerLayerInputs:
         """``[T, layers, width]`` for the tokens ``input_ids`` whose scaled embeddings are ``h``."""
         T, width = h.shape[0], self.width
         factor = torch.tensor(self.factor, dtype=torch.float32).to(h.dtype)
-        tokens = F.embedding(input_ids, self.table).to(h.dtype).mul_(factor).view(T, layers, width)
+        tokens = self.lookup(input_ids).to(h.dtype).mul_(factor).view(T, layers, width)
         mixed = self.proj(h).mul_(self.proj_scale).reshape(T * layers, width)
         mixed = ops.add_rms_norm(mixed, None, self.norm_w, eps).view(T, layers, width)
         return mixed.add_(tokens).mul_(self.join)
@@ -95,9 +104,13 @@ class _PerLayerInputs:
 class Gemma4Decoder:
     """Runs Gemma 4's text decoder stack over one packed step."""
 
-    def __init__(self, model: Any, cfg: Any, pack: bool = False, ops: Any = None, compact: bool = True) -> None:
+    def __init__(self, model: Any, cfg: Any, pack: bool = False, ops: Any = None, compact: bool = True,
+                 weights: Any = None) -> None:
         base = model.get_decoder()
         self.embed = base.embed_tokens  # (its module multiplies by sqrt(hidden))
+        if weights is not None:  # a GGUF file's rows, times the scale as the module multiplies (float32)
+            factor = torch.tensor(float(base.embed_tokens.scalar_embed_scale), dtype=torch.float32)
+            self.embed = lambda ids: weights.embed(ids).mul_(factor)
         self.rotary = base.rotary_emb
         self.norm_w, self.norm_eps = base.norm.weight, _eps(base.norm)
         self.eps = float(cfg.rms_norm_eps)
@@ -109,7 +122,8 @@ class Gemma4Decoder:
         # the token's embedding and its norm; None when the model has none.
         self.ple: _PerLayerInputs | None = None
         if getattr(cfg, "hidden_size_per_layer_input", 0):
-            self.ple = _PerLayerInputs(base, int(cfg.hidden_size_per_layer_input))
+            self.ple = _PerLayerInputs(base, int(cfg.hidden_size_per_layer_input),
+                                       weights.model_parts if weights is not None else None)
         modes = list(cfg.kv_sharing_modes)
         self.layers: list[_Layer] = []
         owners: list[tuple[_Layer, dict[str, list[torch.nn.Linear]]]] = []
@@ -121,12 +135,16 @@ class Gemma4Decoder:
             lay.head_dim = int(attn.head_dim)
             lay.kv_heads = 0 if lay.shared else attn.k_proj.weight.shape[0] // lay.head_dim
             lay.keys_are_values = not lay.shared and attn.v_proj is None
-            qkv = [attn.q_proj] + ([] if lay.shared else [attn.k_proj] + ([] if lay.keys_are_values else
-                                                                           [attn.v_proj]))
-            lay.qkv, lay.o = _TorchLinear(*_fuse(qkv)), _TorchLinear(attn.o_proj.weight, None)
-            gu = [mlp.gate_proj, mlp.up_proj]
-            lay.gu, lay.down = _TorchLinear(*_fuse(gu)), _TorchLinear(mlp.down_proj.weight, None)
-            owners.append((lay, {"qkv": qkv, "o": [attn.o_proj], "gu": gu, "down": [mlp.down_proj]}))
+            given = weights.layers[i] if weights is not None else None
+            if given is not None:  # a GGUF file's products
+                lay.qkv, lay.o, lay.gu, lay.down = given["qkv"], given["o"], given["gu"], given["down"]
+            else:
+                qkv = [attn.q_proj] + ([] if lay.shared else [attn.k_proj] + ([] if lay.keys_are_values else
+                                                                               [attn.v_proj]))
+                lay.qkv, lay.o = _TorchLinear(*_fuse(qkv)), _TorchLinear(attn.o_proj.weight, None)
+                gu = [mlp.gate_proj, mlp.up_proj]
+                lay.gu, lay.down = _TorchLinear(*_fuse(gu)), _TorchLinear(mlp.down_proj.weight, None)
+                owners.append((lay, {"qkv": qkv, "o": [attn.o_proj], "gu": gu, "down": [mlp.down_proj]}))
             lay.ln1, lay.post_attn = dec.input_layernorm.weight, dec.post_attention_layernorm.weight
             lay.ln2, lay.post_mlp = dec.pre_feedforward_layernorm.weight, dec.post_feedforward_layernorm.weight
             lay.q_norm = attn.q_norm.weight
@@ -134,18 +152,20 @@ class Gemma4Decoder:
             lay.window = attn.sliding_window
             lay.ple_gate = lay.ple_proj = lay.ple_norm = None
             if self.ple is not None:
-                lay.ple_gate = _TorchLinear(dec.per_layer_input_gate.weight, None)
-                lay.ple_proj = _TorchLinear(dec.per_layer_projection.weight, None)
+                lay.ple_gate = given["ple_gate"] if given else _TorchLinear(dec.per_layer_input_gate.weight, None)
+                lay.ple_proj = given["ple_proj"] if given else _TorchLinear(dec.per_layer_projection.weight, None)
                 lay.ple_norm = dec.post_per_layer_input_norm.weight
             lay.scalar = dec.layer_scalar.detach()
             lay.moe = lay.moe_router = lay.moe_pre = lay.moe_post = lay.mlp_post = None
             if getattr(dec, "enable_moe_block", False):
                 ex = dec.experts
                 count = ex.gate_up_proj.shape[0]
-                lay.moe_router = _Router(dec.router)
-                lay.moe = MoEFeedForward(lay.moe_router, [_TorchLinear(ex.gate_up_proj[e], None) for e in range(count)],
-                                         [_TorchLinear(ex.down_proj[e], None) for e in range(count)],
-                                         int(cfg.top_k_experts), True, self.ops.gelu_tanh_mul,
+                moe = given["experts"] if given else None
+                lay.moe_router = _Router(dec.router, moe["router"] if moe else None)
+                gate_up = moe["gate_up"] if moe else [_TorchLinear(ex.gate_up_proj[e], None) for e in range(count)]
+                down = moe["down"] if moe else [_TorchLinear(ex.down_proj[e], None) for e in range(count)]
+                lay.moe = MoEFeedForward(lay.moe_router, gate_up, down, int(cfg.top_k_experts), True,
+                                         self.ops.gelu_tanh_mul,
                                          expert_scale=dec.router.per_expert_scale.detach().float())
                 lay.moe_pre = dec.pre_feedforward_layernorm_2.weight
                 lay.moe_post = dec.post_feedforward_layernorm_2.weight
@@ -186,10 +206,9 @@ class Gemma4Decoder:
               native_decode: bool = True, weights: Any = None) -> "Gemma4Decoder | None":
         """The fused forward for a Gemma 4 text model, or None when its layers are not exactly the
         ones this forward knows (see ``FusedDecoder.build`` for the arguments; there is no
-        one-call native decode step, and a GGUF file's own weights are not read yet)."""
+        one-call native decode step)."""
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-        if (getattr(cfg, "model_type", None) != "gemma4_text" or cfg.hidden_activation != "gelu_pytorch_tanh"
-                or weights is not None):
+        if getattr(cfg, "model_type", None) != "gemma4_text" or cfg.hidden_activation != "gelu_pytorch_tanh":
             return None
         try:
             base = model.get_decoder()
@@ -211,7 +230,7 @@ class Gemma4Decoder:
                 ok = ok and tuple(dec.layer_scalar.shape) == (1,)
             if not ok:
                 return None
-            return cls(model, cfg, pack, ops, compact)
+            return cls(model, cfg, pack, ops, compact, weights)
         except (AttributeError, TypeError, ValueError) as exc:
             log.info("fused decoder not used for %s: %s", type(model).__name__, exc)
             return None

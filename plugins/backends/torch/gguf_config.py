@@ -22,7 +22,7 @@ def rope_factors(model: Any, f: Any) -> None:
     metadata key transformers' mapping would read: the rotary embedding's frequencies are divided
     by them here, which is the llama3 rule (``inv_freq / factor`` where the wavelength is long,
     untouched where short, interpolated between)."""
-    if "rope_freqs.weight" not in f:
+    if "rope_freqs.weight" not in f or f.architecture == "gemma4":  # (Gemma 4's: its proportional RoPE)
         return
     factors = f.vector("rope_freqs.weight")
     rotary = model.get_decoder().rotary_emb
@@ -43,6 +43,8 @@ def config_from_header(config: Any, f: Any) -> None:
     hidden size, and the mapping leaves it at its config class's default) and Gemma 3's query
     scale, local RoPE base, RoPE scaling, logit softcapping and sliding-window pattern."""
     arch, fields = f.architecture, f.fields
+    if arch == "gemma4":  # (gemma4_config reads it whole: two head sizes, its own RoPE)
+        return
     key, value = (v if isinstance(v := fields.get(f"{arch}.attention.{n}_length"), int) else None
                   for n in ("key", "value"))  # a per-layer list is not a head size
     if key is not None and value is not None and int(value) != int(key):
@@ -259,11 +261,97 @@ def qwen_vl_config(header: Any) -> Any:
     return config
 
 
+def _per_layer(value: Any, layers: int, key: str) -> list[int]:
+    """A field given once for every layer or as one value per layer (llama.cpp's arrays)."""
+    values = [int(v) for v in value] if isinstance(value, (tuple, list)) else [int(value)] * layers
+    if len(values) != layers:
+        raise ConfigError(f"GGUF file's {key} gives {len(values)} values for {layers} layers (the file is "
+                          "inconsistent)")
+    return values
+
+
+def gemma4_config(header: Any) -> Any:
+    """The config of a ``gemma4`` file (Gemma 4's text model) from its header as llama.cpp's
+    converter writes it: sliding layers by ``attention.sliding_window_pattern``, their head size
+    ``key_length_swa`` and the global layers' ``key_length``; key and value heads once or per layer
+    (the global layers' own count where their keys are their values: no ``attn_v`` in them); the
+    feed-forward width per layer (the reading layers' doubled); the layers reading earlier ones'
+    keys (``attention.shared_kv_layers``); per-layer embeddings; experts beside the MLP; and the
+    global layers' proportional RoPE, whose rotated share ``rope_freqs.weight`` gives (a divisor
+    of 1 per rotated frequency, 1e30 for the rest)."""
+    import numpy as np
+    from transformers import Gemma4TextConfig
+
+    f, t = header.fields, header.tensors
+    need = _need(header)
+    layers = int(need("block_count"))
+    pattern = need("attention.sliding_window_pattern")
+    if not isinstance(pattern, (tuple, list)) or len(pattern) != layers:
+        raise ConfigError("GGUF file's gemma4.attention.sliding_window_pattern does not list every layer: it is not a "
+                          "complete gemma4 model")
+    kinds = ["sliding_attention" if swa else "full_attention" for swa in pattern]
+    kv = _per_layer(need("attention.head_count_kv"), layers, "gemma4.attention.head_count_kv")
+    ffn = _per_layer(need("feed_forward_length"), layers, "gemma4.feed_forward_length")
+    shared = int(f.get("gemma4.attention.shared_kv_layers") or 0)
+    own = [i for i in range(layers - shared) if kinds[i] == "full_attention"]
+    keys_are_values = bool(own) and all(f"blk.{i}.attn_v.weight" not in t for i in own)
+    swa_kv = {kv[i] for i in range(layers) if kinds[i] == "sliding_attention"}
+    full_kv = {kv[i] for i in range(layers) if kinds[i] == "full_attention"}
+    if len(swa_kv) > 1 or len(full_kv) > 1 or (full_kv != swa_kv and not keys_are_values):
+        raise ConfigError(f"GGUF file's key and value heads per layer {kv} are not one count for the sliding layers "
+                          "and one for the global ones (where their keys are their values): not a gemma4 layout")
+    head_dim, global_dim = int(need("attention.key_length_swa")), int(need("attention.key_length"))
+    partial = 1.0
+    if "rope_freqs.weight" in t:
+        freqs = t["rope_freqs.weight"]
+        raw = np.asarray(freqs.data)
+        divisors = (raw.view(np.float32) if raw.dtype == np.uint8 else raw.astype(np.float32)).reshape(-1)
+        rotated = int((divisors == 1.0).sum())
+        if divisors.size != global_dim // 2 or not bool((divisors[:rotated] == 1.0).all()):
+            raise ConfigError("GGUF tensor rope_freqs.weight is not the global layers' proportional RoPE (a divisor "
+                              f"of 1 for each rotated frequency, then none): {divisors.size} values for heads of "
+                              f"{global_dim}")
+        partial = 2 * rotated / global_dim
+    experts = int(f.get("gemma4.expert_count") or 0)
+    moe = dict(enable_moe_block=True, num_experts=experts, top_k_experts=int(need("expert_used_count")),
+               moe_intermediate_size=int(need("expert_feed_forward_length"))) if experts else {}
+    ple = int(f.get("gemma4.embedding_length_per_layer_input") or 0)
+    for name in ("token_embd.weight", *(("per_layer_token_embd.weight",) if ple else ())):
+        if name not in t:
+            raise ConfigError(f"GGUF file lacks tensor {name}; it is not a complete gemma4 model")
+    window = f.get("gemma4.attention.sliding_window")
+    config = Gemma4TextConfig(
+        vocab_size=int(t["token_embd.weight"].shape[-1]), hidden_size=int(need("embedding_length")),
+        intermediate_size=ffn[0], use_double_wide_mlp=ffn[-1] == 2 * ffn[0] and shared > 0,
+        num_hidden_layers=layers, num_attention_heads=int(need("attention.head_count")),
+        num_key_value_heads=min(swa_kv or full_kv), head_dim=head_dim, global_head_dim=global_dim,
+        num_global_key_value_heads=min(full_kv) if keys_are_values else None, attention_k_eq_v=keys_are_values,
+        num_kv_shared_layers=shared, layer_types=kinds, sliding_window=int(window) if window else 512,
+        rms_norm_eps=float(need("attention.layer_norm_rms_epsilon")),
+        max_position_embeddings=int(need("context_length")),
+        final_logit_softcapping=float(f["gemma4.final_logit_softcapping"]) if f.get(
+            "gemma4.final_logit_softcapping") else None,
+        hidden_size_per_layer_input=ple,
+        vocab_size_per_layer_input=int(t["per_layer_token_embd.weight"].shape[-1]) if ple else 262144,
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": float(need("rope.freq_base_swa"))},
+                         "full_attention": {"rope_type": "proportional", "partial_rotary_factor": partial,
+                                            "rope_theta": float(need("rope.freq_base"))}},
+        tie_word_embeddings="output.weight" not in t,
+        bos_token_id=f.get("tokenizer.ggml.bos_token_id"), eos_token_id=f.get("tokenizer.ggml.eos_token_id"),
+        pad_token_id=f.get("tokenizer.ggml.padding_token_id"), **moe)
+    want = [ffn[0] * (2 if config.use_double_wide_mlp and i >= layers - shared else 1) for i in range(layers)]
+    if ffn != want:
+        raise ConfigError(f"GGUF file's feed-forward widths {ffn} are neither one width nor doubled in the layers that "
+                          "read earlier layers' keys: not a gemma4 layout")
+    config.architectures = ["Gemma4ForCausalLM"]
+    return config
+
+
 # GGUF architectures whose config llmserve writes from the header itself: architecture -> (the
 # architecture its tokenizer converts under, where transformers does not know the file's own, or
 # None; the config maker).
 OWN_CONFIGS: dict[str, tuple[str | None, Callable[[Any], Any]]] = {
     **{arch: ("qwen3", hybrid_config) for arch in ("qwen35", "qwen35moe", "qwen3next")}, "lfm2": (None, lfm2_config),
-    "qwen2vl": ("qwen2", qwen_vl_config), "qwen3vl": ("qwen3", qwen_vl_config)}
+    "qwen2vl": ("qwen2", qwen_vl_config), "qwen3vl": ("qwen3", qwen_vl_config), "gemma4": ("gemma3", gemma4_config)}
 # GGUF architectures whose weights transformers' GGUF conversion cannot read.
-UNCONVERTIBLE = {"gpt-oss", "qwen35", "qwen35moe", "qwen3next"}
+UNCONVERTIBLE = {"gpt-oss", "qwen35", "qwen35moe", "qwen3next", "gemma4"}

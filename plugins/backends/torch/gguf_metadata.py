@@ -79,9 +79,12 @@ def _tokenizer_dir(path: str, header: GGUFFile, root: str, drop: Callable[[str],
     alias = OWN_CONFIGS[header.architecture][0] if header.architecture in OWN_CONFIGS else None
     with tempfile.TemporaryDirectory() as tmp:
         copy = os.path.join(tmp, os.path.basename(path))
-        # Without the keys transformers fails on (and the weights).
-        header.header_copy(copy, lambda key: drop(key) or (alias is not None and key == "general.architecture"),
-                           {"general.architecture": alias} if alias else None)
+        # Without the keys transformers fails on (and the weights); under an alias, without the
+        # architecture's own keys too (transformers reads a key by its prefix, whatever the file's
+        # architecture says, and fails on one it knows in another form: Gemma 4's per-layer widths).
+        own = f"{header.architecture}."
+        header.header_copy(copy, lambda key: drop(key) or (alias is not None and (
+            key == "general.architecture" or key.startswith(own))), {"general.architecture": alias} if alias else None)
         _, tokenizer = read_gguf(copy, None, "converting the GGUF tokenizer of")
     publish_dir(target, tokenizer.save_pretrained)
     return target

@@ -44,7 +44,7 @@ log = logging.getLogger("llmserve.backend.torch")
 # GGUF architectures the fused decoder runs (llama.cpp files Mistral models as "llama").
 # GGUF architectures of hybrid decoders (``fused_hybrid.HybridDecoder``; ``gguf_hybrid.HybridMapper``).
 HYBRID = {"qwen35", "qwen35moe", "qwen3next", "lfm2"}
-ARCHITECTURES = {"llama", "qwen2", "qwen2vl", "qwen3", "qwen3vl", "qwen3moe", "gemma3", "gpt-oss", *HYBRID}
+ARCHITECTURES = {"llama", "qwen2", "qwen2vl", "qwen3", "qwen3vl", "qwen3moe", "gemma3", "gemma4", "gpt-oss", *HYBRID}
 # transformers' projection name -> the GGUF tensor name within block N.
 _PROJECTIONS = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output",
                 "gate": "ffn_gate", "up": "ffn_up", "down": "ffn_down"}
@@ -72,6 +72,7 @@ class GGUFParts:
     bf16_matmul: bool = False            # batches multiply in bf16 on AMX tiles (gguf_ops.gguf_linear)
     int8_decode: bool = False            # some linear quantizes decode activations to int8 (gguf_ops.gguf_linear)
     norms_shifted: bool = False          # norm weights stored as (1 + weight) (Gemma's, as llama.cpp writes them)
+    model_parts: dict[str, Any] = field(default_factory=dict)  # an architecture's own (Gemma 4's per-layer table)
 
 
 def _open(path: str) -> GGUFFile:
@@ -250,7 +251,9 @@ class _Mapper:
         self.int8_used = False  # some product took the int8 decode path
         self.types: list[str] = []  # each matrix's type, lower case
         self.heads = int(cfg.num_attention_heads)
-        self.kv_heads = int(getattr(cfg, "num_key_value_heads", None) or self.heads)
+        # (A config with per-layer head counts, Gemma 4's, has no one count: its mapper reads each layer's.)
+        self.kv_heads = 0 if getattr(cfg, "is_heterogeneous", False) else int(
+            getattr(cfg, "num_key_value_heads", None) or self.heads)
 
     def need(self, name: str) -> str:
         if name not in self.f:
@@ -348,6 +351,10 @@ class _Mapper:
     def final_norm(self, base: Any) -> None:
         self.fill(base.norm, "output_norm.weight")
 
+    def model_parts(self, base: Any) -> dict[str, Any]:
+        """Tensors of the whole model beside the layers, the embedding and the head (none here)."""
+        return {}
+
     def layer(self, i: int, dec: Any, permuted: bool) -> dict[str, Any]:
         """Decoder layer ``i``'s linears (its norms and biases filled into ``dec``)."""
         f, blk, attn = self.f, f"blk.{i}.", dec.self_attn
@@ -403,15 +410,18 @@ def _map_weights(model: Any, cfg: Any, f: _File, permuted: bool, bf16: bool = Fa
     elif not bf16 and ops.amx_available():
         log.info("this CPU has AMX tiles: --torch-gguf-bf16-matmul multiplies prefill and batches in bf16, "
                  "several times faster than the exact fp32 kernels (see docs/engine.md, GGUF models)")
+    from .gguf_gemma4 import Gemma4Mapper
     from .gguf_hybrid import HybridMapper
 
-    mapper = (HybridMapper if f.architecture in HYBRID else _Mapper)(f, cfg, bf16, activations)
+    mapper = (HybridMapper if f.architecture in HYBRID else Gemma4Mapper if f.architecture == "gemma4"
+              else _Mapper)(f, cfg, bf16, activations)
     n_layers = int(cfg.num_hidden_layers)
     with progress.phase("mapping GGUF weights", 7 * n_layers + 1, "matrices"):
         layers = [mapper.layer(i, dec, permuted) for i, dec in enumerate(base.layers)]
         if len(layers) != n_layers:
             raise ConfigError(f"GGUF file has {len(layers)} layers, its metadata says {n_layers}")
         mapper.final_norm(base)
+        own = mapper.model_parts(base)
         embed_t = f.quant(mapper.need("token_embd.weight"))
         head = mapper.linear(["output.weight" if "output.weight" in f else "token_embd.weight"])
     gguf_rows = ops.gguf_rows
@@ -420,4 +430,4 @@ def _map_weights(model: Any, cfg: Any, f: _File, permuted: bool, bf16: bool = Fa
         return gguf_rows(embed_t, ids)
 
     return GGUFParts(layers=layers, embed=embed, head=head, types=mapper.types, bf16_matmul=bf16,
-                     int8_decode=mapper.int8_used, norms_shifted=f.architecture in _SHIFTED_NORMS)
+                     int8_decode=mapper.int8_used, norms_shifted=f.architecture in _SHIFTED_NORMS, model_parts=own)

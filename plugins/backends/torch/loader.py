@@ -151,7 +151,7 @@ def _gguf_header(path: str) -> Any:
     what its conversion would get wrong: a Llama 3.1+ file's RoPE scaling, which it stores only
     as ``rope_freqs.weight`` (transformers ignores it: positions past the original context
     would rotate wrong), gpt-oss, whose RoPE metadata transformers misreads, the hybrid files
-    whose weights it cannot read (``gguf_config.UNCONVERTIBLE``: Qwen3.5's, Qwen3-Next's), and an
+    whose weights it cannot read (``gguf_config.UNCONVERTIBLE``: Qwen3.5's, Qwen3-Next's, Gemma 4's), and an
     LFM2 file with convolution biases, which it drops."""
     from .gguf_config import UNCONVERTIBLE
     from .gguf_file import GGUFFile
@@ -166,6 +166,10 @@ def _gguf_header(path: str) -> Any:
         raise ConfigError(f"{name} is the first of {count} parts of a split GGUF model, which llmserve reads only on "
                           f"its native CPU path ({_NATIVE_ONLY}): serve it there, or merge the parts into one file "
                           "(llama.cpp's `llama-gguf-split --merge`)")
+    if header.architecture in UNCONVERTIBLE:
+        raise ConfigError(f"{name} is a {header.architecture} GGUF, which transformers' GGUF conversion cannot read: "
+                          f"serve it on the native CPU path ({_NATIVE_ONLY}), or serve the model's Hugging Face "
+                          "directory")
     if "rope_freqs.weight" in header.tensors:
         raise ConfigError(f"{name} stores its RoPE scaling as the rope_freqs.weight tensor, which transformers' GGUF "
                           "conversion ignores (its answers would go wrong with the position): serve it on the native "
@@ -173,10 +177,6 @@ def _gguf_header(path: str) -> Any:
     if header.architecture == "lfm2" and any(t.endswith("shortconv.conv.bias") for t in header.tensors):
         raise ConfigError(f"{name} has short-convolution biases, which transformers' GGUF conversion drops (its "
                           f"answers would be wrong): serve it on the native CPU path ({_NATIVE_ONLY})")
-    if header.architecture in UNCONVERTIBLE:
-        raise ConfigError(f"{name} is a {header.architecture} GGUF, which transformers' GGUF conversion cannot read: "
-                          f"serve it on the native CPU path ({_NATIVE_ONLY}), or serve the model's Hugging Face "
-                          "directory")
     return header
 
 
