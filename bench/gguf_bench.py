@@ -107,27 +107,36 @@ def memory_bandwidth(gib: float = 2.0, repeats: int = 5) -> float:
 
 
 def kv_bytes_per_position(source: Path) -> int:
-    """K and V bytes one cached position takes, from the GGUF metadata or config.json."""
+    """K and V bytes one cached position takes, from config.json (the engine's own cache layout:
+    layers of their own head counts and sizes, layers that keep none) or the GGUF metadata (head
+    counts once or per layer, Gemma's sliding layers' own head size, shared layers keeping none)."""
     if source.is_dir():
-        cfg = json.loads((source / "config.json").read_text())
-        layers, kv_heads = cfg["num_hidden_layers"], cfg["num_key_value_heads"]
-        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    else:
-        from gguf import GGUFReader
+        from transformers import AutoConfig
 
-        fields = GGUFReader(str(source)).fields
+        from llmserve.plugins.backends.torch.kv_layout import kv_layout
 
-        def value(suffix: str) -> int | None:
-            for key, field in fields.items():
-                if key.endswith(suffix):
-                    return int(field.parts[field.data[0]][0])
-            return None
+        cfg = AutoConfig.from_pretrained(source)
+        return sum(2 * h * d for h, d in kv_layout(cfg.get_text_config()).shapes) * KV_BYTES
+    from gguf import GGUFReader
 
-        layers, kv_heads = value(".block_count"), value(".attention.head_count_kv")
-        head_dim = value(".attention.key_length")
-        if head_dim is None:
-            head_dim = (value(".embedding_length") or 0) // (value(".attention.head_count") or 1)
-    return 2 * int(layers or 0) * int(kv_heads or 0) * int(head_dim) * KV_BYTES
+    fields = GGUFReader(str(source)).fields
+
+    def values(suffix: str) -> list[int] | None:
+        for key, field in fields.items():
+            if key.endswith(suffix):
+                return [int(field.parts[i][0]) for i in field.data]
+        return None
+
+    layers = (values(".block_count") or [0])[0]
+    kv = values(".attention.head_count_kv") or [0]
+    kv = kv * layers if len(kv) == 1 else kv
+    full = (values(".attention.key_length") or [0])[0] or (
+        (values(".embedding_length") or [0])[0] // (values(".attention.head_count") or [1])[0])
+    swa_dim = (values(".attention.key_length_swa") or [full])[0]
+    pattern = values(".attention.sliding_window_pattern")
+    dims = [swa_dim if pattern and pattern[i] else full for i in range(layers)]
+    own = layers - (values(".attention.shared_kv_layers") or [0])[0]
+    return sum(2 * kv[i] * dims[i] for i in range(own)) * KV_BYTES
 
 
 def weight_bytes(source: Path) -> int:

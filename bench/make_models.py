@@ -11,7 +11,11 @@ Gemma 3 1B's (hidden 1152, 26 layers, intermediate 6912, 4 heads of 256, 1 KV he
 512-token sliding-window layers to each global one, GELU, sandwich norms), ``--family qwen3_5``
 a Qwen3.5-0.8B-like hybrid (hidden 1024, 24 layers: three Gated DeltaNet layers of 16 heads of 128
 to each gated full-attention layer of 8 heads of 256 with 2 KV heads, intermediate 3584, partial
-RoPE). Weights are seeded random (normal,
+RoPE), ``--family gemma4`` Gemma 4 E2B's (hidden 1536, 35 layers, one KV head, sliding layers of
+256-wide heads and every fifth global with 512-wide ones, the last 20 reading earlier layers'
+keys, per-layer embeddings) with a 32768-token Gemma-style tokenizer trained here on the docs
+(llama.cpp's converter takes only a sentencepiece-style BPE with byte fallback for Gemma 4; the
+real vocabulary of 262144 would not fit this machine's disk). Weights are seeded random (normal,
 std 0.02 as Llama's initializer_range) saved in bf16 with ``save_pretrained``; the GGUF files
 come from llama.cpp's own tools: ``convert_hf_to_gguf.py`` writes BF16 and Q8_0, and
 ``llama-quantize`` makes Q4_K_M and Q4_0 from the BF16 file (see bench/llama_cpp.py for
@@ -54,10 +58,26 @@ SHAPES = {
                                rope_parameters=dict(rope_type="default", rope_theta=10000000.0,
                                                     partial_rotary_factor=0.25),
                                rms_norm_eps=1e-6),
+    # Gemma 4 E2B's shape (35 layers of hidden 1536, 8 query heads and one KV head, sliding layers of
+    # 256-wide heads with a 512-token window, every fifth layer global with 512-wide heads rotating a
+    # quarter of each, the last 20 layers reading earlier ones' keys with a double-wide MLP,
+    # per-layer embeddings of 256 per layer), with a 32768-token Gemma-style vocabulary (GEMMA_VOCAB)
+    # instead of its 262144 so that the files fit this machine's disk.
+    "gemma4-e2b-shape": dict(model_type="gemma4_text", hidden_size=1536, num_hidden_layers=35,
+                             intermediate_size=6144, num_attention_heads=8, num_key_value_heads=1, head_dim=256,
+                             global_head_dim=512, sliding_window=512, num_kv_shared_layers=20,
+                             use_double_wide_mlp=True, hidden_size_per_layer_input=256,
+                             vocab_size_per_layer_input=32768, final_logit_softcapping=30.0,
+                             layer_types=(["sliding_attention"] * 4 + ["full_attention"]) * 7,
+                             max_position_embeddings=131072, rms_norm_eps=1e-6),
 }
+# Models whose tokenizer is a Gemma-style one (sentencepiece BPE with byte fallback: llama.cpp's
+# converter takes no other for them) made by gemma_tokenizer, of this many tokens.
+GEMMA_VOCAB = {"gemma4-e2b-shape": 32768}
 # --family -> (default model, --small model)
 FAMILIES = {"llama": ("llama-1b-shape", "llama-small-shape"), "qwen3": ("qwen3-1.7b-shape", None),
-            "gemma3": ("gemma3-1b-shape", None), "qwen3_5": ("qwen3.5-0.8b-shape", None)}
+            "gemma3": ("gemma3-1b-shape", None), "qwen3_5": ("qwen3.5-0.8b-shape", None),
+            "gemma4": ("gemma4-e2b-shape", None)}
 CONVERTER_TYPES = ("BF16", "Q8_0")  # written by convert_hf_to_gguf.py
 # Converter flags by model: a Qwen3.5 checkpoint carries a multi-token-prediction layer, which the
 # converter looks for unless told there is none.
@@ -75,16 +95,48 @@ def size_text(path: Path) -> str:
     return f"{total / 1e9:.2f} GB" if total >= 1e9 else f"{total / 1e6:.0f} MB"
 
 
+def gemma_tokenizer(out: Path, size: int) -> dict:
+    """A Gemma-style tokenizer of ``size`` tokens written to ``out``: a sentencepiece-style BPE with
+    byte fallback (spaces as U+2581) trained on this repository's docs, padded with unused tokens
+    as Gemma's vocabulary is, with Gemma's turn markers and chat template; returns its special ids."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    special = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tok.normalizer = normalizers.Replace(" ", "\u2581")
+    tok.pre_tokenizer = pre_tokenizers.Split("\u2581", behavior="merged_with_next")
+    docs = sorted(str(p) for p in (Path(__file__).resolve().parent.parent / "docs").glob("*.md"))
+    tok.train(docs, trainers.BpeTrainer(vocab_size=min(size, 8000), show_progress=False,
+                                        special_tokens=special + [f"<0x{b:02X}>" for b in range(256)]))
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    data = json.loads(tok.to_str())
+    vocab = data["model"]["vocab"]
+    for i in range(size - len(vocab)):
+        vocab[f"<unused{i}>"] = len(vocab)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "tokenizer.json").write_text(json.dumps(data, ensure_ascii=False))
+    template = ("{{ bos_token }}{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' "
+                "else m['role'] }}\n{{ m['content'] }}<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}"
+                "<start_of_turn>model\n{% endif %}")
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<bos>", "eos_token": "<end_of_turn>",
+        "pad_token": "<pad>", "unk_token": "<unk>", "chat_template": template}))
+    return {"vocab_size": size, "bos_token_id": 2, "eos_token_id": 5, "pad_token_id": 0}
+
+
 def write_hf_model(out: Path, shape: dict, seed: int) -> None:
     """A seeded random model of ``shape`` (its ``model_type`` and config values) with the
-    embedded SmolLM2's tokenizer."""
+    embedded SmolLM2's tokenizer (or, for a GEMMA_VOCAB model, a Gemma-style one)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from llmserve.plugins.backends.torch.loader import hf_directory
 
-    tok_dir = Path(hf_directory(None))
-    ref = json.loads((tok_dir / "config.json").read_text())
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    gemma = out.name in GEMMA_VOCAB
+    tok_dir = tmp if gemma else Path(hf_directory(None))
+    ref = gemma_tokenizer(tmp, GEMMA_VOCAB[out.name]) if gemma else json.loads((tok_dir / "config.json").read_text())
     values = dict(shape)
     config = AutoConfig.for_model(values.pop("model_type"), **values, vocab_size=ref["vocab_size"],
                                   tie_word_embeddings=True, initializer_range=0.02,
@@ -93,10 +145,8 @@ def write_hf_model(out: Path, shape: dict, seed: int) -> None:
     torch.manual_seed(seed)
     print(f"initialising {out.name}: {shape}", flush=True)
     model = AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
-    tmp = out.with_name(out.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, max_shard_size="8GB")
-    for name in TOKENIZER_FILES:
+    for name in TOKENIZER_FILES if not gemma else ():
         if (tok_dir / name).is_file():
             shutil.copy(tok_dir / name, tmp / name)
     tmp.rename(out)  # only a finished directory carries the final name

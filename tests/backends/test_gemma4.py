@@ -27,6 +27,7 @@ from llmserve.plugins.backends.torch.attention import PagedKVCache
 from llmserve.plugins.backends.torch.fused_gemma4 import Gemma4Decoder
 from llmserve.plugins.backends.torch.options import TorchOptions
 from llmserve.plugins.backends.torch.runner import TorchBackend
+from llmserve.sampling import SamplingParams
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 import gemma4_model
@@ -208,3 +209,31 @@ def test_a_checkpoint_missing_language_weights_is_refused(tmp_path) -> None:
     with pytest.raises(ConfigError, match="lacks 1 of its weights") as err:
         backend.load()
     assert "\n" not in str(err.value) and dropped.replace("language_model.", "") in str(err.value)
+
+
+def test_the_reading_layers_run_only_the_rows_a_step_reads(served, monkeypatch) -> None:
+    """A step of a 13-token prompt that samples, a 45-token chunk that does not and a decode row:
+    the layers that read earlier layers' keys (e2b's last three) run the two sampled rows alone,
+    and what is sampled is what every row's logits say."""
+    if served.name != "e2b" or not isinstance(served.backend._fused, Gemma4Decoder):
+        pytest.skip("only e2b's fused forward has layers that read earlier ones' keys and skip rows")
+    from llmserve.plugins.backends.torch import fused_gemma4
+
+    be = served.backend
+    fresh_cache(be)
+    seen: list[int] = []
+    real = fused_gemma4.paged_attention
+    monkeypatch.setattr(fused_gemma4, "paged_attention", lambda *a, **k: seen.append(a[4].shape[0]) or real(*a, **k))
+    a, b, c = PROMPTS[1], PROMPTS[2], PROMPTS[0]
+    be.forward_logits([StepItem(seq_id=2, token_ids=c, start_pos=0, block_table=table(20, 6))])
+    greedy = SamplingParams(temperature=0)
+    batch = [StepItem(seq_id=0, token_ids=a, start_pos=0, block_table=table(0, 13), sampling=greedy),
+             StepItem(seq_id=1, token_ids=b, start_pos=0, block_table=table(4, 45), sample=False),
+             StepItem(seq_id=2, token_ids=[7], start_pos=5, block_table=table(20, 6), sampling=greedy)]
+    seen.clear()
+    results = be.step(batch)
+    assert seen == [59] * 3 + [2] * 3, seen  # three writing layers over every row, three reading ones over two
+    assert results[1].token_id is None
+    ref_a = reference_logits(served.reference, a)[-1]
+    ref_c = reference_logits(served.reference, c + [7])[-1]
+    assert results[0].token_id == int(ref_a.argmax()) and results[2].token_id == int(ref_c.argmax())

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -235,6 +235,11 @@ class StepMetadata:
     prefill_plan: Any = None
     # A hybrid model's recurrent layers: the step's state slots (``recurrent.StateStep``).
     states: Any = None
+    # The rows whose outputs the step reads (sampled, or scored for prompt logprobs), each as a
+    # decode row attending up to its own position: ``read_rows()`` -> (rows, their metadata), or
+    # None when every row is read (``step_batch.read_rows``). Layers that write no keys (Gemma 4's
+    # last ones) need run only these.
+    read_rows: Callable[[], tuple[torch.Tensor, "StepMetadata"] | None] | None = None
     _decode_masks: dict[tuple[int | None, Any], torch.Tensor] = field(default_factory=dict)
 
     def decode_mask(self, window: int | None, block_size: int, dtype: torch.dtype | None = None) -> torch.Tensor:

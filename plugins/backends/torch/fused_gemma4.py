@@ -172,6 +172,9 @@ class Gemma4Decoder:
                 lay.mlp_post = dec.post_feedforward_layernorm_1.weight
             self.layers.append(lay)
         self.rope_kinds = list(dict.fromkeys(lay.kind for lay in self.layers))
+        # The first of the last layers that all read earlier layers' keys (none: past the end).
+        writers = [lay.idx for lay in self.layers if not lay.shared]
+        self.first_reader = (writers[-1] + 1) if writers else 0
         if pack:
             self._pack(base, owners, compact)
 
@@ -272,7 +275,16 @@ class Gemma4Decoder:
         ropes = {kind: (table[kind][0][positions], table[kind][1][positions]) if table is not None
                  else self._rotary(h, positions, kind) for kind in self.rope_kinds}
         current: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # kind -> this step's keys and values to share
+        whole, rows = h, None
         for lay in self.layers:
+            if lay.idx == self.first_reader and meta.read_rows is not None and (picked := meta.read_rows()):
+                # From here on no layer writes keys: only the rows the step reads are computed
+                # (a prompt chunk's last row, not all of it), each attending as a decode row.
+                rows, meta = picked
+                T, h = rows.numel(), h.index_select(0, rows)
+                ple = ple.index_select(0, rows) if ple is not None else None
+                ropes = {kind: (c.index_select(0, rows), s.index_select(0, rows)) for kind, (c, s) in ropes.items()}
+                current = {kind: (k.index_select(0, rows), v.index_select(0, rows)) for kind, (k, v) in current.items()}
             D, kvh = lay.head_dim, lay.kv_heads
             cos, sin = ropes[lay.kind]
             x = ops.add_rms_norm(h, None, lay.ln1, eps)
@@ -302,4 +314,6 @@ class Gemma4Decoder:
                 g = ops.gelu_tanh_mul(torch.cat((lay.ple_gate(h), ple[:, lay.idx]), -1))
                 h.add_(ops.add_rms_norm(lay.ple_proj(g), None, lay.ple_norm, eps))
             h.mul_(lay.scalar)
+        if rows is not None:  # (the other rows keep what the last writing layer left: nobody reads them)
+            h = whole.index_copy_(0, rows, h)
         return ops.add_rms_norm(h, None, self.norm_w, self.norm_eps)

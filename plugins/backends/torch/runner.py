@@ -399,13 +399,14 @@ class TorchBackend(Backend):
             logits = torch.tanh(logits / self._softcap) * self._softcap
         return logits
 
-    def _forward(self, batch: list[StepItem]) -> tuple[torch.Tensor, list[int]]:
-        """One packed forward writing the batch's KV; final hidden states ``[T, hidden]`` + first rows."""
+    def _forward(self, batch: list[StepItem], every_row: bool = True) -> tuple[torch.Tensor, list[int]]:
+        """One packed forward writing the batch's KV; final hidden states ``[T, hidden]`` + first rows
+        (``every_row=False``: only the rows sampled or scored are read, ``step_batch.read_rows``)."""
         if self.cache is None:
             raise RuntimeError("TorchBackend.init_kv_cache() has not been called")
         if any(not it.token_ids for it in batch):
             raise ValueError("every StepItem must feed at least one token")
-        input_ids, positions, meta, first_row = pack_batch(self.cache, self.loaded.device, batch)
+        input_ids, positions, meta, first_row = pack_batch(self.cache, self.loaded.device, batch, every_row)
         if self.states is not None:
             meta.states = self.states.step(batch, first_row, meta.num_decode)
         if meta.fresh_blocks is not None:
@@ -447,8 +448,7 @@ class TorchBackend(Backend):
                     for it, o in zip(batch, outs)]
         if any(it.prompt_logprob_targets and len(it.prompt_logprob_targets) > len(it.token_ids) for it in batch):
             raise ValueError("more prompt_logprob_targets than fed tokens")
-        hidden, first_row = self._forward(batch)
-
+        hidden, first_row = self._forward(batch, every_row=False)
         # Only the rows someone needs go through lm_head (vocab-sized matmul).
         rows: list[int] = []
         sample_at: list[int] = []

@@ -3,6 +3,8 @@ chunks, into flat input ids, positions and the paged attention's metadata."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from llmserve import StepItem
@@ -10,11 +12,12 @@ from llmserve import StepItem
 from .attention import PagedKVCache, PrefillSegment, StepMetadata
 
 
-def pack_batch(cache: PagedKVCache, device: torch.device,
-               batch: list[StepItem]) -> tuple[torch.Tensor, torch.Tensor, StepMetadata, list[int]]:
+def pack_batch(cache: PagedKVCache, device: torch.device, batch: list[StepItem],
+               every_row: bool = True) -> tuple[torch.Tensor, torch.Tensor, StepMetadata, list[int]]:
     """Pack the batch (decode items first, then prefill chunks) into flat CPU lists, then tensors.
 
     Returns input ids, positions, the attention metadata and each item's first packed row.
+    ``every_row=False``: the caller reads only the rows it samples or scores (``read_rows``).
     """
     bs, null = cache.block_size, cache.null_block
     ids: list[int] = []
@@ -96,7 +99,46 @@ def pack_batch(cache: PagedKVCache, device: torch.device,
         meta.segments = cache.decode_segments(rows)
     elif decode:
         meta.decode_blocks, meta.decode_ctx, meta.decode_max_blocks = t(dec_blocks), t(dec_ctx), max_blocks
+    if not every_row:
+        meta.read_rows = partial(read_rows, cache, device, batch, first_row, len(ids))
     return t(ids), t(pos), meta, first_row
+
+
+def read_rows(cache: PagedKVCache, device: torch.device, batch: list[StepItem], first_row: list[int],
+              total: int) -> tuple[torch.Tensor, StepMetadata] | None:
+    """The packed rows the runner reads (each sampling item's last row and the rows of its
+    proposals, each scored prompt row) and attention metadata for them alone, every one a decode
+    row over the positions up to its own (their keys are in the cache by then: written by earlier
+    layers); None when that is every row, or a chunk holds tokens that attend both ways."""
+    bs, null = cache.block_size, cache.null_block
+    rows: list[int] = []
+    for i, it in enumerate(batch):
+        if it.media and any(m.bidirectional for m in it.media):
+            return None
+        n = len(it.token_ids)
+        picked = set(range(n - it.num_draft_tokens - 1, n)) if it.sample else set()
+        picked |= set(range(len(it.prompt_logprob_targets or ())))
+        rows += sorted(first_row[i] + r for r in picked)
+    if len(rows) == total:
+        return None
+    item_of = {first_row[i] + r: (it, it.start_pos + r) for i, it in enumerate(batch) for r in range(len(it.token_ids))}
+    width = max((item_of[r][1] // bs + 1 for r in rows), default=0)
+    blocks: list[int] = []
+    ctx: list[int] = []
+    for r in rows:
+        it, p = item_of[r]
+        blocks += it.block_table[:p // bs + 1] + [null] * (width - p // bs - 1)
+        ctx.append(p + 1)
+    meta = StepMetadata(slot_mapping=torch.empty(0, dtype=torch.long, device=device), num_decode=len(rows))
+    if cache.kernel_ops:
+        meta.decode_table = torch.tensor(blocks, dtype=torch.int32).view(len(rows), width).to(device)
+        meta.decode_ctx = torch.tensor(ctx, dtype=torch.int32).to(device)
+        meta.segments = cache.decode_segments(len(rows))
+    elif rows:
+        meta.decode_blocks = torch.tensor(blocks, dtype=torch.long).to(device)
+        meta.decode_ctx = torch.tensor(ctx, dtype=torch.long).to(device)
+        meta.decode_max_blocks = width
+    return torch.tensor(rows, dtype=torch.long).to(device), meta
 
 
 def both_ways(item: StepItem, start: int, n: int) -> list[tuple[int, int]]:
