@@ -44,8 +44,17 @@ from llmserve.plugins.commands.bench.loadgen import percentile, run_closed_loop
 FIRST_ID, LAST_ID = 100, 49000
 
 
-def prompt_ids(n: int, rng: random.Random) -> list[int]:
-    return [rng.randrange(FIRST_ID, LAST_ID) for _ in range(n)]
+def prompt_ids(n: int, rng: random.Random, last: int = LAST_ID) -> list[int]:
+    return [rng.randrange(FIRST_ID, last) for _ in range(n)]
+
+
+def last_id(path: Path) -> int:
+    """The top of the id range prompts draw from: LAST_ID, or below it for a smaller vocabulary
+    (the Gemma 4 set's 32768 tokens)."""
+    from gguf import GGUFReader
+
+    tokens = GGUFReader(str(path)).fields.get("tokenizer.ggml.tokens")
+    return min(LAST_ID, len(tokens.data) - 1) if tokens is not None else LAST_ID
 
 
 # One request's limit: a 32768-token prompt takes llama-server over an hour on 2 cores.
@@ -115,11 +124,11 @@ def agent_replay(srv: MeasuredServer, args: argparse.Namespace, rng: random.Rand
     """An agent session's shape: turn 1 a long fixed prefix (system prompt and tools), each later
     turn the whole previous prompt plus ``--agent-step`` new tokens (the model's reply and the
     next message). Returns each turn's TTFT: turns 2+ should prefill only their new tokens."""
-    prompt = prompt_ids(args.agent_prefix, rng)
+    prompt = prompt_ids(args.agent_prefix, rng, args.last_id)
     ttfts = []
     for turn in range(args.agent_turns):
         if turn:
-            prompt = prompt + prompt_ids(args.agent_step, rng)
+            prompt = prompt + prompt_ids(args.agent_step, rng, args.last_id)
         ttfts.append(asyncio.run(one_request(srv.url, srv.model_name, prompt, 1))["ttft"])
     print(f"  {srv.name} agent replay TTFT per turn: " + ", ".join(f"{t:.2f} s" for t in ttfts), flush=True)
     return ttfts
@@ -131,7 +140,8 @@ def run_server(srv: MeasuredServer, lengths: list[int], args: argparse.Namespace
     rows, replay = [], []
     try:
         for n in lengths:
-            row = asyncio.run(one_request(srv.url, srv.model_name, prompt_ids(n, rng), args.decode_tokens))
+            row = asyncio.run(one_request(srv.url, srv.model_name, prompt_ids(n, rng, args.last_id),
+                                          args.decode_tokens))
             row.update(n=n, prefill_tok_s=n / row["ttft"], rss=rss_bytes(srv.proc.pid))
             print(f"  {srv.name} {n} tokens: TTFT {row['ttft']:.2f} s ({row['prefill_tok_s']:.1f} tok/s), "
                   f"decode step {row['itl_p50'] * 1000:.1f} ms, RSS {row['rss'] / 2**20:.0f} MiB", flush=True)
@@ -206,6 +216,7 @@ def main() -> None:
     tables, raw = [], []
     for src in models:
         print(f"== {src.name}", flush=True)
+        args.last_id = last_id(src)
         servers = servers_for(src, args, server_exe)
         runs = [run_server(srv, lengths, args, env) for srv in servers]
         results = [run["rows"] for run in runs]

@@ -211,12 +211,12 @@ def test_a_checkpoint_missing_language_weights_is_refused(tmp_path) -> None:
     assert "\n" not in str(err.value) and dropped.replace("language_model.", "") in str(err.value)
 
 
+@pytest.mark.parametrize("served", [("e2b", "fused"), ("e2b", "fused-bf16")], indirect=True,
+                         ids=["e2b-fused", "e2b-fused-bf16"])
 def test_the_reading_layers_run_only_the_rows_a_step_reads(served, monkeypatch) -> None:
     """A step of a 13-token prompt that samples, a 45-token chunk that does not and a decode row:
     the layers that read earlier layers' keys (e2b's last three) run the two sampled rows alone,
     and what is sampled is what every row's logits say."""
-    if served.name != "e2b" or not isinstance(served.backend._fused, Gemma4Decoder):
-        pytest.skip("only e2b's fused forward has layers that read earlier ones' keys and skip rows")
     from llmserve.plugins.backends.torch import fused_gemma4
 
     be = served.backend
@@ -237,3 +237,20 @@ def test_the_reading_layers_run_only_the_rows_a_step_reads(served, monkeypatch) 
     ref_a = reference_logits(served.reference, a)[-1]
     ref_c = reference_logits(served.reference, c + [7])[-1]
     assert results[0].token_id == int(ref_a.argmax()) and results[2].token_id == int(ref_c.argmax())
+
+
+@pytest.mark.parametrize("served", [("moe", "fused"), ("moe", "fused-bf16")], indirect=True,
+                         ids=["moe-fused", "moe-fused-bf16"])
+def test_the_experts_are_picked_and_weighted_as_transformers_does(served) -> None:
+    """Gemma 4's router (an unscaled norm of the residual stream times a learned scale, softmax
+    over every expert, the top two renormalised, times each expert's learned scale): the same
+    experts and weights as transformers' ``Gemma4TextRouter`` on the same rows."""
+    model = served.reference
+    x = torch.randn(64, 64, generator=torch.Generator().manual_seed(3)) * 3
+    for lay, dec in zip(served.backend._fused.layers, model.model.layers):
+        ours_experts, ours_weights = lay.moe.route(x)
+        with torch.no_grad():
+            _, weights, experts = dec.router(x)
+        assert torch.equal(ours_experts.sort(-1).values, experts.sort(-1).values)
+        order, ref_order = ours_experts.argsort(-1), experts.argsort(-1)
+        torch.testing.assert_close(ours_weights.gather(-1, order), weights.gather(-1, ref_order), rtol=1e-5, atol=1e-6)
