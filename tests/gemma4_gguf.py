@@ -59,7 +59,8 @@ def write_gemma4_gguf(path: str, name: str, qtype: str = "F32", seed: int = 0,
     import gguf
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize, quantize
-    from gguf_writer import _encode, _write_tokenizer
+    from gguf_writer import _write_tokenizer
+    from hybrid_model import _write_tensors
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(seed)
@@ -114,13 +115,6 @@ def write_gemma4_gguf(path: str, name: str, qtype: str = "F32", seed: int = 0,
     w.add_float32("gemma4.attention.layer_norm_rms_epsilon", float(cfg.rms_norm_eps))
     w.add_float32("gemma4.final_logit_softcapping", float(cfg.final_logit_softcapping))
     _write_tokenizer(w)
-    rng = np.random.default_rng(seed)
-    for file, value in tensors.items():
-        if file not in drop:
-            data, raw = _encode(value, qtype if _quantized(file, value) else "F32", rng)
-            w.add_tensor(file, data, raw_dtype=raw)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    _write_tensors(w, {file: None if file in drop else value for file, value in tensors.items()}, qtype, seed,
+                   _quantized)
     return model

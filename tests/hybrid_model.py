@@ -160,15 +160,16 @@ def _file_model(model_type: str, seed: int, **extra: object) -> tuple[torch.nn.M
     return model, cfg, {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
 
 
-def _write_tensors(w: object, tensors: dict, qtype: str, seed: int) -> None:
-    """The tensors (those ``_quantized`` picks in ``qtype``, the rest F32; None: left out), then
-    the file is written and closed."""
+def _write_tensors(w: object, tensors: dict, qtype: str, seed: int,
+                   quantized: Callable[[str, np.ndarray], bool] | None = None) -> None:
+    """The tensors (those ``quantized`` picks, by default ``_quantized``, in ``qtype``, the rest
+    F32; None: left out), then the file is written and closed."""
     from gguf_writer import _encode
 
     rng = np.random.default_rng(seed)
     for name, value in tensors.items():
         if value is not None:
-            data, raw = _encode(value, qtype if _quantized(name, value) else "F32", rng)
+            data, raw = _encode(value, qtype if (quantized or _quantized)(name, value) else "F32", rng)
             w.add_tensor(name, data, raw_dtype=raw)
     w.write_header_to_file()
     w.write_kv_data_to_file()

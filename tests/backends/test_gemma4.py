@@ -31,10 +31,9 @@ from llmserve.sampling import SamplingParams
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 import gemma4_model
+from backends.test_hybrid_models import BS, close_to, table
 from hybrid_model import reference_generate, reference_logits
 
-BS = 16
-MAX_ERROR = 1e-4  # of the largest logit: float32 sums in another order, nothing more
 WORDS = [i for i in range(3, gemma4_model.VOCAB) if not str(i).startswith(("0", "1"))]
 
 
@@ -79,17 +78,6 @@ def served(request, tmp_path_factory):
 
 def fresh_cache(backend: TorchBackend, blocks: int = 64) -> None:
     backend.init_kv_cache(KVCacheSpec(block_size=BS, num_blocks=blocks))
-
-
-def table(first: int, n: int) -> list[int]:
-    return list(range(first, first + -(-n // BS)))
-
-
-def close_to(ours: torch.Tensor, ref: torch.Tensor, what: str) -> None:
-    error, scale = float((ours - ref).abs().max()), float(ref.abs().max())
-    top1 = float((ours.argmax(-1) == ref.argmax(-1)).float().mean())
-    assert error <= MAX_ERROR * scale and top1 >= 0.99, \
-        f"{what}: max error {error:.2e} of logits up to {scale:.1f}, top-1 agreement {top1:.1%}"
 
 
 def test_each_layer_keeps_its_own_shape(served) -> None:
