@@ -111,6 +111,10 @@ def kv_bytes_per_position(source: Path) -> int:
     layers of their own head counts and sizes, layers that keep none) or the GGUF metadata (head
     counts once or per layer, Gemma's sliding layers' own head size, shared layers keeping none)."""
     if source.is_dir():
+        raw = json.loads((source / "config.json").read_text())
+        if "model_type" not in raw:  # a bare config: one shape for every layer
+            head_dim = raw.get("head_dim") or raw["hidden_size"] // raw["num_attention_heads"]
+            return 2 * raw["num_hidden_layers"] * raw["num_key_value_heads"] * head_dim * KV_BYTES
         from transformers import AutoConfig
 
         from llmserve.plugins.backends.torch.kv_layout import kv_layout

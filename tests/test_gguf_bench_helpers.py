@@ -51,6 +51,23 @@ def test_kv_bytes_from_gguf_metadata_and_config(bench, tmp_path):
     assert bench.weight_bytes(hf) == 1000
 
 
+def test_kv_bytes_of_layers_of_two_shapes(bench, tmp_path):
+    """Gemma 4 (tests/gemma4_model.py's e2b shape): two sliding layers of 2 heads of 16 and a
+    global one of 2 heads of 32 keep keys; the last three read them and keep none. The same
+    count from the GGUF file's per-layer metadata and from the model's config."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    import gemma4_gguf
+    import gemma4_model
+
+    want = (2 * 2 * 16 * 2 + 2 * 2 * 32) * 2
+    gemma4_gguf.write_gemma4_gguf(str(tmp_path / "g.gguf"), "e2b")
+    assert bench.kv_bytes_per_position(tmp_path / "g.gguf") == want
+    gemma4_model.write_gemma4("e2b", str(tmp_path / "g"))
+    assert bench.kv_bytes_per_position(tmp_path / "g") == want
+
+
 def test_limit_is_bandwidth_over_bytes_per_step(bench, tmp_path):
     write_gguf(tmp_path / "m.gguf", layers=2, kv_heads=1, embd=32, heads=2, tensor_bytes=1 << 20)
     size = (tmp_path / "m.gguf").stat().st_size

@@ -291,7 +291,7 @@ class TensorParallelBackend(TorchBackend):
         return torch.cat(parts, dim=1)[:, :self._vocab] if self.rank == 0 and parts is not None else part
 
     # ------------------------------------------------------------------ step
-    def _forward(self, batch: list[StepItem]) -> tuple[torch.Tensor, list[int]]:
+    def _forward(self, batch: list[StepItem], every_row: bool = True) -> tuple[torch.Tensor, list[int]]:
         if self.rank == 0 and self._procs:
             self._check_workers()
             if log.isEnabledFor(logging.DEBUG):  # the previous step's share of the collectives
@@ -300,7 +300,7 @@ class TensorParallelBackend(TorchBackend):
                 self._reduce_mark = self.reduce_s
             if all(it.token_ids for it in batch):  # else the forward refuses it before any collective
                 self._send(tp_worker.encode_step(batch, self._mode))
-        return super()._forward(batch)
+        return super()._forward(batch, every_row)
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self._gather(super()._logits(hidden))
