@@ -1,14 +1,18 @@
 """The int8-activation path of the GGUF linears (``gguf_linear(..., int8=True)``, ``csrc/gguf_q8.h``).
 
-Up to 8 rows of x, against Q8_0, Q4_0, Q5_0, Q4_K, Q5_K and Q6_K parts, the kernel equals an fp64
+Up to ``int8_rows()`` rows of x (64 with AVX-512 VNNI, 16 otherwise), against Q8_0, Q4_0, Q5_0,
+Q4_K, Q5_K and Q6_K parts, the kernel equals an fp64
 reference of its documented arithmetic: each row of x quantized per 32 (``d = max|x| / 127``,
 ``q = rint(x / d)`` with ties to even, in fp32), then ``sum_b d[b] * (q[b] . dequantize(W)[b])``,
 to fp32 rounding (observed: 6e-7 of ``max|y|``); and it stays within ``EXACT_BOUND`` of ``max|y|``
 of the exact fp32 kernel (observed on random blocks and Gaussian x: at most 1.2e-2, median 7e-3,
-the rounding of x to 8 bits). Parts of other types, and more than 8 rows, are the
-exact kernel's bits; the thread count changes no bit; zero rows and zero blocks give zeros."""
+the rounding of x to 8 bits). On a CPU with AVX-512 the build without it (the 8-lane code every
+AVX2 CPU runs) is held to the same reference. Parts of other types, and more rows, are the exact
+kernel's bits; the thread count changes no bit; zero rows and zero blocks give zeros."""
 
 from __future__ import annotations
+
+import ctypes
 
 import numpy as np
 import pytest
@@ -16,12 +20,13 @@ import pytest
 torch = pytest.importorskip("torch")
 gguf = pytest.importorskip("gguf")
 
-from llmserve.plugins.backends.torch.native import gguf_ops
+from llmserve.plugins.backends.torch.native import build, gguf_ops
 
 import test_gguf_kernels as kernels
 from test_gguf_kernels import T, quant, random_blocks, samples
 
-native = kernels.native  # the library fixture
+native = kernels.native  # the library fixtures
+avx2_only = kernels.avx2_only
 SERVED = [T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_K, T.Q5_K, T.Q6_K]
 EXACT_BOUND = 2e-2  # int8 vs exact path, relative to the row's max |y|
 
@@ -61,11 +66,28 @@ def test_equals_the_int8_reference_and_stays_near_the_exact_path(native, qtype):
             assert fast is not None and fast.activations == "int8" and exact.activations == "fp32"
             assert fast.format == exact.format == qtype.name.lower()
             w = gguf_ops.dequantize(t)
-            for m in (1, 2, 3, 5, 8):
+            for m in (1, 2, 3, 5, 8, 13, gguf_ops.int8_rows()):
                 x = torch.randn(m, k)
                 y = fast(x)
                 assert relative(y, reference(x, w)) < 1e-5, (k, m)
                 assert relative(y, exact(x)) < EXACT_BOUND, (k, m)
+
+
+@pytest.mark.parametrize("qtype", SERVED, ids=lambda t: t.name)
+def test_the_avx2_build_equals_the_int8_reference(avx2_only, qtype):
+    """The 8-lane code (the only one on AVX2 CPUs; here built without AVX-512) to its own row limit."""
+    rows = int(build.bind(avx2_only, "gguf_q8_rows", ctypes.c_int)())
+    assert rows == 16
+    n, k = 21, 512
+    torch.manual_seed(1)
+    t = quant(qtype, next(samples(qtype, n, k, seed=3)), n, k)
+    lin, exact = gguf_ops.GGUFLinear(avx2_only, [t], None, int8=True), gguf_ops.GGUFLinear(avx2_only, [t], None)
+    w = gguf_ops.dequantize(t)
+    for m in (1, 3, 4, 9, rows):
+        x = torch.randn(m, k)
+        assert relative(lin(x), reference(x, w)) < 1e-5, m
+    x = torch.randn(rows + 1, k)
+    assert torch.equal(lin(x), exact(x))
 
 
 def test_other_types_and_many_rows_are_the_exact_kernel(native):
@@ -86,7 +108,7 @@ def test_other_types_and_many_rows_are_the_exact_kernel(native):
         assert torch.equal(y[:, 21:38], ref[:, 21:38]) and torch.equal(y[:, 47:], ref[:, 47:]), m
         q = torch.cat([torch.arange(21), torch.arange(38, 47)])
         assert relative(y[:, q], reference(x, w[q], bias[q])) < 1e-5, m
-    x = torch.randn(9, k)  # past the few-row path: the exact kernel for every part
+    x = torch.randn(gguf_ops.int8_rows() + 1, k)  # past the int8 path: the exact kernel for every part
     assert torch.equal(fast(x), exact(x))
     floats = quant(T.F32, random_blocks(T.F32, 5, 37, rng), 5, 37)  # K off the 32-blocks, nothing to quantize
     x = torch.randn(3, 37)

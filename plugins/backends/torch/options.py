@@ -41,7 +41,8 @@ class TorchOptions(BaseModel):
                                                       "activations of Q4_K/Q6_K in 1-4; prefill close to fp32. "
                                                       "Several times faster, not bit-identical; no AMX: ignored.")
     gguf_decode_activations: Literal["auto", "int8", "fp32"] = Field(
-        "auto", description="What decode steps (up to 8 rows) of native GGUF weights multiply: int8 activations "
+        "auto", description="What steps of up to 64 rows (16 without AVX-512 VNNI: decode steps, short prompts) "
+                            "of native GGUF weights multiply: int8 activations "
                             "(rounded per 32 values, integer dot products as llama.cpp does: products 2-3x faster "
                             "on Q4_K/Q6_K, outputs within ~1% of the exact ones) against Q4_0, Q5_0, Q4_K, Q5_K "
                             "and Q6_K weights, and Q8_0 too ('int8'), or the exact fp32 activations everywhere "

@@ -15,8 +15,9 @@ of x on (prefill, batched decode), weights and activations are rounded to bf16 a
 on the tile unit with fp32 accumulation (``y`` then equals ``bf16(x) @ bf16(W).T`` up to
 summation order). Fewer rows, and CPUs without AMX, keep the exact fp32 kernel.
 
-``gguf_linear(..., int8=True)`` trades exactness for speed on decode steps instead (up to 8 rows
-of x, ``csrc/gguf_q8.h``): each row of x is quantized once per call to int8 in blocks of 32
+``gguf_linear(..., int8=True)`` trades exactness for speed on decode steps and short prompts
+instead (up to ``int8_rows()`` rows of x: 64 where the CPU has AVX-512 VNNI, 16 otherwise;
+``csrc/gguf_q8.h``): each row of x is quantized once per call to int8 in blocks of 32
 (``d = max|x| / 127``, ``q = x / d`` rounded to nearest, ties to even), and every Q8_0, Q4_0,
 Q5_0, Q4_K, Q5_K or Q6_K block is multiplied into it with integer dot products and the block's
 own fp32 scales, so ``y`` equals ``sum_b d_x[b] * (q_x[b] . dequantize(W)[b])`` up to fp32
@@ -168,6 +169,13 @@ def _library() -> ctypes.CDLL | None:
 _AMX: dict[int, bool] = {}
 
 
+def int8_rows() -> int:
+    """Rows of x up to which ``int8=True`` quantizes them (the kernel build's: 64 with AVX-512
+    VNNI, 16 otherwise); 0 without the native library."""
+    lib = _library()
+    return int(bind(lib, "gguf_q8_rows", ctypes.c_int)()) if lib is not None else 0
+
+
 def amx_available() -> bool:
     """Whether the bf16 tile path runs here: the kernels were built for a CPU with AMX-BF16 and
     Linux grants this process the tile state (asked once per library)."""
@@ -183,7 +191,7 @@ def gguf_linear(parts: list[QuantTensor], bias: torch.Tensor | None = None, bf16
                 int8: bool = False) -> GGUFLinear | None:
     """The parts (concatenated along N) as one linear layer, or None when the native library
     cannot be built here. ``bf16``: multiply five rows of x or more in bf16 on AMX tiles where
-    the CPU has them (``amx_available``), else ignored. ``int8``: up to eight rows of x quantized
+    the CPU has them (``amx_available``), else ignored. ``int8``: up to ``int8_rows()`` rows of x quantized
     to int8 against the Q8_0 / Q4_0 / Q5_0 / Q4_K / Q5_K / Q6_K parts (see the module doc); where
     ``bf16`` is granted too, bf16 wins. Raises ``ValueError`` (one line) for a
     type the kernels do not serve, K not a multiple of the block size, parts of different K, or

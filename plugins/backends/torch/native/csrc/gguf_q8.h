@@ -9,7 +9,7 @@
  *
  * Numerics (documented and tested, tests/backends/test_gguf_q8.py; not bit-identical to the
  * exact paths, since x is rounded):
- *  - Up to DIRECT rows of x: each row is quantized once per call in blocks of 32, as ggml's
+ *  - Up to Q8_ROWS rows of x (below): each row is quantized once per call in blocks of 32, as ggml's
  *    Q8_0: d = max|x| / 127 (fp32 division), q = x / d (fp32 division) rounded to nearest with
  *    ties to even (the vector rounding; ggml's scalar reference rounds ties away from zero) and
  *    clamped to [-127, 127] (which matters only when d is subnormal); a block whose d is 0 has
@@ -26,9 +26,11 @@
  *    scales applied in int32) float(sum_h sc_h * dot_h) * (d_x * d) - float(sum_h sc_h * sum(q_h))
  *    * (32 * (d_x * d)).
  *  - Other types in the descriptor (float types, Q4_1, Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4):
- *    those parts take the exact few-row path, bit for bit gguf_linear_f32's. More than DIRECT
+ *    those parts take the exact few-row path, bit for bit gguf_linear_f32's. More than Q8_ROWS
  *    rows, K not a multiple of 32 (float types only), no part of the types above or no scratch
  *    memory: gguf_linear_f32 for the whole call.
+ * With AVX-512 BW and VNNI, Q4_K / Q5_K / Q6_K take gguf_q8_zmm.h's 16-lane code: the same terms
+ * summed in another order (not this file's bits; both builds are tested against the reference).
  * Work split as the exact few-row path: GR output rows a unit, dynamic over threads, each unit
  * prefetching the next rows of its part; no reduction across threads, so the thread count does
  * not change any bit. */
@@ -37,7 +39,7 @@
 
 /* Unsigned bytes u times signed bytes s, summed four at a time into 8 int32 lanes (lane k:
  * bytes 4k .. 4k + 3). VNNI does it in one instruction; the pair gives the same lanes (the
- * 16-bit pair sums never saturate here), so every build gives the same bits. */
+ * 16-bit pair sums never saturate here), so VNNI changes no bit of this file's code. */
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define DOT4(u, s) _mm256_dpbusd_epi32(_mm256_setzero_si256(), (u), (s))
 #elif defined(__AVXVNNI__)
@@ -287,11 +289,19 @@ static inline __attribute__((always_inline)) void q8_super_q6(const int R, const
         }
 }
 
+#include "gguf_q8_zmm.h"
+
 /* sums[m * GR + r] = x row m . weight row r (r < R, m < M; compile-time constants), x's rows
  * starting at *x; pf: the next R rows, each super-block's bytes prefetched (NULL: none). */
 static inline __attribute__((always_inline)) void q8_rows(const int type, const int R, const int M,
                                                          const uint8_t *const *rw, const XQ *x, int64_t K, float *sums,
                                                          const uint8_t *const *pf) {
+#ifdef Q8_ZMM
+    if (type == T_Q4_K || type == T_Q5_K || type == T_Q6_K) {
+        zmm_rows(type, R, M, rw, x, K, sums, pf);
+        return;
+    }
+#endif
     __m256 acc[GR][DMAX];
     UNROLL for (int r = 0; r < R; r++)
         UNROLL for (int m = 0; m < M; m++) acc[r][m] = _mm256_setzero_ps();
@@ -334,13 +344,26 @@ static inline __attribute__((always_inline)) void q8_unit(const int type, const 
     }
 }
 
+/* Rows of x up to which the int8 path runs: every pass over the weights serves DMAX rows, so the
+ * cost grows with the rows where the exact path's panels do not; the 16-lane code stays ahead of
+ * the exact panels to 64 rows (Q4_K 8192 x 2048 on two AMD Zen 5 cores: 1.3x at 64, 2.3x at 13),
+ * the 8-lane code to about 16 (1.3x at 16, even at 32). So a decode batch and a short prompt take
+ * it, a long prompt's chunks do not. */
+#ifdef Q8_ZMM
+#define Q8_ROWS 64
+#else
+#define Q8_ROWS 16
+#endif
+
+int gguf_q8_rows(void) { return Q8_ROWS; }
+
 void gguf_linear_q8(const float *x, const void *wp, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
                     int nthreads) {
     const Desc *desc = (const Desc *)wp;
     int any = 0;
     for (int64_t s = 0; s < desc->nseg; s++) any |= q8_served(desc->seg[s].type);
     XQ xq;
-    if (M > DIRECT || K % 32 || !any || !quantize_x(x, M, K, &xq)) {
+    if (M > Q8_ROWS || K % 32 || !any || !quantize_x(x, M, K, &xq)) {
         gguf_linear_f32(x, wp, bias, y, M, N, K, nthreads);
         return;
     }
