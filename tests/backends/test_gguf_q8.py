@@ -142,13 +142,15 @@ def test_zero_rows_and_blocks(native):
     for qtype in (T.Q4_K, T.Q6_K, T.Q8_0):
         t = quant(qtype, random_blocks(qtype, 9, k, rng), 9, k)
         lin, w = gguf_ops.gguf_linear([t], int8=True), gguf_ops.dequantize(t)
-        x = torch.randn(3, k)
-        x[0] = 0
-        x[1, 32:64] = 0  # one all-zero block amid others
-        x[2, :] = 1e-44  # d = max / 127 underflows to 0: treated as zeros
-        y = lin(x)
-        assert torch.isfinite(y).all() and not y[0].any() and not y[2].any()
-        assert relative(y[1:2], reference(x[1:2], w)) < 1e-5
+        for m in (3, 20):  # 20: the many-row code, rows of x in lanes
+            x = torch.randn(m, k)
+            x[0] = 0
+            x[1, 32:64] = 0  # one all-zero block amid others
+            x[2, :] = 1e-44  # d = max / 127 underflows to 0: treated as zeros
+            y = lin(x)
+            assert torch.isfinite(y).all() and not y[0].any() and not y[2].any()
+            assert relative(y[1:2], reference(x[1:2], w)) < 1e-5
+            assert m == 3 or relative(y[3:], reference(x[3:], w)) < 1e-5
 
 
 def test_bf16_wins_only_with_tiles(native):

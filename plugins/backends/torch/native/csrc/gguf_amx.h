@@ -303,7 +303,7 @@ static void linear_few_bf16(const float *x, const Desc *desc, const float *bias,
         int64_t col, cnt;
         const Seg *sg;
         const uint8_t *rw[GR], *next[GR];
-        const uint8_t *const *pf = unit_rows(desc, u, GR, rw, next, &sg, &col, &cnt);
+        const uint8_t *const *pf = unit_rows(desc, u, GR, rw, next, &sg, &col, &cnt, NULL);
         const float *b = bias ? bias + col : NULL;
         if (sg->type != T_Q4_K && sg->type != T_Q6_K) {
             const int64_t pfstep = (sg->stride + K / CK - 1) / (K / CK);
@@ -533,7 +533,7 @@ void gguf_linear_amx(const float *x, const void *wp, const float *bias, float *y
                 int64_t col, cnt;
                 const Seg *sg;
                 const uint8_t *rw[NR], *next[NR];
-                const uint8_t *const *pf = unit_rows(desc, u, NR, rw, next, &sg, &col, &cnt);
+                const uint8_t *const *pf = unit_rows(desc, u, NR, rw, next, &sg, &col, &cnt, NULL);
                 const int64_t pfstep = (sg->stride + nch - 1) / nch;
                 if (ntile <= CT && K % 256 == 0) {
                     /* one pass over the rows (decode batches up to 64): rebuild 256 k at a time into

@@ -51,11 +51,14 @@ static inline const Seg *unit_of(const Desc *d, int64_t u, int64_t unit, int64_t
 }
 
 /* Unit u's rows in rw (past the segment's end, its first row again) and the next unit's in
- * next; returns next, or NULL when the segment ends first (nothing there to prefetch). */
+ * next; returns next, or NULL when the segment ends first (nothing there to prefetch). The
+ * unit's first row in its part goes to *first where that is not NULL. */
 static inline const uint8_t *const *unit_rows(const Desc *d, int64_t u, int64_t unit, const uint8_t **rw,
-                                              const uint8_t **next, const Seg **sg, int64_t *col, int64_t *cnt) {
+                                              const uint8_t **next, const Seg **sg, int64_t *col, int64_t *cnt,
+                                              int64_t *first) {
     int64_t n0;
     *sg = unit_of(d, u, unit, col, &n0, cnt);
+    if (first) *first = n0;
     for (int64_t r = 0; r < unit; r++) {
         rw[r] = seg_row(*sg, n0 + (r < *cnt ? r : 0));
         next[r] = seg_row(*sg, n0 + unit + r < (*sg)->n ? n0 + unit + r : (*sg)->n - 1);

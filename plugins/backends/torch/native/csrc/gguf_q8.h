@@ -29,8 +29,9 @@
  *    those parts take the exact few-row path, bit for bit gguf_linear_f32's. More than Q8_ROWS
  *    rows, K not a multiple of 32 (float types only), no part of the types above or no scratch
  *    memory: gguf_linear_f32 for the whole call.
- * With AVX-512 BW and VNNI, Q4_K / Q5_K / Q6_K take gguf_q8_zmm.h's 16-lane code: the same terms
- * summed in another order (not this file's bits; both builds are tested against the reference).
+ * With AVX-512 BW and VNNI, Q4_K / Q5_K / Q6_K take gguf_q8_zmm.h's 16-lane code up to LANES_MIN
+ * rows of x and gguf_q8_lanes.h's (x's rows in lanes) beyond: the same terms summed in other
+ * orders (not this file's bits; both builds are tested against the reference).
  * Work split as the exact few-row path: GR output rows a unit, dynamic over threads, each unit
  * prefetching the next rows of its part; no reduction across threads, so the thread count does
  * not change any bit. */
@@ -290,6 +291,7 @@ static inline __attribute__((always_inline)) void q8_super_q6(const int R, const
 }
 
 #include "gguf_q8_zmm.h"
+#include "gguf_q8_lanes.h"
 
 /* sums[m * GR + r] = x row m . weight row r (r < R, m < M; compile-time constants), x's rows
  * starting at *x; pf: the next R rows, each super-block's bytes prefetched (NULL: none). */
@@ -357,37 +359,61 @@ static inline __attribute__((always_inline)) void q8_unit(const int type, const 
 
 int gguf_q8_rows(void) { return Q8_ROWS; }
 
+/* One unit (GR rows of part sg, cnt of them stored) on the int8 path, each type's code inlined
+ * (a call per unit costs nothing beside its rows' products). */
+static void __attribute__((noinline)) q8_any(const Seg *sg, int64_t n0, int64_t cnt, const uint8_t *const *rw,
+                                             const XQ *xq, const float *x, int64_t M, int64_t K, const float *b,
+                                             float *y, int64_t ldy, const uint8_t *const *pf) {
+    switch (sg->type) {
+    case T_Q8_0: q8_unit(T_Q8_0, rw, (int)cnt, xq, M, K, b, y, ldy, pf); break;
+    case T_Q4_0: q8_unit(T_Q4_0, rw, (int)cnt, xq, M, K, b, y, ldy, pf); break;
+    case T_Q5_0: q8_unit(T_Q5_0, rw, (int)cnt, xq, M, K, b, y, ldy, pf); break;
+    case T_Q4_K: q8_unit(T_Q4_K, rw, (int)cnt, xq, M, K, b, y, ldy, pf); break;
+    case T_Q5_K: q8_unit(T_Q5_K, rw, (int)cnt, xq, M, K, b, y, ldy, pf); break;
+    case T_Q6_K: q8_unit(T_Q6_K, rw, (int)cnt, xq, M, K, b, y, ldy, pf); break;
+    default: direct_part(sg, n0, cnt, rw, x, M, K, b, y, ldy); break; /* exact, bit for bit */
+    }
+}
+
 void gguf_linear_q8(const float *x, const void *wp, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
                     int nthreads) {
     const Desc *desc = (const Desc *)wp;
-    int any = 0;
-    for (int64_t s = 0; s < desc->nseg; s++) any |= q8_served(desc->seg[s].type);
+    int any = 0, anyk = 0;
+    for (int64_t s = 0; s < desc->nseg; s++) {
+        any |= q8_served(desc->seg[s].type);
+        anyk |= is_k(desc->seg[s].type) && q8_served(desc->seg[s].type);
+    }
     XQ xq;
     if (M > Q8_ROWS || K % 32 || !any || !quantize_x(x, M, K, &xq)) {
         gguf_linear_f32(x, wp, bias, y, M, N, K, nthreads);
         return;
     }
     const int64_t total = unit_count(desc, GR);
+#ifdef Q8_ZMM
+    XL xl; /* more than LANES_MIN rows: the K-quants with x's rows in lanes (a loop of its own: a
+            * branch in the loop below slowed its 8-row products by a tenth) */
+    if (M > LANES_MIN && anyk && lanes_x(&xq, M, K, &xl)) {
+#pragma omp parallel for num_threads(nthreads) schedule(dynamic, 16)
+        for (int64_t u = 0; u < total; u++) {
+            const uint8_t *rw[GR], *next[GR];
+            const Seg *sg;
+            int64_t col, cnt, n0;
+            const uint8_t *const *pf = unit_rows(desc, u, GR, rw, next, &sg, &col, &cnt, &n0);
+            const float *b = bias ? bias + col : NULL;
+            if (is_k(sg->type) && q8_served(sg->type)) lanes_call(sg->type, rw, (int)cnt, &xl, M, K, b, y + col, N, pf);
+            else q8_any(sg, n0, cnt, rw, &xq, x, M, K, b, y + col, N, pf);
+        }
+        return;
+    }
+#endif
+    (void)anyk;
 #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 16) /* mixed-type parts cost unevenly per row */
     for (int64_t u = 0; u < total; u++) {
-        int64_t col, n0, cnt;
-        const Seg *sg = unit_of(desc, u, GR, &col, &n0, &cnt);
         const uint8_t *rw[GR], *next[GR];
-        for (int64_t r = 0; r < GR; r++) {
-            rw[r] = seg_row(sg, n0 + (r < cnt ? r : 0));
-            next[r] = seg_row(sg, n0 + GR + r < sg->n ? n0 + GR + r : sg->n - 1);
-        }
-        const uint8_t *const *pf = n0 + GR < sg->n ? next : NULL;
-        const float *b = bias ? bias + col : NULL;
-        switch (sg->type) {
-        case T_Q8_0: q8_unit(T_Q8_0, rw, (int)cnt, &xq, M, K, b, y + col, N, pf); break;
-        case T_Q4_0: q8_unit(T_Q4_0, rw, (int)cnt, &xq, M, K, b, y + col, N, pf); break;
-        case T_Q5_0: q8_unit(T_Q5_0, rw, (int)cnt, &xq, M, K, b, y + col, N, pf); break;
-        case T_Q4_K: q8_unit(T_Q4_K, rw, (int)cnt, &xq, M, K, b, y + col, N, pf); break;
-        case T_Q5_K: q8_unit(T_Q5_K, rw, (int)cnt, &xq, M, K, b, y + col, N, pf); break;
-        case T_Q6_K: q8_unit(T_Q6_K, rw, (int)cnt, &xq, M, K, b, y + col, N, pf); break;
-        default: direct_part(sg, n0, cnt, rw, x, M, K, b, y + col, N); break; /* exact, bit for bit */
-        }
+        const Seg *sg;
+        int64_t col, cnt, n0;
+        const uint8_t *const *pf = unit_rows(desc, u, GR, rw, next, &sg, &col, &cnt, &n0);
+        q8_any(sg, n0, cnt, rw, &xq, x, M, K, bias ? bias + col : NULL, y + col, N, pf);
     }
 }
 
