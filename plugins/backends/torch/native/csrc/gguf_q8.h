@@ -74,15 +74,20 @@ static inline float hmax8(__m256 v) {
     return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
 }
 
+/* *buf (of *len bytes, 64-byte aligned) grown to at least need bytes; 0 without memory. */
+static int scratch(uint8_t **buf, int64_t *len, int64_t need) {
+    if (*len < need) {
+        free(*buf);
+        *buf = aligned_alloc(64, (size_t)(need + 63) / 64 * 64);
+        *len = *buf ? need : 0;
+    }
+    return *buf != NULL;
+}
+
 /* x [M, K] (K a multiple of 32) quantized as the header says. Returns 0 without memory. */
 static int quantize_x(const float *x, int64_t M, int64_t K, XQ *o) {
     const int64_t nb = M * K / 32, need = M * K + nb * 12 + 64;
-    if (g_xq_len < need) {
-        free(g_xq);
-        g_xq = aligned_alloc(64, (size_t)(need + 63) / 64 * 64);
-        g_xq_len = g_xq ? need : 0;
-        if (!g_xq) return 0;
-    }
+    if (!scratch(&g_xq, &g_xq_len, need)) return 0;
     int8_t *q = (int8_t *)g_xq;
     float *d = (float *)(g_xq + M * K), *ds = d + nb; /* M * K is a multiple of 32: aligned */
     int16_t *s16 = (int16_t *)(ds + nb);

@@ -34,13 +34,7 @@ static __thread int64_t g_xl_len = 0;
 /* xq's rows transposed into lanes. Returns 0 without memory. */
 static int lanes_x(const XQ *xq, int64_t M, int64_t K, XL *o) {
     const int64_t G = (M + 15) / 16, P = G * 16, nb = K / 32;
-    const int64_t need = K * P + 4 * nb * P * 4 + 64;
-    if (g_xl_len < need) {
-        free(g_xl);
-        g_xl = aligned_alloc(64, (size_t)(need + 63) / 64 * 64);
-        g_xl_len = g_xl ? need : 0;
-        if (!g_xl) return 0;
-    }
+    if (!scratch(&g_xl, &g_xl_len, K * P + 4 * nb * P * 4 + 64)) return 0;
     int32_t *q = (int32_t *)g_xl;
     float *d = (float *)(g_xl + K * P), *ds = d + nb * P, *ds16 = ds + nb * P;
     for (int64_t k4 = 0; k4 < K / 4; k4++)
