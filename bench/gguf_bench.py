@@ -19,18 +19,25 @@ picks among them); ``--family qwen3`` runs make_models.py's Qwen3-shaped set ins
     python bench/gguf_bench.py --small --concurrency 1 8 --requests-per-level 8 --max-tokens 32
     python bench/make_models.py --family qwen3 && python bench/gguf_bench.py --family qwen3 --quants Q4_K_M Q8_0
     python bench/gguf_bench.py --models my-Q4_K_M.gguf --skip-llmserve --llama-cpp ~/llama.cpp/build
+
+``--busy N`` keeps N processes spinning on the CPU (a Python ``while True: pass`` each) from
+before the servers start until the last level ends, for both servers alike: decode under
+contention, when another program takes some of the cores the servers' threads were sized for.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
 import platform
+import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import bench_args  # bench/bench_args.py: the script's folder is first on sys.path
@@ -175,6 +182,18 @@ def model_set(args: argparse.Namespace) -> list[tuple[str, Path, Path]]:
     return lines
 
 
+@contextlib.contextmanager
+def busy_processes(n: int) -> Iterator[None]:
+    """``n`` processes each spinning one core for as long as the block runs."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
 def servers_for(ours_src: Path, peer_src: Path, args: argparse.Namespace, server_exe: Path | None) -> list:
     extra = {"ignore_eos": True, "stream_options": {"include_usage": True}}
     servers = []
@@ -235,6 +254,8 @@ def main() -> None:
     ap.add_argument("--llmserve-args", default="", help="extra flags for llmserve serve")
     ap.add_argument("--peer-args", default="", help="extra flags for llama-server")
     ap.add_argument("--bandwidth-gib", type=float, default=2.0, help="buffer size of the bandwidth measurement")
+    ap.add_argument("--busy", type=int, default=0, metavar="N",
+                    help="processes that spin a core each while the servers start and run")
     bench_args.add_outputs(ap, "append the result tables to this file")
     args = ap.parse_args()
     if args.skip_llmserve and args.skip_peer:
@@ -249,7 +270,8 @@ def main() -> None:
     for label, ours_src, peer_src in lines:
         print(f"== {label}", flush=True)
         servers = servers_for(ours_src, peer_src, args, server_exe)
-        rows = run_all(servers, args, env)
+        with busy_processes(args.busy):
+            rows = run_all(servers, args, env)
         limit = limit_tok_s(bandwidth, peer_src, args.max_tokens)
         tables.append(table(label, servers, rows, limit))
         print(tables[-1], flush=True)
@@ -260,7 +282,7 @@ def main() -> None:
     md = "\n\n".join(tables)
     header = (f"\n### {time.strftime('%Y-%m-%d')} — GGUF: llmserve vs llama-server, {platform.machine()}, "
               f"{os.cpu_count()} cores, memory read bandwidth {bandwidth / 1e9:.1f} GB/s, "
-              f"max_tokens {args.max_tokens}\n\n"
+              f"max_tokens {args.max_tokens}{f', {args.busy} busy process(es)' if args.busy else ''}\n\n"
               f"Command: `python bench/gguf_bench.py {' '.join(sys.argv[1:])}`\n\n")
     print(header + md)
     if args.markdown:

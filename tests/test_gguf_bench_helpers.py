@@ -121,3 +121,16 @@ def test_rss_counts_a_live_process_and_not_a_gone_one(bench):
         child.kill()
         child.wait()
     assert bench.rss_bytes(child.pid) == 0
+
+
+def test_busy_processes_spin_while_the_block_runs_and_end_with_it(bench):
+    import psutil
+
+    me = psutil.Process()
+    before = {p.pid for p in me.children()}
+    with bench.busy_processes(2):
+        spinning = [p for p in me.children() if p.pid not in before]
+        assert len(spinning) == 2 and all(p.is_running() for p in spinning)
+    assert all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in spinning)
+    with bench.busy_processes(0):
+        assert {p.pid for p in me.children()} == before
