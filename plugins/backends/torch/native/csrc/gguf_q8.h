@@ -57,6 +57,12 @@ static inline int q8_served(int64_t type) {
     return type == T_Q8_0 || type == T_Q4_0 || type == T_Q5_0 || type == T_Q4_K || type == T_Q5_K || type == T_Q6_K;
 }
 
+/* The served K-quants: those gguf_q8_zmm.h and gguf_q8_lanes.h take where the CPU has them
+ * (always inlined: as a call, it kept q8_rows from folding its type and slowed 8-row products). */
+static inline __attribute__((always_inline)) int q8_k_served(int64_t type) {
+    return type == T_Q4_K || type == T_Q5_K || type == T_Q6_K;
+}
+
 /* Rows of x as int8 blocks: row m's codes at q + m * K, its per-block d and d * sum(q) at
  * d / ds + m * K / 32, its sums per 16 at s16 + m * K / 16. */
 typedef struct {
@@ -304,7 +310,7 @@ static inline __attribute__((always_inline)) void q8_rows(const int type, const 
                                                          const uint8_t *const *rw, const XQ *x, int64_t K, float *sums,
                                                          const uint8_t *const *pf) {
 #ifdef Q8_ZMM
-    if (type == T_Q4_K || type == T_Q5_K || type == T_Q6_K) {
+    if (q8_k_served(type)) {
         zmm_rows(type, R, M, rw, x, K, sums, pf);
         return;
     }
@@ -351,11 +357,10 @@ static inline __attribute__((always_inline)) void q8_unit(const int type, const 
     }
 }
 
-/* Rows of x up to which the int8 path runs: every pass over the weights serves DMAX rows, so the
- * cost grows with the rows where the exact path's panels do not; the 16-lane code stays ahead of
- * the exact panels to 64 rows (Q4_K 8192 x 2048 on two AMD Zen 5 cores: 1.3x at 64, 2.3x at 13),
- * the 8-lane code to about 16 (1.3x at 16, even at 32). So a decode batch and a short prompt take
- * it, a long prompt's chunks do not. */
+/* Rows of x up to which the int8 path runs, where it stays ahead of the exact path's panels (Q4_K
+ * and Q6_K, 8192 x 2048 and 2048 x 8192, two AMD Zen 5 cores): with AVX-512 VNNI, rows in lanes
+ * past 8 rows, 1.4-1.7x at 64; the 8-lane code, one pass over the weights per DMAX rows, 1.3x at
+ * 16 and even at 32. So a decode batch and a short prompt take it, a long prompt's chunks do not. */
 #ifdef Q8_ZMM
 #define Q8_ROWS 64
 #else
@@ -383,11 +388,8 @@ static void __attribute__((noinline)) q8_any(const Seg *sg, int64_t n0, int64_t 
 void gguf_linear_q8(const float *x, const void *wp, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
                     int nthreads) {
     const Desc *desc = (const Desc *)wp;
-    int any = 0, anyk = 0;
-    for (int64_t s = 0; s < desc->nseg; s++) {
-        any |= q8_served(desc->seg[s].type);
-        anyk |= is_k(desc->seg[s].type) && q8_served(desc->seg[s].type);
-    }
+    int any = 0;
+    for (int64_t s = 0; s < desc->nseg; s++) any |= q8_served(desc->seg[s].type);
     XQ xq;
     if (M > Q8_ROWS || K % 32 || !any || !quantize_x(x, M, K, &xq)) {
         gguf_linear_f32(x, wp, bias, y, M, N, K, nthreads);
@@ -395,6 +397,8 @@ void gguf_linear_q8(const float *x, const void *wp, const float *bias, float *y,
     }
     const int64_t total = unit_count(desc, GR);
 #ifdef Q8_ZMM
+    int anyk = 0;
+    for (int64_t s = 0; s < desc->nseg; s++) anyk |= q8_k_served(desc->seg[s].type);
     XL xl; /* more than LANES_MIN rows: the K-quants with x's rows in lanes (a loop of its own: a
             * branch in the loop below slowed its 8-row products by a tenth) */
     if (M > LANES_MIN && anyk && lanes_x(&xq, M, K, &xl)) {
@@ -405,13 +409,12 @@ void gguf_linear_q8(const float *x, const void *wp, const float *bias, float *y,
             int64_t col, cnt, n0;
             const uint8_t *const *pf = unit_rows(desc, u, GR, rw, next, &sg, &col, &cnt, &n0);
             const float *b = bias ? bias + col : NULL;
-            if (is_k(sg->type) && q8_served(sg->type)) lanes_call(sg->type, rw, (int)cnt, &xl, M, K, b, y + col, N, pf);
+            if (q8_k_served(sg->type)) lanes_call(sg->type, rw, (int)cnt, &xl, M, K, b, y + col, N, pf);
             else q8_any(sg, n0, cnt, rw, &xq, x, M, K, b, y + col, N, pf);
         }
         return;
     }
 #endif
-    (void)anyk;
 #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 16) /* mixed-type parts cost unevenly per row */
     for (int64_t u = 0; u < total; u++) {
         const uint8_t *rw[GR], *next[GR];
