@@ -69,6 +69,7 @@ typedef struct {
     const int8_t *q;
     const float *d, *ds;
     const int16_t *s16;
+    const int8_t *qz; /* q in the 16-lane K-quant code's order (gguf_q8_zmm.h's quad_x), else NULL */
 } XQ;
 
 static __thread uint8_t *g_xq = NULL; /* the calling thread's: x is quantized before the parallel region */
@@ -132,6 +133,7 @@ static int quantize_x(const float *x, int64_t M, int64_t K, XQ *o) {
     o->d = d;
     o->ds = ds;
     o->s16 = s16;
+    o->qz = NULL;
     return 1;
 }
 
@@ -309,12 +311,6 @@ static inline __attribute__((always_inline)) void q8_super_q6(const int R, const
 static inline __attribute__((always_inline)) void q8_rows(const int type, const int R, const int M,
                                                          const uint8_t *const *rw, const XQ *x, int64_t K, float *sums,
                                                          const uint8_t *const *pf) {
-#ifdef Q8_ZMM
-    if (q8_k_served(type)) {
-        zmm_rows(type, R, M, rw, x, K, sums, pf);
-        return;
-    }
-#endif
     __m256 acc[GR][DMAX];
     UNROLL for (int r = 0; r < R; r++)
         UNROLL for (int m = 0; m < M; m++) acc[r][m] = _mm256_setzero_ps();
@@ -337,10 +333,17 @@ static inline __attribute__((always_inline)) void q8_rows(const int type, const 
 static inline __attribute__((always_inline)) void q8_unit(const int type, const uint8_t *const *rw, int cnt,
                                                          const XQ *x, int64_t M, int64_t K, const float *bias, float *y,
                                                          int64_t ldy, const uint8_t *const *pf) {
+#ifdef Q8_ZMM
+    if (q8_k_served(type)) {
+        zmm_unit(type, rw, cnt, x, M, K, bias, y, ldy, pf);
+        return;
+    }
+#endif
     float sums[DMAX * GR];
     for (int64_t m0 = 0; m0 < M; m0 += DMAX) {
         const int64_t mm = M - m0 < DMAX ? M - m0 : DMAX;
-        const XQ xm = {x->q + m0 * K, x->d + m0 * (K / 32), x->ds + m0 * (K / 32), x->s16 + m0 * (K / 16)};
+        const XQ xm = {x->q + m0 * K, x->d + m0 * (K / 32), x->ds + m0 * (K / 32), x->s16 + m0 * (K / 16),
+                       x->qz ? x->qz + m0 * K : NULL};
         const uint8_t *const *p = m0 ? NULL : pf, *const *p2 = p ? p + 2 : NULL;
         switch (mm) {
         case 1: q8_rows(type, 4, 1, rw, &xm, K, sums, p); break;
@@ -412,6 +415,10 @@ void gguf_linear_q8(const float *x, const void *wp, const float *bias, float *y,
             if (q8_k_served(sg->type)) lanes_call(sg->type, rw, (int)cnt, &xl, M, K, b, y + col, N, pf);
             else q8_any(sg, n0, cnt, rw, &xq, x, M, K, b, y + col, N, pf);
         }
+        return;
+    }
+    if (anyk && !quad_x(&xq, M, K)) { /* K-quant parts need x in quad order too */
+        gguf_linear_f32(x, wp, bias, y, M, N, K, nthreads);
         return;
     }
 #endif
