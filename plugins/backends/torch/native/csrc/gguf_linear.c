@@ -237,7 +237,7 @@ void gguf_linear_f32(const float *x, const void *wp, const float *bias, float *y
             }
             panel = g_scratch;
         }
-#pragma omp for schedule(dynamic, 16) /* mixed-type parts cost unevenly per row */
+#pragma omp for schedule(guided, 16) /* long runs of rows first (the prefetchers stream them better), shrinking chunks to balance mixed-type parts */
         for (int64_t u = 0; u < total; u++) {
             int64_t col, n0, cnt;
             const Seg *sg = unit_of(desc, u, unit, &col, &n0, &cnt);
