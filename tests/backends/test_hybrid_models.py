@@ -291,19 +291,28 @@ def test_the_lists_and_the_docs_agree() -> None:
 
 
 @pytest.mark.parametrize("tiled", [False, True])
-def test_the_native_decode_rows_equal_the_torch_ones(tiled) -> None:
+@pytest.mark.parametrize("Dk,Dv", [(16, 24), (32, 150)])
+@pytest.mark.parametrize("kind", ["native", "avx2"])
+def test_the_native_decode_rows_equal_the_torch_ones(tiled, Dk, Dv, kind) -> None:
     """The native kernel's decode rows (convolution, normalisation, delta rule, gated norm, the
     windows and states updated in place in the pools) equal the torch path's, for grouped and
-    tiled key heads and three sequences in scattered slots (slot 0's saved after its step)."""
-    from llmserve.plugins.backends.torch.native.ops import deltanet_decode
+    tiled key heads and three sequences in scattered slots (slot 0's saved after its step); state
+    widths within one register chunk and across two with a partial vector (the AVX-512 delta
+    rule's 128 columns at a time), and the build every AVX2 CPU runs."""
+    from llmserve.plugins.backends.torch.native import build
+    from llmserve.plugins.backends.torch.native.ops import DeltaNetDecode, deltanet_decode
     from llmserve.plugins.backends.torch.recurrent import (DeltaNetParams, DeltaNetShape, RecurrentStates, StateStep,
                                                            mix)
 
-    kernel = deltanet_decode()
+    if kind == "native":
+        kernel = deltanet_decode()
+    else:
+        lib = build.baseline_library("deltanet_step", "Gated DeltaNet decode")
+        kernel = DeltaNetDecode(lib) if lib is not None else None
     if kernel is None:
         pytest.skip("no C compiler here: the torch path is the only one")
     g = torch.Generator().manual_seed(3)
-    Hk, Hv, Dk, Dv, K, B = 2, 6, 16, 24, 4, 3
+    Hk, Hv, K, B = 2, 6, 4, 3
     C = 2 * Hk * Dk + Hv * Dv
     p = DeltaNetParams(layer=0, conv=torch.randn(C, K, generator=g), neg_a=-torch.rand(Hv, generator=g) * 4,
                        dt_bias=torch.randn(Hv, generator=g), norm=torch.randn(Dv, generator=g), eps=1e-6,

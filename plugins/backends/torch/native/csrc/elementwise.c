@@ -21,21 +21,6 @@
 
 #include "vec_math.h"
 
-/* sigmoid(z) from e = e^-|z| (never overflows): z >= 0: 1 / (1 + e);  z < 0: e / (1 + e). */
-static inline __m256 sigmoid8(__m256 z) {
-    const __m256 sign = _mm256_set1_ps(-0.0f);
-    const __m256 e = exp_nonpos(_mm256_or_ps(z, sign)); /* -|z| */
-    const __m256 num = _mm256_blendv_ps(_mm256_set1_ps(1.0f), e, z); /* z's sign bit picks e */
-    return _mm256_div_ps(num, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
-}
-
-/* silu(x) = x * sigmoid(x) */
-static inline __m256 silu8(__m256 x) { return _mm256_mul_ps(x, sigmoid8(x)); }
-
-static inline float silu1(float x) {
-    return x >= 0.0f ? x / (1.0f + expf(-x)) : x * expf(x) / (1.0f + expf(x));
-}
-
 /* GELU, tanh form: 0.5 x (1 + tanh(u)) with u = sqrt(2/pi) (x + 0.044715 x^3), which is
  * x * sigmoid(2u) exactly (1 + tanh(u) = 2 sigmoid(2u)): no tanh, and no overflow for large |x|. */
 #define GELU_2C 1.5957691216057308f /* 2 sqrt(2/pi) */
