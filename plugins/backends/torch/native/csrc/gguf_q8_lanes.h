@@ -2,8 +2,8 @@
  * with the rows of x in the lanes (gguf_q8.h includes this file; 16-lane builds only).
  *
  * Why: gguf_q8_zmm.h puts 64 weights of one row of x in a register, so every row of x costs an
- * integer dot product, a conversion, a permute and an FMA per 64 weights, and its passes over
- * the weights serve four rows of x each. Here a register holds 4 codes of each of 16 rows of x
+ * integer dot product per 64 weights and a conversion and an FMA per 128, and its passes over
+ * the weights serve eight rows of x each. Here a register holds 4 codes of each of 16 rows of x
  * (x is transposed once per call), a weight's 4 codes are broadcast into the integer dot product,
  * and one conversion and one FMA per 32-block serve all 16 rows: a 32-block of one weight row
  * against 16 rows costs 8 dot products and three other instructions. The weights are read once
@@ -18,7 +18,10 @@
 #define LLMSERVE_GGUF_Q8_LANES_H
 #ifdef Q8_ZMM
 
-#define LANES_MIN 8 /* from this many rows plus one (at 8 rows, half the lanes idle, both codes take as long) */
+/* From this many rows plus one. Up to it the 16-lane code's passes of 8 rows are faster (9 rows
+ * 0.79-0.85 of this code's time, 12 rows 0.95-0.98: Q4_K 16384 x 2048, Q6_K 2048 x 8192, two Zen 5
+ * cores), from 13 this one (16 rows: 0.75-0.93 of the passes' time). */
+#define LANES_MIN 12
 
 /* x's rows in lanes: codes [K / 4][G][16 rows][4], and per 32-block (per 16 for ds16) the
  * factors of the G * 16 rows (rows past M: zeros). */
