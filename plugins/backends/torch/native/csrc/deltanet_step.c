@@ -117,8 +117,7 @@ void deltanet_decode_f32(const float *x, int64_t x_stride, const float *z, int64
                          const float *norm, float eps, float *scratch, float *out, int64_t B, int64_t Hk, int64_t Hv,
                          int64_t Dk, int64_t Dv, int tiled, int threads) {
     const int64_t C = 2 * Hk * Dk + Hv * Dv, W = K - 1, per_key = Hv / Hk;
-    /* 1. the short convolution per channel, then SiLU 8 channels at a time (a scalar exp per
-     * channel took most of this layer's time) */
+    /* 1. the short convolution per channel, then SiLU 8 channels at a time (see the header) */
     const int64_t nblk = (C + CONV_BLOCK - 1) / CONV_BLOCK;
 #pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
     for (int64_t b = 0; b < B; b++) {

@@ -342,8 +342,7 @@ static inline __attribute__((always_inline)) void q8_unit(const int type, const 
     float sums[DMAX * GR];
     for (int64_t m0 = 0; m0 < M; m0 += DMAX) {
         const int64_t mm = M - m0 < DMAX ? M - m0 : DMAX;
-        const XQ xm = {x->q + m0 * K, x->d + m0 * (K / 32), x->ds + m0 * (K / 32), x->s16 + m0 * (K / 16),
-                       x->qz ? x->qz + m0 * K : NULL};
+        const XQ xm = {x->q + m0 * K, x->d + m0 * (K / 32), x->ds + m0 * (K / 32), x->s16 + m0 * (K / 16), NULL};
         const uint8_t *const *p = m0 ? NULL : pf, *const *p2 = p ? p + 2 : NULL;
         switch (mm) {
         case 1: q8_rows(type, 4, 1, rw, &xm, K, sums, p); break;
@@ -362,7 +361,7 @@ static inline __attribute__((always_inline)) void q8_unit(const int type, const 
 
 /* Rows of x up to which the int8 path runs, where it stays ahead of the exact path's panels (Q4_K
  * and Q6_K, 8192 x 2048 and 2048 x 8192, two AMD Zen 5 cores): with AVX-512 VNNI, rows in lanes
- * past 8 rows, 1.4-1.7x at 64; the 8-lane code, one pass over the weights per DMAX rows, 1.3x at
+ * past LANES_MIN rows, 1.4-1.7x at 64; the 8-lane code, one pass over the weights per DMAX rows, 1.3x at
  * 16 and even at 32. So a decode batch and a short prompt take it, a long prompt's chunks do not. */
 #ifdef Q8_ZMM
 #define Q8_ROWS 64
