@@ -316,8 +316,11 @@ def test_overload_is_529(make):
 
 
 def test_error_after_the_200_is_an_error_event(make, monkeypatch):
+    # The echo needs ~7 s for this prompt at 0.05 s a token, so the request always times out; the
+    # timeout counts from the request's arrival, so it leaves the stream (which may start late on a
+    # loaded machine: a CI run once saw a single ping in a 0.5 s limit) many ping intervals.
     monkeypatch.setenv("LLMSERVE_ECHO_STEP_DELAY", "0.05")
-    client, _ = make(request_timeout=0.5, sse_ping_interval=0.02)
+    client, _ = make(request_timeout=1.5, sse_ping_interval=0.02)
     r = post(client, "x" * 150, stream=True)
     assert r.status_code == 200
     evs = events(r.text)
